@@ -1,0 +1,5 @@
+import sys
+
+from llft.cli import main
+
+sys.exit(main())

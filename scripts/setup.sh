@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Sets up everything llft needs on a fresh machine of this kind (Debian, CPython 3.11):
+# Java for Spark (if missing), a virtualenv in .venv, and an editable install of the
+# package, which builds the preload shim (native/) and the cffi shared-memory module.
+# Idempotent: a second run only re-checks and rebuilds what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${LLFT_PYTHON:-}
+if [ -z "$PY" ]; then
+  for c in python3.11 python3; do
+    if command -v "$c" >/dev/null 2>&1; then PY=$c; break; fi
+  done
+fi
+[ -n "$PY" ] || { echo "setup: no python3 found; install CPython 3.11" >&2; exit 1; }
+
+# Java: PySpark runs a JVM. Install a headless JRE from Debian if none is on PATH.
+if ! command -v java >/dev/null 2>&1; then
+  echo "setup: java not found, installing default-jre-headless" >&2
+  if command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null
+  else
+    echo "setup: no java and no apt-get: install a Java 17+ runtime and re-run" >&2; exit 1
+  fi
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.llft-installed
+# Re-install when setup.py or the native sources changed since the last install.
+if [ ! -f "$stamp" ] || [ -n "$(find setup.py native -newer "$stamp" -print -quit 2>/dev/null)" ] \
+   || ! .venv/bin/python -c 'import llft._native' >/dev/null 2>&1; then
+  .venv/bin/python -m pip install -q --upgrade pip setuptools wheel >/dev/null
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  touch "$stamp"
+fi

@@ -1,0 +1,84 @@
+"""Build and install llft.
+
+`pip install .` (or `pip install -e .`) does everything: it compiles the LD_PRELOAD shim
+(native/*.c -> llft/_native/libllft_preload.so, a plain C shared object with no Python
+symbols, so it can be preloaded into bash or a JVM) and the cffi module that maps the
+shared-memory layout (native/llft_shm.h) for the Python side, then installs the `llft`
+command. cffi is the build driver for both: its compiler plumbing (the same one it uses
+for API-mode modules) compiles the shim, and `cffi_modules` builds the mapping module.
+"""
+import glob
+import os
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHIM_SOURCES = sorted(glob.glob(os.path.join("native", "*.c")))
+SHIM_NAME = "libllft_preload.so"
+
+
+class BuildExtWithShim(build_ext):
+    """build_ext that also links the preload shim as a plain shared library."""
+
+    def run(self):
+        super().run()
+        self._build_shim()
+
+    def _build_shim(self):
+        if not SHIM_SOURCES:
+            return
+        from cffi import ffiplatform  # noqa: F401  (ensures cffi's toolchain is importable)
+        from setuptools._distutils.ccompiler import new_compiler
+        from setuptools._distutils.sysconfig import customize_compiler
+
+        cc = new_compiler(verbose=self.verbose, dry_run=self.dry_run, force=self.force)
+        customize_compiler(cc)
+        tmp = os.path.join(self.build_temp, "shim")
+        objects = cc.compile(
+            SHIM_SOURCES,
+            output_dir=tmp,
+            include_dirs=["native"],
+            extra_preargs=["-fPIC", "-O2", "-g", "-Wall", "-Wextra", "-Wno-unused-parameter",
+                           "-fvisibility=hidden", "-D_GNU_SOURCE", "-pthread"],
+        )
+        if self.inplace:
+            out_dir = os.path.join(HERE, "llft", "_native")
+        else:
+            out_dir = os.path.join(self.build_lib, "llft", "_native")
+        os.makedirs(out_dir, exist_ok=True)
+        # Link with the C driver only: no -lpython, the shim must load into any process.
+        cc.link_shared_object(
+            objects, SHIM_NAME, output_dir=out_dir,
+            libraries=["dl", "pthread"],
+            extra_preargs=["-shared", "-Wl,-z,now", "-Wl,--no-undefined"],
+        )
+
+
+cffi_modules = []
+if os.path.exists(os.path.join("native", "shm_build.py")):
+    cffi_modules.append("native/shm_build.py:ffibuilder")
+
+setup(
+    name="llft",
+    version="0.1.0",
+    description="Transparent leader-follower replication (LLFT) for unmodified Python processes",
+    python_requires=">=3.11",
+    packages=["llft", "llft._native", "llft.sim", "llft.bench", "membership", "determinizer"],
+    package_data={"llft._native": ["*.so", "*.h"]},
+    setup_requires=["cffi>=1.16"],
+    install_requires=[
+        "cffi>=1.16",
+        "msgpack>=1.0",
+        "psutil>=5.9",
+        "scapy>=2.5",
+        "pyspark>=3.5",
+    ],
+    extras_require={
+        "dev": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.7", "pytest-timeout>=2"],
+    },
+    cffi_modules=cffi_modules,
+    cmdclass={"build_ext": BuildExtWithShim},
+    entry_points={"console_scripts": ["llft = llft.cli:main"]},
+    zip_safe=False,
+)
