@@ -358,18 +358,19 @@ class Decoder:
     """Datagrams -> Messages for one replica: authenticate, reassemble, validate, filter.
 
     `groups` are the destination groups this replica listens for (its own group; a
-    gateway may listen for several). `set_view(group, pvn)` is called by the runtime
+    gateway may listen for several); None accepts any (tools such as `llft sniff`). `set_view(group, pvn)` is called by the runtime
     whenever it learns a group's current primary view number.
     """
 
-    def __init__(self, key: bytes, groups: str | Iterable[str], *,
+    def __init__(self, key: bytes, groups: str | Iterable[str] | None, *,
                  max_message_bytes: int = MAX_MESSAGE_BYTES,
                  reassembly_max_messages: int = REASSEMBLY_MAX_MESSAGES,
                  reassembly_max_bytes: int = REASSEMBLY_MAX_BYTES,
                  reassembly_timeout_us: int = REASSEMBLY_TIMEOUT_US,
                  recent_done_max: int = RECENT_DONE_MAX):
         self.key = _check_key(key)
-        self.groups: set[str] = {groups} if isinstance(groups, str) else set(groups)
+        self.groups: set[str] | None = (
+            None if groups is None else {groups} if isinstance(groups, str) else set(groups))
         self.max_message_bytes = max_message_bytes
         self.reassembly_max_messages = reassembly_max_messages
         self.reassembly_max_bytes = max(reassembly_max_bytes, max_message_bytes)
@@ -392,10 +393,12 @@ class Decoder:
         return self._views.get(group)
 
     def listen(self, group: str) -> None:
-        self.groups.add(group)
+        if self.groups is not None:
+            self.groups.add(group)
 
     def unlisten(self, group: str) -> None:
-        self.groups.discard(group)
+        if self.groups is not None:
+            self.groups.discard(group)
 
     # -- reassembly state, for status and tests ------------------------------------
     @property
@@ -467,7 +470,7 @@ class Decoder:
         return self._admit(msg)
 
     def _admit(self, msg: Message) -> Message:
-        if msg.dst_group not in self.groups:
+        if self.groups is not None and msg.dst_group not in self.groups:
             raise _Rejected(Reject.WRONG_GROUP)
         if msg.type < MEMBERSHIP_MIN_TYPE:
             current = self._views.get(msg.src_group)
