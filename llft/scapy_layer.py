@@ -45,6 +45,8 @@ def zero_body(mtype) -> dict:
 
 class MsgpackField(Field):
     """One msgpack object, any type: the wire format's array elements."""
+    # islist: a list value is one msgpack array, not scapy's "one packet per element".
+    islist = 1
 
     def __init__(self, name, default):
         Field.__init__(self, name, default, fmt="B")

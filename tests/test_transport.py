@@ -224,3 +224,48 @@ def test_default_addresses_are_stable_multicast():
     assert GroupMap().address("counter") == a
     with pytest.raises(ValueError):
         GroupAddress("127.0.0.1", 5000)
+
+
+def test_llft_sniff_decodes_live_traffic(tmp_path):
+    """`llft sniff` on lo (root) prints one line per datagram, with tag status."""
+    from llft.keys import write_key
+    key_path = str(tmp_path / "k")
+    write_key(key_path, KEY)
+    addr = rand_group_address()
+
+    async def main():
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "llft", "sniff", "--iface", "lo", "--port",
+            str(addr.port), "--count", "5", "--key", key_path, "--timeout", "30",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        started = await asyncio.wait_for(proc.stderr.readline(), 20)
+        assert b"capturing on lo" in started, started + await proc.stderr.read()
+        async with Endpoint(KEY, "cli", lambda m: None,
+                            groups=GroupMap({"svc": addr})) as tx:
+            tx.send("svc", data_msg(1))
+            tx.send("svc", data_msg(2, size=2000))           # two fragments
+            tx.send_datagram("svc", encode(data_msg(3), os.urandom(32))[0])
+            tx.send_datagram("svc", b"junk")
+            out, err = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 0, err
+        return out.decode().splitlines()
+
+    lines = asyncio.run(main())
+    assert len(lines) == 5, lines
+    assert "REQUEST cli>svc conn=1/client pvn=1 msn=1" in lines[0] and "mac=ok" in lines[0]
+    assert "FRAGMENT" in lines[1] and "1/2" in lines[1]
+    assert "2/2" in lines[2] and "-> REQUEST cli>svc" in lines[2] and "msn=2" in lines[2]
+    assert "msn=3" in lines[3] and "mac=bad" in lines[3]
+    assert "not llft" in lines[4]
+    assert all(f"> {addr.mcast_addr}:{addr.port} " in ln for ln in lines)
+
+
+def test_llft_sniff_bad_key_is_one_line(tmp_path):
+    r = subprocess_run([sys.executable, "-m", "llft", "sniff", "--key",
+                        str(tmp_path / "missing")])
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def subprocess_run(argv):
+    import subprocess
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30)
