@@ -1,0 +1,1131 @@
+"""The LLFT low-latency messaging protocol, as a sans-IO state machine.
+
+Theory of operation
+-------------------
+One `MessagingEndpoint` per replica. It owns the replica's end of every virtual
+connection of its group, identified as in the paper by (source group, destination group,
+connection sequence number, role); locally a connection is `ConnId = (remote_group,
+conn_seq, my_role)`. The group's *intra-group connection* (src_group == dst_group) carries
+heartbeats, order info and the backups' local nacks. Pseudocode line numbers below refer
+to the paper's messaging algorithm figure.
+
+Roles. The primary multicasts data; a backup creates and logs the messages its own
+application produces, but never sends them (semi-active replication). Every member of a
+group receives the remote primary's messages (they are multicast to the group's virtual
+port) and delivers them in the remote primary's msn order.
+
+Sending (lines 9-17, 45-46). `send(conn, data)` cuts the bytes into segments of at most
+`max_payload_bytes` (the same cuts at every replica, so msn k names the same bytes in the
+primary and in its backups) and gives each a stream offset. The primary sends a segment
+as a REQUEST/REPLY with the next msn, a fresh Lamport timestamp, `ack` = last msn
+received without a gap on the connection (piggybacked ack, line 10) and `back` =
+mygroupwatermark, and keeps it in the sent list; it retransmits messages the remote
+primary has not acked after `retransmit_us` (doubling up to `retransmit_max_us`).
+Flow control follows the slowest member: the sent list only shrinks when the *remote
+group watermark* covers a message (every remote member has it), and the primary never
+has more than `window_msgs` messages in it; so no remote backup falls out of the window.
+
+Receiving (lines 21-32). A data message with a gap creates placeholders and nack
+entries; a retransmission fills a placeholder or is discarded. Contiguous messages are
+delivered; the stream offset de-duplicates bytes (msns are per primary view and restart
+at 1, offsets never do). The primary nacks the remote primary on the remote connection;
+a backup nacks its own primary on the local (intra-group) connection and the primary
+re-multicasts the remote primary's original message to its group (lines 49-52).
+
+FirstAck / SecondAck / KeepAlive (lines 47-48, 54-55, 60-72). A primary that received
+data and has nothing to send within `first_ack_delay_us` multicasts FIRST_ACK(ack), and
+repeats it until a SECOND_ACK acks as much. A backup of the remote group answers a
+FIRST_ACK with SECOND_ACK only if its own application has produced the acked message;
+with no backup, the primary answers. FIRST_ACKs for the primary's last sent message,
+`first_ack_slowdown` times, throttle the primary (intra-group flow control, lines 65-66)
+until a KEEP_ALIVE or newer ack or `throttle_us`. An idle connection gets a KEEP_ALIVE
+every `keepalive_us`. A backup that sees a SECOND_ACK (or a remote primary's sent-up-to,
+below) beyond what it received nacks the gap (line 72).
+
+Timestamps and buffer management (lines 76-84). Every message carries a Lamport
+timestamp (`ts`; the clock merges every received ts). Per connection a member records
+`recv_ts`: every data message of the remote primary's current view with ts <= recv_ts
+has been received. A remote primary's control messages (FIRST_ACK, KEEP_ALIVE, NACK,
+NEW_PRIMARY_VIEW) state its sent-up-to msn in our trailer (below): once a member has
+everything up to it, `recv_ts` rises to that message's ts, which is below every ts the
+remote primary will use later; idle connections therefore do not pin the watermark.
+  mytimestampwatermark = min over known connections of recv_ts   (each member)
+  mygroupwatermark     = min(primary's own, every backup's)        (the primary, from
+                         the backups' HEARTBEAT `back`)
+  remotegroupwatermark = the largest `back` received on a connection
+The sender drops sent messages with ts <= remotegroupwatermark (line 80); every member
+drops received messages with ts <= mygroupwatermark (line 83; backups learn it from the
+primary's HEARTBEAT `back`). A backup's watermark only counts if it knows the same set
+of connections (and remote views) as the primary: its HEARTBEAT `ack` carries a digest
+of that set, so a backup that never heard of a connection cannot let the primary (and
+the remote sender) discard messages it lacks.
+
+Order info. The primary appends opaque chunks (`add_order_info`, positions 1, 2, ...)
+and piggybacks the ones its backups have not acked and no remote primary has reflected
+on every inter-group message; a remote primary reflects what it received in its next
+message to the group; backups deliver chunks exactly once, in position order, from
+reflections or from ORDER_INFO on the intra-group connection (the path for order info
+with nothing to ride on, and for backups that missed a reflection) and ack them with
+ORDER_INFO(upto). The chunks and a sent-up-to msn travel in the `order_info` field as
+our *trailer*: msgpack [sent_upto, own | None, reflected | None], each section
+[first_pos, [chunk, ...]]; the chunks inside stay opaque (the determinizer's codec).
+
+Change of primary (membership, phase 2). `set_view()` installs a view. A backup that
+becomes primary resets msns to 1 and, on each connection, multicasts NEW_PRIMARY_VIEW
+(last_delivered = stream offset it delivered) until the remote primary answers
+NEW_PRIMARY_VIEW_ACK(last_delivered_from, last_sent_to); it then re-sends from its log
+exactly the bytes from last_delivered_from on. A remote primary that receives
+NEW_PRIMARY_VIEW flushes what it had not delivered from the old primary and answers.
+
+Bounds are in `MessagingConfig`; rules are in the tables `RESPONDS_TO_FIRST_ACK` and
+`PRIMARY_ONLY_TYPES`. No clock, no I/O, no randomness here.
+"""
+from __future__ import annotations
+
+import enum
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from llft.messages import DATA_TYPES, STREAM_OPEN, Message, MsgType, Role
+
+ConnId = tuple[str, int, Role]          # (remote_group, conn_seq, my_role)
+
+INTRA_CONN_SEQ = 0                      # conn_seq of the intra-group connection
+NO_DEADLINE = None
+
+
+@dataclass(frozen=True, slots=True)
+class MessagingConfig:
+    window_msgs: int = 32               # sent, not yet covered by the remote group watermark
+    max_payload_bytes: int = 1024       # data bytes per message
+    max_queue_bytes: int = 64 << 10     # app bytes accepted, not yet sent (primary) per conn
+    max_log_bytes: int = 256 << 10      # app bytes logged, not yet acked (backup) per conn
+    max_placeholders: int = 32          # receive gap bound (== window_msgs: nothing beyond)
+    max_connections: int = 256
+    retransmit_us: int = 4_000
+    retransmit_max_us: int = 32_000
+    first_ack_delay_us: int = 1_000
+    first_ack_retry_us: int = 4_000
+    first_ack_max_tries: int = 8
+    first_ack_slowdown: int = 3         # FIRST_ACKs of our last message before throttling
+    throttle_us: int = 20_000
+    keepalive_us: int = 15_000
+    heartbeat_us: int = 5_000
+    nack_delay_us: int = 500
+    nack_retry_us: int = 3_000
+    max_nack_msns: int = 64             # msns per NACK
+    npv_retry_us: int = 5_000
+    max_order_info_bytes: int = 256 << 10   # order info held at the primary
+    max_order_info_pending: int = 1024  # out-of-order chunks held at a backup
+    max_piggyback_bytes: int = 4096     # order info per message
+    order_info_intra_us: int = 3_000    # order info not acked by a backup this long -> ORDER_INFO
+    order_info_ack_us: int = 500        # a backup acks delivered order info this promptly
+
+
+class BufferFull(Exception):
+    """The application produced more than a bound allows (the caller must wait)."""
+
+
+class ProtocolError(Exception):
+    """A local misuse of the endpoint (e.g. order info from a backup)."""
+
+
+# --- actions ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Send:
+    dst_group: str
+    msg: Message
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    conn: ConnId
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverOrderInfo:
+    pos: int
+    chunk: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    conn: ConnId
+
+
+@dataclass(frozen=True, slots=True)
+class Resynced:
+    """Phase 2 done on a connection: the remote end had `resend_from` bytes of ours."""
+    conn: ConnId
+    resend_from: int
+    remote_sent_to: int
+
+
+@dataclass(frozen=True, slots=True)
+class Phase2Done:
+    pvn: int
+
+
+# --- rules as tables -------------------------------------------------------------------
+class Duty(enum.Enum):
+    SECOND_ACK = "second_ack"
+    NOTHING = "nothing"
+
+
+# Who answers a FIRST_ACK (lines 60-68): (am_primary, group_has_backups) -> duty
+RESPONDS_TO_FIRST_ACK: dict[tuple[bool, bool], Duty] = {
+    (False, True): Duty.SECOND_ACK,     # a backup, if its app produced the acked message
+    (True, False): Duty.SECOND_ACK,     # no backup: the primary carries the duty
+    (True, True): Duty.NOTHING,
+    (False, False): Duty.NOTHING,       # impossible (a backup implies backups)
+}
+
+# Inter-group messages only a remote *primary* sends; their ts/sent-up-to advance recv_ts.
+PRIMARY_ONLY_TYPES = frozenset({MsgType.REQUEST, MsgType.REPLY, MsgType.FIRST_ACK,
+                                MsgType.KEEP_ALIVE, MsgType.NACK, MsgType.NEW_PRIMARY_VIEW,
+                                MsgType.NEW_PRIMARY_VIEW_ACK})
+
+
+def pack_trailer(sent_upto: int, own: list | None, refl: list | None) -> bytes:
+    return msgpack.packb([sent_upto, own, refl], use_bin_type=True)
+
+
+def unpack_trailer(raw: bytes) -> tuple[int, list | None, list | None] | None:
+    """The trailer, or None when absent or malformed (a remote bug: ignored)."""
+    if not raw:
+        return None
+    try:
+        t = msgpack.unpackb(raw, raw=False, use_list=True)
+    except Exception:   # noqa: BLE001 -- authenticated but malformed: ignore
+        return None
+    if type(t) is not list or len(t) != 3 or type(t[0]) is not int:
+        return None
+    own, refl = (_section(s) for s in t[1:])
+    return t[0], own, refl
+
+
+def _section(s: Any) -> list | None:
+    if (type(s) is list and len(s) == 2 and type(s[0]) is int and s[0] > 0
+            and type(s[1]) is list and all(type(c) is bytes for c in s[1])):
+        return s
+    return None
+
+
+# --- per-connection state --------------------------------------------------------------
+class _Rx:
+    """Receive sequence of one remote primary view on one connection."""
+    __slots__ = ("pvn", "upto", "ts", "slots", "nacks", "first_offset")
+
+    def __init__(self, pvn: int):
+        self.pvn = pvn
+        self.upto = 0                       # receiveduptomsn
+        self.ts = 0                         # recv_ts (see theory)
+        self.slots: dict[int, Message | None] = {}   # msn > upto: message or placeholder
+        self.nacks: set[int] = set()
+        self.first_offset: int | None = None
+
+
+class _Conn:
+    def __init__(self, cid: ConnId):
+        self.cid = cid
+        self.remote, self.seq, self.role = cid
+        self.known = False                  # counted in the watermark and digest
+        # sending side
+        self.out_offset = 0                 # end of the bytes our app produced
+        self.queue: deque[tuple[int, bytes]] = deque()    # primary: cut, not yet sent
+        self.queue_bytes = 0
+        self.next_msn = 1
+        self.sent: deque[Message] = deque() # primary: sent list (msn order)
+        self.sent_bytes = 0
+        self.log: deque[tuple[int, int, bytes]] = deque()  # backup: (msn, offset, data)
+        self.log_bytes = 0
+        self.remote_ack = 0
+        self.remote_gw = 0                  # remotegroupwatermark
+        self.rto_us = 0
+        self.rto_due: int | None = None
+        self.fa_count = 0                   # FIRST_ACKs seen for our last msn
+        self.throttled_until: int | None = None
+        self.last_send_us = 0
+        self.sent_open = False
+        self.resync = False                 # new primary: waiting NEW_PRIMARY_VIEW_ACK
+        self.npv_due: int | None = None
+        self.old_pvn = 0
+        # receiving side
+        self.rx: _Rx | None = None
+        self.rx_old: _Rx | None = None
+        self.delivered = 0                  # stream offset delivered
+        self.received: deque[Message] = deque()   # delivered, kept until ts <= GW
+        self.ahead: dict[int, bytes] = {}   # offset -> data beyond `delivered` (view change)
+        self.nack_due: int | None = None
+        self.fa_pending = 0                 # FIRST_ACK ack value awaiting SECOND_ACK
+        self.fa_due: int | None = None
+        self.fa_tries = 0
+        self.ka_due: int | None = None
+        self.declared: tuple[int, int] = (0, 0)   # remote primary's (sent_upto, ts)
+        self.to_reflect: list | None = None
+
+    @property
+    def last_msn(self) -> int:
+        return self.next_msn - 1
+
+
+class MessagingEndpoint:
+    """The messaging core of one replica of `group` (see the module docstring)."""
+
+    def __init__(self, group: str, birth_id: int, config: MessagingConfig | None = None):
+        self.group = group
+        self.birth_id = birth_id
+        self.cfg = config or MessagingConfig()
+        self.pvn = 0
+        self.primary_id = birth_id
+        self.members: list[tuple[int, int]] = [(birth_id, 1)]
+        self.precedence = 1
+        self.backups: list[int] = []
+        self.clock = 0                      # Lamport clock
+        self.gw = 0                         # mygroupwatermark (backups: as told by primary)
+        self.conns: dict[ConnId, _Conn] = {}
+        self.reports: dict[int, tuple[int, int]] = {}   # backup -> (watermark, digest)
+        self.last_heard_us: dict[int, int] = {}
+        self._digest: int | None = None
+        self._actions: list[Any] = []
+        self._now = 0
+        self.hb_due: int | None = None
+        # order info, primary side
+        self.oi_next = 1
+        self.oi_log: deque[tuple[int, bytes]] = deque()
+        self.oi_bytes = 0
+        self.oi_reflected = 0
+        self.oi_acks: dict[int, int] = {}
+        self.oi_intra_due: int | None = None
+        # order info, backup side
+        self.oi_delivered = 0
+        self.oi_pending: dict[int, bytes] = {}
+        self.oi_ack_due: int | None = None
+        self.oi_acked = 0
+        self.phase2_pvn: int | None = None
+        self.stats: dict[str, int] = {}
+
+    # ======================================================================== views ===
+    @property
+    def is_primary(self) -> bool:
+        return self.primary_id == self.birth_id
+
+    def set_view(self, pvn: int, primary_birth_id: int, members: list[tuple[int, int]],
+                 my_birth_id: int, now_us: int | None = None) -> None:
+        """Install a membership (called by membership). A higher pvn with a new primary
+        resets msns; if this replica becomes the primary it starts phase 2 on every
+        connection (NEW_PRIMARY_VIEW)."""
+        if my_birth_id != self.birth_id:
+            raise ProtocolError("set_view for another replica")
+        if now_us is not None:
+            self._now = max(self._now, now_us)
+        was_primary = self.is_primary
+        old_pvn = self.pvn
+        self.members = [(int(b), int(p)) for b, p in members]
+        self.precedence = dict(self.members).get(self.birth_id, 0)
+        self.primary_id = primary_birth_id
+        self.backups = [b for b, _ in sorted(self.members, key=lambda m: m[1])
+                        if b != primary_birth_id]
+        for gone in set(self.reports) - set(self.backups):
+            del self.reports[gone]
+        for gone in set(self.oi_acks) - set(self.backups):
+            del self.oi_acks[gone]
+        self._digest = None
+        if pvn > old_pvn:
+            self.pvn = pvn
+            if self.is_primary and not was_primary and old_pvn > 0:
+                self._become_primary(old_pvn)
+            elif not self.is_primary:
+                for c in self.conns.values():     # msns restart in the new view
+                    c.next_msn = 1 + len(c.log)
+        self._gc_order_info()
+        if self.hb_due is None:
+            self.hb_due = self._now
+
+    def _become_primary(self, old_pvn: int) -> None:
+        now = self._now
+        self.reports.clear()
+        self.oi_acks.clear()
+        self.oi_next = self.oi_delivered + 1
+        self.oi_log.clear()
+        self.oi_bytes = 0
+        self.oi_pending.clear()
+        self.phase2_pvn = self.pvn
+        for c in self.conns.values():
+            c.next_msn = 1
+            c.sent.clear()
+            c.sent_bytes = 0
+            c.remote_ack = 0
+            c.rto_due = None
+            c.fa_count = 0
+            c.throttled_until = None
+            c.resync = True
+            c.old_pvn = old_pvn
+            c.npv_due = now
+        if not self.conns:
+            self._actions.append(Phase2Done(self.pvn))
+            self.phase2_pvn = None
+
+    # ================================================================ application ===
+    def open(self, remote_group: str, conn_seq: int, role: Role = Role.CLIENT) -> ConnId:
+        cid = (remote_group, conn_seq, Role(role))
+        self._conn(cid)
+        return cid
+
+    def send_space(self, conn: ConnId) -> int:
+        c = self.conns[conn]
+        if self.is_primary:
+            return max(0, self.cfg.max_queue_bytes - c.queue_bytes)
+        return max(0, self.cfg.max_log_bytes - c.log_bytes)
+
+    def send(self, conn: ConnId, data: bytes, now_us: int | None = None) -> int:
+        """Accept up to send_space() bytes of the application's stream; returns how many.
+        The primary sends them (window permitting); a backup logs them."""
+        if now_us is not None:
+            self._now = max(self._now, now_us)
+        c = self._conn(conn)
+        n = min(len(data), self.send_space(conn))
+        step = self.cfg.max_payload_bytes
+        for i in range(0, n, step):
+            seg = bytes(data[i:min(n, i + step)])
+            if self.is_primary:
+                c.queue.append((c.out_offset, seg))
+                c.queue_bytes += len(seg)
+            else:
+                c.log.append((c.next_msn, c.out_offset, seg))
+                c.log_bytes += len(seg)
+                c.next_msn += 1
+            c.out_offset += len(seg)
+        if n:
+            self._mark_known(c)
+            if self.is_primary:
+                self._flush(c)
+        return n
+
+    def add_order_info(self, chunk: bytes, now_us: int | None = None) -> int:
+        """Append an opaque order-info chunk (primary); returns its position."""
+        if now_us is not None:
+            self._now = max(self._now, now_us)
+        if not self.is_primary:
+            raise ProtocolError("only the primary produces order info")
+        if self.oi_bytes + len(chunk) > self.cfg.max_order_info_bytes:
+            raise BufferFull("order info not yet acknowledged by the backups")
+        pos = self.oi_next
+        self.oi_next += 1
+        if self.backups:
+            self.oi_log.append((pos, bytes(chunk)))
+            self.oi_bytes += len(chunk)
+            if self.oi_intra_due is None:
+                self.oi_intra_due = self._now + self.cfg.order_info_intra_us
+        return pos
+
+    def order_info_space(self) -> int:
+        return max(0, self.cfg.max_order_info_bytes - self.oi_bytes)
+
+    # ============================================================ sans-IO surface ===
+    def take_actions(self) -> list[Any]:
+        a, self._actions = self._actions, []
+        return a
+
+    def next_timer_us(self) -> int | None:
+        best = self.hb_due
+        for d in (self.oi_intra_due, self.oi_ack_due):
+            if d is not None and (best is None or d < best):
+                best = d
+        for c in self.conns.values():
+            for d in (c.rto_due, c.fa_due, c.ka_due, c.nack_due, c.npv_due,
+                      c.throttled_until):
+                if d is not None and (best is None or d < best):
+                    best = d
+        return best
+
+    def handle_timer(self, now_us: int) -> None:
+        self._now = now = max(self._now, now_us)
+        cfg = self.cfg
+        if self.hb_due is not None and self.hb_due <= now:
+            self._heartbeat()
+            self.hb_due = now + cfg.heartbeat_us if self.backups else None
+        if self.oi_intra_due is not None and self.oi_intra_due <= now:
+            self._order_info_intra()
+        if self.oi_ack_due is not None and self.oi_ack_due <= now:
+            self.oi_ack_due = None
+            self._order_info_ack()
+        local_nacks: list[list] = []
+        for c in self.conns.values():
+            if c.throttled_until is not None and c.throttled_until <= now:
+                c.throttled_until = None
+                c.fa_count = 0
+                self._flush(c)
+            if c.npv_due is not None and c.npv_due <= now:
+                self._send_npv(c)
+            if c.rto_due is not None and c.rto_due <= now:
+                self._retransmit(c)
+            if c.nack_due is not None and c.nack_due <= now:
+                local_nacks.extend(self._nack(c))
+            if c.fa_due is not None and c.fa_due <= now:
+                self._first_ack(c)
+            if c.ka_due is not None and c.ka_due <= now:
+                self._keepalive(c)
+        if local_nacks:
+            self._emit(self.group, self._intra(MsgType.NACK, {"missing": local_nacks}))
+
+    def handle_message(self, msg: Message, now_us: int) -> None:
+        self._now = max(self._now, now_us)
+        if msg.sender == self.birth_id:
+            return
+        if msg.ts > self.clock:
+            self.clock = msg.ts
+        self._count("rx_" + msg.type.name)
+        if msg.src_group == self.group:
+            if msg.dst_group == self.group:
+                self._handle_intra(msg)
+            # else: our own group's message to a remote group (not addressed to us)
+            return
+        if msg.dst_group != self.group:
+            return
+        if msg.type >= 20 and msg.type not in (MsgType.NEW_PRIMARY_VIEW,
+                                               MsgType.NEW_PRIMARY_VIEW_ACK):
+            return      # membership messages are not ours
+        cid = (msg.src_group, msg.conn_seq, Role(1 - msg.role))
+        c = self.conns.get(cid)
+        if c is None:
+            if len(self.conns) >= self.cfg.max_connections:
+                self._count("conn_refused")
+                return
+            c = self._conn(cid)
+            self._actions.append(Opened(cid))
+        self._handle_inter(c, msg)
+        if self.is_primary:
+            self._gc_all_received()
+
+    # ================================================================= inter-group ===
+    def _handle_inter(self, c: _Conn, msg: Message) -> None:
+        t = msg.type
+        from_primary = t in PRIMARY_ONLY_TYPES
+        if from_primary:
+            rx = c.rx
+            if rx is not None and msg.pvn < rx.pvn:
+                self._count("stale_view")
+                return
+            if rx is None or msg.pvn > rx.pvn:
+                self._new_remote_view(c, msg.pvn, flush=(t == MsgType.NEW_PRIMARY_VIEW))
+            self._mark_known(c)
+            if msg.back > c.remote_gw:
+                c.remote_gw = msg.back
+                self._gc_sent(c)
+            if t != MsgType.NEW_PRIMARY_VIEW_ACK:
+                self._on_remote_ack(c, msg)
+        trailer = unpack_trailer(msg.order_info)
+        if t in DATA_TYPES:
+            self._rx_data(c, c.rx, msg)
+            if self.is_primary:
+                self._want_first_ack(c, self.cfg.first_ack_delay_us)
+        elif t == MsgType.FIRST_ACK:
+            if msg.ack > 0 and msg.ack == c.last_msn and c.sent:
+                c.fa_count += 1
+                if (c.fa_count >= self.cfg.first_ack_slowdown and self.is_primary
+                        and self.backups and c.throttled_until is None):
+                    c.throttled_until = self._now + self.cfg.throttle_us
+                    self._count("throttled")
+            duty = RESPONDS_TO_FIRST_ACK[(self.is_primary, bool(self.backups))]
+            if (duty is Duty.SECOND_ACK and 0 < msg.ack <= c.last_msn and not c.resync):
+                self._emit(c.remote, self._msg(c, MsgType.SECOND_ACK, {}, ack=msg.ack))
+        elif t == MsgType.SECOND_ACK:
+            if self.is_primary:
+                if c.fa_pending and msg.ack >= c.fa_pending:
+                    c.fa_pending = 0
+                    c.fa_due = None
+                    c.fa_tries = 0
+                    self._arm_keepalive(c)
+            elif c.rx is not None and msg.pvn == c.rx.pvn:
+                self._expect(c, c.rx, msg.ack)                  # line 72
+        elif t == MsgType.KEEP_ALIVE:
+            c.fa_count = 0
+            if c.throttled_until is not None:
+                c.throttled_until = None
+                self._flush(c)
+        elif t == MsgType.NACK:
+            if self.is_primary:
+                self._answer_remote_nack(c, msg.body["missing"])
+        elif t == MsgType.NEW_PRIMARY_VIEW:
+            if self.is_primary:
+                self._answer_npv(c, msg)
+        elif t == MsgType.NEW_PRIMARY_VIEW_ACK:
+            if self.is_primary and c.resync:
+                self._resync(c, msg.body["last_delivered_from"], msg.body["last_sent_to"])
+        if trailer is not None:
+            self._on_trailer(c, msg, trailer, from_primary)
+
+    def _on_trailer(self, c: _Conn, msg: Message, trailer, from_primary: bool) -> None:
+        sent_upto, own, refl = trailer
+        rx = c.rx
+        if from_primary and rx is not None and msg.pvn == rx.pvn:
+            if msg.type not in DATA_TYPES:
+                if sent_upto >= c.declared[0] or msg.ts > c.declared[1]:
+                    c.declared = (max(sent_upto, c.declared[0]), max(msg.ts, c.declared[1]))
+                self._expect(c, rx, sent_upto)
+                self._advance_ts(c, rx)
+            if own is not None and self.is_primary:
+                last = own[0] + len(own[1]) - 1
+                if c.to_reflect is None or last > c.to_reflect[0] + len(c.to_reflect[1]) - 1:
+                    c.to_reflect = own
+                    self._want_first_ack(c, self.cfg.first_ack_delay_us, reflect=True)
+        if refl is not None:
+            if self.is_primary:
+                last = refl[0] + len(refl[1]) - 1
+                if last > self.oi_reflected:
+                    self.oi_reflected = min(last, self.oi_next - 1)
+            else:
+                self._oi_accept(refl[0], refl[1])
+
+    def _on_remote_ack(self, c: _Conn, msg: Message) -> None:
+        a = msg.ack
+        if msg.type != MsgType.FIRST_ACK and a != c.last_msn:
+            c.fa_count = 0
+        if self.is_primary:
+            if a > c.remote_ack and a <= c.last_msn:
+                c.remote_ack = a
+                c.rto_us = self.cfg.retransmit_us
+                c.rto_due = (self._now + c.rto_us) if a < c.last_msn else None
+        else:
+            # compromise (see report): a backup trims its log at the remote primary's ack
+            while c.log and c.log[0][0] <= a:
+                _, _, d = c.log.popleft()
+                c.log_bytes -= len(d)
+
+    def _new_remote_view(self, c: _Conn, pvn: int, flush: bool) -> None:
+        old = c.rx
+        c.rx = _Rx(pvn)
+        c.declared = (0, 0)
+        self._digest = None
+        if old is not None and old.slots and not flush and not self.is_primary:
+            c.rx_old = old          # a backup keeps filling the old view's gaps locally
+        else:
+            c.rx_old = None
+
+    # ------------------------------------------------------------------ receiving ---
+    def _rx_data(self, c: _Conn, rx: _Rx, msg: Message) -> None:
+        m = msg.msn
+        if m <= rx.upto or rx.slots.get(m) is not None:
+            self._count("dup_data")
+            if self.is_primary and rx is c.rx:      # our ack may be lost: re-ack soon
+                self._want_first_ack(c, self.cfg.first_ack_delay_us, reflect=True)
+            return
+        if m > rx.upto + self.cfg.max_placeholders:
+            self._count("beyond_window")
+            return
+        if rx.first_offset is None or msg.body["offset"] < rx.first_offset:
+            rx.first_offset = msg.body["offset"]
+        self._expect(c, rx, m - 1)
+        rx.slots[m] = msg
+        rx.nacks.discard(m)
+        self._advance(c, rx)
+
+    def _expect(self, c: _Conn, rx: _Rx, upto: int) -> None:
+        """The remote primary sent everything up to msn `upto`: placeholders + nacks."""
+        top = min(upto, rx.upto + self.cfg.max_placeholders)
+        hi = max(rx.slots) if rx.slots else rx.upto
+        if top <= hi and top <= rx.upto:
+            return
+        new = False
+        for k in range(rx.upto + 1, top + 1):
+            if k not in rx.slots:
+                rx.slots[k] = None
+                rx.nacks.add(k)
+                new = True
+        if new and c.nack_due is None:
+            c.nack_due = self._now + self.cfg.nack_delay_us
+
+    def _advance(self, c: _Conn, rx: _Rx) -> None:
+        slots = rx.slots
+        while True:
+            nxt = slots.get(rx.upto + 1)
+            if nxt is None:
+                break
+            del slots[rx.upto + 1]
+            rx.upto += 1
+            if nxt.ts > rx.ts:
+                rx.ts = nxt.ts
+            c.received.append(nxt)
+            self._deliver(c, nxt.body["offset"], nxt.body["data"])
+        self._advance_ts(c, rx)
+        if c.rx_old is not None and c.rx_old is not rx:
+            old = c.rx_old
+            if not old.slots or (c.rx.first_offset is not None
+                                 and c.delivered >= c.rx.first_offset):
+                c.rx_old = None
+        self._gc_received(c)
+
+    def _advance_ts(self, c: _Conn, rx: _Rx) -> None:
+        if rx is c.rx and not rx.slots and rx.upto >= c.declared[0] and c.declared[1] > rx.ts:
+            rx.ts = c.declared[1]
+
+    def _deliver(self, c: _Conn, offset: int, data: bytes) -> None:
+        end = offset + len(data)
+        if end <= c.delivered:
+            self._count("dup_bytes")
+            return
+        if offset > c.delivered:
+            # only after a change of primary: bytes ahead of a gap wait (bounded)
+            if len(c.ahead) < self.cfg.max_placeholders:
+                c.ahead[offset] = data
+            return
+        if offset < c.delivered:
+            data = data[c.delivered - offset:]
+        self._actions.append(Deliver(c.cid, c.delivered, data))
+        c.delivered = end
+        while c.ahead:
+            ready = [o for o in c.ahead if o <= c.delivered]
+            if not ready:
+                break
+            for o in ready:
+                d = c.ahead.pop(o)
+                if o + len(d) > c.delivered:
+                    self._deliver(c, o, d)
+
+    # ------------------------------------------------------------------- sending ---
+    def _flush(self, c: _Conn) -> None:
+        """Send queued segments while the window, byte bound and throttle allow."""
+        if not self.is_primary or c.resync or c.throttled_until is not None:
+            return
+        cfg = self.cfg
+        while c.queue and len(c.sent) < cfg.window_msgs:
+            offset, data = c.queue.popleft()
+            c.queue_bytes -= len(data)
+            flags = 0
+            if not c.sent_open:
+                flags = STREAM_OPEN
+                c.sent_open = True
+            mtype = MsgType.REQUEST if c.role == Role.CLIENT else MsgType.REPLY
+            msg = self._msg(c, mtype, {"offset": offset, "data": data, "flags": flags},
+                            msn=c.next_msn)
+            c.next_msn += 1
+            c.sent.append(msg)
+            c.sent_bytes += len(data)
+            self._emit(c.remote, msg)
+            if c.rto_due is None:
+                c.rto_us = cfg.retransmit_us
+                c.rto_due = self._now + c.rto_us
+            # data carries our ack: a pending FIRST_ACK is superseded
+            c.fa_pending = 0
+            c.fa_due = None
+            c.fa_tries = 0
+
+    def _retransmit(self, c: _Conn) -> None:
+        if not self.is_primary:
+            c.rto_due = None
+            return
+        unacked = [m for m in c.sent if m.msn > c.remote_ack]
+        if not unacked:
+            c.rto_due = None
+            return
+        for m in unacked[: self.cfg.window_msgs]:
+            self._emit(c.remote, self._refresh(c, m))
+        self._count("retransmit", len(unacked))
+        c.rto_us = min(max(c.rto_us, self.cfg.retransmit_us) * 2, self.cfg.retransmit_max_us)
+        c.rto_due = self._now + c.rto_us
+
+    def _refresh(self, c: _Conn, m: Message) -> Message:
+        """A retransmission: same msn, ts and data; fresh ack/back."""
+        rx = c.rx
+        return Message(type=m.type, src_group=m.src_group, dst_group=m.dst_group,
+                       conn_seq=m.conn_seq, role=m.role, pvn=m.pvn,
+                       precedence=m.precedence, sender=m.sender, msn=m.msn,
+                       ack=rx.upto if rx else 0, back=self.group_watermark(), ts=m.ts,
+                       body=m.body, order_info=m.order_info)
+
+    def _want_first_ack(self, c: _Conn, delay_us: int, reflect: bool = False) -> None:
+        rx = c.rx
+        if rx is None or not self.is_primary:
+            return
+        if reflect or rx.upto > c.fa_pending or c.fa_pending == 0:
+            due = self._now + delay_us
+            if c.fa_due is None or due < c.fa_due:
+                c.fa_due = due
+            c.fa_tries = 0
+
+    def _first_ack(self, c: _Conn) -> None:
+        rx = c.rx
+        if not self.is_primary or rx is None:
+            c.fa_due = None
+            return
+        c.fa_pending = max(rx.upto, 1) if rx.upto else 0
+        self._emit(c.remote, self._msg(c, MsgType.FIRST_ACK, {}))
+        c.fa_tries += 1
+        if c.fa_pending and c.fa_tries < self.cfg.first_ack_max_tries:
+            c.fa_due = self._now + self.cfg.first_ack_retry_us
+        else:
+            c.fa_due = None
+            c.fa_pending = 0
+            c.fa_tries = 0
+            self._arm_keepalive(c)
+
+    def _arm_keepalive(self, c: _Conn) -> None:
+        if self.is_primary:
+            c.ka_due = c.last_send_us + self.cfg.keepalive_us
+            if c.ka_due <= self._now:
+                c.ka_due = self._now + self.cfg.keepalive_us
+
+    def _keepalive(self, c: _Conn) -> None:
+        if not self.is_primary or not c.known or c.resync:
+            c.ka_due = None
+            return
+        if self._now - c.last_send_us >= self.cfg.keepalive_us:
+            self._emit(c.remote, self._msg(c, MsgType.KEEP_ALIVE, {}))
+        c.ka_due = c.last_send_us + self.cfg.keepalive_us
+
+    def _nack(self, c: _Conn) -> list[list]:
+        """Nack gaps: the primary on the remote connection, a backup on the local one
+        (returns the local entries, batched by the caller into one NACK)."""
+        cfg = self.cfg
+        entries: list[list] = []
+        rxs = [r for r in (c.rx_old, c.rx) if r is not None and r.nacks]
+        if not rxs:
+            c.nack_due = None
+            return entries
+        c.nack_due = self._now + cfg.nack_retry_us
+        for rx in rxs:
+            missing = sorted(rx.nacks)[: cfg.max_nack_msns]
+            self._count("nack_msns", len(missing))
+            if self.is_primary:
+                if rx is c.rx:
+                    self._emit(c.remote, self._msg(c, MsgType.NACK, {"missing": missing}))
+            else:
+                entries.append([c.remote, c.seq, int(c.role), rx.pvn, *missing])
+        return entries
+
+    def _answer_remote_nack(self, c: _Conn, missing: list) -> None:
+        want = {m for m in missing if type(m) is int}
+        n = 0
+        for m in c.sent:
+            if m.msn in want:
+                self._emit(c.remote, self._refresh(c, m))
+                n += 1
+        self._count("nack_answered", n)
+
+    def _answer_local_nacks(self, entries: list) -> None:
+        for e in entries:
+            if (type(e) is not list or len(e) < 5 or type(e[0]) is not str
+                    or type(e[1]) is not int or e[2] not in (0, 1) or type(e[3]) is not int):
+                continue
+            c = self.conns.get((e[0], e[1], Role(e[2])))
+            if c is None:
+                continue
+            pvn, want = e[3], {m for m in e[4:] if type(m) is int}
+            for m in c.received:
+                if m.pvn == pvn and m.msn in want:
+                    self._emit(self.group, m)       # the remote primary's own message
+            for rx in (c.rx, c.rx_old):
+                if rx is not None and rx.pvn == pvn:
+                    for k, m in rx.slots.items():
+                        if m is not None and k in want:
+                            self._emit(self.group, m)
+
+    # ----------------------------------------------------------- phase 2 (messaging) ---
+    def _send_npv(self, c: _Conn) -> None:
+        if not (self.is_primary and c.resync):
+            c.npv_due = None
+            return
+        self._emit(c.remote, self._msg(c, MsgType.NEW_PRIMARY_VIEW,
+                                       {"old_pvn": c.old_pvn, "last_delivered": c.delivered}))
+        c.npv_due = self._now + self.cfg.npv_retry_us
+
+    def _answer_npv(self, c: _Conn, msg: Message) -> None:
+        """Remote side of phase 2 (line 38-41): flushed (see _new_remote_view); report
+        the last byte delivered from, and the last byte sent to, the old primary's group."""
+        sent_to = c.sent[-1].body["offset"] + len(c.sent[-1].body["data"]) if c.sent else (
+            c.queue[0][0] if c.queue else c.out_offset)
+        self._emit(c.remote, self._msg(c, MsgType.NEW_PRIMARY_VIEW_ACK,
+                                       {"last_delivered_from": c.delivered,
+                                        "last_sent_to": sent_to}))
+        # the new primary may lack our tail: make our unacked data go out again
+        if c.sent and c.rto_due is None:
+            c.rto_due = self._now
+
+    def _resync(self, c: _Conn, resend_from: int, remote_sent_to: int) -> None:
+        """New primary: re-send from the log exactly the bytes the remote end lacks."""
+        c.resync = False
+        c.npv_due = None
+        keep: deque[tuple[int, bytes]] = deque()
+        for _, off, data in c.log:
+            end = off + len(data)
+            if end <= resend_from:
+                continue
+            if off < resend_from:
+                data, off = data[resend_from - off:], resend_from
+            keep.append((off, data))
+        if c.log and c.log[0][1] > resend_from:
+            self._count("resync_gap")       # the log lost bytes the remote lacks
+        keep.extend(c.queue)
+        c.log.clear()
+        c.log_bytes = 0
+        c.queue = keep
+        c.queue_bytes = sum(len(d) for _, d in keep)
+        c.sent_open = True
+        self._actions.append(Resynced(c.cid, resend_from, remote_sent_to))
+        self._flush(c)
+        if self.phase2_pvn is not None and not any(x.resync for x in self.conns.values()):
+            self._actions.append(Phase2Done(self.phase2_pvn))
+            self.phase2_pvn = None
+
+    # ================================================================= intra-group ===
+    def _handle_intra(self, msg: Message) -> None:
+        t = msg.type
+        if t >= 20:
+            return          # membership's
+        self.last_heard_us[msg.sender] = self._now
+        if self.is_primary:
+            if msg.sender not in self.backups:
+                return
+            if t == MsgType.HEARTBEAT:
+                self.reports[msg.sender] = (msg.back, msg.ack)
+                self._gc_all_received()
+            elif t == MsgType.NACK:
+                self._answer_local_nacks(msg.body["missing"])
+            elif t == MsgType.ORDER_INFO:
+                if msg.body["upto"] > self.oi_acks.get(msg.sender, 0):
+                    self.oi_acks[msg.sender] = min(msg.body["upto"], self.oi_next - 1)
+                    self._gc_order_info()
+            return
+        if msg.sender != self.primary_id or msg.pvn != self.pvn:
+            return
+        if t == MsgType.HEARTBEAT:
+            if msg.back > self.gw:
+                self.gw = msg.back
+                self._gc_all_received()
+        elif t == MsgType.ORDER_INFO:
+            tr = unpack_trailer(msg.order_info)
+            if tr is not None and tr[1] is not None:
+                self._oi_accept(tr[1][0], tr[1][1])
+            if self.oi_ack_due is None:     # (re-)ack: the primary is still waiting
+                self.oi_ack_due = self._now + self.cfg.order_info_ack_us
+
+    def _heartbeat(self) -> None:
+        if not self.backups and self.is_primary:
+            return
+        if self.is_primary:
+            self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": 1},
+                                               back=self.group_watermark()))
+        else:
+            self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": self.rank()},
+                                               back=self.timestamp_watermark(),
+                                               ack=self.digest()))
+            if self.oi_acked != self.oi_delivered:
+                self._order_info_ack()
+
+    # ---------------------------------------------------------------- order info ---
+    def _oi_accept(self, first: int, chunks: list) -> None:
+        if self.is_primary:
+            return
+        for i, ch in enumerate(chunks):
+            pos = first + i
+            if pos <= self.oi_delivered:
+                continue
+            if pos - self.oi_delivered > self.cfg.max_order_info_pending:
+                break
+            self.oi_pending[pos] = ch
+        while self.oi_delivered + 1 in self.oi_pending:
+            self.oi_delivered += 1
+            self._actions.append(DeliverOrderInfo(self.oi_delivered,
+                                                  self.oi_pending.pop(self.oi_delivered)))
+            if self.oi_ack_due is None:
+                self.oi_ack_due = self._now + self.cfg.order_info_ack_us
+
+    def _order_info_ack(self) -> None:
+        if self.is_primary:
+            return
+        self.oi_acked = self.oi_delivered
+        self._emit(self.group, self._intra(MsgType.ORDER_INFO, {"upto": self.oi_delivered}))
+
+    def _oi_floor(self) -> int:
+        """Positions every backup has acked."""
+        if not self.backups:
+            return self.oi_next - 1
+        return min(self.oi_acks.get(b, 0) for b in self.backups)
+
+    def _own_section(self, limit_from: int) -> list | None:
+        chunks: list[bytes] = []
+        first = 0
+        size = 0
+        for pos, ch in self.oi_log:
+            if pos <= limit_from:
+                continue
+            if chunks and size + len(ch) > self.cfg.max_piggyback_bytes:
+                break
+            if not chunks:
+                first = pos
+            chunks.append(ch)
+            size += len(ch)
+        return [first, chunks] if chunks else None
+
+    def _order_info_intra(self) -> None:
+        floor = self._oi_floor()
+        if not self.is_primary or floor >= self.oi_next - 1:
+            self.oi_intra_due = None
+            return
+        sec = self._own_section(floor)
+        if sec is not None:
+            self._emit(self.group, self._intra(
+                MsgType.ORDER_INFO, {"upto": sec[0] + len(sec[1]) - 1},
+                order_info=pack_trailer(0, sec, None)))
+        self.oi_intra_due = self._now + self.cfg.order_info_intra_us
+
+    def _gc_order_info(self) -> None:
+        floor = self._oi_floor()
+        while self.oi_log and self.oi_log[0][0] <= floor:
+            _, ch = self.oi_log.popleft()
+            self.oi_bytes -= len(ch)
+        if not self.oi_log:
+            self.oi_intra_due = None
+
+    # ================================================================= watermarks ===
+    def timestamp_watermark(self) -> int:
+        """mytimestampwatermark: min recv_ts over the connections this replica knows."""
+        w = None
+        for c in self.conns.values():
+            if c.known:
+                ts = c.rx.ts if c.rx is not None else 0
+                if c.rx_old is not None:
+                    ts = 0
+                if w is None or ts < w:
+                    w = ts
+        return self.clock if w is None else w
+
+    def group_watermark(self) -> int:
+        """mygroupwatermark (the primary computes it; a backup repeats its primary's)."""
+        if not self.is_primary:
+            return self.gw
+        w = self.timestamp_watermark()
+        if self.backups:
+            d = self.digest()
+            for b in self.backups:
+                rep = self.reports.get(b)
+                if rep is None or rep[1] != d:
+                    return 0
+                if rep[0] < w:
+                    w = rep[0]
+        if w > self.gw:
+            self.gw = w
+        return w
+
+    def digest(self) -> int:
+        """Digest of the known connections and their remote views (HEARTBEAT `ack`)."""
+        if self._digest is None:
+            items = sorted((c.remote, c.seq, int(c.role), c.rx.pvn if c.rx else -1)
+                           for c in self.conns.values() if c.known)
+            self._digest = zlib.crc32(repr(items).encode()) & 0x7FFFFFFF
+        return self._digest
+
+    def _gc_sent(self, c: _Conn) -> None:
+        gw = c.remote_gw
+        freed = False
+        while c.sent and c.sent[0].ts <= gw:
+            m = c.sent.popleft()
+            c.sent_bytes -= len(m.body["data"])
+            freed = True
+        if freed:
+            if c.remote_ack < (c.sent[0].msn - 1 if c.sent else c.last_msn):
+                c.remote_ack = c.sent[0].msn - 1 if c.sent else c.last_msn
+            if not any(m.msn > c.remote_ack for m in c.sent):
+                c.rto_due = None
+            self._flush(c)
+
+    def _gc_received(self, c: _Conn) -> None:
+        gw = self.gw if not self.is_primary else self.group_watermark()
+        while c.received and c.received[0].ts <= gw:
+            c.received.popleft()
+
+    def _gc_all_received(self) -> None:
+        gw = self.group_watermark()
+        for c in self.conns.values():
+            while c.received and c.received[0].ts <= gw:
+                c.received.popleft()
+
+    # =================================================================== helpers ===
+    def rank(self) -> int:
+        if self.is_primary:
+            return 1
+        try:
+            return 2 + self.backups.index(self.birth_id)
+        except ValueError:
+            return 0
+
+    def _conn(self, cid: ConnId) -> _Conn:
+        c = self.conns.get(cid)
+        if c is None:
+            if len(self.conns) >= self.cfg.max_connections:
+                raise BufferFull("too many connections")
+            c = _Conn(cid)
+            c.rto_us = self.cfg.retransmit_us
+            self.conns[cid] = c
+        return c
+
+    def _mark_known(self, c: _Conn) -> None:
+        if not c.known:
+            c.known = True
+            self._digest = None
+            if self.is_primary and c.ka_due is None:
+                self._arm_keepalive(c)
+
+    def _msg(self, c: _Conn, mtype: MsgType, body: dict, *, msn: int = 0,
+             ack: int | None = None) -> Message:
+        self.clock += 1
+        rx = c.rx
+        trailer = b""
+        if mtype != MsgType.SECOND_ACK:
+            own = None
+            if self.backups and self.oi_log:
+                own = self._own_section(max(self.oi_reflected, self._oi_floor()))
+            refl, c.to_reflect = c.to_reflect, None
+            sent_upto = msn if msn else (c.last_msn if not c.resync else 0)
+            trailer = pack_trailer(sent_upto, own, refl)
+        return Message(type=mtype, src_group=self.group, dst_group=c.remote,
+                       conn_seq=c.seq, role=c.role, pvn=self.pvn,
+                       precedence=self.precedence, sender=self.birth_id, msn=msn,
+                       ack=(rx.upto if rx else 0) if ack is None else ack,
+                       back=self.group_watermark(), ts=self.clock, body=body,
+                       order_info=trailer)
+
+    def _intra(self, mtype: MsgType, body: dict, *, back: int = 0, ack: int = 0,
+               order_info: bytes = b"") -> Message:
+        self.clock += 1
+        return Message(type=mtype, src_group=self.group, dst_group=self.group,
+                       conn_seq=INTRA_CONN_SEQ, role=Role.CLIENT, pvn=self.pvn,
+                       precedence=self.precedence, sender=self.birth_id, ack=ack,
+                       back=back, ts=self.clock, body=body, order_info=order_info)
+
+    def _emit(self, dst_group: str, msg: Message) -> None:
+        self._actions.append(Send(dst_group, msg))
+        if dst_group != self.group:
+            c = self.conns.get((msg.dst_group, msg.conn_seq, msg.role)) \
+                if msg.src_group == self.group else None
+            if c is not None:
+                c.last_send_us = self._now
+                if c.ka_due is not None or c.known:
+                    c.ka_due = self._now + self.cfg.keepalive_us
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self.stats[key] = self.stats.get(key, 0) + n
+
+    # ============================================================ introspection ===
+    def buffer_sizes(self) -> dict[str, int]:
+        """What the endpoint holds (the simulator asserts bounds at quiescence)."""
+        out = {"sent": 0, "queue": 0, "log": 0, "received": 0, "placeholders": 0,
+               "ahead": 0, "order_info": len(self.oi_log),
+               "order_info_pending": len(self.oi_pending)}
+        for c in self.conns.values():
+            out["sent"] += len(c.sent)
+            out["queue"] += len(c.queue)
+            out["log"] += len(c.log)
+            out["received"] += len(c.received)
+            out["ahead"] += len(c.ahead)
+            for rx in (c.rx, c.rx_old):
+                if rx is not None:
+                    out["placeholders"] += len(rx.slots)
+        return out
