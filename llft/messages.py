@@ -76,12 +76,18 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
     MsgType.NACK: {"missing": list},                 # message sequence numbers wanted
     MsgType.HEARTBEAT: {"rank": int},
     MsgType.ORDER_INFO: {"upto": int},                 # order-info position carried
-    MsgType.PROPOSE_PRIMARY: {"members": list, "old_pvn": int},
-    MsgType.PROPOSE_PRIMARY_ACK: {"proposer": int},
+    # membership: "change" numbers the versions of one proposal / the changes inside a view;
+    # "max_precedence" is the highest precedence ever assigned, so a new primary continues
+    # above it (added by the membership core, additively)
+    MsgType.PROPOSE_PRIMARY: {"members": list, "old_pvn": int, "change": int,
+                              "max_precedence": int},
+    MsgType.PROPOSE_PRIMARY_ACK: {"proposer": int, "change": int},
     MsgType.PROPOSE_BACKUP: {"host": str, "pid": int},
-    MsgType.ACCEPT_BACKUP: {"members": list, "old_members": list, "change": int},
+    MsgType.ACCEPT_BACKUP: {"members": list, "old_members": list, "change": int,
+                            "max_precedence": int},
     MsgType.ACCEPT_BACKUP_ACK: {"change": int},
-    MsgType.REMOVE_BACKUP: {"members": list, "old_members": list, "change": int},
+    MsgType.REMOVE_BACKUP: {"members": list, "old_members": list, "change": int,
+                            "max_precedence": int},
     MsgType.REMOVE_BACKUP_ACK: {"change": int},
     MsgType.STATE: {"to": int, "chunk": int, "chunks": int, "data": bytes},
     MsgType.STATE_ACK: {"chunk": int},

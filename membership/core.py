@@ -1,0 +1,876 @@
+"""The LLFT leader-determined membership protocol and fault detector, sans-IO, one per replica.
+
+Theory of operation
+-------------------
+A replica is in one `Status` at a time:
+
+    JOINING ──AcceptBackup(me)──▶ AWAITING_STATE ──State chunks──▶ BACKUP
+       │  (silence: found)                                           │ fault detector
+       ▼                                                             ▼ fires
+    PRIMARY_PHASE2 ◀──all acknowledged── PROPOSING ◀─────────────────┘
+       │ phase2_complete()
+       ▼
+    PRIMARY          any status ──reset──▶ JOINING (new birth id)
+
+and holds one membership: (pvn, change, members), members ordered by precedence, the
+primary first (it always has the lowest precedence: a new primary excludes every lower
+one, a new backup gets a precedence above all ever assigned). Ranks are positions in
+that list, recomputed on every change. `change` numbers the membership changes inside a
+primary view; (pvn, primary, change) names one membership.
+
+Paper pseudocode, change of primary (figure alg-primary-change):
+  lines 1-5    `_fault_detector_fired` -> `_propose`: the rank-r backup's detector times
+               out the primary (timeouts grow with rank, `rules.fault_timeout_us`); it
+               proposes view v+1 excluding the old primary and lower precedences.
+  lines 14-16  `_on_pp_ack` -> `_complete_phase1`: all proposed members acknowledged.
+  lines 21-25  `_on_propose_primary`: ACCEPT / RESET / IGNORE (`rules.decide_propose_primary`).
+  lines 28-35  phase 2 belongs to messaging: we emit `BeginPhase2`; the runtime runs
+               NewPrimaryView on every inter-group connection and calls
+               `phase2_complete(pvn)` at the virtual synchrony point; we emit
+               `ViewStarted`, on which the runtime resets message sequence numbers, calls
+               messaging `set_view`, and emits the order-info entry that switches the
+               backups to the new view at the same point.
+Change of a backup (figure alg-backup-change):
+  lines 1-14   `_joiner_tick`: ProposeBackup with a birth id, retransmitted; a joiner that
+               hears no group at all founds one (the "first member" case).
+  line 23      `_admit`: the primary assigns the next precedence (above `max_precedence`,
+               which travels in every membership message so a new primary continues it).
+  lines 15-18, 43-46  `_on_membership`: accept and acknowledge, or reset when excluded.
+  lines 28-34  `_remove`: RemoveBackup for silent backups and for backups that do not
+               acknowledge a change promptly (`ack_timeout_us`).
+  lines 39-42  `_commit` -> `_start_transfer`: at commit the primary checkpoints
+               (`StateProvider.checkpoint`) and sends State chunks, acknowledged and
+               retransmitted; lines 20-21: the joiner `restore`s.
+Partitions (messaging lines 18-20, theorem 1 case 2): a message only a primary sends
+(rank-1 Heartbeat, AcceptBackup, RemoveBackup, State) from a primary that is not ours and
+has a higher key than ours makes us re-multicast it and reset; so after a heal every
+branch but the one with the highest primary is pruned.
+
+Beyond the paper (it is silent on these; see docs/ARCHITECTURE.md "Membership"):
+  * a proposed member that neither acknowledges nor speaks for `ack_timeout_us` is
+    dropped from the proposal (new `change` of the same proposal): otherwise a member
+    crashing during phase 1 blocks the group forever;
+  * a backup still awaiting its State cannot serve as primary: it resets instead of
+    proposing or accepting a proposal;
+  * the primary answers a heartbeat from a replica that believes it is a member but is
+    not with its current membership, so a wrongly removed backup learns it and rejoins.
+
+Everything is bounded: `MAX_MEMBERS`, `MAX_PENDING_JOINERS`, `MAX_TRACKED_JOINERS`,
+`MAX_STATE_CHUNKS`, `MAX_ACTIONS`.
+"""
+from __future__ import annotations
+
+import enum
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from llft.messages import Message, MsgType, Role
+from membership.rules import (Key, PPDecision, competing_primary_wins, decide_propose_primary,
+                              fault_timeout_us, may_propose, proposal_members)
+
+MAX_MEMBERS = 16             # members of one group, the primary included
+MAX_PENDING_JOINERS = 8      # ProposeBackups queued at the primary
+MAX_TRACKED_JOINERS = 32     # other joiners a joiner remembers (founding tie-break)
+MAX_STATE_CHUNKS = 65_536    # chunks of one checkpoint (x chunk size = largest state)
+MAX_ACTIONS = 4_096          # actions not yet taken by the driver
+
+
+class Status(enum.Enum):
+    JOINING = "joining"
+    AWAITING_STATE = "awaiting_state"
+    BACKUP = "backup"
+    PROPOSING = "proposing"
+    PRIMARY_PHASE2 = "primary_phase2"
+    PRIMARY = "primary"
+
+
+MEMBER_STATUSES = frozenset(Status) - {Status.JOINING}
+PRIMARY_STATUSES = frozenset({Status.PRIMARY_PHASE2, Status.PRIMARY})
+# messages that only a primary sends: they reveal a (possibly competing) primary
+PRIMARY_ONLY = frozenset({MsgType.ACCEPT_BACKUP, MsgType.REMOVE_BACKUP, MsgType.STATE})
+
+
+class RemoteProtocolError(ValueError):
+    """A peer sent a membership message that violates the protocol (counted, dropped)."""
+
+
+class StateProvider(Protocol):
+    """The application state a joining backup needs (filled by the determinizer: the
+    group's log of inputs and order info). `checkpoint` runs at the primary at the
+    virtual synchrony point of an addition; `restore` at the joining backup."""
+
+    def checkpoint(self) -> bytes: ...
+
+    def restore(self, data: bytes) -> None: ...
+
+
+class EmptyState:
+    def checkpoint(self) -> bytes:
+        return b""
+
+    def restore(self, data: bytes) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Config:
+    """Timing for a LAN. The paper detects a failed primary in about 30 ms. We send a
+    heartbeat every 5 ms and let the rank-2 backup wait 25 ms (five intervals): it then
+    suspects only after four consecutive heartbeats are lost (about 1e-8 at 1 % loss)
+    and asyncio timer jitter and GC pauses of a few ms stay far inside the margin;
+    detection lands 20-25 ms after the crash. Rank r waits
+    base + (r - 2) * (inaction + skew), 25 / 75 / 125 ms by default. The primary removes a
+    backup only after 50 ms of silence: a removal is not urgent (the primary keeps
+    serving) and a false one costs a rejoin with a full state transfer."""
+    group: str
+    heartbeat_interval_us: int = 5_000
+    timeout_base_us: int = 25_000
+    inaction_us: int | None = None        # default: timeout_base_us
+    skew_us: int | None = None            # default: timeout_base_us
+    backup_timeout_us: int = 50_000       # primary: silence before RemoveBackup
+    retransmit_us: int = 5_000            # ProposePrimary / AcceptBackup / RemoveBackup / State
+    ack_timeout_us: int = 50_000          # unacknowledged change -> remove the member
+    join_retry_us: int = 10_000           # ProposeBackup period
+    found_timeout_us: int = 100_000       # joiner hears no member this long -> founds the group
+    state_chunk_bytes: int = 16_384
+    state_window_chunks: int = 8          # State chunks in flight, unacknowledged
+    host: str = ""
+    pid: int = 0
+
+    def fault_timeout_us(self, rank: int) -> int:
+        return fault_timeout_us(rank, timeout_base_us=self.timeout_base_us,
+                                inaction_us=self.timeout_base_us if self.inaction_us is None
+                                else self.inaction_us,
+                                skew_us=self.timeout_base_us if self.skew_us is None
+                                else self.skew_us)
+
+
+# ---- actions ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Multicast `msg` on the group's intra-group address (its virtual port)."""
+    dst_group: str
+    msg: Message
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipChanged:
+    """This replica installed a membership (for status, checks, and the runtime)."""
+    birth: int
+    pvn: int
+    change: int
+    members: tuple[Key, ...]     # primary first, then backups by precedence (= rank order)
+    my_rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class ViewEntered:
+    """This replica knows that the primary view `pvn` of `primary` formed (phase 1 is
+    over): from here on it no longer accepts a competing proposal for `pvn`. The runtime
+    also reports it, through `view_entered(pvn)`, when a backup reaches the order-info
+    entry that starts the view (whichever comes first)."""
+    birth: int
+    pvn: int
+    primary: int
+
+
+@dataclass(frozen=True, slots=True)
+class BeginPhase2:
+    """Phase 1 is over (or the group was founded): run NewPrimaryView on every
+    inter-group connection, then call `phase2_complete(pvn)` at the virtual synchrony
+    point."""
+    pvn: int
+    members: tuple[Key, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ViewStarted:
+    """The new primary view starts here: reset message sequence numbers, set the
+    messaging view, and emit the order-info entry that switches the backups over."""
+    pvn: int
+    members: tuple[Key, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StateRestored:
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reset:
+    """Discard the replica's application state (the agent restarts the app) and rejoin
+    as a new member: the core already switched to `new_birth` and sent ProposeBackup."""
+    old_birth: int
+    new_birth: int
+    reason: str
+
+
+Action = (Send | MembershipChanged | ViewEntered | BeginPhase2 | ViewStarted | StateRestored
+          | Reset)
+
+
+# ---- internal records ------------------------------------------------------------------
+
+@dataclass
+class _Proposal:                 # phase 1 at the self-appointed new primary
+    target: int
+    change: int
+    members: list[Key]
+    version_us: int              # when this change of the proposal was first sent
+    drop_check_us: int = 0       # next time non-acknowledging members may be dropped
+    acked: set[int] = field(default_factory=set)
+    sent_us: int = 0
+
+
+@dataclass
+class _Change:                   # AcceptBackup / RemoveBackup awaiting acknowledgments
+    mtype: MsgType
+    change: int
+    members: list[Key]
+    old_members: list[Key]
+    started_us: int
+    acked: set[int] = field(default_factory=set)
+    sent_us: int = 0
+
+
+@dataclass
+class _Outgoing:                 # State transfer at the primary
+    to: int
+    chunks: list[bytes]
+    acked: set[int] = field(default_factory=set)
+    next_new: int = 0            # chunks below this were sent at least once
+    sent_us: int = 0
+
+
+@dataclass
+class _Incoming:                 # State reassembly at the joining backup
+    chunks: int
+    parts: dict[int, bytes] = field(default_factory=dict)
+
+
+def _encode_members(members: list[Key] | tuple[Key, ...]) -> list[list[int]]:
+    return [[k.birth, k.precedence] for k in members]
+
+
+def _decode_members(raw: list) -> list[Key]:
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_MEMBERS:
+        raise RemoteProtocolError("members: not a list of 1..MAX_MEMBERS")
+    out = []
+    for m in raw:
+        if (not isinstance(m, list) or len(m) != 2
+                or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in m)):
+            raise RemoteProtocolError("member: not [birth, precedence]")
+        out.append(Key(m[1], m[0]))
+    if len({k.birth for k in out}) != len(out) or len({k.precedence for k in out}) != len(out):
+        raise RemoteProtocolError("members: duplicate birth id or precedence")
+    if out != sorted(out):
+        raise RemoteProtocolError("members: not in precedence order")
+    return out
+
+
+class Membership:
+    """One replica's membership core. Drive it with the sans-IO methods; see the module
+    docstring for the protocol and `docs/ARCHITECTURE.md` for the runtime contract."""
+
+    def __init__(self, config: Config, rng: random.Random,
+                 state: StateProvider | None = None) -> None:
+        self.cfg = config
+        self.rng = rng
+        self.state = state if state is not None else EmptyState()
+        self.rejected = 0                       # malformed membership messages dropped
+        self.resets = 0
+        self._actions: list[Action] = []
+        self._started = False
+        self._become_joiner(0)
+
+    # ---- introspection ------------------------------------------------------------
+
+    @property
+    def key(self) -> Key:
+        return Key(self.precedence, self.birth)
+
+    @property
+    def primary(self) -> Key | None:
+        return self.members[0] if self.members else None
+
+    @property
+    def rank(self) -> int:
+        """1 for the primary, 2..n for the backups by precedence, 0 when not a member."""
+        for i, k in enumerate(self.members):
+            if k.birth == self.birth:
+                return i + 1
+        return 0
+
+    def is_member(self) -> bool:
+        return self.status in MEMBER_STATUSES
+
+    # ---- the sans-IO interface --------------------------------------------------------
+
+    def start(self, now_us: int) -> None:
+        """Begin: apply for membership (or found the group if nobody answers)."""
+        self._started = True
+        self._become_joiner(now_us)
+        self._send_propose_backup(now_us)
+
+    def take_actions(self) -> list[Action]:
+        out, self._actions = self._actions, []
+        return out
+
+    def next_timer_us(self) -> int | None:
+        if not self._started:
+            return None
+        c = self.cfg
+        t = []
+        if self.status is Status.JOINING:
+            t.append(self._join_sent_us + c.join_retry_us)
+            t.append(self._found_deadline_us())
+            return min(t)
+        t.append(self._hb_sent_us + c.heartbeat_interval_us)
+        if self.status in (Status.BACKUP, Status.AWAITING_STATE):
+            t.append(self._fd_deadline_us())
+        elif self.status is Status.PROPOSING:
+            p = self._proposal
+            t.append(p.sent_us + c.retransmit_us)
+            t.append(p.drop_check_us)
+        else:
+            t.extend(self._primary_deadlines())
+        return min(t)
+
+    def handle_timer(self, now_us: int) -> None:
+        if not self._started:
+            return
+        c = self.cfg
+        if self.status is Status.JOINING:
+            self._joiner_tick(now_us)
+            return
+        if now_us >= self._hb_sent_us + c.heartbeat_interval_us:
+            self._send(MsgType.HEARTBEAT, {"rank": self.rank})
+            self._hb_sent_us = now_us
+        if self.status in (Status.BACKUP, Status.AWAITING_STATE):
+            if now_us >= self._fd_deadline_us():
+                self._fault_detector_fired(now_us)
+        elif self.status is Status.PROPOSING:
+            self._proposal_tick(now_us)
+        else:
+            self._primary_tick(now_us)
+
+    def handle_message(self, msg: Message, now_us: int) -> None:
+        if not self._started or msg.sender == self.birth:
+            return
+        if msg.src_group != self.cfg.group or msg.dst_group != self.cfg.group:
+            return
+        handler = self._HANDLERS.get(msg.type)
+        if handler is None:
+            return
+        self._note_sender(msg, now_us)
+        try:
+            if self.is_member() and self._competing_primary(msg, now_us):
+                return
+            handler(self, msg, now_us)
+        except RemoteProtocolError:
+            self.rejected += 1
+
+    def view_entered(self, pvn: int, now_us: int) -> None:
+        """A backup reached the order-info entry that starts view `pvn`."""
+        if self.is_member() and pvn == self.pvn:
+            self._enter_view()
+
+    def phase2_complete(self, pvn: int, now_us: int) -> None:
+        """The messaging layer reached the virtual synchrony point of view `pvn`."""
+        if self.status is not Status.PRIMARY_PHASE2 or pvn != self.pvn:
+            return                                   # superseded meanwhile: nothing starts
+        self.status = Status.PRIMARY
+        self._emit(ViewStarted(self.pvn, tuple(self.members)))
+        self._primary_tick(now_us)
+
+    # ---- common helpers -----------------------------------------------------------------
+
+    def _emit(self, action: Action) -> None:
+        if len(self._actions) >= MAX_ACTIONS:
+            raise RuntimeError(f"more than MAX_ACTIONS={MAX_ACTIONS} actions not taken")
+        self._actions.append(action)
+
+    def _send(self, mtype: MsgType, body: dict) -> None:
+        g = self.cfg.group
+        self._emit(Send(g, Message(type=mtype, src_group=g, dst_group=g, conn_seq=0,
+                                role=Role.CLIENT, pvn=self.pvn, precedence=self.precedence,
+                                sender=self.birth, body=body)))
+
+    def _become_joiner(self, now_us: int) -> None:
+        self.birth = self.rng.getrandbits(63) or 1
+        self.status = Status.JOINING
+        self.precedence = 0
+        self.pvn = 0
+        self.change = 0
+        self.members: list[Key] = []
+        self.max_precedence = 0
+        self._accepted_by_proposal = False
+        self._generated_target: int | None = None
+        self._acked_pp: dict[int, tuple[Key, int]] = {}      # target -> (proposer, change)
+        self._seen_pp: dict[int, tuple[Key, Key]] = {}       # target -> (min, max) proposer
+        self._last_heard: dict[int, int] = {}
+        self._proposal: _Proposal | None = None
+        self._pending: _Change | None = None
+        self._joiners: deque[int] = deque(maxlen=MAX_PENDING_JOINERS)
+        self._needs_state: list[int] = []
+        self._outgoing: _Outgoing | None = None
+        self._incoming: _Incoming | None = None
+        self._hb_sent_us = now_us
+        self._join_sent_us = now_us
+        self._join_start_us = now_us
+        self._group_heard_us = now_us
+        self._other_joiners: dict[int, int] = {}
+        self._resent_membership_us = -(1 << 62)
+        if not hasattr(self, "max_seen_precedence"):
+            self.max_seen_precedence = 0
+            self.max_seen_pvn = 0
+
+    def _reset(self, now_us: int, reason: str) -> None:
+        old = self.birth
+        self.resets += 1
+        self._become_joiner(now_us)
+        self._emit(Reset(old, self.birth, reason))
+        self._send_propose_backup(now_us)
+
+    def _install(self, pvn: int, change: int, members: list[Key], max_prec: int,
+                 now_us: int) -> None:
+        self.pvn, self.change, self.members = pvn, change, list(members)
+        me = next(k for k in members if k.birth == self.birth)
+        self.precedence = me.precedence
+        self.max_precedence = max(self.max_precedence, max_prec, members[-1].precedence)
+        self._last_heard = {k.birth: self._last_heard.get(k.birth, now_us) for k in members}
+        for t in [t for t in self._acked_pp if t < pvn]:
+            del self._acked_pp[t]
+        for t in [t for t in self._seen_pp if t < pvn]:
+            del self._seen_pp[t]
+        self._emit(MembershipChanged(self.birth, pvn, change, tuple(members), self.rank))
+
+    def _enter_view(self) -> None:
+        if self._accepted_by_proposal:
+            self._accepted_by_proposal = False
+            self._emit(ViewEntered(self.birth, self.pvn, self.primary.birth))
+
+    def _note_sender(self, msg: Message, now_us: int) -> None:
+        self.max_seen_precedence = max(self.max_seen_precedence, msg.precedence,
+                                       msg.body.get("max_precedence", 0))
+        self.max_seen_pvn = max(self.max_seen_pvn, msg.pvn)
+        if msg.precedence > 0:
+            self._group_heard_us = now_us
+        if self.status is Status.JOINING:
+            if msg.type is MsgType.PROPOSE_BACKUP:
+                self._track_joiner(msg.sender, now_us)
+            return
+        if (self._accepted_by_proposal and msg.sender == self.primary.birth
+                and msg.pvn == self.pvn):
+            self._enter_view()          # the primary speaks in the new view: it formed
+        if msg.sender in self._last_heard or any(k.birth == msg.sender for k in self._tracked()):
+            if self.status in PRIMARY_STATUSES and msg.pvn != self.pvn:
+                return          # a backup living in another view is not alive for us
+            self._last_heard[msg.sender] = now_us
+
+    def _tracked(self) -> list[Key]:
+        if self._proposal is not None:
+            return self._proposal.members
+        return self.members
+
+    def _track_joiner(self, birth: int, now_us: int) -> None:
+        self._other_joiners[birth] = now_us
+        if len(self._other_joiners) > MAX_TRACKED_JOINERS:
+            oldest = min(self._other_joiners, key=self._other_joiners.__getitem__)
+            del self._other_joiners[oldest]
+
+    def _competing_primary(self, msg: Message, now_us: int) -> bool:
+        """Prune our branch if `msg` comes from a higher primary that is not ours."""
+        reveals_primary = (msg.type in PRIMARY_ONLY
+                           or (msg.type is MsgType.HEARTBEAT and msg.body.get("rank") == 1))
+        if not reveals_primary or msg.precedence <= 0:
+            return False
+        mine = self.primary
+        if mine is not None and msg.sender == mine.birth:
+            return False
+        theirs = Key(msg.precedence, msg.sender)
+        if not competing_primary_wins(mine=mine, theirs=theirs):
+            return False
+        # messaging lines 18-20: make sure the rest of our branch hears it too
+        self._emit(Send(self.cfg.group, msg))
+        self._reset(now_us, f"competing primary {theirs} outranks {mine}")
+        return True
+
+    # ---- joining (backup-change lines 1-14) --------------------------------------------
+
+    def _send_propose_backup(self, now_us: int) -> None:
+        self._send(MsgType.PROPOSE_BACKUP, {"host": self.cfg.host, "pid": self.cfg.pid})
+        self._join_sent_us = now_us
+
+    def _found_deadline_us(self) -> int:
+        """A joiner founds the group once it has heard no member, and no joiner with a
+        higher birth id (which founds first), for `found_timeout_us`."""
+        quiet = max([self._group_heard_us, self._join_start_us]
+                    + [t for b, t in self._other_joiners.items() if b > self.birth])
+        return quiet + self.cfg.found_timeout_us
+
+    def _joiner_tick(self, now_us: int) -> None:
+        if now_us >= self._found_deadline_us():
+            self._found(now_us)
+            return
+        if now_us >= self._join_sent_us + self.cfg.join_retry_us:
+            self._send_propose_backup(now_us)
+
+    def _found(self, now_us: int) -> None:
+        prec = self.max_seen_precedence + 1
+        self.status = Status.PRIMARY_PHASE2
+        self._hb_sent_us = now_us - self.cfg.heartbeat_interval_us
+        self._install(self.max_seen_pvn + 1, 0, [Key(prec, self.birth)], prec, now_us)
+        self._emit(ViewEntered(self.birth, self.pvn, self.birth))
+        self._emit(BeginPhase2(self.pvn, tuple(self.members)))
+
+    # ---- backups: fault detector and phase 1 (primary-change lines 1-5, 21-25) ---------
+
+    def _fd_deadline_us(self) -> int:
+        heard = self._last_heard.get(self.primary.birth, self._hb_sent_us)
+        return heard + self.cfg.fault_timeout_us(max(2, self.rank))
+
+    def _fault_detector_fired(self, now_us: int) -> None:
+        if self.status is Status.AWAITING_STATE:
+            self._reset(now_us, "primary failed before our state arrived")
+            return
+        target = self.pvn + 1
+        seen = self._seen_pp.get(target)
+        if not may_propose(my_key=self.key, seen_min=seen[0] if seen else None):
+            self._last_heard[self.primary.birth] = now_us     # a senior backup is on it
+            return
+        members = proposal_members(self.members, self.primary, self.key)
+        self._generated_target = target
+        self._proposal = _Proposal(target, 0, members, version_us=now_us,
+                                   drop_check_us=now_us + self.cfg.ack_timeout_us)
+        self.status = Status.PROPOSING
+        for k in members:
+            self._last_heard.setdefault(k.birth, now_us)
+        self._send_proposal(now_us)
+        self._check_phase1(now_us)
+
+    def _send_proposal(self, now_us: int) -> None:
+        p = self._proposal
+        self._send(MsgType.PROPOSE_PRIMARY, {
+            "members": _encode_members(p.members), "old_pvn": self.pvn,
+            "change": p.change, "max_precedence": self.max_precedence})
+        p.sent_us = now_us
+
+    def _proposal_tick(self, now_us: int) -> None:
+        p, c = self._proposal, self.cfg
+        if now_us >= p.drop_check_us:
+            # drop members that neither acknowledged nor spoke since this version began;
+            # after a second timeout drop every non-acknowledging member
+            final = now_us >= p.version_us + 2 * c.ack_timeout_us
+            quiet_since = now_us + 1 if final else p.version_us
+            drop = {k.birth for k in p.members[1:] if k.birth not in p.acked
+                    and self._last_heard.get(k.birth, -1) < quiet_since}
+            if drop:
+                p.members = [k for k in p.members if k.birth not in drop]
+                p.change += 1
+                p.acked = set()
+                p.version_us = now_us
+                p.drop_check_us = now_us + c.ack_timeout_us
+                self._send_proposal(now_us)
+                self._check_phase1(now_us)
+                return
+            p.drop_check_us = p.version_us + 2 * c.ack_timeout_us
+        if now_us >= p.sent_us + c.retransmit_us:
+            self._send_proposal(now_us)
+
+    def _on_propose_primary(self, msg: Message, now_us: int) -> None:
+        if self.status is Status.JOINING:
+            return
+        body = msg.body
+        members = _decode_members(body["members"])
+        proposer = Key(msg.precedence, msg.sender)
+        if members[0] != proposer:
+            raise RemoteProtocolError("proposal does not put its proposer first")
+        target = body["old_pvn"] + 1
+        if target < self.pvn:
+            return
+        prev = self._seen_pp.get(target)
+        lo, hi = prev if prev else (proposer, proposer)
+        self._seen_pp[target] = (min(lo, proposer), max(hi, proposer))
+        included = any(k.birth == self.birth for k in members)
+        acked = self._acked_pp.get(target)
+        decision = decide_propose_primary(
+            target=target, my_pvn=self.pvn, my_key=self.key, proposer=proposer,
+            included=included, generated_target=self._generated_target,
+            acked=acked[0] if acked else None,
+            seen_max=prev[1] if prev else None,
+            accepted_by_proposal=self._accepted_by_proposal)
+        if decision is PPDecision.RESET:
+            self._reset(now_us, f"excluded by ProposePrimary of {proposer} for view {target}")
+        elif decision is PPDecision.ACCEPT:
+            if self.status is Status.AWAITING_STATE:
+                self._reset(now_us, "new primary proposed before our state arrived")
+                return
+            if acked and acked[0] == proposer and acked[1] > body["change"]:
+                return                                   # an older version of that proposal
+            if not (acked and acked[0] == proposer and acked[1] == body["change"]):
+                self.status = Status.BACKUP
+                self._proposal = self._pending = self._outgoing = None
+                self._joiners.clear()
+                self._needs_state = []
+                self._acked_pp[target] = (proposer, body["change"])
+                self._accepted_by_proposal = True
+                self._install(target, body["change"], members, body["max_precedence"], now_us)
+                self._last_heard[proposer.birth] = now_us
+            self._send(MsgType.PROPOSE_PRIMARY_ACK, {"proposer": proposer.birth,
+                                                     "change": body["change"]})
+
+    def _on_pp_ack(self, msg: Message, now_us: int) -> None:
+        p = self._proposal
+        if (self.status is Status.PROPOSING and msg.body["proposer"] == self.birth
+                and msg.body["change"] == p.change
+                and any(k.birth == msg.sender for k in p.members)):
+            p.acked.add(msg.sender)
+            self._check_phase1(now_us)
+
+    def _check_phase1(self, now_us: int) -> None:
+        p = self._proposal
+        if {k.birth for k in p.members[1:]} <= p.acked:
+            self._complete_phase1(now_us)
+
+    def _complete_phase1(self, now_us: int) -> None:
+        """Lines 14-16: every proposed member acknowledged; phase 2 is messaging's."""
+        p = self._proposal
+        self._proposal = None
+        self.status = Status.PRIMARY_PHASE2
+        self._accepted_by_proposal = False
+        self._install(p.target, p.change, p.members, self.max_precedence, now_us)
+        for k in p.members:
+            self._last_heard[k.birth] = now_us
+        self._hb_sent_us = now_us - self.cfg.heartbeat_interval_us   # announce at once
+        self._emit(ViewEntered(self.birth, self.pvn, self.birth))
+        self._emit(BeginPhase2(self.pvn, tuple(self.members)))
+
+    # ---- backups: membership messages (backup-change lines 15-21, 43-46) ---------------
+
+    def _on_membership(self, msg: Message, now_us: int) -> None:
+        body = msg.body
+        members = _decode_members(body["members"])
+        if members[0] != Key(msg.precedence, msg.sender):
+            raise RemoteProtocolError("membership does not put its primary first")
+        included = any(k.birth == self.birth for k in members)
+        ack = (MsgType.ACCEPT_BACKUP_ACK if msg.type is MsgType.ACCEPT_BACKUP
+               else MsgType.REMOVE_BACKUP_ACK)
+        if self.status is Status.JOINING:
+            if included:
+                self.status = Status.AWAITING_STATE
+                self._incoming = None
+                self._hb_sent_us = now_us
+                self._install(msg.pvn, body["change"], members, body["max_precedence"], now_us)
+                self._last_heard[msg.sender] = now_us
+                self._emit(ViewEntered(self.birth, self.pvn, msg.sender))
+                self._send(ack, {"change": body["change"]})
+            return
+        if self.status in PRIMARY_STATUSES or self.status is Status.PROPOSING:
+            return
+        if msg.sender != self.primary.birth or msg.pvn != self.pvn:
+            return
+        if body["change"] <= self.change:
+            if included:
+                self._send(ack, {"change": body["change"]})      # our ack was lost
+            return
+        if not included:
+            self._reset(now_us, f"removed from the membership (change {body['change']})")
+            return
+        self._install(self.pvn, body["change"], members, body["max_precedence"], now_us)
+        self._send(ack, {"change": body["change"]})
+
+    def _on_state(self, msg: Message, now_us: int) -> None:
+        body = msg.body
+        if (body["to"] != self.birth or self.primary is None
+                or msg.sender != self.primary.birth):
+            return
+        chunks, chunk = body["chunks"], body["chunk"]
+        if not 0 <= chunk < chunks <= MAX_STATE_CHUNKS:
+            raise RemoteProtocolError("state chunk out of range")
+        if self.status is Status.AWAITING_STATE:
+            inc = self._incoming
+            if inc is None or inc.chunks != chunks:
+                inc = self._incoming = _Incoming(chunks)
+            inc.parts[chunk] = body["data"]
+            if len(inc.parts) == chunks:
+                data = b"".join(inc.parts[i] for i in range(chunks))
+                self._incoming = None
+                self.state.restore(data)
+                self.status = Status.BACKUP
+                self._emit(StateRestored(len(data)))
+        if self.status in (Status.AWAITING_STATE, Status.BACKUP):
+            self._send(MsgType.STATE_ACK, {"chunk": chunk})
+
+    def _on_heartbeat(self, msg: Message, now_us: int) -> None:
+        # liveness was noted in _note_sender; the primary tells a replica that believes
+        # it is a member of this view, but is not, its current membership
+        if (self.status is Status.PRIMARY and msg.pvn == self.pvn and msg.precedence > 0
+                and not any(k.birth == msg.sender for k in self.members)
+                and now_us >= self._resent_membership_us + self.cfg.retransmit_us):
+            self._resent_membership_us = now_us
+            mtype = self._pending.mtype if self._pending else MsgType.REMOVE_BACKUP
+            self._send(mtype, self._membership_body(self.change, self.members,
+                                                    self.members))
+
+    # ---- primary: changes of a backup (backup-change lines 23-42) ----------------------
+
+    def _on_propose_backup(self, msg: Message, now_us: int) -> None:
+        if self.status not in PRIMARY_STATUSES:
+            return
+        b = msg.sender
+        if any(k.birth == b for k in self.members) or b in self._joiners:
+            return
+        if len(self.members) + len(self._joiners) < MAX_MEMBERS:
+            self._joiners.append(b)
+        if self.status is Status.PRIMARY:
+            self._primary_tick(now_us)
+
+    def _membership_body(self, change: int, members: list[Key], old: list[Key]) -> dict:
+        return {"members": _encode_members(members), "old_members": _encode_members(old),
+                "change": change, "max_precedence": self.max_precedence}
+
+    def _begin_change(self, mtype: MsgType, members: list[Key], now_us: int) -> None:
+        old = self.members
+        self._install(self.pvn, self.change + 1, members, self.max_precedence, now_us)
+        self._pending = _Change(mtype, self.change, list(members), list(old), now_us)
+        for k in members:
+            self._last_heard.setdefault(k.birth, now_us)
+        self._send_change(now_us)
+        self._check_commit(now_us)
+
+    def _send_change(self, now_us: int) -> None:
+        ch = self._pending
+        self._send(ch.mtype, self._membership_body(ch.change, ch.members, ch.old_members))
+        ch.sent_us = now_us
+
+    def _on_change_ack(self, msg: Message, now_us: int) -> None:
+        ch = self._pending
+        if (self.status in PRIMARY_STATUSES and ch is not None
+                and msg.body["change"] == ch.change and msg.pvn == self.pvn):
+            ch.acked.add(msg.sender)
+            self._check_commit(now_us)
+
+    def _check_commit(self, now_us: int) -> None:
+        ch = self._pending
+        if {k.birth for k in ch.members[1:]} <= ch.acked:
+            self._pending = None                          # line 39: committed
+            self._primary_tick(now_us)
+
+    def _silent_backups(self, now_us: int) -> set[int]:
+        limit = now_us - self.cfg.backup_timeout_us
+        return {k.birth for k in self.members[1:] if self._last_heard.get(k.birth, now_us) < limit}
+
+    def _primary_deadlines(self) -> list[int]:
+        c = self.cfg
+        t = [self._last_heard.get(k.birth, 0) + c.backup_timeout_us + 1
+             for k in self.members[1:]]
+        if self._pending is not None:
+            t.append(self._pending.sent_us + c.retransmit_us)
+            t.append(self._pending.started_us + c.ack_timeout_us)
+        if (self._outgoing is not None and self._pending is None
+                and self.status is Status.PRIMARY):
+            t.append(self._outgoing.sent_us + c.retransmit_us)
+        return t
+
+    def _primary_tick(self, now_us: int) -> None:
+        c = self.cfg
+        silent = self._silent_backups(now_us)
+        ch = self._pending
+        if ch is not None:
+            if now_us >= ch.started_us + c.ack_timeout_us:
+                silent |= {k.birth for k in ch.members[1:] if k.birth not in ch.acked}
+            if silent:
+                self._remove(silent, now_us)              # supersedes the pending change
+            elif now_us >= ch.sent_us + c.retransmit_us:
+                self._send_change(now_us)
+        elif silent:
+            self._remove(silent, now_us)
+        elif self._joiners and self.status is Status.PRIMARY:
+            self._admit(now_us)
+        if self._pending is None and self.status is Status.PRIMARY:
+            self._transfer_tick(now_us)
+
+    def _remove(self, births: set[int], now_us: int) -> None:
+        """Lines 28-34: the primary drops silent / non-acknowledging backups."""
+        self._needs_state = [b for b in self._needs_state if b not in births]
+        if self._outgoing is not None and self._outgoing.to in births:
+            self._outgoing = None
+        self._begin_change(MsgType.REMOVE_BACKUP,
+                           [k for k in self.members if k.birth not in births], now_us)
+
+    def _admit(self, now_us: int) -> None:
+        """Line 23: the next precedences, above every precedence ever assigned."""
+        members = list(self.members)
+        while self._joiners and len(members) < MAX_MEMBERS:
+            self.max_precedence += 1
+            b = self._joiners.popleft()
+            members.append(Key(self.max_precedence, b))
+            self._needs_state.append(b)
+        self._begin_change(MsgType.ACCEPT_BACKUP, members, now_us)
+
+    def _transfer_tick(self, now_us: int) -> None:
+        """Lines 39-42: checkpoint at commit, State chunks with acks and retransmission."""
+        if self._outgoing is None and self._needs_state:
+            to = self._needs_state.pop(0)
+            data = self.state.checkpoint()
+            size = self.cfg.state_chunk_bytes
+            chunks = [data[i:i + size] for i in range(0, len(data), size)] or [b""]
+            if len(chunks) > MAX_STATE_CHUNKS:
+                raise RuntimeError(f"checkpoint of {len(data)} bytes exceeds MAX_STATE_CHUNKS")
+            self._outgoing = _Outgoing(to, chunks, sent_us=-(1 << 62))
+        out = self._outgoing
+        if out is not None and now_us >= out.sent_us + self.cfg.retransmit_us:
+            self._send_window(now_us)
+
+    def _send_chunk(self, i: int) -> None:
+        out = self._outgoing
+        self._send(MsgType.STATE, {"to": out.to, "chunk": i, "chunks": len(out.chunks),
+                                   "data": out.chunks[i]})
+
+    def _send_window(self, now_us: int) -> None:
+        """Retransmit every unacknowledged chunk sent so far (at most a window of
+        them), then open the window with new chunks."""
+        out = self._outgoing
+        for i in range(out.next_new):
+            if i not in out.acked:
+                self._send_chunk(i)
+        self._fill_window()
+        out.sent_us = now_us
+
+    def _fill_window(self) -> None:
+        out = self._outgoing
+        while (out.next_new < len(out.chunks)
+               and out.next_new - len(out.acked) < self.cfg.state_window_chunks):
+            self._send_chunk(out.next_new)
+            out.next_new += 1
+
+    def _on_state_ack(self, msg: Message, now_us: int) -> None:
+        out = self._outgoing
+        if self.status is not Status.PRIMARY or out is None or msg.sender != out.to:
+            return
+        chunk = msg.body["chunk"]
+        if not 0 <= chunk < out.next_new or chunk in out.acked:
+            return
+        out.acked.add(chunk)
+        if len(out.acked) == len(out.chunks):
+            self._outgoing = None
+            self._transfer_tick(now_us)
+        else:
+            self._fill_window()
+
+    _HANDLERS = {
+        MsgType.HEARTBEAT: _on_heartbeat,
+        MsgType.PROPOSE_PRIMARY: _on_propose_primary,
+        MsgType.PROPOSE_PRIMARY_ACK: _on_pp_ack,
+        MsgType.PROPOSE_BACKUP: _on_propose_backup,
+        MsgType.ACCEPT_BACKUP: _on_membership,
+        MsgType.REMOVE_BACKUP: _on_membership,
+        MsgType.ACCEPT_BACKUP_ACK: _on_change_ack,
+        MsgType.REMOVE_BACKUP_ACK: _on_change_ack,
+        MsgType.STATE: _on_state,
+        MsgType.STATE_ACK: _on_state_ack,
+    }

@@ -1,0 +1,113 @@
+"""The LLFT membership rules as data and pure functions (no state, no I/O).
+
+Theory of operation
+-------------------
+The paper states the change-of-primary rules as three bullets (section "membership
+protocol", first phase). We read the paper's symbols as follows (the arXiv text lost
+them; the proofs of theorem 1 fix their direction):
+
+    v        the primary view number the receiver is in (`mypvn`)
+    p        the precedence of the proposer (the self-appointed new primary)
+    q        the precedence of the receiver
+    higher   later-joined; precedences only grow, so a newer member has a higher one
+
+and the three outcomes of receiving ProposePrimary for the new view v+1:
+
+    ACCEPT  (pseudocode lines 21-24) the receiver is included (which implies q > p),
+            it has not generated a ProposePrimary for v+1, and it has not acknowledged
+            a ProposePrimary for v+1 from a proposer with precedence > p.
+    RESET   (line 25) the message is for v+1 *or a subsequent view*, the receiver is
+            NOT included, it has not [generated a ProposePrimary for v+1 and q > p],
+            and it has not received a ProposePrimary for v+1 from precedence > p.
+    IGNORE  everything else (the paper: "the sets of conditions ... are not
+            complementary and collectively exhaustive").
+
+The proposer's own rule (lines 1-5): a backup whose fault detector fires on the primary
+of view v proposes itself for v+1 unless it has received a ProposePrimary for that view
+from a backup of *lower* precedence (a more senior backup already took over); it
+excludes the old primary and every backup of precedence < its own, "because that backup
+did not send a ProposePrimary message quickly enough to become the new primary".
+
+Precedences alone can tie across partitioned branches (each branch's primary assigns
+"the next precedence" independently), so replicas are compared by the key
+(precedence, birth_id): unique, and totally ordered the same way everywhere.
+"""
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+
+class Key(NamedTuple):
+    """Total order on replicas: precedence first, birth id breaks cross-branch ties."""
+    precedence: int
+    birth: int
+
+
+class PPDecision(enum.Enum):
+    ACCEPT = "accept"     # adopt the proposed membership and acknowledge (lines 21-24)
+    RESET = "reset"       # reset state and rejoin with ProposeBackup (line 25)
+    IGNORE = "ignore"
+
+
+def decide_propose_primary(*, target: int, my_pvn: int, my_key: Key, proposer: Key,
+                           included: bool, generated_target: int | None,
+                           acked: Key | None, seen_max: Key | None,
+                           accepted_by_proposal: bool) -> PPDecision:
+    """Classify one ProposePrimary(target = old_pvn + 1) at a member.
+
+    `acked`: the proposer whose ProposePrimary for `target` this replica acknowledged
+    (None if none); `seen_max`: the highest proposer seen for `target` (this message
+    included or not, the comparison is strict); `generated_target`: the view this
+    replica proposed itself for, if any; `accepted_by_proposal`: this replica's current
+    view (my_pvn) was entered by acknowledging a ProposePrimary, so a competing proposal
+    for that same number is still "the new view" to it.
+    """
+    # "the new primary view v+1": the next view, or the one we only hold by acking a
+    # proposal (or by proposing ourselves) that a competing proposal may still override.
+    is_new = target == my_pvn + 1 or (
+        target == my_pvn and (accepted_by_proposal or generated_target == target))
+    generated = generated_target == target
+    if included:
+        if (is_new and not generated
+                and (acked is None or not acked > proposer)):
+            return PPDecision.ACCEPT
+        return PPDecision.IGNORE
+    if not (is_new or target > my_pvn + 1):
+        return PPDecision.IGNORE          # stale: for a view we already left behind
+    if generated and my_key > proposer:
+        return PPDecision.IGNORE          # we compete and we win: the proposer resets
+    if seen_max is not None and seen_max > proposer:
+        return PPDecision.IGNORE          # a higher proposer for the same view exists
+    return PPDecision.RESET
+
+
+def proposal_members(members: list[Key], primary: Key, me: Key) -> list[Key]:
+    """Line 4: the proposed membership excludes the old primary and every backup of
+    lower precedence than the proposer; ordered by key, so the proposer comes first."""
+    return sorted(m for m in members if m != primary and m >= me)
+
+
+def may_propose(*, my_key: Key, seen_min: Key | None) -> bool:
+    """Lines 1-3: propose unless a ProposePrimary for the same view has arrived from a
+    backup of lower precedence (a more senior backup is taking over)."""
+    return seen_min is None or not seen_min < my_key
+
+
+def competing_primary_wins(*, mine: Key | None, theirs: Key) -> bool:
+    """Messaging lines 18-20 / theorem 1 case 2: a message from the primary of a
+    competing membership whose primary has higher precedence prunes our branch."""
+    return mine is None or theirs > mine
+
+
+def fault_timeout_us(rank: int, *, timeout_base_us: int, inaction_us: int,
+                     skew_us: int) -> int:
+    """Timeout of the fault detector a backup of `rank` runs on its primary.
+
+    The paper: rank 2 waits `base` for the primary; rank 3 also allows the rank-2
+    backup's inaction and the skew between the two detectors (10, 30 ms in its
+    example); each further rank adds one more predecessor's inaction plus skew.
+    """
+    if rank < 2:
+        raise ValueError(f"rank {rank} runs no fault detector on the primary")
+    return timeout_base_us + (rank - 2) * (inaction_us + skew_us)

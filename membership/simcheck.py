@@ -1,0 +1,337 @@
+"""`llft simulate membership`: seeded fault schedules against the real membership core.
+
+Theory of operation
+-------------------
+Each schedule (one seed) runs 2-5 replicas of one group on the simulator kernel
+(`llft/sim/kernel.py`, reused as is: real wire codec, loss, duplication, reordering,
+corruption, partitions, crashes). The only adapter on our side is `_Harness`: it feeds
+`BeginPhase2` back as `phase2_complete` after a random simulated delay (the messaging
+layer's NewPrimaryView round, absent here) and records what every replica installs.
+
+A schedule has a *fault phase* (replicas start at random times; crashes of primaries and
+backups, including a second crash while the primary change is in progress; restarts with
+new cores, i.e. new birth ids; partitions that heal; per-datagram faults) and then a
+*quiet phase* (no more faults, the network healed, at least one replica alive).
+
+Checks, on every schedule:
+  agreement      every replica that installs membership (pvn, primary, change) installs
+                 the same members, in the same rank order, and is itself one of them.
+  one primary    for each primary view number, no replica enters the views of two
+                 different primaries (a replica "enters" a view once it knows phase 1
+                 of that view completed); hence two primaries of one number can only
+                 exist in disjoint branches of a partition, as theorem 1 allows.
+  pruning        at the end, every live replica's history of entered views lies on the
+                 lineage of the surviving primary view (a replica of a side branch must
+                 have reset and rejoined under a new birth id to be there).
+  convergence    once faults stop, within `bound_us` (printed), one primary view forms
+                 that contains every live replica, all of them restored and agreeing on
+                 pvn, change, members and primary.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+from llft.sim.kernel import NetConfig, Sim
+from membership.core import (BeginPhase2, Config, Membership, MembershipChanged, Reset,
+                             Status, ViewEntered)
+from membership.rules import Key
+
+GROUP = "g"
+STATE_BYTES_MAX = 40_000           # random checkpoint sizes exercise State chunking
+SIM_CONFIG = Config(group=GROUP, state_chunk_bytes=4_096, state_window_chunks=4)
+
+
+def bound_us(cfg: Config, n: int) -> int:
+    """Time from "faults stop" to a full primary view, worst case, no faults:
+    a primary view change whose proposals lose every dead member (the last rank's
+    detector, then two proposal ack timeouts), phase 2, the pruning of a side branch
+    (one heartbeat interval), a joiner that may have to found the group
+    (found_timeout) and n admissions, each at most a ProposeBackup retry period, a
+    backup-removal round and a state transfer (a few retransmit periods)."""
+    detect = cfg.fault_timeout_us(n) + 2 * cfg.ack_timeout_us
+    admit = cfg.join_retry_us + cfg.ack_timeout_us + cfg.backup_timeout_us + 4 * cfg.retransmit_us
+    return detect + cfg.found_timeout_us + cfg.heartbeat_interval_us + n * admit + PHASE2_MAX_US
+
+
+PHASE2_MAX_US = 3_000
+
+
+class StateBlob:
+    """A checkpoint whose integrity the joining backup can verify."""
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.restored: list[bytes] = []
+
+    def checkpoint(self) -> bytes:
+        n = self.rng.randrange(STATE_BYTES_MAX)
+        body = self.rng.randbytes(n)
+        return len(body).to_bytes(4, "big") + body
+
+    def restore(self, data: bytes) -> None:
+        if int.from_bytes(data[:4], "big") != len(data) - 4:
+            raise AssertionError(f"restored state of {len(data)} bytes is corrupt")
+        self.restored.append(data)
+
+
+@dataclass
+class _Record:
+    installs: dict[tuple[int, int, int], tuple[Key, ...]] = field(default_factory=dict)
+    entered: dict[int, dict[int, int]] = field(default_factory=dict)    # birth -> pvn -> primary
+    parent: dict[tuple[int, int], tuple[int, int] | None] = field(default_factory=dict)
+    last_install: dict[int, tuple[int, int]] = field(default_factory=dict)  # birth -> (pvn, primary)
+    violations: list[str] = field(default_factory=list)
+
+
+class _Harness:
+    def __init__(self, seed: int, *, quiet_check_us: int = 1_000):
+        self.seed = seed
+        self.rng = random.Random(seed)
+        r = self.rng
+        self.n = r.choice([2, 3, 3, 4, 4, 5])
+        self.faults = NetConfig(loss=r.choice([0, 0.01, 0.05, 0.15]),
+                                dup=r.choice([0, 0.02, 0.1]),
+                                reorder=r.choice([0, 0.05, 0.2]),
+                                corrupt=r.choice([0, 0, 0.01]))
+        self.sim = Sim(r.getrandbits(64), self.faults)
+        self.cfg = SIM_CONFIG
+        self.rec = _Record()
+        self.quiet_check_us = quiet_check_us
+        self.nodes = list(range(self.n))
+        self.started: set[int] = set()
+
+    # -- the adapter: cores on the kernel ---------------------------------------------
+    def _new_core(self, node: int) -> Membership:
+        cfg = self.cfg
+        core = Membership(Config(**{**cfg.__dict__, "host": "sim", "pid": node}),
+                          random.Random(self.sim.rng.getrandbits(64)),
+                          StateBlob(random.Random(self.sim.rng.getrandbits(64))))
+        return core
+
+    def _start(self, node: int, restart: bool) -> None:
+        core = self._new_core(node)
+        core.start(self.sim.now_us)
+        if restart:
+            self.sim.restart(node, core)
+        else:
+            self.sim.add_node(node, core, [GROUP], on_action=self._on_action)
+        self.started.add(node)
+
+    def _on_action(self, node: int, action, now_us: int) -> None:
+        rec = self.rec
+        if isinstance(action, MembershipChanged):
+            key = (action.pvn, action.members[0].birth, action.change)
+            rank = [k.birth for k in action.members].index(action.birth) + 1 \
+                if any(k.birth == action.birth for k in action.members) else 0
+            if rank == 0 or rank != action.my_rank:
+                rec.violations.append(f"agreement: {action.birth} installed {key} "
+                                      f"with rank {action.my_rank}, not as member {rank}")
+            prev = rec.installs.setdefault(key, action.members)
+            if prev != action.members:
+                rec.violations.append(f"agreement: membership {key} is {prev} at one "
+                                      f"replica and {action.members} at {action.birth}")
+            view = (action.pvn, action.members[0].birth)
+            prev_view = rec.last_install.get(action.birth)
+            if view not in rec.parent and prev_view != view:
+                # the first replica to install a view is its primary (founding, phase 1)
+                # or an acceptor of its proposal: either way it came from the parent view
+                rec.parent[view] = prev_view
+            rec.last_install[action.birth] = view
+        elif isinstance(action, ViewEntered):
+            seen = rec.entered.setdefault(action.birth, {})
+            other = seen.setdefault(action.pvn, action.primary)
+            if other != action.primary:
+                rec.violations.append(f"one primary: replica {action.birth} entered view "
+                                      f"{action.pvn} of primary {other} and of {action.primary}")
+        elif isinstance(action, BeginPhase2):
+            core = self.sim.core(node)
+            delay = self.sim.rng.randint(0, PHASE2_MAX_US)
+
+            def complete(sim, core=core, pvn=action.pvn):
+                if sim.alive(node) and sim.core(node) is core:
+                    core.phase2_complete(pvn, sim.now_us)
+            self.sim.at(self.sim.now_us + delay, complete, node_id=node)
+
+    # -- the schedule -----------------------------------------------------------------
+    def _live(self) -> list[int]:
+        return [n for n in self.started if self.sim.alive(n)]
+
+    def _primary_node(self) -> int | None:
+        best = None
+        for n in self._live():
+            c = self.sim.core(n)
+            if c.status in (Status.PRIMARY, Status.PRIMARY_PHASE2):
+                if best is None or c.key > self.sim.core(best).key:
+                    best = n
+        return best
+
+    def _crash(self, pick: str):
+        def act(sim):
+            live = self._live()
+            if not live:
+                return
+            if pick == "primary":
+                victim = self._primary_node()
+            elif pick == "proposer":
+                prop = [n for n in live if sim.core(n).status is Status.PROPOSING]
+                victim = prop[0] if prop else None
+            else:
+                victim = None
+            if victim is None:
+                victim = self.rng.choice(sorted(live))
+            sim.crash(victim)
+        return act
+
+    def _restart_one(self, sim) -> None:
+        dead = sorted(n for n in self.nodes if n in self.started and not sim.alive(n))
+        if dead:
+            self._start(self.rng.choice(dead), restart=True)
+
+    def _partition(self, sim) -> None:
+        nodes = sorted(self.started)
+        if len(nodes) < 2:
+            return
+        self.rng.shuffle(nodes)
+        cut = self.rng.randrange(1, len(nodes))
+        sim.partition(nodes[:cut], nodes[cut:])
+
+    def build(self) -> int:
+        """Schedule the fault phase; return when it ends (us)."""
+        r, sim = self.rng, self.sim
+        fault_us = r.randint(300_000, 900_000)
+        for node in self.nodes:
+            t = 0 if node == 0 else r.randint(0, 150_000)
+            sim.at(t, lambda s, node=node: self._start(node, restart=False))
+        t = r.randint(100_000, 250_000)
+        while t < fault_us:
+            kind = r.choices(["crash_primary", "crash_backup", "restart", "partition",
+                              "crash_during_change"], [3, 2, 3, 2, 2])[0]
+            if kind == "crash_primary":
+                sim.at(t, self._crash("primary"))
+            elif kind == "crash_backup":
+                sim.at(t, self._crash("any"))
+            elif kind == "restart":
+                sim.at(t, self._restart_one)
+            elif kind == "partition":
+                sim.at(t, self._partition)
+                sim.at(min(fault_us, t + r.randint(20_000, 200_000)), lambda s: s.heal())
+            else:
+                sim.at(t, self._crash("primary"))
+                sim.at(min(fault_us, t + r.randint(self.cfg.timeout_base_us,
+                                                   self.cfg.timeout_base_us + 20_000)),
+                       self._crash("proposer"))
+            t += r.randint(30_000, 200_000)
+        return fault_us
+
+    def converged(self) -> str | None:
+        """None when one primary view holds every live replica, else why not."""
+        live = self._live()
+        if not live:
+            return "no live replica"
+        cores = [self.sim.core(n) for n in live]
+        prim = [c for c in cores if c.status is Status.PRIMARY]
+        if len(prim) != 1:
+            return f"{len(prim)} primaries in status PRIMARY"
+        p = prim[0]
+        births = {c.birth for c in cores}
+        if {k.birth for k in p.members} != births:
+            return f"primary's members {p.members} != live {sorted(births)}"
+        for c in cores:
+            if c is not p and c.status is not Status.BACKUP:
+                return f"replica {c.birth} is {c.status.value}"
+            if (c.pvn, c.change, c.members) != (p.pvn, p.change, p.members):
+                return f"replica {c.birth} holds {(c.pvn, c.change)} not {(p.pvn, p.change)}"
+        return None
+
+    def check_pruning(self) -> None:
+        p = self.sim.core(self._primary_node())
+        lineage, view = set(), (p.pvn, p.birth)
+        while view is not None and view not in lineage:
+            lineage.add(view)
+            view = self.rec.parent.get(view)
+        for n in self._live():
+            b = self.sim.core(n).birth
+            for pvn, primary in self.rec.entered.get(b, {}).items():
+                if (pvn, primary) not in lineage:
+                    self.rec.violations.append(
+                        f"pruning: live replica {b} entered view {pvn} of {primary}, "
+                        f"which is not on the surviving lineage")
+
+    def run(self) -> tuple[list[str], int | None]:
+        """Run the schedule; return (violations, convergence time after faults stop)."""
+        sim = self.sim
+        fault_end = self.build()
+
+        def quiet(s):
+            s.heal()
+            s.set_faults(NetConfig(delay_us_min=self.faults.delay_us_min,
+                                   delay_us_max=self.faults.delay_us_max))
+            for node in self.nodes:
+                if node not in self.started:
+                    self._start(node, restart=False)
+            if not self._live():
+                self._restart_one(s)
+        sim.at(fault_end, quiet)
+        sim.run_until(fault_end)
+        bound = bound_us(self.cfg, self.n)
+        t = fault_end
+        took = None
+        while t <= fault_end + bound:
+            t += self.quiet_check_us
+            sim.run_until(t)
+            if self.converged() is None:
+                took = t - fault_end
+                break
+        if took is None:
+            self.rec.violations.append(
+                f"convergence: no full primary view {bound} us after faults stopped "
+                f"({self.converged()})")
+        else:
+            self.check_pruning()
+        return self.rec.violations, took
+
+
+def run_schedule(seed: int) -> tuple[list[str], int | None]:
+    return _Harness(seed).run()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--schedules", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=1,
+                        help="first seed; schedule i runs seed S*1_000_003 + i")
+    parser.add_argument("--verbose", action="store_true")
+
+
+def schedule_seed(seed: int, i: int) -> int:
+    return seed * 1_000_003 + i
+
+
+def run(args: argparse.Namespace) -> int:
+    print(f"convergence bound after faults stop: {bound_us(SIM_CONFIG, 2) / 1000:.0f} ms "
+          f"(2 replicas) .. {bound_us(SIM_CONFIG, 5) / 1000:.0f} ms (5 replicas)")
+    bad = 0
+    worst = 0
+    t0 = time.monotonic()
+    for i in range(args.schedules):
+        s = schedule_seed(args.seed, i)
+        try:
+            violations, took = run_schedule(s)
+        except Exception as e:                          # a crash is a violation too
+            violations, took = [f"exception: {type(e).__name__}: {e}"], None
+        if took is not None:
+            worst = max(worst, took)
+        if violations:
+            bad += 1
+            print(f"seed {s}: {violations[0]}" + (f" (+{len(violations) - 1} more)"
+                                                    if len(violations) > 1 else ""))
+            sys.stdout.flush()
+        elif args.verbose:
+            print(f"seed {s}: ok, converged in {took / 1000:.1f} ms")
+    if args.verbose:
+        print(f"worst convergence {worst / 1000:.1f} ms, {time.monotonic() - t0:.1f} s wall")
+    print(f"{args.schedules} schedules, {bad} violations")
+    return 1 if bad else 0
