@@ -115,6 +115,7 @@ class MessagingConfig:
     throttle_us: int = 20_000
     keepalive_us: int = 15_000
     heartbeat_us: int = 5_000
+    watermark_report_us: int = 1_000    # a backup whose watermark rose reports this soon
     nack_delay_us: int = 500
     nack_retry_us: int = 3_000
     max_nack_msns: int = 64             # msns per NACK
@@ -124,6 +125,14 @@ class MessagingConfig:
     max_piggyback_bytes: int = 4096     # order info per message
     order_info_intra_us: int = 3_000    # order info not acked by a backup this long -> ORDER_INFO
     order_info_ack_us: int = 500        # a backup acks delivered order info this promptly
+
+
+    def __post_init__(self) -> None:
+        # a member can be at most a window behind the sender: its gaps must fit
+        if self.max_placeholders < self.window_msgs:
+            raise ValueError("max_placeholders must be >= window_msgs")
+        if min(self.window_msgs, self.max_payload_bytes, self.max_nack_msns) < 1:
+            raise ValueError("window, payload and nack bounds must be positive")
 
 
 class BufferFull(Exception):
@@ -269,6 +278,9 @@ class _Conn:
         self.ka_due: int | None = None
         self.declared: tuple[int, int] = (0, 0)   # remote primary's (sent_upto, ts)
         self.to_reflect: list | None = None
+        self.max_data_ts = 0                # highest ts of data received on this conn
+        self.ka_urgent = False              # group watermark news for the remote sender
+        self.last_back = 0                  # `back` in the last message we sent on it
 
     @property
     def last_msn(self) -> int:
@@ -296,6 +308,9 @@ class MessagingEndpoint:
         self._actions: list[Any] = []
         self._now = 0
         self.hb_due: int | None = None
+        self.report_due: int | None = None  # backup: early watermark report
+        self.reported_w = 0
+        self._gw_rose = False
         # order info, primary side
         self.oi_next = 1
         self.oi_log: deque[tuple[int, bytes]] = deque()
@@ -435,7 +450,7 @@ class MessagingEndpoint:
 
     def next_timer_us(self) -> int | None:
         best = self.hb_due
-        for d in (self.oi_intra_due, self.oi_ack_due):
+        for d in (self.oi_intra_due, self.oi_ack_due, self.report_due):
             if d is not None and (best is None or d < best):
                 best = d
         for c in self.conns.values():
@@ -451,6 +466,10 @@ class MessagingEndpoint:
         if self.hb_due is not None and self.hb_due <= now:
             self._heartbeat()
             self.hb_due = now + cfg.heartbeat_us if self.backups else None
+        if self.report_due is not None and self.report_due <= now:
+            self.report_due = None
+            if not self.is_primary and self.timestamp_watermark() > self.reported_w:
+                self._heartbeat()
         if self.oi_intra_due is not None and self.oi_intra_due <= now:
             self._order_info_intra()
         if self.oi_ack_due is not None and self.oi_ack_due <= now:
@@ -474,6 +493,25 @@ class MessagingEndpoint:
                 self._keepalive(c)
         if local_nacks:
             self._emit(self.group, self._intra(MsgType.NACK, {"missing": local_nacks}))
+        self._after_event()
+
+    def _after_event(self) -> None:
+        """Watermark news: a backup reports a risen watermark soon; a primary whose group
+        watermark rose tells remote senders holding data it now covers (KEEP_ALIVE soon),
+        so that flow control follows the slowest member without waiting for idle timers."""
+        if self.is_primary:
+            if self._gw_rose:
+                self._gw_rose = False
+                gw = self.gw
+                soon = self._now + self.cfg.first_ack_delay_us
+                for c in self.conns.values():
+                    if c.max_data_ts > c.last_back and gw > c.last_back and not c.resync:
+                        if c.ka_due is None or c.ka_due > soon:
+                            c.ka_due = soon
+                        c.ka_urgent = True
+        elif self.report_due is None and self.backups:
+            if self.timestamp_watermark() > self.reported_w:
+                self.report_due = self._now + self.cfg.watermark_report_us
 
     def handle_message(self, msg: Message, now_us: int) -> None:
         self._now = max(self._now, now_us)
@@ -485,6 +523,7 @@ class MessagingEndpoint:
         if msg.src_group == self.group:
             if msg.dst_group == self.group:
                 self._handle_intra(msg)
+                self._after_event()
             # else: our own group's message to a remote group (not addressed to us)
             return
         if msg.dst_group != self.group:
@@ -503,6 +542,7 @@ class MessagingEndpoint:
         self._handle_inter(c, msg)
         if self.is_primary:
             self._gc_all_received()
+        self._after_event()
 
     # ================================================================= inter-group ===
     def _handle_inter(self, c: _Conn, msg: Message) -> None:
@@ -527,7 +567,7 @@ class MessagingEndpoint:
             if self.is_primary:
                 self._want_first_ack(c, self.cfg.first_ack_delay_us)
         elif t == MsgType.FIRST_ACK:
-            if msg.ack > 0 and msg.ack == c.last_msn and c.sent:
+            if msg.ack > 0 and msg.ack == c.last_msn:
                 c.fa_count += 1
                 if (c.fa_count >= self.cfg.first_ack_slowdown and self.is_primary
                         and self.backups and c.throttled_until is None):
@@ -543,8 +583,11 @@ class MessagingEndpoint:
                     c.fa_due = None
                     c.fa_tries = 0
                     self._arm_keepalive(c)
-            elif c.rx is not None and msg.pvn == c.rx.pvn:
-                self._expect(c, c.rx, msg.ack)                  # line 72
+            else:
+                if c.rx is None:
+                    self._new_remote_view(c, msg.pvn, flush=False)
+                if msg.pvn == c.rx.pvn:
+                    self._expect(c, c.rx, msg.ack)              # line 72
         elif t == MsgType.KEEP_ALIVE:
             c.fa_count = 0
             if c.throttled_until is not None:
@@ -582,7 +625,7 @@ class MessagingEndpoint:
                 if last > self.oi_reflected:
                     self.oi_reflected = min(last, self.oi_next - 1)
             else:
-                self._oi_accept(refl[0], refl[1])
+                self._oi_accept(refl[0], refl[1], "oi_via_reflection")
 
     def _on_remote_ack(self, c: _Conn, msg: Message) -> None:
         a = msg.ack
@@ -652,6 +695,8 @@ class MessagingEndpoint:
             rx.upto += 1
             if nxt.ts > rx.ts:
                 rx.ts = nxt.ts
+            if nxt.ts > c.max_data_ts:
+                c.max_data_ts = nxt.ts
             c.received.append(nxt)
             self._deliver(c, nxt.body["offset"], nxt.body["data"])
         self._advance_ts(c, rx)
@@ -737,7 +782,7 @@ class MessagingEndpoint:
         return Message(type=m.type, src_group=m.src_group, dst_group=m.dst_group,
                        conn_seq=m.conn_seq, role=m.role, pvn=m.pvn,
                        precedence=m.precedence, sender=m.sender, msn=m.msn,
-                       ack=rx.upto if rx else 0, back=self.group_watermark(), ts=m.ts,
+                       ack=rx.upto if rx else 0, back=self._back(c), ts=m.ts,
                        body=m.body, order_info=m.order_info)
 
     def _want_first_ack(self, c: _Conn, delay_us: int, reflect: bool = False) -> None:
@@ -776,7 +821,8 @@ class MessagingEndpoint:
         if not self.is_primary or not c.known or c.resync:
             c.ka_due = None
             return
-        if self._now - c.last_send_us >= self.cfg.keepalive_us:
+        if c.ka_urgent or self._now - c.last_send_us >= self.cfg.keepalive_us:
+            c.ka_urgent = False
             self._emit(c.remote, self._msg(c, MsgType.KEEP_ALIVE, {}))
         c.ka_due = c.last_send_us + self.cfg.keepalive_us
 
@@ -902,7 +948,7 @@ class MessagingEndpoint:
         elif t == MsgType.ORDER_INFO:
             tr = unpack_trailer(msg.order_info)
             if tr is not None and tr[1] is not None:
-                self._oi_accept(tr[1][0], tr[1][1])
+                self._oi_accept(tr[1][0], tr[1][1], "oi_via_intra")
             if self.oi_ack_due is None:     # (re-)ack: the primary is still waiting
                 self.oi_ack_due = self._now + self.cfg.order_info_ack_us
 
@@ -913,14 +959,14 @@ class MessagingEndpoint:
             self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": 1},
                                                back=self.group_watermark()))
         else:
+            self.reported_w = self.timestamp_watermark()
             self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": self.rank()},
-                                               back=self.timestamp_watermark(),
-                                               ack=self.digest()))
+                                               back=self.reported_w, ack=self.digest()))
             if self.oi_acked != self.oi_delivered:
                 self._order_info_ack()
 
     # ---------------------------------------------------------------- order info ---
-    def _oi_accept(self, first: int, chunks: list) -> None:
+    def _oi_accept(self, first: int, chunks: list, path: str) -> None:
         if self.is_primary:
             return
         for i, ch in enumerate(chunks):
@@ -932,6 +978,7 @@ class MessagingEndpoint:
             self.oi_pending[pos] = ch
         while self.oi_delivered + 1 in self.oi_pending:
             self.oi_delivered += 1
+            self._count(path)
             self._actions.append(DeliverOrderInfo(self.oi_delivered,
                                                   self.oi_pending.pop(self.oi_delivered)))
             if self.oi_ack_due is None:
@@ -1012,6 +1059,7 @@ class MessagingEndpoint:
                     w = rep[0]
         if w > self.gw:
             self.gw = w
+            self._gw_rose = True
         return w
 
     def digest(self) -> int:
@@ -1089,8 +1137,14 @@ class MessagingEndpoint:
                        conn_seq=c.seq, role=c.role, pvn=self.pvn,
                        precedence=self.precedence, sender=self.birth_id, msn=msn,
                        ack=(rx.upto if rx else 0) if ack is None else ack,
-                       back=self.group_watermark(), ts=self.clock, body=body,
+                       back=self._back(c), ts=self.clock, body=body,
                        order_info=trailer)
+
+    def _back(self, c: _Conn) -> int:
+        b = self.group_watermark()
+        if b > c.last_back:
+            c.last_back = b
+        return b
 
     def _intra(self, mtype: MsgType, body: dict, *, back: int = 0, ack: int = 0,
                order_info: bytes = b"") -> Message:
