@@ -221,6 +221,11 @@ class Endpoint:
         self._progress: asyncio.Event | None = None
         self._expire_handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        for group in self.listen_groups:
+            if self.groups.address(group).peers and unicast_bind is None:
+                raise ValueError(f"group {group!r} uses unicast peers: "
+                                 "listening to it needs unicast_bind (this member's address)")
 
     # -- life cycle ------------------------------------------------------------------
     async def start(self) -> "Endpoint":
@@ -262,6 +267,7 @@ class Endpoint:
         return self._send_transport.get_extra_info("sockname")
 
     def close(self) -> None:
+        self._closed = True
         if self._expire_handle is not None:
             self._expire_handle.cancel()
         for t in self._recv_transports:
@@ -337,6 +343,8 @@ class Endpoint:
         self._progress.set()
 
     def _process(self, data: bytes) -> None:
+        if self._closed:                    # a delayed copy outlived the endpoint
+            return
         self.counters["processed_datagrams"] += 1
         msg = self.decoder.decode(data, self.clock_us())
         if msg is not None and self.birth_id is not None and msg.sender == self.birth_id:

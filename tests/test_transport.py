@@ -269,3 +269,28 @@ def test_llft_sniff_bad_key_is_one_line(tmp_path):
 def subprocess_run(argv):
     import subprocess
     return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+
+def test_unicast_listener_needs_its_own_address():
+    addr = rand_group_address([("127.0.0.1", 40000)])
+    with pytest.raises(ValueError, match="unicast_bind"):
+        Endpoint(KEY, "svc", lambda m: None, groups=GroupMap({"svc": addr}))
+
+
+def test_delayed_copies_after_close_are_ignored():
+    addr = rand_group_address()
+
+    async def main():
+        gm = GroupMap({"svc": addr})
+        rx = await Endpoint(KEY, "svc", lambda m: None, groups=gm,
+                            recv_faults=Faults(delay=1.0, delay_us=(1000, 1000))).start()
+        tx = await Endpoint(KEY, "cli", lambda m: None, groups=gm).start()
+        tx.send("svc", data_msg(1))
+        assert await rx.wait_until(lambda: rx.counters["received_datagrams"] == 1, 10)
+        rx.close()
+        tx.close()
+        # let the delayed copy fire; the closed endpoint must ignore it quietly
+        await asyncio.sleep(0.01)
+        assert rx.counters["processed_datagrams"] == 0
+
+    asyncio.run(main())
