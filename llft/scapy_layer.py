@@ -2,13 +2,15 @@
 
 Theory of operation
 -------------------
-`LLFT` is the fixed datagram header of llft/wire.py (magic, version, kind, 16-byte tag,
-and for fragments: sender, frag_id, index, count). A whole message's payload dissects as
+`LLFT` is the fixed datagram header of llft/wire.py (magic, version, kind, 16-byte tag);
+a fragment's header (sender, frag_id, index, count) is the `LLFTFragment` layer after
+it, its chunk `Raw`. A whole message's payload dissects as
 `LLFTMessage`: the msgpack array of header fields, body and order_info, one scapy field
 per array element (each a msgpack object), so `show()` names every header field and a
 test can set any of them to any msgpack value -- a string where an int belongs, a
 negative pvn, a body with a missing key -- to exercise the decoder. A fragment's chunk
-stays `Raw` (it is a slice of a payload, meaningless alone).
+stays `Raw` (it is a slice of a payload, meaningless alone). Craft a fragment with
+`LLFT(kind=1) / LLFTFragment(sender=..., frag_id=..., index=..., count=...) / chunk`.
 
 Tags: leave `tag` unset and set `LLFT.mac_key` (or call `sign(pkt, key)`) to get a valid
 HMAC over the built bytes; set `tag` explicitly to forge one. Nothing here validates:
@@ -23,7 +25,7 @@ import hmac
 import struct
 
 import msgpack
-from scapy.fields import (ByteEnumField, ByteField, ConditionalField, Field, IntField,
+from scapy.fields import (ByteEnumField, ByteField, Field, IntField,
                           ShortField, StrFixedLenField, XLongField, XStrFixedLenField)
 from scapy.layers.inet import UDP
 from scapy.packet import Packet, Raw, bind_bottom_up, bind_layers
@@ -146,8 +148,38 @@ class LLFTMessage(Packet):
         return self.sprintf("LLFT %type% %src_group%>%dst_group% pvn=%pvn% msn=%msn%")
 
 
-def _is_fragment(pkt) -> bool:
-    return pkt.kind == wire.KIND_FRAGMENT
+class _ByteOrNone(ByteField):
+    """A byte that may be missing (a datagram shorter than its prefix): None, no error."""
+
+    def getfield(self, pkt, s):
+        if not s:
+            return s, None
+        return ByteField.getfield(self, pkt, s)
+
+
+class _ByteEnumOrNone(ByteEnumField):
+    def getfield(self, pkt, s):
+        if not s:
+            return s, None
+        return ByteEnumField.getfield(self, pkt, s)
+
+
+class LLFTFragment(Packet):
+    """The fragment header that follows `LLFT` when kind is 1; the chunk stays Raw.
+    A separate layer, so a datagram too short for it dissects as Raw, not an error."""
+    name = "LLFT fragment"
+    fields_desc = [
+        XLongField("sender", 0),
+        IntField("frag_id", 0),
+        ShortField("index", 0),
+        ShortField("count", 2),
+    ]
+
+    def guess_payload_class(self, payload):
+        return Raw
+
+    def mysummary(self):
+        return self.sprintf("LLFT fragment %sender%/%frag_id% %index%/%count%")
 
 
 class LLFT(Packet):
@@ -156,19 +188,19 @@ class LLFT(Packet):
     mac_key: bytes | None = None     # key used when `tag` is left unset
     fields_desc = [
         StrFixedLenField("magic", wire.MAGIC, 2),
-        ByteField("version", WIRE_VERSION),
-        ByteEnumField("kind", wire.KIND_WHOLE, {wire.KIND_WHOLE: "whole",
-                                               wire.KIND_FRAGMENT: "fragment"}),
+        _ByteOrNone("version", WIRE_VERSION),
+        _ByteEnumOrNone("kind", wire.KIND_WHOLE, {wire.KIND_WHOLE: "whole",
+                                                 wire.KIND_FRAGMENT: "fragment"}),
         XStrFixedLenField("tag", None, wire.TAG_BYTES),
-        ConditionalField(XLongField("frag_sender", 0), _is_fragment),
-        ConditionalField(IntField("frag_id", 0), _is_fragment),
-        ConditionalField(ShortField("index", 0), _is_fragment),
-        ConditionalField(ShortField("count", 2), _is_fragment),
     ]
 
     def guess_payload_class(self, payload):
-        if self.kind == wire.KIND_WHOLE and self.magic == wire.MAGIC:
+        if self.magic != wire.MAGIC:
+            return Raw
+        if self.kind == wire.KIND_WHOLE:
             return LLFTMessage
+        if self.kind == wire.KIND_FRAGMENT:
+            return LLFTFragment
         return Raw
 
     def post_build(self, pkt, pay):
@@ -177,12 +209,6 @@ class LLFT(Packet):
             key = self.mac_key if self.mac_key is not None else b"\x00" * wire.KEY_BYTES
             data = _with_tag(data, key)
         return data
-
-    def mysummary(self):
-        if self.kind == wire.KIND_FRAGMENT:
-            return self.sprintf("LLFT fragment %frag_sender%/%frag_id% "
-                                "%index%/%count%")
-        return "LLFT"
 
 
 def _with_tag(data: bytes, key: bytes) -> bytes:

@@ -17,7 +17,6 @@ errors), and every good message arrives. The receiver is waited on by datagram c
 """
 import asyncio
 import random
-import socket
 
 import msgpack
 import pytest
@@ -25,7 +24,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from llft import scapy_layer, transport, wire
 from llft.messages import BODY_FIELDS, DATA_TYPES, Message, MsgType, Role
-from llft.scapy_layer import LLFT, LLFTMessage, sign
+from llft.scapy_layer import LLFT, LLFTFragment, LLFTMessage, sign
 from llft.transport import Endpoint, GroupAddress, GroupMap
 from llft.wire import MAGIC, Decoder, Reject, seal
 
@@ -137,8 +136,9 @@ class Crafter:
         # a bad fragment header (always invalid: a held partial would make the live
         # decoder's reassembly bounds depend on how good traffic interleaves)
         count = rng.choice([0, 1, 2, 5])
-        return sign(LLFT(kind=1, frag_sender=rng.randrange(1000, 2**40), frag_id=1,
-                         index=rng.choice([count, count + 3]), count=count)
+        return sign(LLFT(kind=1) / LLFTFragment(sender=rng.randrange(1000, 2**40), frag_id=1,
+                                                index=rng.choice([count, count + 3]),
+                                                count=count)
                     / (b"" if rng.random() < 0.3 else b"chunk"), KEY)
 
     def good_or_replay(self):
@@ -383,8 +383,12 @@ def test_scapy_layer_dissects_and_rebuilds_our_datagrams():
     big.body["data"] = b"b" * 3000
     frags = wire.Encoder(KEY, mtu_bytes=576).encode(big)
     f = LLFT(frags[1])
-    assert (f.kind, f.frag_sender, f.index, f.count) == (1, GOOD_RAW, 1, len(frags))
+    h = f[LLFTFragment]
+    assert (f.kind, h.sender, h.index, h.count) == (1, GOOD_RAW, 1, len(frags))
     assert bytes(f) == frags[1]
+    # too short for a fragment header, or even for the prefix: Raw, not an exception
+    assert LLFTFragment not in LLFT(frags[1][:wire.HEADER_BYTES + 5])
+    assert LLFT(b"LF").version is None
     # crafted with the layer, accepted by the decoder
     LLFT.mac_key = KEY
     try:

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from llft.messages import BODY_FIELDS, DATA_TYPES, Message, MsgType, Role
 from llft import wire
-from llft.wire import (FRAG_HEADER_BYTES, HEADER_BYTES, KIND_FRAGMENT, MAGIC, Decoder,
+from llft.wire import (HEADER_BYTES, KIND_FRAGMENT, MAGIC, Decoder,
                        Encoder, Reject, WireError, encode, fragment_body, pack_message, seal)
 
 KEY = bytes(range(32))
@@ -352,3 +352,22 @@ def test_property_garbage_never_raises(data, mac_ok, kind):
     dg = seal(KEY, data, kind=kind) if mac_ok else data
     assert dec.decode(dg, 0) is None or mac_ok
     assert Reject.INTERNAL_ERROR not in dec.rejections
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=300), signed=st.booleans(), kind=st.sampled_from([0, 1, 2]))
+def test_property_sniff_and_scapy_never_raise(data, signed, kind):
+    from llft.scapy_layer import LLFT
+    from llft.sniff import describe
+    dg = seal(KEY, data, kind=kind) if signed else data
+    assert isinstance(describe(dg, KEY, Decoder(KEY, None)), str)
+    LLFT(dg).summary()      # scapy falls back to Raw for what it cannot dissect
+
+
+def test_listen_and_unlisten():
+    dec = Decoder(KEY, "a")
+    dec.listen("server")
+    assert dec.decode(one(make()), 0) is not None
+    dec.unlisten("server")
+    assert dec.decode(one(make()), 0) is None
+    assert Decoder(KEY, None).decode(one(make(dst="anything")), 0) is not None
