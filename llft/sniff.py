@@ -58,10 +58,11 @@ def describe(data: bytes, key: bytes | None = None,
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    last_port = transport.PORT_BASE + transport.PORT_SPAN - 1
     parser.add_argument("--iface", default="lo", help="interface to capture on (lo)")
     parser.add_argument("--port", type=int, default=None,
                         help="UDP port to decode (default: the virtual-port range "
-                             f"{transport.PORT_BASE}-{transport.PORT_BASE + transport.PORT_SPAN - 1})")
+                             f"{transport.PORT_BASE}-{last_port})")
     parser.add_argument("--count", type=int, default=0, help="stop after N datagrams")
     parser.add_argument("--key", default=None, help="cluster key file: check tags")
     parser.add_argument("--timeout", type=float, default=None,

@@ -358,8 +358,10 @@ class Decoder:
     """Datagrams -> Messages for one replica: authenticate, reassemble, validate, filter.
 
     `groups` are the destination groups this replica listens for (its own group; a
-    gateway may listen for several); None accepts any (tools such as `llft sniff`). `set_view(group, pvn)` is called by the runtime
-    whenever it learns a group's current primary view number.
+    gateway may listen for several); None accepts any (tools such as `llft sniff`).
+    `set_view(group, pvn)` is called by the runtime whenever it learns a group's current
+    primary view number -- its own group's included, so that stale intra-group traffic
+    from a deposed primary is refused too.
     """
 
     def __init__(self, key: bytes, groups: str | Iterable[str] | None, *,
@@ -386,7 +388,9 @@ class Decoder:
 
     # -- what the runtime tells us -------------------------------------------------
     def set_view(self, group: str, pvn: int) -> None:
-        """The current primary view number of `group`; older data/control is refused."""
+        """The current primary view number of `group`; older data/control is refused.
+        The value replaces the previous one (a replica that resets and rejoins may need
+        to lower it); membership messages are never filtered by it."""
         self._views[group] = pvn
 
     def view(self, group: str) -> int | None:
