@@ -188,6 +188,11 @@ class Endpoint:
     """One replica's network attachment: listens to `listen` groups, sends to any.
 
     `on_message(msg)` is called from the event loop for each accepted message.
+    `counters`: sent_messages, sent_datagrams, send_errors, received_datagrams (off the
+    socket), processed_datagrams (given to the decoder, after receive faults),
+    accepted_messages, own_messages, callback_errors, socket_errors, and per side
+    (send/recv) dropped_*, duplicated_*, delayed_* from fault injection. Rejections by
+    reason are `rejections` (the decoder's Counter of wire.Reject); `stats()` has both.
     """
 
     def __init__(self, key: bytes, listen: str | Iterable[str],

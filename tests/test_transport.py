@@ -294,3 +294,38 @@ def test_delayed_copies_after_close_are_ignored():
         assert rx.counters["processed_datagrams"] == 0
 
     asyncio.run(main())
+
+
+def test_one_endpoint_listens_to_several_groups():
+    a, b, c = rand_group_address(), rand_group_address(), rand_group_address()
+
+    async def main():
+        got = []
+        gm = GroupMap({"svc": a, "gw": b, "third": c})
+        async with Endpoint(KEY, ["svc", "gw"], got.append, groups=gm) as rx, \
+                Endpoint(KEY, "cli", lambda m: None, groups=gm) as tx:
+            tx.send("third", data_msg(9, dst="third"))     # not joined: never arrives
+            tx.send("svc", data_msg(1, dst="svc"))
+            tx.send("gw", data_msg(2, dst="gw"))
+            assert await rx.wait_until(lambda: len(got) == 2, 10)
+            assert sorted((m.dst_group, m.msn) for m in got) == [("gw", 2), ("svc", 1)]
+            assert rx.counters["received_datagrams"] == 2 and not rx.rejections
+
+    asyncio.run(main())
+
+
+def test_socket_options_interface_ttl_loop_buffers():
+    import socket as so
+
+    async def main():
+        async with Endpoint(KEY, "svc", lambda m: None, ttl=3, multicast_loop=False,
+                            groups=GroupMap({"svc": rand_group_address()})) as ep:
+            s = ep._send_transport.get_extra_info("socket")
+            assert s.getsockopt(so.IPPROTO_IP, so.IP_MULTICAST_TTL) == 3
+            assert s.getsockopt(so.IPPROTO_IP, so.IP_MULTICAST_LOOP) == 0
+            assert so.inet_ntoa(s.getsockopt(so.IPPROTO_IP, so.IP_MULTICAST_IF, 4)) \
+                == "127.0.0.1"
+            assert s.getsockopt(so.SOL_SOCKET, so.SO_SNDBUF) >= 1 << 20
+            assert ep.rcvbuf_actual_bytes >= 1 << 20       # root: FORCE beats rmem_max
+
+    asyncio.run(main())
