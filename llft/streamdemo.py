@@ -8,10 +8,12 @@ the membership protocol replaces that in `llft run`).
 Every member of the sending group produces the same deterministic stream (seeded bytes):
 the primary sends it, the backups log it (semi-active replication). Every member of the
 receiving group checks that deliveries are contiguous by stream offset and prints the
-SHA-256 of what it received. Output is JSON lines on stdout:
+SHA-256 of what it received. With --echo a member writes back what it receives (the
+server of the latency benchmark). Output is JSON lines on stdout:
 
     {"event": "ready", ...}                      endpoint bound, view installed
-    {"event": "received", "bytes": N, "sha256": H, "seconds": S, "errors": [...]}
+    {"event": "received", "bytes": N, "sha256": H, "seconds": S (since start),
+     "active_seconds": first to last delivery, "errors": [...]}
     {"event": "stats", ...}                      transport and core counters, at exit
 
 Run `python -m llft.streamdemo --help` for the options.
@@ -72,16 +74,37 @@ async def main_async(args) -> int:
     digest = hashlib.sha256()
     state = {"bytes": 0, "errors": []}
     done = asyncio.Event()
+    pending: list = []          # echo mode: (conn, data) delivered, not yet written back
     started = time.monotonic()
 
     def on_action(action) -> None:
+        if isinstance(action, Deliver) and args.echo:
+            # every member echoes (the primary sends, backups log): semi-active replication
+            # Sending from inside the driver's pump is safe: the pump drains the
+            # actions this produces in its next round.
+            pending.append((action.conn, action.data))
+            echo_pump()
+            return
         if isinstance(action, Deliver):
             if action.offset != state["bytes"]:
                 state["errors"].append(f"offset {action.offset} != expected {state['bytes']}")
+            now = time.monotonic()
+            state.setdefault("first", now)
+            state["last"] = now
             digest.update(action.data)
             state["bytes"] += len(action.data)
             if state["bytes"] >= args.expect_bytes > 0:
                 done.set()
+
+    def echo_pump() -> None:
+        # Write back what flow control admits now; echo_loop retries the rest.
+        while pending:
+            conn, data = pending[0]
+            n = core.send(conn, data, driver.clock_us())
+            if n < len(data):
+                pending[0] = (conn, data[n:])
+                return
+            pending.pop(0)
 
     driver = Driver(endpoint, [core], on_action=on_action)
     await endpoint.start()
@@ -105,14 +128,27 @@ async def main_async(args) -> int:
                     await driver.progress.wait()
         emit(event="sent", bytes=args.send_bytes, seconds=round(time.monotonic() - started, 3))
 
+    if args.echo:
+        async def echo_loop():
+            while True:
+                driver.progress.clear()
+                await driver.progress.wait()
+                if pending:
+                    driver.call(echo_pump)
+        echo_task = asyncio.ensure_future(echo_loop())
+
     if args.expect_bytes:
         waiter = asyncio.ensure_future(done.wait())
         stopper = asyncio.ensure_future(stop.wait())
         await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
         emit(event="received", bytes=state["bytes"], sha256=digest.hexdigest(),
-             seconds=round(time.monotonic() - started, 3), errors=state["errors"][:10])
+             seconds=round(time.monotonic() - started, 3),
+             active_seconds=state.get("last", 0) - state.get("first", 0),
+             errors=state["errors"][:10])
     await stop.wait()
+    if args.echo:
+        echo_task.cancel()
     driver.stop()
     emit(event="stats", transport=endpoint.stats(), core=core.buffer_sizes())
     endpoint.close()
@@ -129,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--send-to", default="", help="group to stream to")
     p.add_argument("--send-bytes", type=int, default=0)
     p.add_argument("--expect-bytes", type=int, default=0, help="bytes to receive, then report")
+    p.add_argument("--echo", action="store_true", help="write every delivered byte back")
     p.add_argument("--seed", type=int, default=1, help="stream content seed")
     p.add_argument("--drop", type=float, default=0.0, help="receive-side datagram drop probability")
     p.add_argument("--payload-bytes", type=int, default=1300, help="data bytes per message")

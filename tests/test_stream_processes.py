@@ -11,7 +11,7 @@ import pytest
 
 from llft import keys
 from llft.streamdemo import stream_bytes
-from tests.helpers.procs import ProcGroup, random_group_addresses
+from llft.procs import ProcGroup, random_group_addresses
 
 SIZES = {"off": 2_000_000, "small": 8_000_000, "full": 50_000_000}
 

@@ -1,4 +1,4 @@
-"""Real OS processes for end-to-end tests: start, read JSON-line events, wait, kill.
+"""Child processes that speak JSON lines: start, read events, wait, stop (tests, benches, demos).
 
 Waiting is on the processes' own output (a selector with a deadline), never on sleeps.
 Addresses: loopback only; multicast groups are joined on 127.0.0.1.
