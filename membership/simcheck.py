@@ -18,11 +18,14 @@ Checks, on every schedule:
                  the same members, in the same rank order, and is itself one of them.
   one primary    for each primary view number, no replica enters the views of two
                  different primaries (a replica "enters" a view once it knows phase 1
-                 of that view completed); hence two primaries of one number can only
-                 exist in disjoint branches of a partition, as theorem 1 allows.
+                 of that view completed); and in schedules without partitions, each
+                 history of the group (views rooted at one founding) has exactly one
+                 primary per view number. Two primaries of one number exist only in
+                 disjoint branches of a partition, as theorem 1 allows.
   pruning        at the end, every live replica's history of entered views lies on the
                  lineage of the surviving primary view (a replica of a side branch must
-                 have reset and rejoined under a new birth id to be there).
+                 have reset and rejoined under a new birth id to be there), and no
+                 precedence is assigned twice along that lineage.
   convergence    once faults stop, within `bound_us` (printed), one primary view forms
                  that contains every live replica, all of them restored and agreeing on
                  pvn, change, members and primary.
@@ -33,11 +36,13 @@ import argparse
 import random
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
+from llft.messages import MsgType
 from llft.sim.kernel import NetConfig, Sim
 from membership.core import (BeginPhase2, Config, Membership, MembershipChanged, Reset,
-                             Status, ViewEntered)
+                             Send, StateRestored, Status, ViewEntered)
 from membership.rules import Key
 
 GROUP = "g"
@@ -82,9 +87,12 @@ class StateBlob:
 class _Record:
     installs: dict[tuple[int, int, int], tuple[Key, ...]] = field(default_factory=dict)
     entered: dict[int, dict[int, int]] = field(default_factory=dict)    # birth -> pvn -> primary
-    parent: dict[tuple[int, int], tuple[int, int] | None] = field(default_factory=dict)
-    last_install: dict[int, tuple[int, int]] = field(default_factory=dict)  # birth -> (pvn, primary)
+    # (pvn, primary) -> (pvn, primary, change) of the parent view at the fork, or None
+    parent: dict[tuple[int, int], tuple[int, int, int] | None] = field(default_factory=dict)
+    last_install: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
+    stats: Counter = field(default_factory=Counter)       # coverage: what the run exercised
+    primaries: dict[int, set[int]] = field(default_factory=dict)  # pvn -> primaries formed
 
 
 class _Harness:
@@ -103,6 +111,7 @@ class _Harness:
         self.quiet_check_us = quiet_check_us
         self.nodes = list(range(self.n))
         self.started: set[int] = set()
+        self.wiped_out = False
 
     # -- the adapter: cores on the kernel ---------------------------------------------
     def _new_core(self, node: int) -> Membership:
@@ -110,6 +119,20 @@ class _Harness:
         core = Membership(Config(**{**cfg.__dict__, "host": "sim", "pid": node}),
                           random.Random(self.sim.rng.getrandbits(64)),
                           StateBlob(random.Random(self.sim.rng.getrandbits(64))))
+        take, stats, proposals = core.take_actions, self.rec.stats, set()
+
+        def counted():                   # sends go to the kernel: count proposals here
+            acts = take()
+            for a in acts:
+                if isinstance(a, Send) and a.msg.type is MsgType.PROPOSE_PRIMARY:
+                    p = (a.msg.sender, a.msg.body["old_pvn"])
+                    if p not in proposals:
+                        proposals.add(p)
+                        stats["proposals"] += 1
+                        if len(proposals) > 1 and any(q[1] == p[1] and q != p for q in proposals):
+                            stats["proposals by one replica for one view"] += 1
+            return acts
+        core.take_actions = counted
         return core
 
     def _start(self, node: int, restart: bool) -> None:
@@ -135,19 +158,28 @@ class _Harness:
                 rec.violations.append(f"agreement: membership {key} is {prev} at one "
                                       f"replica and {action.members} at {action.birth}")
             view = (action.pvn, action.members[0].birth)
-            prev_view = rec.last_install.get(action.birth)
-            if view not in rec.parent and prev_view != view:
+            prev = rec.last_install.get(action.birth)
+            if view not in rec.parent and (prev is None or prev[:2] != view):
                 # the first replica to install a view is its primary (founding, phase 1)
-                # or an acceptor of its proposal: either way it came from the parent view
-                rec.parent[view] = prev_view
-            rec.last_install[action.birth] = view
+                # or an acceptor of its proposal: either way it forked from `prev`
+                rec.parent[view] = prev
+            rec.last_install[action.birth] = key
         elif isinstance(action, ViewEntered):
             seen = rec.entered.setdefault(action.birth, {})
             other = seen.setdefault(action.pvn, action.primary)
             if other != action.primary:
                 rec.violations.append(f"one primary: replica {action.birth} entered view "
                                       f"{action.pvn} of primary {other} and of {action.primary}")
+        elif isinstance(action, Reset):
+            rec.stats["reset: " + action.reason.split(" ")[0]] += 1
+        elif isinstance(action, StateRestored):
+            rec.stats["state transfers"] += 1
         elif isinstance(action, BeginPhase2):
+            rec.stats["views formed"] += 1
+            prims = rec.primaries.setdefault(action.pvn, set())
+            prims.add(action.members[0].birth)
+            if len(prims) == 2:
+                rec.stats["view numbers with 2+ primaries (disjoint branches)"] += 1
             core = self.sim.core(node)
             delay = self.sim.rng.randint(0, PHASE2_MAX_US)
 
@@ -184,6 +216,8 @@ class _Harness:
             if victim is None:
                 victim = self.rng.choice(sorted(live))
             sim.crash(victim)
+            if not self._live():
+                self.wiped_out = True       # the group's history starts over
         return act
 
     def _restart_one(self, sim) -> None:
@@ -249,10 +283,20 @@ class _Harness:
 
     def check_pruning(self) -> None:
         p = self.sim.core(self._primary_node())
-        lineage, view = set(), (p.pvn, p.birth)
-        while view is not None and view not in lineage:
-            lineage.add(view)
-            view = self.rec.parent.get(view)
+        # lineage: (pvn, primary) -> last change of that view before the branch forked
+        lineage: dict[tuple[int, int], int] = {}
+        at: tuple[int, int, int] | None = (p.pvn, p.birth, p.change)
+        while at is not None and at[:2] not in lineage:
+            lineage[at[:2]] = at[2]
+            at = self.rec.parent.get(at[:2])
+        owner: dict[int, int] = {}
+        for (pvn, primary, change), members in self.rec.installs.items():
+            if change <= lineage.get((pvn, primary), -1):
+                for k in members:
+                    if owner.setdefault(k.precedence, k.birth) != k.birth:
+                        self.rec.violations.append(
+                            f"precedence {k.precedence} assigned to {owner[k.precedence]} "
+                            f"and to {k.birth} in the surviving lineage")
         for n in self._live():
             b = self.sim.core(n).birth
             for pvn, primary in self.rec.entered.get(b, {}).items():
@@ -260,6 +304,29 @@ class _Harness:
                     self.rec.violations.append(
                         f"pruning: live replica {b} entered view {pvn} of {primary}, "
                         f"which is not on the surviving lineage")
+
+    def check_one_primary_per_history(self) -> None:
+        """Without partitions, each history of the group (a tree of views rooted at a
+        founding) has one primary per view number: competing proposals never both form.
+        (With partitions theorem 1 allows disjoint branches until the heal.)"""
+        if self.sim.stats["partitions"]:
+            return
+        def root(view):
+            seen = set()
+            while view in self.rec.parent and self.rec.parent[view] is not None \
+                    and view not in seen:
+                seen.add(view)
+                view = self.rec.parent[view][:2]
+            return view
+        by: dict[tuple[tuple[int, int], int], int] = {}
+        for pvn, prims in self.rec.primaries.items():
+            for primary in prims:
+                r = root((pvn, primary))
+                other = by.setdefault((r, pvn), primary)
+                if other != primary:
+                    self.rec.violations.append(
+                        f"one primary: view {pvn} formed by {other} and by {primary} "
+                        f"in one history, without a partition")
 
     def run(self) -> tuple[list[str], int | None]:
         """Run the schedule; return (violations, convergence time after faults stop)."""
@@ -292,11 +359,22 @@ class _Harness:
                 f"({self.converged()})")
         else:
             self.check_pruning()
+        self.check_one_primary_per_history()
         return self.rec.violations, took
 
 
-def run_schedule(seed: int) -> tuple[list[str], int | None]:
-    return _Harness(seed).run()
+def run_schedule(seed: int, stats: Counter | None = None) -> tuple[list[str], int | None]:
+    h = _Harness(seed)
+    result = h.run()
+    if stats is not None:
+        stats.update(h.rec.stats)
+        if not h.sim.stats["partitions"] and not h.wiped_out:
+            stats["schedules without partitions or total crashes"] += 1
+            stats["  ... with 2+ primaries for one view number"] += any(
+                len(p) > 1 for p in h.rec.primaries.values())
+        stats.update({k: v for k, v in h.sim.stats.items()
+                      if k in ("crashes", "restarts", "partitions", "lost", "corrupted")})
+    return result
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -315,11 +393,12 @@ def run(args: argparse.Namespace) -> int:
           f"(2 replicas) .. {bound_us(SIM_CONFIG, 5) / 1000:.0f} ms (5 replicas)")
     bad = 0
     worst = 0
+    stats: Counter = Counter()
     t0 = time.monotonic()
     for i in range(args.schedules):
         s = schedule_seed(args.seed, i)
         try:
-            violations, took = run_schedule(s)
+            violations, took = run_schedule(s, stats)
         except Exception as e:                          # a crash is a violation too
             violations, took = [f"exception: {type(e).__name__}: {e}"], None
         if took is not None:
@@ -332,6 +411,8 @@ def run(args: argparse.Namespace) -> int:
         elif args.verbose:
             print(f"seed {s}: ok, converged in {took / 1000:.1f} ms")
     if args.verbose:
+        for k, v in sorted(stats.items()):
+            print(f"  {k}: {v}")
         print(f"worst convergence {worst / 1000:.1f} ms, {time.monotonic() - t0:.1f} s wall")
     print(f"{args.schedules} schedules, {bad} violations")
     return 1 if bad else 0
