@@ -177,6 +177,15 @@ class Resynced:
 
 
 @dataclass(frozen=True, slots=True)
+class RecoveredOrderInfo:
+    """Phase 2: the last order info of the old primary that the remote primary holds
+    (reflected in NEW_PRIMARY_VIEW_ACK), for membership/determinizer to catch up."""
+    conn: ConnId
+    first_pos: int
+    chunks: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Phase2Done:
     pvn: int
 
@@ -278,6 +287,7 @@ class _Conn:
         self.ka_due: int | None = None
         self.declared: tuple[int, int] = (0, 0)   # remote primary's (sent_upto, ts)
         self.to_reflect: list | None = None
+        self.last_remote_oi: list | None = None   # newest order info the remote carried
         self.max_data_ts = 0                # highest ts of data received on this conn
         self.ka_urgent = False              # group watermark news for the remote sender
         self.last_back = 0                  # `back` in the last message we sent on it
@@ -616,12 +626,18 @@ class MessagingEndpoint:
                 self._advance_ts(c, rx)
             if own is not None and self.is_primary:
                 last = own[0] + len(own[1]) - 1
+                lr = c.last_remote_oi
+                if lr is None or last >= lr[0] + len(lr[1]) - 1:
+                    c.last_remote_oi = own
                 if c.to_reflect is None or last > c.to_reflect[0] + len(c.to_reflect[1]) - 1:
                     c.to_reflect = own
                     self._want_first_ack(c, self.cfg.first_ack_delay_us, reflect=True)
         if refl is not None:
             if self.is_primary:
                 last = refl[0] + len(refl[1]) - 1
+                if msg.type == MsgType.NEW_PRIMARY_VIEW_ACK:
+                    self._actions.append(RecoveredOrderInfo(c.cid, refl[0], tuple(refl[1])))
+                    return
                 if last > self.oi_reflected:
                     self.oi_reflected = min(last, self.oi_next - 1)
             else:
@@ -885,6 +901,7 @@ class MessagingEndpoint:
     def _answer_npv(self, c: _Conn, msg: Message) -> None:
         """Remote side of phase 2 (line 38-41): flushed (see _new_remote_view); report
         the last byte delivered from, and the last byte sent to, the old primary's group."""
+        c.to_reflect = c.last_remote_oi     # the old primary's last order info
         sent_to = c.sent[-1].body["offset"] + len(c.sent[-1].body["data"]) if c.sent else (
             c.queue[0][0] if c.queue else c.out_offset)
         self._emit(c.remote, self._msg(c, MsgType.NEW_PRIMARY_VIEW_ACK,

@@ -10,7 +10,8 @@ import pytest
 from llft.messages import Message, MsgType, Role
 from llft.messaging import (RESPONDS_TO_FIRST_ACK, BufferFull, Deliver, DeliverOrderInfo,
                             Duty, MessagingConfig, MessagingEndpoint, Opened, Phase2Done,
-                            ProtocolError, Resynced, Send, unpack_trailer)
+                            ProtocolError, RecoveredOrderInfo, Resynced, Send,
+                            unpack_trailer)
 from llft.sim.kernel import NetConfig, Sim
 
 CFG = MessagingConfig(max_payload_bytes=100)
@@ -361,6 +362,7 @@ def test_change_of_primary_resets_msns_and_resends_exactly_the_missing_bytes():
     q.open("A", 1, Role.SERVER)
     data = bytes(range(256)) * 8                # 2048 bytes = 21 messages of 100
     b.send(CONN_A, data, now_us=0)              # the backup's app produced it all
+    p.add_order_info(b"oi-last", now_us=0)      # piggybacked to q, recovered in phase 2
     p.send(CONN_A, data[:1000], now_us=0)       # the primary sent 10 messages, then dies
     sim.pump("p")
     sim.pump("b")
@@ -376,7 +378,8 @@ def test_change_of_primary_resets_msns_and_resends_exactly_the_missing_bytes():
     resyncs = [a_ for n, a_ in events if n == "b" and isinstance(a_, Resynced)]
     assert resyncs and resyncs[0].resend_from >= sent_before
     assert any(isinstance(a_, Phase2Done) and a_.pvn == 2 for n, a_ in events if n == "b")
-    new_msgs = [a_.msg for n, a_ in events if False]
+    rec = [a_ for n, a_ in events if n == "b" and isinstance(a_, RecoveredOrderInfo)]
+    assert rec and rec[0].chunks == (b"oi-last",) and rec[0].first_pos == 1
     assert b.conns[CONN_A].next_msn - 1 <= len(data) // 100 + 1
     assert q.conns[CONN_B].rx.pvn == 2
     # buffers shrink back once acknowledged

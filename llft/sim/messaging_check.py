@@ -6,7 +6,7 @@ three groups of 1-3 replicas, a few virtual connections between them, and applic
 on every replica that write the same byte streams (semi-active: backups produce what
 their primary produces, at their own pace) and, on primaries, order-info chunks. During
 the fault phase the network loses, duplicates, reorders and corrupts datagrams, forged
-and garbage datagrams are injected, and backups crash (this check plays membership for
+and garbage datagrams are injected, a replica is cut off by a transient partition, and backups crash (this check plays membership for
 backup removal; primaries stay alive: changes of primary are membership's simulation).
 Then faults stop, and the checks are:
 
@@ -47,6 +47,8 @@ MAX_STREAM_BYTES = 24_000           # per direction per connection
 MAX_WRITE_BYTES = 3_000
 MAX_ORDER_INFO_CHUNKS = 40
 CORRUPT_P = 0.01
+PARTITION_P = 0.3                   # chance of one transient partition per schedule
+PARTITION_US_MAX = 30_000
 FORGED_PER_SCHEDULE = 6
 
 
@@ -254,6 +256,11 @@ class Schedule:
             for rep in reps[1:]:
                 if rng.random() < 0.25:
                     sim.at(rng.randint(0, FAULT_PHASE_US), self._crash(rep))
+        if rng.random() < PARTITION_P:
+            cut = rng.choice(sorted(self.by_node))
+            start = rng.randint(0, FAULT_PHASE_US - PARTITION_US_MAX)
+            sim.at(start, lambda s: s.partition([cut]))
+            sim.at(start + rng.randint(1_000, PARTITION_US_MAX), lambda s: s.heal())
         for _ in range(FORGED_PER_SCHEDULE):
             sim.at(rng.randint(0, FAULT_PHASE_US), self._inject)
         sim.run_until(FAULT_PHASE_US)
