@@ -13,6 +13,7 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("llft.demo", "run the local replicated demo (the main job)"),
     "keygen": ("llft.keys", "write a new cluster key file (mode 0600)"),
     "sniff": ("llft.sniff", "decode live llft traffic (scapy)"),
     "record": ("determinizer.recordreplay", "run a command as a primary and store its trace"),

@@ -14,6 +14,7 @@ server of the latency benchmark). Output is JSON lines on stdout:
     {"event": "ready", ...}                      endpoint bound, view installed
     {"event": "received", "bytes": N, "sha256": H, "seconds": S (since start),
      "active_seconds": first to last delivery, "errors": [...]}
+    {"event": "progress", "bytes": N, "t": S}      every --progress-s seconds
     {"event": "stats", ...}                      transport and core counters, at exit
 
 Run `python -m llft.streamdemo --help` for the options.
@@ -137,6 +138,12 @@ async def main_async(args) -> int:
                     driver.call(echo_pump)
         echo_task = asyncio.ensure_future(echo_loop())
 
+    async def report_progress():
+        while True:
+            await asyncio.sleep(args.progress_s)     # a reporting period, not a synchronisation
+            emit(event="progress", bytes=state["bytes"], t=round(time.monotonic() - started, 3))
+    reporter = asyncio.ensure_future(report_progress()) if args.progress_s > 0 else None
+
     if args.expect_bytes:
         waiter = asyncio.ensure_future(done.wait())
         stopper = asyncio.ensure_future(stop.wait())
@@ -147,6 +154,8 @@ async def main_async(args) -> int:
              active_seconds=state.get("last", 0) - state.get("first", 0),
              errors=state["errors"][:10])
     await stop.wait()
+    if reporter is not None:
+        reporter.cancel()
     if args.echo:
         echo_task.cancel()
     driver.stop()
@@ -166,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--send-bytes", type=int, default=0)
     p.add_argument("--expect-bytes", type=int, default=0, help="bytes to receive, then report")
     p.add_argument("--echo", action="store_true", help="write every delivered byte back")
+    p.add_argument("--progress-s", type=float, default=0.0,
+                   help="print a progress event this often (0: never)")
     p.add_argument("--seed", type=int, default=1, help="stream content seed")
     p.add_argument("--drop", type=float, default=0.0, help="receive-side datagram drop probability")
     p.add_argument("--payload-bytes", type=int, default=1300, help="data bytes per message")
