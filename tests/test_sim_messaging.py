@@ -89,3 +89,85 @@ def test_cli_last_line(capsys):
 def test_soak(soak):
     n = 2000 if soak == "small" else 20000
     assert _campaign(n, 7, 0.2, 0.05, 0.1) == []
+
+
+# -- the kernel itself (membership reuses it) ---------------------------------------------
+from dataclasses import dataclass as _dc   # noqa: E402
+
+from llft.messages import Message, MsgType, Role   # noqa: E402
+from llft.sim.kernel import NetConfig, Sim   # noqa: E402
+
+
+@_dc(frozen=True)
+class _Send:
+    dst_group: str
+    msg: Message
+
+
+class _Echo:
+    """Sends one heartbeat to `peer` every 1 ms; records what it receives."""
+
+    def __init__(self, group, peer, bid):
+        self.group, self.peer, self.bid = group, peer, bid
+        self.got, self.out, self.t = [], [], 0
+
+    def handle_message(self, msg, now_us):
+        self.got.append((now_us, msg.sender, msg.body))
+
+    def handle_timer(self, now_us):
+        self.out.append(_Send(self.peer, Message(MsgType.HEARTBEAT, self.group, self.peer, 0,
+                                                 Role.CLIENT, 1, 1, self.bid,
+                                                 body={"rank": 1})))
+        self.t = now_us + 1000
+
+    def next_timer_us(self):
+        return self.t
+
+    def take_actions(self):
+        out, self.out = self.out, []
+        return out
+
+
+def _echo_sim(seed, net):
+    sim = Sim(seed, net)
+    a, b = _Echo("A", "B", 1), _Echo("B", "A", 2)
+    sim.add_node("a", a, ["A"])
+    sim.add_node("b", b, ["B"])
+    return sim, a, b
+
+
+def test_kernel_is_deterministic_and_faulty_as_configured():
+    net = NetConfig(loss=0.3, dup=0.2, reorder=0.3)
+    runs = []
+    for _ in range(2):
+        sim, a, b = _echo_sim(4, net)
+        sim.run_until(200_000)
+        runs.append((a.got, b.got, dict(sim.stats)))
+    assert runs[0] == runs[1]
+    got, stats = runs[0][0], runs[0][2]
+    assert stats["lost"] > 0 and 100 < len(got) < 400
+
+
+def test_kernel_crash_partition_and_forgery():
+    sim, a, b = _echo_sim(1, NetConfig())
+    sim.run_until(10_000)
+    n = len(b.got)
+    sim.partition(["a"], ["b"])
+    sim.run_until(20_000)
+    assert len(b.got) == n and sim.stats["partitioned"] > 0
+    sim.heal()
+    forged = Message(MsgType.HEARTBEAT, "A", "B", 0, Role.CLIENT, 1, 1, 99, body={"rank": 1})
+    for dg in sim.forge(forged):
+        sim.inject("B", dg)
+    sim.inject("B", b"LF\x01\x00garbage")
+    sim.run_until(30_000)
+    assert len(b.got) > n and all(s != 99 for _, s, _ in b.got)
+    assert sim.stats["rejected"] == 2
+    sim.crash("b")
+    before = len(b.got)
+    sim.run_until(40_000)
+    assert len(b.got) == before and not sim.alive("b")
+    b2 = _Echo("B", "A", 3)
+    sim.restart("b", b2)
+    sim.run_until(50_000)
+    assert b2.got and sim.core("b") is b2

@@ -23,7 +23,7 @@ every live node listening on G except the sender (no multicast loopback). Per da
 per receiver: loss (`loss`), duplication (`dup`, an extra copy with its own delay),
 reordering (`reorder`: extra random delay up to `reorder_us_max`), base delay uniform in
 [`delay_us_min`, `delay_us_max`], corruption (`corrupt`: one random byte flipped).
-Partitions cut node pairs; crashes stop a node (pending datagrams and timers for it are
+Partitions cut node pairs (checked at send and at arrival); crashes stop a node (pending datagrams and timers for it are
 dropped); a restart installs a new core under the same node id (a new incarnation).
 `inject()` puts arbitrary bytes (forged or corrupted datagrams) on the network.
 
@@ -174,7 +174,7 @@ class Sim:
 
     def inject(self, group: str, datagram: bytes, delay_us: int = 0) -> None:
         for node in self._listeners.get(group, ()):
-            self._push(self.now_us + delay_us, _DGRAM, node, datagram)
+            self._push(self.now_us + delay_us, _DGRAM, node, (datagram, None))
         self.stats["injected"] += 1
 
     def forge(self, msg: Any) -> list[bytes]:
@@ -240,7 +240,7 @@ class Sim:
                         i = rng.randrange(len(dg))
                         data = dg[:i] + bytes([dg[i] ^ (1 + rng.randrange(255))]) + dg[i + 1:]
                         self.stats["corrupted"] += 1
-                    self._push(self.now_us + delay, _DGRAM, node, data)
+                    self._push(self.now_us + delay, _DGRAM, node, (data, src.node_id))
                     self.stats["datagrams"] += 1
 
     # -- running -------------------------------------------------------------------------
@@ -270,7 +270,13 @@ class Sim:
             if not node.alive or node.incarnation != inc or self._nodes[node.node_id] is not node:
                 continue
             if kind == _DGRAM:
-                msg = node.decoder.decode(payload, at_us)
+                data, src_id = payload
+                comp = self._component
+                if comp and src_id is not None and \
+                        comp.get(src_id, 0) != comp.get(node.node_id, 0):
+                    self.stats["partitioned"] += 1      # cut while in flight
+                    continue
+                msg = node.decoder.decode(data, at_us)
                 if msg is None:
                     self.stats["rejected"] += 1
                     continue
