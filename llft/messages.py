@@ -81,7 +81,7 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
     # above it (added by the membership core, additively)
     MsgType.PROPOSE_PRIMARY: {"members": list, "old_pvn": int, "change": int,
                               "max_precedence": int},
-    MsgType.PROPOSE_PRIMARY_ACK: {"proposer": int, "change": int},
+    MsgType.PROPOSE_PRIMARY_ACK: {"proposer": int, "change": int, "max_precedence": int},
     MsgType.PROPOSE_BACKUP: {"host": str, "pid": int},
     MsgType.ACCEPT_BACKUP: {"members": list, "old_members": list, "change": int,
                             "max_precedence": int},

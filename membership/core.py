@@ -620,8 +620,11 @@ class Membership:
                 self._accepted_by_proposal = True
                 self._install(target, body["change"], members, body["max_precedence"], now_us)
                 self._last_heard[proposer.birth] = now_us
+            # our max_precedence may exceed the proposer's (it was cut off while the old
+            # primary admitted someone): the new primary continues above both
             self._send(MsgType.PROPOSE_PRIMARY_ACK, {"proposer": proposer.birth,
-                                                     "change": body["change"]})
+                                                     "change": body["change"],
+                                                     "max_precedence": self.max_precedence})
 
     def _on_pp_ack(self, msg: Message, now_us: int) -> None:
         p = self._proposal
@@ -629,6 +632,7 @@ class Membership:
                 and msg.body["change"] == p.change
                 and any(k.birth == msg.sender for k in p.members)):
             p.acked.add(msg.sender)
+            self.max_precedence = max(self.max_precedence, msg.body["max_precedence"])
             self._check_phase1(now_us)
 
     def _check_phase1(self, now_us: int) -> None:

@@ -224,12 +224,32 @@ def test_precedence_is_never_reused_and_a_new_primary_continues_above_it():
     assert [k.precedence for k in g.core(1).members] == [2, 4]
 
 
+def test_a_new_primary_cut_off_during_an_admission_still_never_reuses_a_precedence():
+    # seed 11000988: rank 2 is cut off, the primary admits precedence 4 meanwhile; rank 2
+    # then proposes knowing only 3; the acknowledging backup knows 4 and says so
+    g = formed(3)
+    g.sim.partition([0, 2, 3], [1])
+    g.add(3)
+    g.run(CFG.timeout_base_us // 1000 + 3)
+    assert [k.precedence for k in g.core(0).members][-1] == 4
+    assert g.core(1).status is Status.PROPOSING and g.core(1).max_precedence == 3
+    g.sim.heal()
+    g.run(400)
+    p = g.core(1)
+    assert p.status is Status.PRIMARY and p.max_precedence >= 4
+    precs = [k.precedence for k in p.members]
+    assert len(set(precs)) == len(precs) and all(x > 4 for x in precs[2:])
+
+
 def test_silent_backup_is_removed_and_a_wrongly_removed_one_rejoins_with_a_new_birth_id():
     g = formed(3)
     victim = g.core(2)
     old_birth = victim.birth
     g.sim.partition([0, 1], [2])
-    g.run(CFG.backup_timeout_us // 1000 + 20)
+    # heal after the primary removed it (50 ms) but before its own rank-3 detector
+    # (75 ms) would make it propose itself
+    g.run(CFG.backup_timeout_us // 1000 + 10)
+    assert CFG.backup_timeout_us + 10_000 < CFG.fault_timeout_us(3)
     assert old_birth not in {k.birth for k in g.core(0).members}
     g.sim.heal()
     g.run(400)
@@ -309,7 +329,8 @@ def test_core_accepts_acknowledges_and_adopts_the_proposed_ranks():
     acts = c.take_actions()
     assert c.pvn == 5 and c.rank == 2 and c.primary == Key(2, 105)
     assert any(isinstance(a, Send) and a.msg.type is MsgType.PROPOSE_PRIMARY_ACK
-               and a.msg.body == {"proposer": 105, "change": 0} for a in acts)
+               and a.msg.body == {"proposer": 105, "change": 0, "max_precedence": 9}
+               for a in acts)
     assert any(isinstance(a, MembershipChanged) and a.my_rank == 2 for a in acts)
     # a competing higher proposer for the same view wins over the acked lower one...
     c.handle_message(pp(120, 4, [(120, 4)]), 11)
