@@ -70,6 +70,11 @@ ORDER_INFO(upto). The chunks and a sent-up-to msn travel in the `order_info` fie
 our *trailer*: msgpack [sent_upto, own | None, reflected | None], each section
 [first_pos, [chunk, ...]]; the chunks inside stay opaque (the determinizer's codec).
 
+A backup keeps its log of what its application produced until the remote group has it:
+it trims msns <= (remote primary's ack - window_msgs), which the window guarantees are
+below the remote group watermark; so at most `window_msgs` messages per connection stay
+logged at quiescence (the bound the simulator asserts).
+
 Change of primary (membership, phase 2). `set_view()` installs a view. A backup that
 becomes primary resets msns to 1 and, on each connection, multicasts NEW_PRIMARY_VIEW
 (last_delivered = stream offset it delivered) until the remote primary answers
@@ -131,6 +136,9 @@ class MessagingConfig:
         # a member can be at most a window behind the sender: its gaps must fit
         if self.max_placeholders < self.window_msgs:
             raise ValueError("max_placeholders must be >= window_msgs")
+        # a backup keeps a window of acked messages: its log must hold more than that
+        if self.max_log_bytes < 2 * self.window_msgs * self.max_payload_bytes:
+            raise ValueError("max_log_bytes must be >= 2 * window_msgs * max_payload_bytes")
         if min(self.window_msgs, self.max_payload_bytes, self.max_nack_msns) < 1:
             raise ValueError("window, payload and nack bounds must be positive")
 
@@ -653,8 +661,12 @@ class MessagingEndpoint:
                 c.rto_us = self.cfg.retransmit_us
                 c.rto_due = (self._now + c.rto_us) if a < c.last_msn else None
         else:
-            # compromise (see report): a backup trims its log at the remote primary's ack
-            while c.log and c.log[0][0] <= a:
+            # A backup does not know the timestamps its primary gave these messages, so
+            # it cannot compare them with the remote group watermark. But the primary's
+            # sent list never holds more than window_msgs messages past that watermark,
+            # so every msn <= ack - window_msgs is covered by it: trim up to there.
+            upto = a - self.cfg.window_msgs
+            while c.log and c.log[0][0] <= upto:
                 _, _, d = c.log.popleft()
                 c.log_bytes -= len(d)
 

@@ -442,4 +442,6 @@ def test_gc_and_exactly_once_over_a_lossy_simulated_network():
         assert bytes(got[x]) == data
     for e in list(a.values()) + list(b.values()):
         sizes = e.buffer_sizes()
+        assert sizes.pop("log") <= CFG.window_msgs      # a backup keeps a window (bound)
         assert all(v == 0 for v in sizes.values()), (e.birth_id, sizes)
+    assert a[4].buffer_sizes()["log"] > 0 and a[4].conns[CONN_A].log[0][0] > 1  # trimmed
