@@ -80,7 +80,20 @@ becomes primary resets msns to 1 and, on each connection, multicasts NEW_PRIMARY
 (last_delivered = stream offset it delivered) until the remote primary answers
 NEW_PRIMARY_VIEW_ACK(last_delivered_from, last_sent_to); it then re-sends from its log
 exactly the bytes from last_delivered_from on. A remote primary that receives
-NEW_PRIMARY_VIEW flushes what it had not delivered from the old primary and answers.
+NEW_PRIMARY_VIEW flushes what it had not delivered from the old primary and answers,
+reflecting the old primary's last order info it holds (`RecoveredOrderInfo` at the new
+primary). The precedence check of lines 18-20 and phase 1 belong to membership.
+
+API (the driver and membership use only this)
+    e = MessagingEndpoint(group, birth_id, MessagingConfig(...))
+    e.set_view(pvn, primary_birth_id, [(birth_id, precedence), ...], my_birth_id, now_us)
+    cid = e.open(remote_group, conn_seq, Role.CLIENT)   # remote-opened: Opened(cid)
+    e.send(cid, data, now_us) -> bytes accepted;  e.send_space(cid)
+    e.add_order_info(chunk, now_us) -> position   (primary; BufferFull at the bound)
+    e.handle_message(msg, now_us); e.handle_timer(now_us); e.next_timer_us();
+    e.take_actions() -> [Send | Deliver | DeliverOrderInfo | Opened | Resynced |
+                         RecoveredOrderInfo | Phase2Done]
+    e.buffer_sizes(), e.stats, e.last_heard_us (intra-group liveness, for membership)
 
 Bounds are in `MessagingConfig`; rules are in the tables `RESPONDS_TO_FIRST_ACK` and
 `PRIMARY_ONLY_TYPES`. No clock, no I/O, no randomness here.
@@ -90,7 +103,7 @@ from __future__ import annotations
 import enum
 import zlib
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -100,7 +113,6 @@ from llft.messages import DATA_TYPES, STREAM_OPEN, Message, MsgType, Role
 ConnId = tuple[str, int, Role]          # (remote_group, conn_seq, my_role)
 
 INTRA_CONN_SEQ = 0                      # conn_seq of the intra-group connection
-NO_DEADLINE = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +292,7 @@ class _Conn:
         self.last_send_us = 0
         self.sent_open = False
         self.resync = False                 # new primary: waiting NEW_PRIMARY_VIEW_ACK
+        self.msn_synced = True              # backup: log msns match the primary's
         self.npv_due: int | None = None
         self.old_pvn = 0
         # receiving side
@@ -374,9 +387,11 @@ class MessagingEndpoint:
             self.pvn = pvn
             if self.is_primary and not was_primary and old_pvn > 0:
                 self._become_primary(old_pvn)
-            elif not self.is_primary:
-                for c in self.conns.values():     # msns restart in the new view
-                    c.next_msn = 1 + len(c.log)
+            elif not self.is_primary and old_pvn > 0:
+                # msns restart in the new view, from the new primary's resend point,
+                # which we learn from the remote's NEW_PRIMARY_VIEW_ACK (renumber below)
+                for c in self.conns.values():
+                    c.msn_synced = False
         self._gc_order_info()
         if self.hb_due is None:
             self.hb_due = self._now
@@ -592,7 +607,8 @@ class MessagingEndpoint:
                     c.throttled_until = self._now + self.cfg.throttle_us
                     self._count("throttled")
             duty = RESPONDS_TO_FIRST_ACK[(self.is_primary, bool(self.backups))]
-            if (duty is Duty.SECOND_ACK and 0 < msg.ack <= c.last_msn and not c.resync):
+            if (duty is Duty.SECOND_ACK and 0 < msg.ack <= c.last_msn and not c.resync
+                    and c.msn_synced):
                 self._emit(c.remote, self._msg(c, MsgType.SECOND_ACK, {}, ack=msg.ack))
         elif t == MsgType.SECOND_ACK:
             if self.is_primary:
@@ -620,6 +636,8 @@ class MessagingEndpoint:
         elif t == MsgType.NEW_PRIMARY_VIEW_ACK:
             if self.is_primary and c.resync:
                 self._resync(c, msg.body["last_delivered_from"], msg.body["last_sent_to"])
+            elif not self.is_primary and not c.msn_synced:
+                self._renumber_log(c, msg.body["last_delivered_from"])
         if trailer is not None:
             self._on_trailer(c, msg, trailer, from_primary)
 
@@ -665,7 +683,7 @@ class MessagingEndpoint:
             # it cannot compare them with the remote group watermark. But the primary's
             # sent list never holds more than window_msgs messages past that watermark,
             # so every msn <= ack - window_msgs is covered by it: trim up to there.
-            upto = a - self.cfg.window_msgs
+            upto = a - self.cfg.window_msgs if c.msn_synced else 0
             while c.log and c.log[0][0] <= upto:
                 _, _, d = c.log.popleft()
                 c.log_bytes -= len(d)
@@ -927,14 +945,7 @@ class MessagingEndpoint:
         """New primary: re-send from the log exactly the bytes the remote end lacks."""
         c.resync = False
         c.npv_due = None
-        keep: deque[tuple[int, bytes]] = deque()
-        for _, off, data in c.log:
-            end = off + len(data)
-            if end <= resend_from:
-                continue
-            if off < resend_from:
-                data, off = data[resend_from - off:], resend_from
-            keep.append((off, data))
+        keep = self._cut_log(c, resend_from)
         if c.log and c.log[0][1] > resend_from:
             self._count("resync_gap")       # the log lost bytes the remote lacks
         keep.extend(c.queue)
@@ -948,6 +959,29 @@ class MessagingEndpoint:
         if self.phase2_pvn is not None and not any(x.resync for x in self.conns.values()):
             self._actions.append(Phase2Done(self.phase2_pvn))
             self.phase2_pvn = None
+
+    @staticmethod
+    def _cut_log(c: _Conn, resend_from: int) -> deque[tuple[int, bytes]]:
+        """The logged (offset, data) from stream offset `resend_from` on; the rest is
+        dropped. The new primary re-sends exactly these, one message each."""
+        keep: deque[tuple[int, bytes]] = deque()
+        for _, off, data in c.log:
+            if off + len(data) <= resend_from:
+                continue
+            if off < resend_from:
+                data, off = data[resend_from - off:], resend_from
+            keep.append((off, data))
+        return keep
+
+    def _renumber_log(self, c: _Conn, resend_from: int) -> None:
+        """A backup of a new primary: number its log as the new primary will send it
+        (msn 1 at `resend_from`), so SECOND_ACK and log trimming stay exact."""
+        keep = self._cut_log(c, resend_from)
+        c.log = deque((i + 1, off, data) for i, (off, data) in enumerate(keep))
+        c.log_bytes = sum(len(d) for _, d in keep)
+        c.next_msn = len(c.log) + 1
+        c.msn_synced = True
+        self._count("log_renumbered")
 
     # ================================================================= intra-group ===
     def _handle_intra(self, msg: Message) -> None:

@@ -333,17 +333,14 @@ def test_send_space_bounds_the_application():
     assert pb.send_space(CONN_A) == 0
 
 
-def _wire_run(sim, until):
-    sim.run_until(until)
-
-
 def test_change_of_primary_resets_msns_and_resends_exactly_the_missing_bytes():
     """Phase 2, messaging side: A = {p, b}; p dies mid-stream; b becomes primary of
     view 2, NEW_PRIMARY_VIEW / _ACK with B's primary, then b re-sends from its log the
     bytes B lacks with msns from 1 and continuing offsets; B delivers every byte once."""
     sim = Sim(5, NetConfig())
-    p = ep("A", 1, [1, 4], 1)
-    b = ep("A", 4, [1, 4], 1)
+    p = ep("A", 1, [1, 4, 6], 1)
+    b = ep("A", 4, [1, 4, 6], 1)
+    b2 = ep("A", 6, [1, 4, 6], 1)               # stays a backup
     q = ep("B", 2, [2], 2)
     got = bytearray()
     events = []
@@ -354,14 +351,25 @@ def test_change_of_primary_resets_msns_and_resends_exactly_the_missing_bytes():
             assert action.offset == len(got)
             got.extend(action.data)
 
+    b_sent = []
+    b_take = b.take_actions
+
+    def b_take_recording():
+        acts = b_take()
+        b_sent.extend(a_.msg for a_ in acts if isinstance(a_, Send))
+        return acts
+
+    b.take_actions = b_take_recording
     sim.add_node("p", p, ["A"], on_action)
     sim.add_node("b", b, ["A"], on_action)
+    sim.add_node("b2", b2, ["A"], on_action)
     sim.add_node("q", q, ["B"], on_action)
-    for e in (p, b):
+    for e in (p, b, b2):
         e.open("B", 1, Role.CLIENT)
     q.open("A", 1, Role.SERVER)
     data = bytes(range(256)) * 8                # 2048 bytes = 21 messages of 100
-    b.send(CONN_A, data, now_us=0)              # the backup's app produced it all
+    b.send(CONN_A, data, now_us=0)              # the backups' apps produced it all
+    b2.send(CONN_A, data, now_us=0)
     p.add_order_info(b"oi-last", now_us=0)      # piggybacked to q, recovered in phase 2
     p.send(CONN_A, data[:1000], now_us=0)       # the primary sent 10 messages, then dies
     sim.pump("p")
@@ -371,8 +379,9 @@ def test_change_of_primary_resets_msns_and_resends_exactly_the_missing_bytes():
     sim.run_until(5_000)
     assert 0 < len(got) <= 1000
     sent_before = len(got)
-    b.set_view(2, 4, [(4, 2)], 4, now_us=sim.now_us)
-    sim.pump("b")
+    for e, n in ((b, "b"), (b2, "b2")):
+        e.set_view(2, 4, [(4, 2), (6, 3)], e.birth_id, now_us=sim.now_us)
+        sim.pump(n)
     sim.run_until(200_000)
     assert bytes(got) == data
     resyncs = [a_ for n, a_ in events if n == "b" and isinstance(a_, Resynced)]
@@ -382,6 +391,13 @@ def test_change_of_primary_resets_msns_and_resends_exactly_the_missing_bytes():
     assert rec and rec[0].chunks == (b"oi-last",) and rec[0].first_pos == 1
     assert b.conns[CONN_A].next_msn - 1 <= len(data) // 100 + 1
     assert q.conns[CONN_B].rx.pvn == 2
+    # the remaining backup renumbered its log as the new primary re-sent it
+    resent = {m.msn: m.body["offset"] for m in b_sent
+              if m.type == MsgType.REQUEST and m.pvn == 2}
+    assert min(resent) == 1 and resent[1] == resyncs[0].resend_from
+    c2 = b2.conns[CONN_A]
+    assert c2.msn_synced and b2.stats["log_renumbered"] == 1
+    assert c2.log and all(resent[m] == off for m, off, _ in c2.log)
     # buffers shrink back once acknowledged
     for e in (b, q):
         sizes = e.buffer_sizes()
