@@ -56,7 +56,7 @@ Beyond the paper (it is silent on these; see docs/ARCHITECTURE.md "Membership"):
     not with its current membership, so a wrongly removed backup learns it and rejoins.
 
 Everything is bounded: `MAX_MEMBERS`, `MAX_PENDING_JOINERS`, `MAX_TRACKED_JOINERS`,
-`MAX_STATE_CHUNKS`, `MAX_ACTIONS`.
+`MAX_TRACKED_VIEWS`, `MAX_STATE_CHUNKS`, `MAX_ACTIONS`.
 """
 from __future__ import annotations
 
@@ -74,6 +74,7 @@ MAX_MEMBERS = 16             # members of one group, the primary included
 MAX_PENDING_JOINERS = 8      # ProposeBackups queued at the primary
 MAX_TRACKED_JOINERS = 32     # other joiners a joiner remembers (founding tie-break)
 MAX_STATE_CHUNKS = 65_536    # chunks of one checkpoint (x chunk size = largest state)
+MAX_TRACKED_VIEWS = 8        # view numbers whose proposals a member remembers
 MAX_ACTIONS = 4_096          # actions not yet taken by the driver
 
 
@@ -595,6 +596,8 @@ class Membership:
         prev = self._seen_pp.get(target)
         lo, hi = prev if prev else (proposer, proposer)
         self._seen_pp[target] = (min(lo, proposer), max(hi, proposer))
+        if len(self._seen_pp) > MAX_TRACKED_VIEWS:          # far-future views go first
+            del self._seen_pp[max(self._seen_pp)]
         included = any(k.birth == self.birth for k in members)
         acked = self._acked_pp.get(target)
         decision = decide_propose_primary(

@@ -202,6 +202,25 @@ def test_rank3_takes_over_when_rank2_is_dead_too_and_excludes_it():
     assert t_prop - t_crash >= CFG.fault_timeout_us(3) - CFG.heartbeat_interval_us
 
 
+def test_competing_proposals_are_resolved_in_favour_of_higher_precedence():
+    # rank 2 (precedence 2) is cut off and proposes; rank 3 (precedence 3) does not hear
+    # it and proposes too, excluding it; after the heal precedence 3 leads, 2 rejoins
+    cfg = Config(group=G, ack_timeout_us=400_000)        # keep rank 2 waiting in phase 1
+    g = formed(4, cfg=cfg)
+    old = g.core(1).birth
+    g.sim.crash(0)
+    g.sim.partition([1], [2, 3])
+    g.run(cfg.fault_timeout_us(3) // 1000 + 10)
+    assert g.core(1).status is Status.PROPOSING
+    assert g.core(2).status is Status.PRIMARY and g.core(2).pvn == 2
+    g.sim.heal()
+    g.run(300)
+    assert g.core(2).status is Status.PRIMARY
+    assert g.core(1).birth != old and g.core(1).status is Status.BACKUP
+    assert g.core(1).precedence > 4 and g.core(1).birth in {k.birth for k in g.core(2).members}
+    assert any("competing" in a.reason or "excluded" in a.reason for _, a in g.of(1, Reset))
+
+
 def test_two_replicas_fail_over_without_waiting_for_acknowledgments():
     g = formed(2)
     g.sim.crash(0)
