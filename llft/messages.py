@@ -78,9 +78,10 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
     MsgType.ORDER_INFO: {"upto": int},                 # order-info position carried
     # membership: "change" numbers the versions of one proposal / the changes inside a view;
     # "max_precedence" is the highest precedence ever assigned, so a new primary continues
-    # above it (added by the membership core, additively)
-    MsgType.PROPOSE_PRIMARY: {"members": list, "old_pvn": int, "change": int,
-                              "max_precedence": int},
+    # above it; "old_primary" (birth id) names, with old_pvn, the view a proposal replaces
+    # (added by the membership core, additively)
+    MsgType.PROPOSE_PRIMARY: {"members": list, "old_pvn": int, "old_primary": int,
+                              "change": int, "max_precedence": int},
     MsgType.PROPOSE_PRIMARY_ACK: {"proposer": int, "change": int, "max_precedence": int},
     MsgType.PROPOSE_BACKUP: {"host": str, "pid": int},
     MsgType.ACCEPT_BACKUP: {"members": list, "old_members": list, "change": int,

@@ -220,6 +220,7 @@ class _Proposal:                 # phase 1 at the self-appointed new primary
     target: int
     change: int
     members: list[Key]
+    parent: tuple[int, int]      # (pvn, primary birth id) of the view it replaces
     version_us: int              # when this change of the proposal was first sent
     drop_check_us: int = 0       # next time non-acknowledging members may be dropped
     acked: set[int] = field(default_factory=set)
@@ -410,6 +411,7 @@ class Membership:
         self.max_precedence = 0
         self._accepted_by_proposal = False
         self._generated_target: int | None = None
+        self._view_parent: tuple[int, int] | None = None     # view ours replaced, if proposed
         self._acked_pp: dict[int, tuple[Key, int]] = {}      # target -> (proposer, change)
         self._seen_pp: dict[int, tuple[Key, Key]] = {}       # target -> (min, max) proposer
         self._last_heard: dict[int, int] = {}
@@ -545,7 +547,8 @@ class Membership:
             return
         members = proposal_members(self.members, self.primary, self.key)
         self._generated_target = target
-        self._proposal = _Proposal(target, 0, members, version_us=now_us,
+        self._proposal = _Proposal(target, 0, members, (self.pvn, self.primary.birth),
+                                   version_us=now_us,
                                    drop_check_us=now_us + self.cfg.ack_timeout_us)
         self.status = Status.PROPOSING
         for k in members:
@@ -556,8 +559,9 @@ class Membership:
     def _send_proposal(self, now_us: int) -> None:
         p = self._proposal
         self._send(MsgType.PROPOSE_PRIMARY, {
-            "members": _encode_members(p.members), "old_pvn": self.pvn,
-            "change": p.change, "max_precedence": self.max_precedence})
+            "members": _encode_members(p.members), "old_pvn": p.parent[0],
+            "old_primary": p.parent[1], "change": p.change,
+            "max_precedence": self.max_precedence})
         p.sent_us = now_us
 
     def _proposal_tick(self, now_us: int) -> None:
@@ -591,7 +595,16 @@ class Membership:
         if members[0] != proposer:
             raise RemoteProtocolError("proposal does not put its proposer first")
         target = body["old_pvn"] + 1
-        if target < self.pvn:
+        # The paper's rules judge proposals that replace our own view (or, for a view we
+        # hold by a proposal, that replace the same parent view). A proposal from another
+        # branch of a partition is not for us: that branch is pruned, or prunes us, by
+        # the precedence of its primary once it forms (`_competing_primary`).
+        parent = (body["old_pvn"], body["old_primary"])
+        if target == self.pvn + 1:
+            ours = parent == (self.pvn, self.primary.birth)
+        else:
+            ours = target == self.pvn and parent == self._view_parent
+        if not ours:
             return
         prev = self._seen_pp.get(target)
         lo, hi = prev if prev else (proposer, proposer)
@@ -621,6 +634,7 @@ class Membership:
                 self._needs_state = []
                 self._acked_pp[target] = (proposer, body["change"])
                 self._accepted_by_proposal = True
+                self._view_parent = parent
                 self._install(target, body["change"], members, body["max_precedence"], now_us)
                 self._last_heard[proposer.birth] = now_us
             # our max_precedence may exceed the proposer's (it was cut off while the old
@@ -647,6 +661,7 @@ class Membership:
         """Lines 14-16: every proposed member acknowledged; phase 2 is messaging's."""
         p = self._proposal
         self._proposal = None
+        self._view_parent = p.parent
         self.status = Status.PRIMARY_PHASE2
         self._accepted_by_proposal = False
         self._install(p.target, p.change, p.members, self.max_precedence, now_us)

@@ -336,10 +336,10 @@ def member(birth=111, prec=3, pvn=4, members=((100, 1), (105, 2), (111, 3), (120
     return core
 
 
-def pp(sender, prec, members, old_pvn=4, change=0):
+def pp(sender, prec, members, old_pvn=4, change=0, old_primary=100):
     return Message(MsgType.PROPOSE_PRIMARY, G, G, 0, Role.CLIENT, old_pvn, prec, sender,
                    body={"members": [list(m) for m in members], "old_pvn": old_pvn,
-                         "change": change, "max_precedence": 9})
+                         "old_primary": old_primary, "change": change, "max_precedence": 9})
 
 
 def test_core_accepts_acknowledges_and_adopts_the_proposed_ranks():
@@ -373,6 +373,18 @@ def test_once_a_view_is_entered_a_competing_proposal_for_it_is_ignored():
     c.handle_message(hb, 11)                                        # the view formed
     c.handle_message(pp(120, 4, [(120, 4), (130, 5)]), 12)
     assert c.primary == Key(2, 105)
+
+
+def test_a_proposal_from_another_branch_is_not_judged_by_our_view():
+    # seed 11000407: the primary of a singleton view 2 accepted a proposal for view 3
+    # that replaced a *different* view 2, switching branches without a reset
+    c = member()                                                    # view 4 of (1, 100)
+    c.handle_message(pp(105, 2, [(105, 2), (111, 3)], old_pvn=4, old_primary=77), 10)
+    assert c.pvn == 4 and c.status is Status.BACKUP                 # other parent: ignored
+    c.handle_message(pp(105, 2, [(105, 2)], old_pvn=4, old_primary=77), 11)
+    assert c.status is Status.BACKUP                                # not even a reset
+    c.handle_message(pp(105, 2, [(105, 2), (111, 3)], old_pvn=4, old_primary=100), 12)
+    assert c.pvn == 5 and c.primary == Key(2, 105)                  # our view's successor
 
 
 def test_competing_primary_heartbeat_prunes_lower_branch_and_is_remulticast():
