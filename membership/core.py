@@ -23,7 +23,9 @@ Paper pseudocode, change of primary (figure alg-primary-change):
                out the primary (timeouts grow with rank, `rules.fault_timeout_us`); it
                proposes view v+1 excluding the old primary and lower precedences.
   lines 14-16  `_on_pp_ack` -> `_complete_phase1`: all proposed members acknowledged.
-  lines 21-25  `_on_propose_primary`: ACCEPT / RESET / IGNORE (`rules.decide_propose_primary`).
+  lines 21-25  `_on_propose_primary`: ACCEPT / RESET / IGNORE (`rules.decide_propose_primary`),
+               for proposals that replace our own view (the body names it: old_pvn,
+               old_primary); a proposal from another branch is ignored.
   lines 28-35  phase 2 belongs to messaging: we emit `BeginPhase2`; the runtime runs
                NewPrimaryView on every inter-group connection and calls
                `phase2_complete(pvn)` at the virtual synchrony point; we emit

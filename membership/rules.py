@@ -28,6 +28,13 @@ from a backup of *lower* precedence (a more senior backup already took over); it
 excludes the old primary and every backup of precedence < its own, "because that backup
 did not send a ProposePrimary message quickly enough to become the new primary".
 
+The paper assumes every ProposePrimary a replica sees replaces its own view v. After a
+partition that is not so: two branches can both hold a view numbered v. The core
+therefore applies these rules only to a proposal whose parent view (old_pvn,
+old_primary) is the receiver's own view (or, for a view the receiver holds by
+acknowledging a proposal, the same parent); any other proposal belongs to another
+branch and is left to precedence pruning (`competing_primary_wins`).
+
 Precedences alone can tie across partitioned branches (each branch's primary assigns
 "the next precedence" independently), so replicas are compared by the key
 (precedence, birth_id): unique, and totally ordered the same way everywhere.
