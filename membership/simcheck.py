@@ -99,8 +99,9 @@ class _Record:
 
 
 class _Harness:
-    def __init__(self, seed: int, *, quiet_check_us: int = 1_000):
+    def __init__(self, seed: int, *, quiet_check_us: int = 1_000, trace=None):
         self.seed = seed
+        self.trace = trace                 # print-like callable: a readable event log
         self.rng = random.Random(seed)
         r = self.rng
         self.n = r.choice([2, 3, 3, 4, 4, 5])
@@ -147,8 +148,14 @@ class _Harness:
             self.sim.add_node(node, core, [GROUP], on_action=self._on_action)
         self.started.add(node)
 
+    def _log(self, text: str) -> None:
+        if self.trace is not None:
+            self.trace(f"{self.sim.now_us / 1000:10.3f} ms  {text}")
+
     def _on_action(self, node: int, action, now_us: int) -> None:
         rec = self.rec
+        if self.trace is not None:
+            self._log(f"n{node} {action}")
         if isinstance(action, MembershipChanged):
             key = (action.pvn, action.members[0].birth, action.change)
             rank = [k.birth for k in action.members].index(action.birth) + 1 \
@@ -225,6 +232,7 @@ class _Harness:
             if victim is None:
                 victim = self.rng.choice(sorted(live))
             sim.crash(victim)
+            self._log(f"crash n{victim} ({pick})")
             if not self._live():
                 self.wiped_out = True       # the group's history starts over
         return act
@@ -232,7 +240,9 @@ class _Harness:
     def _restart_one(self, sim) -> None:
         dead = sorted(n for n in self.nodes if n in self.started and not sim.alive(n))
         if dead:
-            self._start(self.rng.choice(dead), restart=True)
+            node = self.rng.choice(dead)
+            self._log(f"restart n{node}")
+            self._start(node, restart=True)
 
     def _partition(self, sim) -> None:
         nodes = sorted(self.started)
@@ -242,9 +252,11 @@ class _Harness:
         if len(nodes) >= 3 and self.rng.random() < 0.3:
             a, b = sorted(self.rng.sample(range(1, len(nodes)), 2))
             sim.partition(nodes[:a], nodes[a:b], nodes[b:])
+            self._log(f"partition {nodes[:a]} | {nodes[a:b]} | {nodes[b:]}")
         else:
             cut = self.rng.randrange(1, len(nodes))
             sim.partition(nodes[:cut], nodes[cut:])
+            self._log(f"partition {nodes[:cut]} | {nodes[cut:]}")
 
     def build(self, start_us: int) -> int:
         """Schedule one fault phase from `start_us`; return when it ends (us)."""
@@ -270,7 +282,7 @@ class _Harness:
                 sim.at(t, self._restart_one)
             elif kind == "partition":
                 sim.at(t, self._partition)
-                sim.at(min(fault_us, t + r.randint(20_000, 200_000)), lambda s: s.heal())
+                sim.at(min(fault_us, t + r.randint(20_000, 200_000)), self._heal)
             else:
                 sim.at(t, self._crash("primary"))
                 # the successor detects the crash one base timeout after the last
@@ -280,6 +292,10 @@ class _Harness:
                        self._crash("successor"))
             t += r.randint(30_000, 200_000)
         return fault_us
+
+    def _heal(self, sim) -> None:
+        sim.heal()
+        self._log("heal")
 
     def converged(self) -> str | None:
         """None when one primary view holds every live replica, else why not."""
@@ -414,7 +430,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--schedules", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=1,
                         help="first seed; schedule i runs seed S*1_000_003 + i")
-    parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--verbose", action="store_true",
+                        help="one line per schedule, and coverage counters")
+    parser.add_argument("--replay", type=int, metavar="SEED",
+                        help="run one schedule seed (as printed) with a trace of its events")
 
 
 def schedule_seed(seed: int, i: int) -> int:
@@ -422,6 +441,14 @@ def schedule_seed(seed: int, i: int) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.replay is not None:
+        h = _Harness(args.replay, trace=print)
+        print(f"{h.n} replicas, {h.faults}")
+        violations, took = h.run()
+        for v in violations:
+            print(f"VIOLATION {v}")
+        print(f"1 schedules, {1 if violations else 0} violations")
+        return 1 if violations else 0
     print(f"convergence bound after faults stop: {bound_us(SIM_CONFIG, 2) / 1000:.0f} ms "
           f"(2 replicas) .. {bound_us(SIM_CONFIG, 5) / 1000:.0f} ms (5 replicas)")
     bad = 0
