@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given, strategies as st
 
 from llft.messages import Message, MsgType, Role
 from llft.sim.kernel import NetConfig, Sim
@@ -71,6 +72,26 @@ def decide(**kw):
 ])
 def test_propose_primary_rules(case, kw, expected):
     assert decide(**kw) is expected, case
+
+
+keys_ = st.builds(Key, st.integers(1, 6), st.integers(1, 3))
+
+
+@given(me=keys_, p=keys_, acked=st.none() | keys_, seen=st.none() | keys_,
+       my_pvn=st.integers(1, 3), target=st.integers(1, 5), included=st.booleans(),
+       generated=st.none() | st.integers(1, 5), by_proposal=st.booleans())
+def test_rules_never_let_a_lower_proposer_win(me, p, acked, seen, my_pvn, target, included,
+                                              generated, by_proposal):
+    d = decide_propose_primary(target=target, my_pvn=my_pvn, my_key=me, proposer=p,
+                               included=included, generated_target=generated, acked=acked,
+                               seen_max=seen, accepted_by_proposal=by_proposal)
+    if d is PPDecision.ACCEPT:
+        assert included and (acked is None or acked <= p) and generated != target
+    if d is PPDecision.RESET:
+        assert not included and not (generated == target and me > p)
+        assert seen is None or seen <= p
+    if target < my_pvn:
+        assert d is PPDecision.IGNORE
 
 
 def test_proposal_excludes_old_primary_and_lower_precedences():
