@@ -30,7 +30,9 @@ entries; a retransmission fills a placeholder or is discarded. Contiguous messag
 delivered; the stream offset de-duplicates bytes (msns are per primary view and restart
 at 1, offsets never do). The primary nacks the remote primary on the remote connection;
 a backup nacks its own primary on the local (intra-group) connection and the primary
-re-multicasts the remote primary's original message to its group (lines 49-52).
+re-multicasts the remote primary's original message to its group (lines 49-52). A
+local NACK body is a list of [remote_group, conn_seq, role, pvn, msn...] entries; the
+entry [remote_group, conn_seq, role, 0] asks for the NEW_PRIMARY_VIEW_ACK below.
 
 FirstAck / SecondAck / KeepAlive (lines 47-48, 54-55, 60-72). A primary that received
 data and has nothing to send within `first_ack_delay_us` multicasts FIRST_ACK(ack), and
@@ -58,9 +60,12 @@ drops received messages with ts <= mygroupwatermark (line 83; backups learn it f
 primary's HEARTBEAT `back`). A backup's watermark only counts if it knows the same set
 of connections (and remote views) as the primary: its HEARTBEAT `ack` carries a digest
 of that set, so a backup that never heard of a connection cannot let the primary (and
-the remote sender) discard messages it lacks.
+the remote sender) discard messages it lacks; likewise a backup uses the primary's group
+watermark only when the primary's HEARTBEAT `ack` digest equals its own (a message on a
+connection learned later may carry a lower timestamp).
 
-Order info. The primary appends opaque chunks (`add_order_info`, positions 1, 2, ...)
+Order info. The primary appends opaque chunks (`add_order_info`, positions 1, 2, ...
+in each primary view)
 and piggybacks the ones its backups have not acked and no remote primary has reflected
 on every inter-group message; a remote primary reflects what it received in its next
 message to the group; backups deliver chunks exactly once, in position order, from
@@ -68,7 +73,7 @@ reflections or from ORDER_INFO on the intra-group connection (the path for order
 with nothing to ride on, and for backups that missed a reflection) and ack them with
 ORDER_INFO(upto). The chunks and a sent-up-to msn travel in the `order_info` field as
 our *trailer*: msgpack [sent_upto, own | None, reflected | None], each section
-[first_pos, [chunk, ...]]; the chunks inside stay opaque (the determinizer's codec).
+[pvn, first_pos, [chunk, ...]]; the chunks inside stay opaque (the determinizer's codec).
 
 A backup keeps its log of what its application produced until the remote group has it:
 it trims msns <= (remote primary's ack - window_msgs), which the window guarantees are
@@ -82,7 +87,9 @@ NEW_PRIMARY_VIEW_ACK(last_delivered_from, last_sent_to); it then re-sends from i
 exactly the bytes from last_delivered_from on. A remote primary that receives
 NEW_PRIMARY_VIEW flushes what it had not delivered from the old primary and answers,
 reflecting the old primary's last order info it holds (`RecoveredOrderInfo` at the new
-primary). The precedence check of lines 18-20 and phase 1 belong to membership.
+primary). The NEW_PRIMARY_VIEW_ACK reaches the whole group: the other backups renumber
+their logs from it (msn 1 at the resend point); one that missed it asks the new primary
+to re-multicast it. The precedence check of lines 18-20 and phase 1 belong to membership.
 
 API (the driver and membership use only this)
     e = MessagingEndpoint(group, birth_id, MessagingConfig(...))
@@ -179,8 +186,9 @@ class Deliver:
 
 @dataclass(frozen=True, slots=True)
 class DeliverOrderInfo:
-    pos: int
+    pos: int                # 1, 2, ... within the primary view `pvn`
     chunk: bytes
+    pvn: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +209,7 @@ class RecoveredOrderInfo:
     """Phase 2: the last order info of the old primary that the remote primary holds
     (reflected in NEW_PRIMARY_VIEW_ACK), for membership/determinizer to catch up."""
     conn: ConnId
+    pvn: int                # the old primary's view
     first_pos: int
     chunks: tuple[bytes, ...]
 
@@ -249,10 +258,16 @@ def unpack_trailer(raw: bytes) -> tuple[int, list | None, list | None] | None:
 
 
 def _section(s: Any) -> list | None:
-    if (type(s) is list and len(s) == 2 and type(s[0]) is int and s[0] > 0
-            and type(s[1]) is list and all(type(c) is bytes for c in s[1])):
+    """An order-info section [pvn, first_pos, [chunk, ...]], or None."""
+    if (type(s) is list and len(s) == 3 and type(s[0]) is int and type(s[1]) is int
+            and s[1] > 0 and type(s[2]) is list and all(type(c) is bytes for c in s[2])):
         return s
     return None
+
+
+def _sec_end(s: list) -> tuple[int, int]:
+    """(pvn, last position) of a section: newer sections compare greater."""
+    return s[0], s[1] + len(s[2]) - 1
 
 
 # --- per-connection state --------------------------------------------------------------
@@ -293,6 +308,8 @@ class _Conn:
         self.sent_open = False
         self.resync = False                 # new primary: waiting NEW_PRIMARY_VIEW_ACK
         self.msn_synced = True              # backup: log msns match the primary's
+        self.npv_ack: Message | None = None # new primary: the NEW_PRIMARY_VIEW_ACK used
+        self.npv_answer: tuple[int, int, int] | None = None   # (remote pvn, low, sent_to)
         self.npv_due: int | None = None
         self.old_pvn = 0
         # receiving side
@@ -382,16 +399,24 @@ class MessagingEndpoint:
             del self.reports[gone]
         for gone in set(self.oi_acks) - set(self.backups):
             del self.oi_acks[gone]
-        self._digest = None
+        self._digest_changed()
         if pvn > old_pvn:
             self.pvn = pvn
+            # order-info positions, like msns, restart at 1 in a new primary view
+            self.oi_delivered = 0
+            self.oi_pending.clear()
+            self.oi_acked = 0
+            self.oi_ack_due = None
             if self.is_primary and not was_primary and old_pvn > 0:
                 self._become_primary(old_pvn)
             elif not self.is_primary and old_pvn > 0:
                 # msns restart in the new view, from the new primary's resend point,
                 # which we learn from the remote's NEW_PRIMARY_VIEW_ACK (renumber below)
+                due = self._now + self.cfg.nack_retry_us
                 for c in self.conns.values():
                     c.msn_synced = False
+                    if c.nack_due is None or c.nack_due > due:
+                        c.nack_due = due      # asks for the NEW_PRIMARY_VIEW_ACK if missed
         self._gc_order_info()
         if self.hb_due is None:
             self.hb_due = self._now
@@ -400,7 +425,8 @@ class MessagingEndpoint:
         now = self._now
         self.reports.clear()
         self.oi_acks.clear()
-        self.oi_next = self.oi_delivered + 1
+        self.oi_next = 1
+        self.oi_reflected = 0
         self.oi_log.clear()
         self.oi_bytes = 0
         self.oi_pending.clear()
@@ -584,7 +610,11 @@ class MessagingEndpoint:
         if from_primary:
             rx = c.rx
             if rx is not None and msg.pvn < rx.pvn:
-                self._count("stale_view")
+                old = c.rx_old
+                if old is not None and msg.pvn == old.pvn and t in DATA_TYPES:
+                    self._rx_data(c, old, msg)      # a backup filling the old view's gap
+                else:
+                    self._count("stale_view")
                 return
             if rx is None or msg.pvn > rx.pvn:
                 self._new_remote_view(c, msg.pvn, flush=(t == MsgType.NEW_PRIMARY_VIEW))
@@ -635,6 +665,7 @@ class MessagingEndpoint:
                 self._answer_npv(c, msg)
         elif t == MsgType.NEW_PRIMARY_VIEW_ACK:
             if self.is_primary and c.resync:
+                c.npv_ack = msg
                 self._resync(c, msg.body["last_delivered_from"], msg.body["last_sent_to"])
             elif not self.is_primary and not c.msn_synced:
                 self._renumber_log(c, msg.body["last_delivered_from"])
@@ -651,23 +682,24 @@ class MessagingEndpoint:
                 self._expect(c, rx, sent_upto)
                 self._advance_ts(c, rx)
             if own is not None and self.is_primary:
-                last = own[0] + len(own[1]) - 1
+                last = _sec_end(own)
                 lr = c.last_remote_oi
-                if lr is None or last >= lr[0] + len(lr[1]) - 1:
+                if lr is None or last >= _sec_end(lr):
                     c.last_remote_oi = own
-                if c.to_reflect is None or last > c.to_reflect[0] + len(c.to_reflect[1]) - 1:
+                if c.to_reflect is None or last > _sec_end(c.to_reflect):
                     c.to_reflect = own
                     self._want_first_ack(c, self.cfg.first_ack_delay_us, reflect=True)
         if refl is not None:
             if self.is_primary:
-                last = refl[0] + len(refl[1]) - 1
                 if msg.type == MsgType.NEW_PRIMARY_VIEW_ACK:
-                    self._actions.append(RecoveredOrderInfo(c.cid, refl[0], tuple(refl[1])))
+                    self._actions.append(RecoveredOrderInfo(c.cid, refl[0], refl[1],
+                                                            tuple(refl[2])))
                     return
-                if last > self.oi_reflected:
+                pvn, last = _sec_end(refl)
+                if pvn == self.pvn and last > self.oi_reflected:
                     self.oi_reflected = min(last, self.oi_next - 1)
             else:
-                self._oi_accept(refl[0], refl[1], "oi_via_reflection")
+                self._oi_accept(refl, "oi_via_reflection")
 
     def _on_remote_ack(self, c: _Conn, msg: Message) -> None:
         a = msg.ack
@@ -692,7 +724,7 @@ class MessagingEndpoint:
         old = c.rx
         c.rx = _Rx(pvn)
         c.declared = (0, 0)
-        self._digest = None
+        self._digest_changed()
         if old is not None and old.slots and not flush and not self.is_primary:
             c.rx_old = old          # a backup keeps filling the old view's gaps locally
         else:
@@ -746,7 +778,7 @@ class MessagingEndpoint:
             c.received.append(nxt)
             self._deliver(c, nxt.body["offset"], nxt.body["data"])
         self._advance_ts(c, rx)
-        if c.rx_old is not None and c.rx_old is not rx:
+        if c.rx_old is not None:
             old = c.rx_old
             if not old.slots or (c.rx.first_offset is not None
                                  and c.delivered >= c.rx.first_offset):
@@ -878,8 +910,13 @@ class MessagingEndpoint:
         cfg = self.cfg
         entries: list[list] = []
         rxs = [r for r in (c.rx_old, c.rx) if r is not None and r.nacks]
+        if not self.is_primary and not c.msn_synced:
+            # missed the NEW_PRIMARY_VIEW_ACK that numbers our log: ask our primary
+            entries.append([c.remote, c.seq, int(c.role), 0])
+            c.nack_due = self._now + cfg.nack_retry_us
         if not rxs:
-            c.nack_due = None
+            if not entries:
+                c.nack_due = None
             return entries
         c.nack_due = self._now + cfg.nack_retry_us
         for rx in rxs:
@@ -903,11 +940,15 @@ class MessagingEndpoint:
 
     def _answer_local_nacks(self, entries: list) -> None:
         for e in entries:
-            if (type(e) is not list or len(e) < 5 or type(e[0]) is not str
+            if (type(e) is not list or len(e) < 4 or type(e[0]) is not str
                     or type(e[1]) is not int or e[2] not in (0, 1) or type(e[3]) is not int):
                 continue
             c = self.conns.get((e[0], e[1], Role(e[2])))
             if c is None:
+                continue
+            if len(e) == 4 and e[3] == 0:       # a backup wants the NEW_PRIMARY_VIEW_ACK
+                if c.npv_ack is not None:
+                    self._emit(self.group, c.npv_ack)
                 continue
             pvn, want = e[3], {m for m in e[4:] if type(m) is int}
             for m in c.received:
@@ -932,10 +973,20 @@ class MessagingEndpoint:
         """Remote side of phase 2 (line 38-41): flushed (see _new_remote_view); report
         the last byte delivered from, and the last byte sent to, the old primary's group."""
         c.to_reflect = c.last_remote_oi     # the old primary's last order info
-        sent_to = c.sent[-1].body["offset"] + len(c.sent[-1].body["data"]) if c.sent else (
-            c.queue[0][0] if c.queue else c.out_offset)
+        # Resend point: not just what we delivered, but the lowest offset a member of
+        # our group may still lack (our received list holds exactly the messages the
+        # group watermark has not yet covered), so that no backup of ours is left with
+        # a gap if we fail too.
+        # A repeated NEW_PRIMARY_VIEW (our answer was lost) gets the same answer: the
+        # whole remote group numbers its log from it, and we may have collected since.
+        if c.npv_answer is None or c.npv_answer[0] != msg.pvn:
+            low = min([m.body["offset"] for m in c.received] + [c.delivered])
+            sent_to = (c.sent[-1].body["offset"] + len(c.sent[-1].body["data"]) if c.sent
+                       else (c.queue[0][0] if c.queue else c.out_offset))
+            c.npv_answer = (msg.pvn, low, sent_to)
+        _, low, sent_to = c.npv_answer
         self._emit(c.remote, self._msg(c, MsgType.NEW_PRIMARY_VIEW_ACK,
-                                       {"last_delivered_from": c.delivered,
+                                       {"last_delivered_from": low,
                                         "last_sent_to": sent_to}))
         # the new primary may lack our tail: make our unacked data go out again
         if c.sent and c.rto_due is None:
@@ -997,7 +1048,7 @@ class MessagingEndpoint:
                 self._gc_all_received()
             elif t == MsgType.NACK:
                 self._answer_local_nacks(msg.body["missing"])
-            elif t == MsgType.ORDER_INFO:
+            elif t == MsgType.ORDER_INFO and msg.pvn == self.pvn:
                 if msg.body["upto"] > self.oi_acks.get(msg.sender, 0):
                     self.oi_acks[msg.sender] = min(msg.body["upto"], self.oi_next - 1)
                     self._gc_order_info()
@@ -1005,13 +1056,16 @@ class MessagingEndpoint:
         if msg.sender != self.primary_id or msg.pvn != self.pvn:
             return
         if t == MsgType.HEARTBEAT:
-            if msg.back > self.gw:
+            # the primary's group watermark holds for the connections it knew (its
+            # digest in `ack`); a message on a connection we learned of later may have
+            # a lower ts, so only a watermark over our own set of connections counts
+            if msg.ack == self.digest() and msg.back > self.gw:
                 self.gw = msg.back
                 self._gc_all_received()
         elif t == MsgType.ORDER_INFO:
             tr = unpack_trailer(msg.order_info)
             if tr is not None and tr[1] is not None:
-                self._oi_accept(tr[1][0], tr[1][1], "oi_via_intra")
+                self._oi_accept(tr[1], "oi_via_intra")
             if self.oi_ack_due is None:     # (re-)ack: the primary is still waiting
                 self.oi_ack_due = self._now + self.cfg.order_info_ack_us
 
@@ -1020,7 +1074,8 @@ class MessagingEndpoint:
             return
         if self.is_primary:
             self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": 1},
-                                               back=self.group_watermark()))
+                                               back=self.group_watermark(),
+                                               ack=self.digest()))
         else:
             self.reported_w = self.timestamp_watermark()
             self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": self.rank()},
@@ -1029,9 +1084,10 @@ class MessagingEndpoint:
                 self._order_info_ack()
 
     # ---------------------------------------------------------------- order info ---
-    def _oi_accept(self, first: int, chunks: list, path: str) -> None:
-        if self.is_primary:
-            return
+    def _oi_accept(self, sec: list, path: str) -> None:
+        pvn, first, chunks = sec
+        if self.is_primary or pvn != self.pvn:
+            return          # order info of another primary view: not ours to deliver
         for i, ch in enumerate(chunks):
             pos = first + i
             if pos <= self.oi_delivered:
@@ -1043,7 +1099,8 @@ class MessagingEndpoint:
             self.oi_delivered += 1
             self._count(path)
             self._actions.append(DeliverOrderInfo(self.oi_delivered,
-                                                  self.oi_pending.pop(self.oi_delivered)))
+                                                  self.oi_pending.pop(self.oi_delivered),
+                                                  self.pvn))
             if self.oi_ack_due is None:
                 self.oi_ack_due = self._now + self.cfg.order_info_ack_us
 
@@ -1072,7 +1129,7 @@ class MessagingEndpoint:
                 first = pos
             chunks.append(ch)
             size += len(ch)
-        return [first, chunks] if chunks else None
+        return [self.pvn, first, chunks] if chunks else None
 
     def _order_info_intra(self) -> None:
         floor = self._oi_floor()
@@ -1082,7 +1139,7 @@ class MessagingEndpoint:
         sec = self._own_section(floor)
         if sec is not None:
             self._emit(self.group, self._intra(
-                MsgType.ORDER_INFO, {"upto": sec[0] + len(sec[1]) - 1},
+                MsgType.ORDER_INFO, {"upto": _sec_end(sec)[1]},
                 order_info=pack_trailer(0, sec, None)))
         self.oi_intra_due = self._now + self.cfg.order_info_intra_us
 
@@ -1101,8 +1158,8 @@ class MessagingEndpoint:
         for c in self.conns.values():
             if c.known:
                 ts = c.rx.ts if c.rx is not None else 0
-                if c.rx_old is not None:
-                    ts = 0
+                if c.rx_old is not None or c.ahead:
+                    ts = 0          # a gap in the stream: nothing may be collected yet
                 if w is None or ts < w:
                     w = ts
         return self.clock if w is None else w
@@ -1124,6 +1181,11 @@ class MessagingEndpoint:
             self.gw = w
             self._gw_rose = True
         return w
+
+    def _digest_changed(self) -> None:
+        self._digest = None
+        if not self.is_primary:
+            self.gw = 0         # learned for another set of connections: not valid now
 
     def digest(self) -> int:
         """Digest of the known connections and their remote views (HEARTBEAT `ack`)."""
@@ -1180,7 +1242,7 @@ class MessagingEndpoint:
     def _mark_known(self, c: _Conn) -> None:
         if not c.known:
             c.known = True
-            self._digest = None
+            self._digest_changed()
             if self.is_primary and c.ka_due is None:
                 self._arm_keepalive(c)
 

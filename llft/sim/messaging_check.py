@@ -69,12 +69,17 @@ class _Replica:
     progress: dict = field(default_factory=dict)
     oi_done: int = 0
     got: dict = field(default_factory=dict)          # conn id -> bytearray delivered
-    oi_got: list = field(default_factory=list)
+    oi_got: dict = field(default_factory=dict)      # pvn -> chunks delivered
 
 
 class Schedule:
-    def __init__(self, seed: int, loss: float, dup: float, reorder: float):
+    def __init__(self, seed: int, loss: float, dup: float, reorder: float,
+                 failover: float = 0.0):
         self.seed = seed
+        self.failover = failover
+        self.pvn: dict[str, int] = {}
+        self.failed_over: set[str] = set()      # groups whose primary changed
+        self.oi_added: dict[tuple[str, int], list[bytes]] = {}   # (group, pvn) -> chunks
         self.rng = rng = random.Random(seed)
         self.violations: list[str] = []
         net = NetConfig(loss=loss, dup=dup, reorder=reorder, corrupt=CORRUPT_P)
@@ -95,6 +100,7 @@ class Schedule:
                 rep = _Replica(f"{g}.{i}", g, b, core, i == 0)
                 reps.append(rep)
             self.groups[g] = reps
+            self.pvn[g] = 1
         # connections: (client group, server group, conn_seq) + the two streams
         self.conns = []
         seqs: dict[str, int] = {}
@@ -164,12 +170,16 @@ class Schedule:
                 return
             buf += action.data
         elif isinstance(action, DeliverOrderInfo):
-            exp = self.order_info[rep.group]
-            pos = len(rep.oi_got) + 1
+            # positions restart in each primary view: compare with what the primary
+            # of that view added
+            exp = self.oi_added.get((rep.group, action.pvn), [])
+            got = rep.oi_got.setdefault(action.pvn, [])
+            pos = len(got) + 1
             if action.pos != pos or pos > len(exp) or exp[pos - 1] != action.chunk:
-                self._violation(f"{node}: order info {action.pos} (expected {pos})")
+                self._violation(f"{node}: order info {action.pos} of view {action.pvn} "
+                                f"(expected {pos})")
                 return
-            rep.oi_got.append(action.chunk)
+            got.append(action.chunk)
 
     # -- the application ---------------------------------------------------------------
     def _app_tick(self, rep: _Replica):
@@ -199,6 +209,8 @@ class Schedule:
                         break
                     try:
                         rep.core.add_order_info(chunks[rep.oi_done], now_us=sim.now_us)
+                        self.oi_added.setdefault((rep.group, rep.core.pvn), []).append(
+                            chunks[rep.oi_done])
                     except BufferFull:
                         busy = True
                         break
@@ -216,12 +228,27 @@ class Schedule:
         return crash
 
     def _remove(self, rep: _Replica):
+        """Play membership: drop the crashed replica; a crashed primary is replaced by
+        the surviving backup of lowest precedence in a new primary view."""
         def remove(sim: Sim) -> None:
-            reps = self.groups[rep.group]
-            members = [(r.bid, i + 1) for i, r in enumerate(reps) if r.node not in self.crashed]
-            for r in reps:
-                if r.node not in self.crashed:
-                    r.core.set_view(1, reps[0].bid, members, r.bid, now_us=sim.now_us)
+            g = rep.group
+            reps = self.groups[g]
+            alive = [(i, r) for i, r in enumerate(reps) if r.node not in self.crashed]
+            if not alive:
+                return
+            members = [(r.bid, i + 1) for i, r in alive]
+            if rep.primary:
+                self.pvn[g] += 1
+                self.failed_over.add(g)
+                rep.primary = False
+                alive[0][1].primary = True
+            primary = next(r for _, r in alive if r.primary)
+            if rep.node != primary.node and not primary.core.is_primary:
+                # the new primary's application carries on after what it replayed
+                primary.oi_done = max(primary.oi_done, primary.core.oi_delivered)
+                sim.at(sim.now_us, self._app_tick(primary), primary.node)
+            for _, r in alive:
+                r.core.set_view(self.pvn[g], primary.bid, members, r.bid, now_us=sim.now_us)
         return remove
 
     def _inject(self, sim: Sim) -> None:
@@ -254,6 +281,10 @@ class Schedule:
         for rep in self.by_node.values():
             sim.at(rng.randint(0, 20_000), self._app_tick(rep), rep.node)
         for reps in self.groups.values():
+            if len(reps) > 1 and self.failover and rng.random() < self.failover:
+                # a change of primary (one survivor at least: no backup crashes here)
+                sim.at(rng.randint(0, FAULT_PHASE_US), self._crash(reps[0]))
+                continue
             for rep in reps[1:]:
                 if rng.random() < 0.25:
                     sim.at(rng.randint(0, FAULT_PHASE_US), self._crash(rep))
@@ -294,10 +325,12 @@ class Schedule:
             for cid, cuts in self._writes(rep):
                 if rep.progress.get(cid, (0, 0))[0] < len(cuts):
                     out.append(f"{rep.node} {cid}: app still writing")
-            if not rep.primary and self.order_info[rep.group]:
-                if len(rep.oi_got) != len(self.order_info[rep.group]):
-                    out.append(f"{rep.node}: order info {len(rep.oi_got)}/"
-                               f"{len(self.order_info[rep.group])}")
+            if not rep.primary:
+                pvn = rep.core.pvn
+                want = len(self.oi_added.get((rep.group, pvn), []))
+                if len(rep.oi_got.get(pvn, [])) != want:
+                    out.append(f"{rep.node}: order info {len(rep.oi_got.get(pvn, []))}/"
+                               f"{want} of view {pvn}")
             sizes = rep.core.buffer_sizes()
             # a backup keeps up to a window of acked messages in its log (messaging.py)
             log_bound = self.cfg.window_msgs * len(rep.core.conns)
@@ -308,8 +341,8 @@ class Schedule:
 
 
 def run_schedule(seed: int, loss: float = 0.0, dup: float = 0.0,
-                 reorder: float = 0.0) -> list[str]:
-    return Schedule(seed, loss, dup, reorder).run()
+                 reorder: float = 0.0, failover: float = 0.0) -> list[str]:
+    return Schedule(seed, loss, dup, reorder, failover).run()
 
 
 def add_arguments(parser) -> None:
@@ -318,13 +351,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--loss", type=float, default=0.0)
     parser.add_argument("--dup", type=float, default=0.0)
     parser.add_argument("--reorder", type=float, default=0.0)
+    parser.add_argument("--failover", type=float, default=0.0,
+                        help="per group, chance that its primary crashes and this check "
+                             "plays membership (new primary view, phase 2 of messaging)")
     parser.add_argument("--one", type=int, default=None,
                         help="run only this schedule seed (as printed) and show its problems")
 
 
 def run(args) -> int:
     if args.one is not None:
-        v = run_schedule(args.one, args.loss, args.dup, args.reorder)
+        v = run_schedule(args.one, args.loss, args.dup, args.reorder, args.failover)
         for line in v:
             print(line)
         print(f"1 schedules, {1 if v else 0} violations")
@@ -333,11 +369,11 @@ def run(args) -> int:
     t0 = time.monotonic()
     for i in range(args.schedules):
         s = schedule_seed(args.seed, i)
-        v = run_schedule(s, args.loss, args.dup, args.reorder)
+        v = run_schedule(s, args.loss, args.dup, args.reorder, args.failover)
         if v:
             bad += 1
             print(f"schedule {i} seed {s} loss {args.loss} dup {args.dup} "
-                  f"reorder {args.reorder}: {v[0]}", flush=True)
+                  f"reorder {args.reorder} failover {args.failover}: {v[0]}", flush=True)
     print(f"{args.schedules} schedules, {bad} violations")
     print(f"({time.monotonic() - t0:.1f} s)", file=sys.stderr)
     return 1 if bad else 0
