@@ -473,3 +473,50 @@ def test_sim_campaign(soak):
     bad = [s for s in (simcheck.schedule_seed(23, i) for i in range(n))
            if simcheck.run_schedule(s)[0]]
     assert not bad, bad[:10]
+
+
+def change_msg(mtype, members, change, sender=100, prec=1, pvn=4):
+    return Message(mtype, G, G, 0, Role.CLIENT, pvn, prec, sender,
+                   body={"members": [list(m) for m in members], "old_members": [],
+                         "change": change, "max_precedence": 9})
+
+
+def test_backup_accepts_a_new_membership_and_recomputes_its_rank():
+    c = member()                                   # rank 3 of (1,100) (2,105) (3,111) (4,120)
+    c.handle_message(change_msg(MsgType.REMOVE_BACKUP, [(100, 1), (111, 3), (120, 4)], 1), 10)
+    acts = c.take_actions()
+    assert c.rank == 2 and c.change == 1
+    assert any(isinstance(a, Send) and a.msg.type is MsgType.REMOVE_BACKUP_ACK
+               and a.msg.body == {"change": 1} for a in acts)
+    c.handle_message(change_msg(MsgType.ACCEPT_BACKUP,
+                                [(100, 1), (111, 3), (120, 4), (130, 10)], 2), 11)
+    assert c.rank == 2 and c.change == 2 and c.max_precedence == 10
+    # a duplicate of an older change is acknowledged again, not applied
+    c.take_actions()
+    c.handle_message(change_msg(MsgType.REMOVE_BACKUP, [(100, 1), (111, 3), (120, 4)], 1), 12)
+    assert c.change == 2 and any(a.msg.body == {"change": 1} for a in c.take_actions()
+                                 if isinstance(a, Send))
+
+
+def test_backup_removed_from_the_membership_resets_and_applies_under_a_new_birth_id():
+    c = member()
+    c.handle_message(change_msg(MsgType.REMOVE_BACKUP, [(100, 1), (105, 2), (120, 4)], 1), 10)
+    acts = c.take_actions()
+    reset = next(a for a in acts if isinstance(a, Reset))
+    assert reset.old_birth == 111 and c.birth == reset.new_birth != 111
+    pb = [a.msg for a in acts if isinstance(a, Send) and a.msg.type is MsgType.PROPOSE_BACKUP]
+    assert pb and pb[0].sender == c.birth and pb[0].precedence == 0
+
+
+def test_membership_from_a_lower_foreign_primary_is_ignored():
+    c = member()
+    c.handle_message(change_msg(MsgType.REMOVE_BACKUP, [(50, 1), (60, 2)], 7, sender=50), 10)
+    assert c.status is Status.BACKUP and c.change == 0
+
+
+def test_view_entered_stops_competing_proposals_for_that_view():
+    c = member(birth=130, prec=5, members=((100, 1), (105, 2), (120, 4), (130, 5)))
+    c.handle_message(pp(105, 2, [(105, 2), (120, 4), (130, 5)]), 10)
+    c.view_entered(5, 11)                       # the runtime reached the view's order info
+    c.handle_message(pp(120, 4, [(120, 4), (130, 5)]), 12)
+    assert c.primary == Key(2, 105)
