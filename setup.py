@@ -32,7 +32,7 @@ class BuildExtWithShim(build_ext):
         from setuptools._distutils.ccompiler import new_compiler
         from setuptools._distutils.sysconfig import customize_compiler
 
-        cc = new_compiler(verbose=self.verbose, dry_run=self.dry_run, force=self.force)
+        cc = new_compiler(verbose=self.verbose, force=self.force)
         customize_compiler(cc)
         tmp = os.path.join(self.build_temp, "shim")
         objects = cc.compile(

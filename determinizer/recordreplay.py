@@ -1,0 +1,162 @@
+"""`llft record` and `llft replay`: local record and replay of an unmodified program.
+
+    llft record --trace DIR [--external-port P]... -- CMD...
+        runs CMD as a primary would: every determinized call's order information is
+        drained from the shim and stored in DIR/orderinfo.bin, with DIR/meta.json
+        (command, environment, cwd, exit status). Data read from external
+        connections is part of the order information.
+    llft replay --trace DIR [-- CMD...]
+        runs CMD (default: the recorded one) as a backup would, with the recorded
+        environment, fed from DIR through the same Feeder a backup uses when fed from
+        the network. External connections are never opened: their results come from
+        the trace. A call the trace does not have next is reported as a divergence
+        naming the first differing call (exit status 86); a wait with no progress is
+        reported as a stall, never a hang.
+
+A trace is one source of order information; the network is another. The only code
+specific to traces here is reading and writing files.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+from determinizer.runner import shim_env, spawn
+from determinizer.shm import Shm
+
+EXIT_DIVERGED = 86
+TRACE_FILE = "orderinfo.bin"
+META_FILE = "meta.json"
+FEED_CHUNK_BYTES = 1 << 20
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", required=True, help="trace directory")
+    parser.add_argument("--external-port", type=int, action="append", default=[],
+                        help="(record) a loopback port whose server is outside the replica")
+    parser.add_argument("--stall-ms", type=int, default=10000,
+                        help="(replay) report a stall after this long without progress")
+    parser.add_argument("--promote", action="store_true",
+                        help="(replay) when the trace is consumed, continue as a primary")
+    parser.add_argument("-q", "--quiet", action="store_true")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD...")
+
+
+def run(args) -> int:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if args._command == "record":
+        if not cmd:
+            print("llft record: no command (use: llft record --trace DIR -- CMD...)", file=sys.stderr)
+            return 2
+        return record(cmd, args.trace, external_ports=args.external_port, quiet=args.quiet)
+    return replay(cmd or None, args.trace, stall_ms=args.stall_ms, promote=args.promote,
+                  quiet=args.quiet)
+
+
+def record(cmd: list[str], trace: str, external_ports=(), env=None, cwd=None, quiet=False,
+           **popen_kw) -> int:
+    os.makedirs(trace, exist_ok=True)
+    env = dict(os.environ if env is None else env)
+    cwd = cwd or os.getcwd()
+    shm = Shm.create(Shm.PRIMARY)
+    t0 = time.monotonic()
+    nbytes = 0
+    try:
+        with open(os.path.join(trace, TRACE_FILE), "wb") as out:
+            proc = spawn(cmd, shim_env(env, shm.env(), external_ports), cwd=cwd, **popen_kw)
+            # The drainer: the recorder's version of the agent's order-info pump.
+            while proc.poll() is None:
+                data = shm.drain(timeout_ms=50)
+                if data:
+                    out.write(data)
+                    nbytes += len(data)
+            while data := shm.drain(timeout_ms=0):
+                out.write(data)
+                nbytes += len(data)
+        meta = {
+            "cmd": cmd, "env": env, "cwd": cwd, "returncode": proc.returncode,
+            "external_ports": list(external_ports), "bytes": nbytes,
+            "stats": shm.stats(), "active_pid": shm.active_pid,
+            "seconds": round(time.monotonic() - t0, 3),
+        }
+        with open(os.path.join(trace, META_FILE), "w") as f:
+            json.dump(meta, f, indent=1)
+        if not quiet:
+            print(f"llft record: {meta['stats']['records']} entries, {nbytes} bytes, exit "
+                  f"{proc.returncode}, shim {'active' if shm.active_pid else 'INACTIVE'}",
+                  file=sys.stderr)
+        return proc.returncode
+    finally:
+        shm.close()
+
+
+def load_meta(trace: str) -> dict:
+    with open(os.path.join(trace, META_FILE)) as f:
+        return json.load(f)
+
+
+def replay(cmd: list[str] | None, trace: str, stall_ms: int = 10000, promote: bool = False,
+           quiet: bool = False, limit_entries: int | None = None, **popen_kw) -> int:
+    meta = load_meta(trace)
+    cmd = cmd or meta["cmd"]
+    shm = Shm.create(Shm.BACKUP, stall_ms=stall_ms)
+    feeder = shm.feeder()
+    feed_error: list[BaseException] = []
+
+    def feed():
+        try:
+            with open(os.path.join(trace, TRACE_FILE), "rb") as f:
+                if limit_entries is not None:
+                    from determinizer.orderinfo import HEADER
+                    import struct
+                    buf = f.read()
+                    off = 0
+                    for _ in range(limit_entries):
+                        if off >= len(buf):
+                            break
+                        off += struct.unpack_from("<I", buf, off)[0]
+                    feeder.push(buf[:off])
+                else:
+                    while (chunk := f.read(FEED_CHUNK_BYTES)) and not feeder.stopped:
+                        feeder.push(chunk)
+            if promote:
+                # a backup takes over only once it has consumed all it was given
+                while feeder.consumed < feeder.fed_entries and not feeder.stopped:
+                    time.sleep(0.002)
+                shm.promote()
+            else:
+                feeder.done()
+        except BaseException as e:  # reported by the main thread
+            feed_error.append(e)
+
+    try:
+        proc = spawn(cmd, shim_env(meta["env"], shm.env()), cwd=meta["cwd"], **popen_kw)
+        th = threading.Thread(target=feed, name="llft-feeder", daemon=True)
+        th.start()
+        continued = bytearray()
+        while proc.poll() is None:
+            if promote and shm.mode == Shm.PRIMARY:
+                continued += shm.drain(timeout_ms=50)   # a new primary's order info
+            else:
+                time.sleep(0.01)
+        feeder.stopped = True
+        th.join(timeout=5)
+        if shm.diverged:
+            if not quiet:
+                print(f"llft replay: DIVERGED: {shm.report}", file=sys.stderr)
+            return EXIT_DIVERGED
+        if feed_error:
+            print(f"llft replay: feeder failed: {feed_error[0]}", file=sys.stderr)
+            return 1
+        if not quiet:
+            print(f"llft replay: {shm.stats()['records']} entries replayed, exit {proc.returncode} "
+                  f"(recorded {meta['returncode']})", file=sys.stderr)
+        return proc.returncode
+    finally:
+        shm.close()

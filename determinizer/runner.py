@@ -1,0 +1,47 @@
+"""Start an unmodified command under the preload shim, as a primary or as a backup.
+
+The same function serves `llft record`, `llft replay` and the replica runtime:
+- LD_PRELOAD=libllft_preload.so, LLFT_SHM, and LLFT_ROOT_PID = the child's own pid
+  (set in the child between fork and exec; the shim activates only in that process
+  and only once it is a CPython interpreter, so bash wrappers such as pyenv's
+  `python3` that exec the interpreter pass it on untouched);
+- ASLR off (personality ADDR_NO_RANDOMIZE): ids and addresses the app may print are
+  the same at every replica;
+- an environment given explicitly (a backup uses the primary's, recorded), so that the
+  app's os.environ is identical everywhere: the shim removes its own variables before
+  the interpreter copies `environ`.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+
+from llft._native import shim_path
+
+ADDR_NO_RANDOMIZE = 0x0040000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def shim_env(base: dict[str, str], shm_env: dict[str, str], external_ports=()) -> dict[str, str]:
+    env = dict(base)
+    pre = env.get("LD_PRELOAD", "")
+    env["LD_PRELOAD"] = shim_path() + (":" + pre if pre else "")
+    env.update(shm_env)
+    if external_ports:
+        env["LLFT_EXTERNAL_PORTS"] = ",".join(str(p) for p in external_ports)
+    return env
+
+
+def spawn(cmd: list[str], env: dict[str, str], cwd: str | None = None, **popen_kw) -> subprocess.Popen:
+    """Popen `cmd` with exactly `env` plus LLFT_ROOT_PID=<its pid>, ASLR off."""
+    items = [(k.encode(), v.encode()) for k, v in env.items()]
+
+    def child_setup():  # runs in the child, between fork and exec
+        _libc.personality(ADDR_NO_RANDOMIZE)
+        os.environ.clear()                       # unsetenv each: the C environ is emptied
+        for k, v in items:
+            os.putenv(k, v)
+        os.putenv(b"LLFT_ROOT_PID", str(os.getpid()).encode())
+
+    return subprocess.Popen(cmd, cwd=cwd, preexec_fn=child_setup, **popen_kw)

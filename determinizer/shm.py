@@ -1,0 +1,156 @@
+"""The shared-memory block between an agent and the preload shim of its app.
+
+This is the API the replica runtime calls to pump order information:
+
+    shm = Shm.create(Shm.PRIMARY)        # or Shm.BACKUP
+    env = shm.env()                      # LLFT_SHM=...; the runner adds LD_PRELOAD, pid
+    # primary: shim -> network
+    data = shm.drain(timeout_ms=50)      # whole entries, global order (bytes; codec = orderinfo)
+    # backup: network -> shim
+    feeder = shm.feeder()
+    feeder.push(data)                    # entries in the primary's order; blocks only
+                                         # while a thread's ring is full (bounded)
+    feeder.done()                        # no more will come (trace end): a thread that
+                                         # wants more is reported as diverged
+    shm.promote()                        # backup -> primary (the shim keeps its CTS offset)
+    shm.diverged, shm.report, shm.stats()
+
+All ring work is in C (native/shm_build.py, the same inline code as the shim); cffi
+drops the GIL during those calls.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+
+from llft._native import _llft_shm  # built by setup.py from native/shm_build.py
+
+ffi, lib = _llft_shm.ffi, _llft_shm.lib
+DRAIN_CHUNK_BYTES = 1 << 20
+
+
+class Shm:
+    OFF, PRIMARY, BACKUP = 0, 1, 2
+
+    def __init__(self, path: str, mm: mmap.mmap, owner: bool):
+        self.path = path
+        self._mm = mm
+        self._base = ffi.from_buffer(mm)
+        self._owner = owner
+        self._drain_buf = ffi.new("uint8_t[]", DRAIN_CHUNK_BYTES)
+
+    @classmethod
+    def create(cls, mode: int, stall_ms: int = 10000, directory: str = "/dev/shm") -> "Shm":
+        path = os.path.join(directory, f"llft-{os.getpid()}-{secrets.token_hex(4)}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, lib.llft_shm_size())   # sparse: pages appear when touched
+            mm = mmap.mmap(fd, lib.llft_shm_size(), mmap.MAP_SHARED)
+        finally:
+            os.close(fd)
+        shm = cls(path, mm, owner=True)
+        lib.llft_shm_init(shm._base, mode, stall_ms)
+        return shm
+
+    def env(self) -> dict[str, str]:
+        return {"LLFT_SHM": self.path}
+
+    # ---- primary: shim -> agent
+    def drain(self, timeout_ms: int = 50) -> bytes:
+        n = lib.llft_drain(self._base, self._drain_buf, DRAIN_CHUNK_BYTES, timeout_ms)
+        return bytes(ffi.buffer(self._drain_buf, n)) if n else b""
+
+    # ---- backup: agent -> shim
+    def feeder(self) -> "Feeder":
+        return Feeder(self)
+
+    def promote(self) -> None:
+        lib.llft_set_mode(self._base, self.PRIMARY)
+
+    # ---- state
+    @property
+    def mode(self) -> int:
+        return lib.llft_get(self._base, 0)
+
+    @property
+    def active_pid(self) -> int:
+        return lib.llft_get(self._base, 1)
+
+    @property
+    def diverged(self) -> bool:
+        return bool(lib.llft_get(self._base, 3))
+
+    @property
+    def report(self) -> str:
+        return ffi.string(lib.llft_report(self._base)).decode(errors="replace").strip()
+
+    def stats(self) -> dict[str, int]:
+        names = ["records", "waits", "gil_drops", "ring_full"]
+        return {n: lib.llft_stat(self._base, i) for i, n in enumerate(names)}
+
+    def close(self) -> None:
+        self._base = None
+        self._drain_buf = None
+        try:
+            self._mm.close()
+        except BufferError:
+            pass
+        if self._owner:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+
+class Feeder:
+    """Pushes order information, in the primary's order, into the backup shim's rings.
+
+    The same object is fed from a trace file (`llft replay`) or from the network
+    (the replica runtime). It keeps, per operation, how many entries it has fed: that
+    count is the `oseq` an entry waits for (the paper's o.orderinfo queue)."""
+
+    def __init__(self, shm: Shm):
+        self._shm = shm
+        self._tab = ffi.gc(lib.llft_seqtab_new(), lib.llft_seqtab_free)
+        self._pending = b""
+        self.fed_bytes = 0
+        self.fed_entries = 0
+        self.stopped = False   # set by the owner when the process is gone
+
+    def push(self, data: bytes, timeout_s: float | None = None) -> None:
+        """Feed whole entries (a partial trailing entry is kept for the next call)."""
+        import time
+        buf = self._pending + data
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        off = 0
+        while off < len(buf):
+            chunk = buf[off:]
+            n = lib.llft_feed(self._shm._base, chunk, len(chunk), self._tab, 100)
+            if n < 0:
+                raise ValueError(f"malformed order information at offset {self.fed_bytes + off} ({n})")
+            if n:
+                from determinizer.orderinfo import split
+                self.fed_entries += split(chunk[:n])[0]
+            off += n
+            if n == 0:
+                if self.stopped:
+                    break
+                # a thread's ring is full (it is behind), or only a partial entry is left
+                from determinizer.orderinfo import split
+                if split(chunk)[0] == 0:
+                    break
+                if self._shm.diverged:
+                    raise RuntimeError("the determinized process diverged: " + self._shm.report)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError("feeder: the determinized process does not consume")
+        self.fed_bytes += off
+        self._pending = bytes(buf[off:])
+
+    @property
+    def consumed(self) -> int:
+        """Entries the shim has completed (a backup's progress)."""
+        return lib.llft_get(self._shm._base, 5)
+
+    def done(self) -> None:
+        lib.llft_feed_done(self._shm._base)

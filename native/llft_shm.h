@@ -1,0 +1,261 @@
+/* llft_shm.h -- the shared-memory layout between the preload shim and the agent.
+ *
+ * Theory of operation
+ * -------------------
+ * One file in /dev/shm, created and sized by the Python side (determinizer/shm.py),
+ * mapped MAP_SHARED by the shim of the one process being determinized. It holds:
+ *
+ *   ctl      control block: mode (primary/backup), flags, the divergence report.
+ *   out      primary direction: ONE multi-producer byte ring. Every app thread appends
+ *            a record (t, o, n, d) as its non-deterministic call returns; the order of
+ *            reservation on this ring IS the order-info queue of the paper. The agent
+ *            (or the recorder) drains it; the drained bytes are the wire codec too.
+ *   tring[t] backup direction: one single-producer byte ring per logical thread t.
+ *            The feeder (trace reader now, network later) splits the global order by
+ *            thread and stamps each record with `oseq`, its position in the queue of
+ *            its operation o. Thread t takes its records in order; it may complete
+ *            the record only when op o has completed exactly `oseq` earlier records:
+ *            this is the paper's o.orderinfo queue, kept as a counter per op.
+ *
+ * Rings are byte rings of 8-aligned records. A record's first word (len) is written
+ * last with release semantics: non-zero means committed. The consumer zeroes what it
+ * consumed before advancing `tail`, so a producer that waited for space finds zeros.
+ * Every bound is a named constant below (TIGER_STYLE: put a limit on everything).
+ *
+ * Header-only on purpose: the shim (native/shim.c) and the cffi module
+ * (native/shm_build.py) compile the same inline ring code, so the two sides of the
+ * boundary cannot drift apart.
+ */
+#ifndef LLFT_SHM_H
+#define LLFT_SHM_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <string.h>
+#include <errno.h>
+#include <time.h>
+#include <unistd.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+
+#define LLFT_SHM_MAGIC        0x314654464c4c0000ULL
+#define LLFT_SHM_VERSION      1u
+#define LLFT_MAX_THREADS      1024u           /* logical threads per process lifetime */
+#define LLFT_OUT_CAP_BYTES    (16u << 20)     /* primary ring */
+#define LLFT_TRING_CAP_BYTES  (128u << 10)    /* backup ring, per logical thread */
+#define LLFT_MAX_DATA_BYTES   (32u << 10)     /* payload of one record (reads are clamped) */
+#define LLFT_REPORT_BYTES     2048u
+
+#define LLFT_MODE_OFF     0u
+#define LLFT_MODE_PRIMARY 1u
+#define LLFT_MODE_BACKUP  2u
+
+/* Operation classes: the top byte of an operation identifier `o`. */
+#define LLFT_OPC_CLOCK   1ull   /* low bits: clockid                            */
+#define LLFT_OPC_SEM     2ull   /* low bits: logical lock id (creator<<32|count) */
+#define LLFT_OPC_MUTEX   3ull   /* idem, pthread mutexes of C extensions         */
+#define LLFT_OPC_THREAD  4ull   /* per-thread operations (random, sleep, create) */
+#define LLFT_OPC_FD      5ull   /* low bits: logical fd id (creator<<32|count)   */
+#define LLFT_OP(cls, low) (((uint64_t)(cls) << 56) | ((uint64_t)(low) & 0x00ffffffffffffffull))
+#define LLFT_OP_CLASS(op) ((unsigned)((op) >> 56))
+#define LLFT_OP_LOW(op)   ((op) & 0x00ffffffffffffffull)
+
+/* Calls (the `call` field). Names in llft_call_name() and determinizer/orderinfo.py. */
+enum llft_call {
+    LLFT_C_NONE = 0,
+    LLFT_C_CLOCK_GETTIME = 1, LLFT_C_GETTIMEOFDAY, LLFT_C_TIME,
+    LLFT_C_CLOCK_NANOSLEEP, LLFT_C_NANOSLEEP,
+    LLFT_C_GETRANDOM = 10, LLFT_C_READ_RANDOM,
+    LLFT_C_SEM_WAIT = 20, LLFT_C_SEM_TRYWAIT, LLFT_C_SEM_TIMEDWAIT,
+    LLFT_C_MUTEX_LOCK = 30, LLFT_C_MUTEX_TRYLOCK, LLFT_C_MUTEX_TIMEDLOCK,
+    LLFT_C_THREAD_CREATE = 40,
+    LLFT_C_CONNECT = 50, LLFT_C_ACCEPT, LLFT_C_RECV, LLFT_C_SEND, LLFT_C_POLL,
+    LLFT_C_SELECT, LLFT_C_EPOLL_WAIT, LLFT_C_GETSOCKOPT, LLFT_C_GETSOCKNAME,
+    LLFT_C_GETPEERNAME, LLFT_C_SHUTDOWN,
+    LLFT_C_MAX = 64
+};
+
+/* Socket kinds (DESIGN.md "Three kinds of connection"), in record `flags` of CONNECT. */
+#define LLFT_SK_PRIVATE  1u
+#define LLFT_SK_EXTERNAL 2u
+#define LLFT_SK_GROUP    3u
+
+/* One order-information entry (t, o, n, d). d = (ret, err, aux, payload). */
+struct llft_rec {
+    uint32_t len;    /* whole record incl. header and padding, multiple of 8; commit word */
+    uint16_t call;   /* enum llft_call */
+    uint16_t flags;  /* call-specific (socket kind, ...) */
+    uint32_t tid;    /* logical thread id t */
+    uint32_t dlen;   /* payload bytes that follow the header */
+    uint64_t n;      /* t's call index: this is t's n-th determinized call */
+    uint64_t op;     /* operation identifier o */
+    int64_t  ret;    /* return value, or the clock value in ns */
+    int32_t  err;    /* errno, 0 if none */
+    uint32_t aux;    /* call-specific (child tid, out length, write hash low bits...) */
+    uint64_t oseq;   /* backup only: o's completed-record count this entry waits for */
+};
+#define LLFT_REC_HDR ((uint32_t)sizeof(struct llft_rec))
+_Static_assert(sizeof(struct llft_rec) == 56, "wire layout of a record is fixed");
+
+struct llft_ring {
+    /* producer side */
+    uint64_t head;          /* bytes reserved (monotonic) */
+    uint32_t pub_seq;       /* futex: bumped after each commit */
+    uint32_t pub_waiters;   /* consumers sleeping on pub_seq */
+    uint8_t  pad0[48];
+    /* consumer side */
+    uint64_t tail;          /* bytes consumed (monotonic) */
+    uint32_t tail_seq;      /* futex: bumped after each consume */
+    uint32_t tail_waiters;  /* producers sleeping on tail_seq */
+    uint8_t  pad1[48];
+};
+
+struct llft_ctl {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t mode;          /* LLFT_MODE_*; backup -> primary is a promotion */
+    uint32_t active_pid;    /* set by the shim when it activates */
+    uint32_t feed_done;     /* backup: the feeder will push nothing more */
+    uint32_t diverged;      /* set once by the shim; report[] holds why */
+    uint32_t next_tid;      /* primary: logical thread ids handed out so far */
+    uint32_t stall_ms;      /* backup: a wait with no progress this long is a stall */
+    uint32_t progress;      /* backup: bumped on every completed record */
+    uint64_t stats[8];      /* see LLFT_ST_* */
+    char     report[LLFT_REPORT_BYTES];
+};
+#define LLFT_ST_RECORDS   0   /* records appended (primary) or completed (backup) */
+#define LLFT_ST_WAITS     1   /* backup: waits that had to sleep */
+#define LLFT_ST_GIL_DROPS 2   /* backup: waits done after releasing the GIL */
+#define LLFT_ST_RING_FULL 3   /* primary: appends that waited for the drainer */
+
+struct llft_shm {
+    struct llft_ctl  ctl;
+    struct llft_ring out;
+    struct llft_ring tring[LLFT_MAX_THREADS];
+    uint8_t out_data[LLFT_OUT_CAP_BYTES];
+    uint8_t tring_data[LLFT_MAX_THREADS][LLFT_TRING_CAP_BYTES];
+};
+
+/* ---- inline ring code, shared by both sides --------------------------------------- */
+
+static inline uint32_t llft_align8(uint32_t n) { return (n + 7u) & ~7u; }
+
+static inline long llft_futex(uint32_t *w, int op, uint32_t val, int timeout_ms) {
+    struct timespec ts, *tp = NULL;
+    if (timeout_ms >= 0) {
+        ts.tv_sec = timeout_ms / 1000;
+        ts.tv_nsec = (long)(timeout_ms % 1000) * 1000000L;
+        tp = &ts;
+    }
+    return syscall(SYS_futex, w, op, val, tp, NULL, 0);
+}
+static inline void llft_futex_wake_all(uint32_t *w, int shared) {
+    llft_futex(w, shared ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE, 0x7fffffff, -1);
+}
+
+static inline void llft_ring_copy_in(uint8_t *data, uint32_t cap, uint64_t pos,
+                                     const void *src, uint32_t n) {
+    uint32_t off = (uint32_t)(pos % cap), first = cap - off;
+    if (first >= n) { memcpy(data + off, src, n); return; }
+    memcpy(data + off, src, first);
+    memcpy(data, (const uint8_t *)src + first, n - first);
+}
+static inline void llft_ring_copy_out(const uint8_t *data, uint32_t cap, uint64_t pos,
+                                      void *dst, uint32_t n) {
+    uint32_t off = (uint32_t)(pos % cap), first = cap - off;
+    if (first >= n) { memcpy(dst, data + off, n); return; }
+    memcpy(dst, data + off, first);
+    memcpy((uint8_t *)dst + first, data, n - first);
+}
+static inline void llft_ring_zero(uint8_t *data, uint32_t cap, uint64_t pos, uint32_t n) {
+    uint32_t off = (uint32_t)(pos % cap), first = cap - off;
+    if (first >= n) { memset(data + off, 0, n); return; }
+    memset(data + off, 0, first);
+    memset(data, 0, n - first);
+}
+
+/* Reserve `len` bytes (multi-producer). Returns the position; the caller then waits
+ * for space with llft_ring_wait_space() and commits with llft_ring_commit(). */
+static inline uint64_t llft_ring_reserve(struct llft_ring *r, uint32_t len) {
+    return __atomic_fetch_add(&r->head, (uint64_t)len, __ATOMIC_ACQ_REL);
+}
+/* 1 when [pos, pos+len) is free; otherwise sleeps at most timeout_ms and returns 0. */
+static inline int llft_ring_wait_space(struct llft_ring *r, uint32_t cap, uint64_t pos,
+                                       uint32_t len, int timeout_ms) {
+    uint32_t seq = __atomic_load_n(&r->tail_seq, __ATOMIC_ACQUIRE);
+    if (pos + len <= __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE) + cap) return 1;
+    if (timeout_ms == 0) return 0;
+    __atomic_fetch_add(&r->tail_waiters, 1, __ATOMIC_ACQ_REL);
+    if (pos + len > __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE) + cap)
+        llft_futex(&r->tail_seq, FUTEX_WAIT, seq, timeout_ms);
+    __atomic_fetch_sub(&r->tail_waiters, 1, __ATOMIC_ACQ_REL);
+    return pos + len <= __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE) + cap;
+}
+/* Write header (len filled in here) + payload at pos, then publish. */
+static inline void llft_ring_commit(struct llft_ring *r, uint8_t *data, uint32_t cap,
+                                    uint64_t pos, struct llft_rec *h,
+                                    const void *payload, uint32_t dlen) {
+    uint32_t len = llft_align8(LLFT_REC_HDR + dlen);
+    h->dlen = dlen;
+    h->len = 0;
+    /* everything but the commit word first */
+    llft_ring_copy_in(data, cap, pos + 4, (const uint8_t *)h + 4, LLFT_REC_HDR - 4);
+    if (dlen) llft_ring_copy_in(data, cap, pos + LLFT_REC_HDR, payload, dlen);
+    __atomic_store_n((uint32_t *)(data + (pos % cap)), len, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&r->pub_seq, 1, __ATOMIC_ACQ_REL);
+    if (__atomic_load_n(&r->pub_waiters, __ATOMIC_ACQUIRE))
+        llft_futex_wake_all(&r->pub_seq, 1);
+}
+/* Committed length of the record at tail, 0 if none yet. */
+static inline uint32_t llft_ring_peek(struct llft_ring *r, const uint8_t *data, uint32_t cap) {
+    uint64_t t = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
+    return __atomic_load_n((const uint32_t *)(data + (t % cap)), __ATOMIC_ACQUIRE);
+}
+/* Consume the record at tail (single consumer): zero it, advance, wake producers. */
+static inline void llft_ring_pop(struct llft_ring *r, uint8_t *data, uint32_t cap, uint32_t len) {
+    uint64_t t = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
+    llft_ring_zero(data, cap, t, len);
+    __atomic_store_n(&r->tail, t + len, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&r->tail_seq, 1, __ATOMIC_ACQ_REL);
+    if (__atomic_load_n(&r->tail_waiters, __ATOMIC_ACQUIRE))
+        llft_futex_wake_all(&r->tail_seq, 1);
+}
+/* Sleep until something is published after `seq` was read (or timeout). */
+static inline void llft_ring_wait_pub(struct llft_ring *r, uint32_t seq, int timeout_ms) {
+    __atomic_fetch_add(&r->pub_waiters, 1, __ATOMIC_ACQ_REL);
+    llft_futex(&r->pub_seq, FUTEX_WAIT, seq, timeout_ms);
+    __atomic_fetch_sub(&r->pub_waiters, 1, __ATOMIC_ACQ_REL);
+}
+
+static inline const char *llft_call_name(unsigned c) {
+    switch (c) {
+    case LLFT_C_CLOCK_GETTIME: return "clock_gettime";
+    case LLFT_C_GETTIMEOFDAY: return "gettimeofday";
+    case LLFT_C_TIME: return "time";
+    case LLFT_C_CLOCK_NANOSLEEP: return "clock_nanosleep";
+    case LLFT_C_NANOSLEEP: return "nanosleep";
+    case LLFT_C_GETRANDOM: return "getrandom";
+    case LLFT_C_READ_RANDOM: return "read(/dev/urandom)";
+    case LLFT_C_SEM_WAIT: return "sem_wait";
+    case LLFT_C_SEM_TRYWAIT: return "sem_trywait";
+    case LLFT_C_SEM_TIMEDWAIT: return "sem_timedwait";
+    case LLFT_C_MUTEX_LOCK: return "pthread_mutex_lock";
+    case LLFT_C_MUTEX_TRYLOCK: return "pthread_mutex_trylock";
+    case LLFT_C_MUTEX_TIMEDLOCK: return "pthread_mutex_timedlock";
+    case LLFT_C_THREAD_CREATE: return "pthread_create";
+    case LLFT_C_CONNECT: return "connect";
+    case LLFT_C_ACCEPT: return "accept";
+    case LLFT_C_RECV: return "recv";
+    case LLFT_C_SEND: return "send";
+    case LLFT_C_POLL: return "poll";
+    case LLFT_C_SELECT: return "select";
+    case LLFT_C_EPOLL_WAIT: return "epoll_wait";
+    case LLFT_C_GETSOCKOPT: return "getsockopt";
+    case LLFT_C_GETSOCKNAME: return "getsockname";
+    case LLFT_C_GETPEERNAME: return "getpeername";
+    case LLFT_C_SHUTDOWN: return "shutdown";
+    default: return "?";
+    }
+}
+
+#endif /* LLFT_SHM_H */

@@ -1,0 +1,167 @@
+"""cffi builder for llft._native._llft_shm: the Python side of native/llft_shm.h.
+
+The agent (and `llft record`/`llft replay`) never touches the rings byte by byte from
+Python: the few loops that do (drain the primary ring, feed the per-thread backup
+rings) are C functions here, compiled from the same inline code the shim uses. cffi
+releases the GIL around each call, so a drainer or feeder thread that waits on a
+futex does not stop the agent's other threads.
+"""
+import os
+
+from cffi import FFI
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+CDEF = """
+    struct llft_rec {
+        uint32_t len; uint16_t call; uint16_t flags; uint32_t tid; uint32_t dlen;
+        uint64_t n; uint64_t op; int64_t ret; int32_t err; uint32_t aux; uint64_t oseq;
+    };
+    size_t llft_shm_size(void);
+    void llft_shm_init(void *base, uint32_t mode, uint32_t stall_ms);
+    int64_t llft_drain(void *base, uint8_t *out, size_t cap, int timeout_ms);
+    void *llft_seqtab_new(void);
+    void llft_seqtab_free(void *t);
+    int64_t llft_feed(void *base, const uint8_t *buf, size_t len, void *seqtab, int timeout_ms);
+    void llft_feed_done(void *base);
+    uint32_t llft_get(void *base, int what);
+    void llft_set_mode(void *base, uint32_t mode);
+    uint64_t llft_stat(void *base, int i);
+    const char *llft_report(void *base);
+    const char *llft_call_name(unsigned c);
+    uint32_t llft_max_threads(void);
+    uint32_t llft_max_data(void);
+"""
+
+SOURCE = r"""
+#include <stdlib.h>
+#include "llft_shm.h"
+
+size_t llft_shm_size(void) { return sizeof(struct llft_shm); }
+
+void llft_shm_init(void *base, uint32_t mode, uint32_t stall_ms) {
+    struct llft_shm *s = base;
+    memset(&s->ctl, 0, sizeof s->ctl);
+    s->ctl.version = LLFT_SHM_VERSION;
+    s->ctl.mode = mode;
+    s->ctl.stall_ms = stall_ms;
+    __atomic_store_n(&s->ctl.magic, LLFT_SHM_MAGIC, __ATOMIC_RELEASE);
+}
+
+/* Copy whole committed records from the primary ring into out; waits up to
+ * timeout_ms for the first one. Returns bytes copied. */
+int64_t llft_drain(void *base, uint8_t *out, size_t cap, int timeout_ms) {
+    struct llft_shm *s = base;
+    struct llft_ring *r = &s->out;
+    size_t n = 0;
+    for (int waited = 0;;) {
+        uint32_t seq = __atomic_load_n(&r->pub_seq, __ATOMIC_ACQUIRE);
+        uint32_t len = llft_ring_peek(r, s->out_data, LLFT_OUT_CAP_BYTES);
+        if (!len) {
+            if (n || waited || timeout_ms == 0) break;
+            llft_ring_wait_pub(r, seq, timeout_ms);
+            waited = 1;
+            continue;
+        }
+        if (n + len > cap) break;
+        llft_ring_copy_out(s->out_data, LLFT_OUT_CAP_BYTES, r->tail, out + n, len);
+        llft_ring_pop(r, s->out_data, LLFT_OUT_CAP_BYTES, len);
+        n += len;
+    }
+    return (int64_t)n;
+}
+
+/* o -> number of records of o fed so far (the next record's oseq). */
+#define SEQTAB_SIZE (1u << 20)
+struct seqent { uint64_t key; uint64_t count; };
+void *llft_seqtab_new(void) { return calloc(SEQTAB_SIZE, sizeof(struct seqent)); }
+void llft_seqtab_free(void *t) { free(t); }
+static struct seqent *seq_get(struct seqent *t, uint64_t key) {
+    uint64_t x = key;
+    x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33;
+    for (uint32_t i = 0; i < SEQTAB_SIZE; i++) {
+        struct seqent *e = &t[(x + i) & (SEQTAB_SIZE - 1)];
+        if (e->key == key) return e;
+        if (e->key == 0) { e->key = key; return e; }
+    }
+    return NULL;
+}
+
+/* Push records (global order) into the per-thread rings, stamping oseq. Returns bytes
+ * consumed (whole records), -1 on a malformed record, -2 if the op table is full. */
+int64_t llft_feed(void *base, const uint8_t *buf, size_t len, void *seqtab, int timeout_ms) {
+    struct llft_shm *s = base;
+    size_t off = 0;
+    while (off + LLFT_REC_HDR <= len) {
+        struct llft_rec h;
+        memcpy(&h, buf + off, LLFT_REC_HDR);
+        if (h.len < LLFT_REC_HDR || (h.len & 7) || h.tid >= LLFT_MAX_THREADS
+            || h.dlen > h.len - LLFT_REC_HDR || h.len > LLFT_TRING_CAP_BYTES) return -1;
+        if (off + h.len > len) break;
+        struct llft_ring *r = &s->tring[h.tid];
+        uint64_t pos = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
+        if (!llft_ring_wait_space(r, LLFT_TRING_CAP_BYTES, pos, h.len, timeout_ms)) break;
+        struct seqent *e = seq_get(seqtab, h.op);
+        if (!e) return -2;
+        h.oseq = e->count++;
+        uint32_t rec_len = h.len;   /* commit rewrites h.len (the commit word goes last) */
+        llft_ring_reserve(r, rec_len);
+        llft_ring_commit(r, s->tring_data[h.tid], LLFT_TRING_CAP_BYTES, pos, &h,
+                         buf + off + LLFT_REC_HDR, h.dlen);
+        off += rec_len;
+    }
+    return (int64_t)off;
+}
+
+void llft_feed_done(void *base) {
+    struct llft_shm *s = base;
+    __atomic_store_n(&s->ctl.feed_done, 1, __ATOMIC_RELEASE);
+    for (uint32_t t = 0; t < LLFT_MAX_THREADS; t++)
+        if (__atomic_load_n(&s->tring[t].pub_waiters, __ATOMIC_ACQUIRE)) {
+            __atomic_fetch_add(&s->tring[t].pub_seq, 1, __ATOMIC_ACQ_REL);
+            llft_futex_wake_all(&s->tring[t].pub_seq, 1);
+        }
+}
+
+/* 0 mode, 1 active_pid, 2 feed_done, 3 diverged, 4 next_tid, 5 progress */
+uint32_t llft_get(void *base, int what) {
+    struct llft_ctl *c = &((struct llft_shm *)base)->ctl;
+    switch (what) {
+    case 0: return __atomic_load_n(&c->mode, __ATOMIC_ACQUIRE);
+    case 1: return __atomic_load_n(&c->active_pid, __ATOMIC_ACQUIRE);
+    case 2: return __atomic_load_n(&c->feed_done, __ATOMIC_ACQUIRE);
+    case 3: return __atomic_load_n(&c->diverged, __ATOMIC_ACQUIRE);
+    case 4: return __atomic_load_n(&c->next_tid, __ATOMIC_ACQUIRE);
+    case 5: return __atomic_load_n(&c->progress, __ATOMIC_ACQUIRE);
+    }
+    return 0;
+}
+void llft_set_mode(void *base, uint32_t mode) {
+    struct llft_shm *s = base;
+    __atomic_store_n(&s->ctl.mode, mode, __ATOMIC_RELEASE);
+    for (uint32_t t = 0; t < LLFT_MAX_THREADS; t++)
+        if (__atomic_load_n(&s->tring[t].pub_waiters, __ATOMIC_ACQUIRE)) {
+            __atomic_fetch_add(&s->tring[t].pub_seq, 1, __ATOMIC_ACQ_REL);
+            llft_futex_wake_all(&s->tring[t].pub_seq, 1);
+        }
+}
+uint64_t llft_stat(void *base, int i) {
+    return __atomic_load_n(&((struct llft_shm *)base)->ctl.stats[i & 7], __ATOMIC_RELAXED);
+}
+const char *llft_report(void *base) { return ((struct llft_shm *)base)->ctl.report; }
+uint32_t llft_max_threads(void) { return LLFT_MAX_THREADS; }
+uint32_t llft_max_data(void) { return LLFT_MAX_DATA_BYTES; }
+"""
+
+ffibuilder = FFI()
+ffibuilder.cdef(CDEF)
+ffibuilder.set_source(
+    "llft._native._llft_shm",
+    SOURCE,
+    include_dirs=[HERE],
+    extra_compile_args=["-O2", "-D_GNU_SOURCE"],
+    depends=[os.path.join(HERE, "llft_shm.h")],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)
