@@ -288,6 +288,10 @@ class Membership:
         self.resets = 0
         self._actions: list[Action] = []
         self._started = False
+        # hints that survive a reset: a founder numbers its view and precedence above
+        # everything it has heard of, so stale messages of an older history lose
+        self.max_seen_precedence = 0
+        self.max_seen_pvn = 0
         self._become_joiner(0)
 
     # ---- introspection ------------------------------------------------------------
@@ -429,9 +433,6 @@ class Membership:
         self._group_heard_us = now_us
         self._other_joiners: dict[int, int] = {}
         self._resent_membership_us = -(1 << 62)
-        if not hasattr(self, "max_seen_precedence"):
-            self.max_seen_precedence = 0
-            self.max_seen_pvn = 0
 
     def _reset(self, now_us: int, reason: str) -> None:
         old = self.birth
