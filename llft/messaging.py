@@ -32,7 +32,8 @@ at 1, offsets never do). The primary nacks the remote primary on the remote conn
 a backup nacks its own primary on the local (intra-group) connection and the primary
 re-multicasts the remote primary's original message to its group (lines 49-52). A
 local NACK body is a list of [remote_group, conn_seq, role, pvn, msn...] entries; the
-entry [remote_group, conn_seq, role, 0] asks for the NEW_PRIMARY_VIEW_ACK below.
+entry [remote_group, conn_seq, role, 0] asks for the NEW_PRIMARY_VIEW_ACK below, and
+[remote_group, conn_seq, role, 0, lo, hi] for stream bytes [lo, hi) of any remote view.
 
 FirstAck / SecondAck / KeepAlive (lines 47-48, 54-55, 60-72). A primary that received
 data and has nothing to send within `first_ack_delay_us` multicasts FIRST_ACK(ack), and
@@ -310,6 +311,7 @@ class _Conn:
         self.msn_synced = True              # backup: log msns match the primary's
         self.npv_ack: Message | None = None # new primary: the NEW_PRIMARY_VIEW_ACK used
         self.npv_answer: tuple[int, int, int] | None = None   # (remote pvn, low, sent_to)
+        self.old_ts: int | None = None      # recv_ts frozen at a remote change of primary
         self.npv_due: int | None = None
         self.old_pvn = 0
         # receiving side
@@ -613,6 +615,11 @@ class MessagingEndpoint:
                 old = c.rx_old
                 if old is not None and msg.pvn == old.pvn and t in DATA_TYPES:
                     self._rx_data(c, old, msg)      # a backup filling the old view's gap
+                elif (t in DATA_TYPES and msg.body["offset"] <= c.delivered
+                      < msg.body["offset"] + len(msg.body["data"])):
+                    self._count("gap_fill")         # bytes asked for by offset
+                    self._deliver(c, msg.body["offset"], msg.body["data"])
+                    self._gc_received(c)
                 else:
                     self._count("stale_view")
                 return
@@ -724,6 +731,11 @@ class MessagingEndpoint:
         old = c.rx
         c.rx = _Rx(pvn)
         c.declared = (0, 0)
+        if old is not None:
+            # Until we have delivered up to where the new remote primary's stream starts,
+            # we cannot vouch for old-view messages we never heard of: our watermark
+            # contribution stays where the old view left it.
+            c.old_ts = old.ts if c.old_ts is None else min(c.old_ts, old.ts)
         self._digest_changed()
         if old is not None and old.slots and not flush and not self.is_primary:
             c.rx_old = old          # a backup keeps filling the old view's gaps locally
@@ -798,6 +810,8 @@ class MessagingEndpoint:
             # only after a change of primary: bytes ahead of a gap wait (bounded)
             if len(c.ahead) < self.cfg.max_placeholders:
                 c.ahead[offset] = data
+            if c.nack_due is None:
+                c.nack_due = self._now + self.cfg.nack_delay_us
             return
         if offset < c.delivered:
             data = data[c.delivered - offset:]
@@ -914,6 +928,10 @@ class MessagingEndpoint:
             # missed the NEW_PRIMARY_VIEW_ACK that numbers our log: ask our primary
             entries.append([c.remote, c.seq, int(c.role), 0])
             c.nack_due = self._now + cfg.nack_retry_us
+        if not self.is_primary and c.ahead:
+            # bytes of an old remote primary we never heard of: ask by stream offset
+            entries.append([c.remote, c.seq, int(c.role), 0, c.delivered, min(c.ahead)])
+            c.nack_due = self._now + cfg.nack_retry_us
         if not rxs:
             if not entries:
                 c.nack_due = None
@@ -949,6 +967,13 @@ class MessagingEndpoint:
             if len(e) == 4 and e[3] == 0:       # a backup wants the NEW_PRIMARY_VIEW_ACK
                 if c.npv_ack is not None:
                     self._emit(self.group, c.npv_ack)
+                continue
+            if len(e) == 6 and e[3] == 0 and type(e[4]) is int and type(e[5]) is int:
+                lo, hi = e[4], e[5]                 # a byte range, any remote view
+                for m in c.received:
+                    off = m.body["offset"]
+                    if off < hi and off + len(m.body["data"]) > lo:
+                        self._emit(self.group, m)
                 continue
             pvn, want = e[3], {m for m in e[4:] if type(m) is int}
             for m in c.received:
@@ -1022,6 +1047,10 @@ class MessagingEndpoint:
             if off < resend_from:
                 data, off = data[resend_from - off:], resend_from
             keep.append((off, data))
+        if not keep:
+            # nothing to re-send: an empty message still tells the remote group where
+            # our stream stands in the new view (members behind it then ask for the rest)
+            keep.append((resend_from, b""))
         return keep
 
     def _renumber_log(self, c: _Conn, resend_from: int) -> None:
@@ -1160,6 +1189,12 @@ class MessagingEndpoint:
                 ts = c.rx.ts if c.rx is not None else 0
                 if c.rx_old is not None or c.ahead:
                     ts = 0          # a gap in the stream: nothing may be collected yet
+                elif c.old_ts is not None:
+                    first = c.rx.first_offset if c.rx is not None else None
+                    if first is not None and c.delivered >= first:
+                        c.old_ts = None     # caught up with the new remote primary
+                    else:
+                        ts = min(ts, c.old_ts)
                 if w is None or ts < w:
                     w = ts
         return self.clock if w is None else w

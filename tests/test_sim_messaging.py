@@ -19,16 +19,17 @@ def _regressions():
     for line in REGRESSIONS.read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
-            seed, loss, dup, reorder = line.split()
-            out.append((int(seed), float(loss), float(dup), float(reorder)))
+            seed, loss, dup, reorder, *rest = line.split()
+            out.append((int(seed), float(loss), float(dup), float(reorder),
+                        float(rest[0]) if rest else 0.0))
     return out
 
 
-def _campaign(n, seed, loss, dup, reorder):
+def _campaign(n, seed, loss, dup, reorder, failover=0.0):
     bad = []
     for i in range(n):
         s = mc.schedule_seed(seed, i)
-        v = mc.run_schedule(s, loss, dup, reorder)
+        v = mc.run_schedule(s, loss, dup, reorder, failover)
         if v:
             bad.append((s, v[0]))
     return bad
@@ -42,13 +43,18 @@ def test_schedules_without_faults():
     assert _campaign(50, 2, 0.0, 0.0, 0.0) == []
 
 
+def test_schedules_with_changes_of_primary():
+    """The check plays membership (new primary view, phase 2 of messaging)."""
+    assert _campaign(100, 4, 0.2, 0.05, 0.1, failover=0.6) == []
+
+
 def test_schedules_with_harsh_faults():
     assert _campaign(50, 3, 0.4, 0.2, 0.5) == []
 
 
-@pytest.mark.parametrize("seed,loss,dup,reorder", _regressions())
-def test_regression_seed(seed, loss, dup, reorder):
-    assert mc.run_schedule(seed, loss, dup, reorder) == []
+@pytest.mark.parametrize("seed,loss,dup,reorder,failover", _regressions())
+def test_regression_seed(seed, loss, dup, reorder, failover):
+    assert mc.run_schedule(seed, loss, dup, reorder, failover) == []
 
 
 def test_a_schedule_is_deterministic():
@@ -89,6 +95,12 @@ def test_cli_last_line(capsys):
 def test_soak(soak):
     n = 2000 if soak == "small" else 20000
     assert _campaign(n, 7, 0.2, 0.05, 0.1) == []
+
+
+@pytest.mark.slow
+def test_soak_failover(soak):
+    n = 1000 if soak == "small" else 10000
+    assert _campaign(n, 8, 0.2, 0.05, 0.1, failover=0.5) == []
 
 
 # -- the kernel itself (membership reuses it) ---------------------------------------------
