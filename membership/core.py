@@ -603,10 +603,17 @@ class Membership:
         # branch of a partition is not for us: that branch is pruned, or prunes us, by
         # the precedence of its primary once it forms (`_competing_primary`).
         parent = (body["old_pvn"], body["old_primary"])
+        if self._generated_target is not None and target < self._generated_target:
+            return      # we denounced that view ourselves: its proposals are stale to us
         if target == self.pvn + 1:
             ours = parent == (self.pvn, self.primary.birth)
+        elif target == self.pvn:
+            ours = parent == self._view_parent
         else:
-            ours = target == self.pvn and parent == self._view_parent
+            # a proposal replacing the view we are proposing ourselves ("or a
+            # subsequent view" of the paper): we were denounced in turn
+            p = self._proposal
+            ours = p is not None and parent == (p.target, self.birth)
         if not ours:
             return
         prev = self._seen_pp.get(target)

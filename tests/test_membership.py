@@ -520,3 +520,26 @@ def test_view_entered_stops_competing_proposals_for_that_view():
     c.view_entered(5, 11)                       # the runtime reached the view's order info
     c.handle_message(pp(120, 4, [(120, 4), (130, 5)]), 12)
     assert c.primary == Key(2, 105)
+
+
+def test_a_proposer_ignores_new_versions_of_the_proposal_it_denounced():
+    # seed 17005015: after acking 105's proposal for view 5, replica 111 times 105 out
+    # and proposes view 6; a later version of 105's view-5 proposal must not pull it back
+    c = member()
+    c.handle_message(pp(105, 2, [(105, 2), (111, 3), (120, 4)]), 10)
+    assert c.pvn == 5 and c.rank == 2
+    c.handle_timer(10 + CFG.fault_timeout_us(2))
+    assert c.status is Status.PROPOSING
+    c.handle_message(pp(105, 2, [(105, 2), (111, 3)], change=1), 20 + CFG.fault_timeout_us(2))
+    assert c.status is Status.PROPOSING and c.pvn == 5 and c.primary == Key(2, 105)
+    c.handle_message(pp(105, 2, [(105, 2)], change=2), 30 + CFG.fault_timeout_us(2))
+    assert c.status is Status.PROPOSING                 # not a reset either
+
+
+def test_a_proposer_denounced_in_turn_resets():
+    # 111 proposes view 5; 120 (higher) times 111 out and proposes view 6 without it
+    c = member()
+    c.handle_timer(CFG.fault_timeout_us(3))              # rank 3: 105 and 100 both slow
+    assert c.status is Status.PROPOSING and c._proposal.target == 5
+    c.handle_message(pp(120, 4, [(120, 4)], old_pvn=5, old_primary=111), 1 + CFG.fault_timeout_us(3))
+    assert c.status is Status.JOINING
