@@ -11,7 +11,7 @@ from llft.messages import Message, MsgType, Role
 from llft.messaging import (RESPONDS_TO_FIRST_ACK, BufferFull, Deliver, DeliverOrderInfo,
                             Duty, MessagingConfig, MessagingEndpoint, Opened, Phase2Done,
                             ProtocolError, RecoveredOrderInfo, Resynced, Send,
-                            unpack_trailer)
+                            pack_trailer, unpack_trailer)
 from llft.sim.kernel import NetConfig, Sim
 
 CFG = MessagingConfig(max_payload_bytes=100)
@@ -283,11 +283,11 @@ def test_order_info_piggybacked_reflected_and_delivered_once_in_order():
     p.send(CONN_A, b"data", now_us=0)
     (m1,) = sends(p.take_actions(), MsgType.REQUEST)
     _, own, refl = unpack_trailer(m1.order_info)
-    assert own == [1, [b"oi-1", b"oi-2"]] and refl is None
+    assert own == [1, 1, [b"oi-1", b"oi-2"]] and refl is None      # [pvn, first, chunks]
     q.handle_message(m1, 10)
     q.take_actions()
     (fa,) = sends(advance(q, 1100), MsgType.FIRST_ACK)
-    assert unpack_trailer(fa.order_info)[2] == [1, [b"oi-1", b"oi-2"]]    # reflected
+    assert unpack_trailer(fa.order_info)[2] == [1, 1, [b"oi-1", b"oi-2"]]    # reflected
     for _ in range(2):                              # a duplicate changes nothing
         pb.handle_message(fa, 20)
     acts = pb.take_actions()
@@ -388,7 +388,7 @@ def test_change_of_primary_resets_msns_and_resends_exactly_the_missing_bytes():
     assert resyncs and resyncs[0].resend_from >= sent_before
     assert any(isinstance(a_, Phase2Done) and a_.pvn == 2 for n, a_ in events if n == "b")
     rec = [a_ for n, a_ in events if n == "b" and isinstance(a_, RecoveredOrderInfo)]
-    assert rec and rec[0].chunks == (b"oi-last",) and rec[0].first_pos == 1
+    assert rec and rec[0].chunks == (b"oi-last",) and (rec[0].pvn, rec[0].first_pos) == (1, 1)
     assert b.conns[CONN_A].next_msn - 1 <= len(data) // 100 + 1
     assert q.conns[CONN_B].rx.pvn == 2
     # the remaining backup renumbered its log as the new primary re-sent it
@@ -461,3 +461,42 @@ def test_gc_and_exactly_once_over_a_lossy_simulated_network():
         assert sizes.pop("log") <= CFG.window_msgs      # a backup keeps a window (bound)
         assert all(v == 0 for v in sizes.values()), (e.birth_id, sizes)
     assert a[4].buffer_sizes()["log"] > 0 and a[4].conns[CONN_A].log[0][0] > 1  # trimmed
+
+
+def test_remote_change_of_primary_caps_watermark_and_fills_gaps_by_offset():
+    """A backup that never heard of an old-view message must neither let the group
+    collect it nor stay stuck: its watermark stays at the old view's until it has the
+    bytes up to the new stream start, which it asks its primary for by offset."""
+    _, b = pair(b_members=(2, 3))
+    q, qb = b[2], b[3]
+
+    def data(pvn, msn, off, payload, ts):
+        return Message(MsgType.REQUEST, "A", "B", 1, Role.CLIENT, pvn, 1, 1, msn=msn, ts=ts,
+                       body={"offset": off, "data": payload, "flags": 0})
+
+    m1, m2 = data(1, 1, 0, b"a" * 100, 10), data(1, 2, 100, b"b" * 100, 11)
+    q.handle_message(m1, 1)
+    q.handle_message(m2, 2)
+    qb.handle_message(m1, 1)                    # qb never hears of m2
+    npv = Message(MsgType.NEW_PRIMARY_VIEW, "A", "B", 1, Role.CLIENT, 2, 2, 9, ts=50,
+                  body={"old_pvn": 1, "last_delivered": 0},
+                  order_info=pack_trailer(0, None, None))     # sent-up-to 0 in view 2
+    qb.handle_message(npv, 3)
+    assert qb.timestamp_watermark() == 10       # not 50: m2 (ts 11) may exist
+    q.handle_message(npv, 3)
+    (ack,) = sends(q.take_actions(), MsgType.NEW_PRIMARY_VIEW_ACK)
+    assert ack.body["last_delivered_from"] == 0     # lowest offset a member may lack
+    # the new primary's stream arrives at offset 200 (say): qb has a gap [100, 200)
+    qb.handle_message(data(2, 1, 200, b"c" * 10, 60), 4)
+    assert qb.timestamp_watermark() == 0
+    local = [m for m in sends(advance(qb, 1_000), MsgType.NACK) if m.dst_group == "B"]
+    assert local and [["A", 1, int(Role.SERVER), 0, 100, 200]] == [
+        e for e in local[-1].body["missing"] if len(e) == 6]
+    q.take_actions()
+    q.handle_message(local[-1], 1_100)
+    resent = [m for m in sends(q.take_actions(), MsgType.REQUEST)]
+    assert [m.msn for m in resent] == [2] and resent[0].pvn == 1
+    qb.take_actions()
+    qb.handle_message(resent[0], 1_200)
+    assert delivered(qb.take_actions()) == b"b" * 100 + b"c" * 10
+    assert qb.conns[CONN_B].delivered == 210 and qb.timestamp_watermark() == 60
