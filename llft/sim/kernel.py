@@ -31,6 +31,7 @@ API (small on purpose; membership/simcheck.py reuses it)
 --------------------------------------------------------
     sim = Sim(seed, NetConfig(loss=.1, ...))       # or Sim(random.Random(..), ...)
     sim.add_node(node_id, core, groups, on_action=cb)   # groups: addresses it listens on
+                                   # cb(node_id, action, now_us) gets every non-send action
     sim.at(t_us, fn, node_id=None)     # call fn(sim) at t_us, then pump node_id (or all)
     sim.crash(node_id) / sim.restart(node_id, core, groups=None, on_action=None)
     sim.partition([a, b], [c]) / sim.heal()       # nodes in different sets cannot talk
@@ -39,7 +40,8 @@ API (small on purpose; membership/simcheck.py reuses it)
     sim.forge(msg) -> list[bytes]                  # msg sealed with a wrong key
     sim.run_until(t_us) / sim.run_for(d_us)        # returns the number of events run
     sim.pump(node_id)                              # after calling a core method directly
-    sim.alive(node_id), sim.core(node_id), sim.decoder(node_id), sim.stats (Counter)
+    sim.alive(node_id), sim.core(node_id), sim.decoder(node_id), sim.node_ids(),
+    sim.now_us, sim.rng, sim.key, sim.stats (Counter: datagrams, lost, rejected, ...)
 
 Bounds: `MAX_EVENTS_PER_RUN` guards against a core that re-arms a timer in the past
 forever (the kernel then raises `SimError`, a bug in the core).
