@@ -87,6 +87,7 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/uio.h>
+#include <sys/wait.h>
 #include <netinet/in.h>
 #include <time.h>
 #include <unistd.h>
@@ -158,6 +159,8 @@ REAL(int, getsockopt, (int, int, int, void *, socklen_t *));
 REAL(int, getsockname, (int, struct sockaddr *, socklen_t *));
 REAL(int, getpeername, (int, struct sockaddr *, socklen_t *));
 REAL(int, shutdown, (int, int));
+REAL(int, stat64, (const char *, struct stat64 *));
+REAL(pid_t, waitpid, (pid_t, int *, int));
 
 static TLS int t_guard;            /* >0: inside the shim, calls pass through */
 static TLS int t_tid = -1;         /* logical thread id; -1: not determinized */
@@ -186,6 +189,7 @@ static void *(*py_tstate_current)(void);     /* _PyThreadState_UncheckedGet */
 static void *(*py_tstate_this)(void);        /* PyGILState_GetThisThreadState */
 static void *(*py_save_thread)(void);        /* PyEval_SaveThread */
 static void (*py_restore_thread)(void *);    /* PyEval_RestoreThread */
+static void (*py_dump_traceback)(int, void *);  /* _Py_DumpTraceback (async-signal-safe) */
 
 /* Interpreter timing machinery: reads returning into these are never ordered. */
 #define MAX_INTERNAL 4
@@ -264,6 +268,12 @@ static void diverge(const char *fmt, ...) {
         memcpy(g_ctl->report, msg, (size_t)k + 2);
         R(write)(2, "llft: ", 6);
         R(write)(2, msg, (size_t)k + 1);
+        /* where in the program: the diverging thread's Python stack, if it has one */
+        void *ts = py_tstate_this ? py_tstate_this() : NULL;
+        if (ts && py_dump_traceback) {
+            R(write)(2, "llft: Python stack of the diverging thread (most recent call first):\n", 70);
+            py_dump_traceback(2, ts);
+        }
     }
     syscall(SYS_exit_group, LLFT_EXIT_DIVERGED);
     __builtin_unreachable();
@@ -518,6 +528,7 @@ static void llft_init(void) {
     py_tstate_this = (void *(*)(void))dlsym(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
     py_save_thread = (void *(*)(void))dlsym(RTLD_DEFAULT, "PyEval_SaveThread");
     py_restore_thread = (void (*)(void *))dlsym(RTLD_DEFAULT, "PyEval_RestoreThread");
+    py_dump_traceback = (void (*)(int, void *))dlsym(RTLD_DEFAULT, "_Py_DumpTraceback");
     add_internal_range("_PyTime_GetMonotonicClock");
     add_internal_range("_PyTime_GetPerfCounter");
     /* resolve every real symbol now, single-threaded, rather than on a hot path */
@@ -960,6 +971,83 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
         pr_append(LLFT_C_THREAD_CREATE, op, r, 0, r ? 0 : child, 0, NULL, 0);
     }
     t_guard--;
+    return r;
+}
+
+/* ------------------------------------------------------------------ private state */
+
+/* The app also observes its private companions (the Spark JVM) through the file
+ * system and its children's exit: PySpark polls `os.path.isfile(conn_info_file)` and
+ * `proc.poll()` every 0.1 s until the JVM is up, so the number of loop turns -- and of
+ * the clock reads and sleeps in them -- depends on the JVM's speed. The outcome is
+ * ordered like a lock grant: a backup returns "not there yet / still running" when
+ * the primary saw that, without looking; and when the primary saw the file or the
+ * exit, the backup waits (bounded, stall-checked) until it is true locally too, then
+ * returns the local facts. Calls after start-up count (os.stat and os.waitpid drop the
+ * GIL around the call; the interpreter's own import stats are synchronous with Python
+ * code, so their number is deterministic too). */
+static int app_call(void) { return py_is_initialized && py_is_initialized(); }
+
+EXPORT int stat64(const char *path, struct stat64 *st) {
+    if (!active_here() || !app_call()) return R(stat64)(path, st);
+    t_guard++;
+    uint64_t op = LLFT_OP(LLFT_OPC_THREAD, (uint64_t)t_tid);
+    int r, e;
+    struct bk b;
+    if (backup_now() && bk_begin(&b, LLFT_C_STAT, op, NULL, 0)) {
+        if (b.h.ret == 0) {
+            struct stallw sw = {0, 0};
+            while ((r = R(stat64)(path, st)) != 0) {
+                if (!b.gil) b.gil = gil_drop();
+                struct timespec ms = {0, 1000000};
+                R(nanosleep)(&ms, NULL);
+                stall_check(&sw, "a file the primary saw", LLFT_C_STAT, op);
+            }
+            e = 0;
+        } else {
+            r = -1;
+            e = b.h.err;
+        }
+        bk_end(&b);
+    } else {
+        r = R(stat64)(path, st);
+        e = r ? errno : 0;
+        pr_append(LLFT_C_STAT, op, r, e, 0, 0, NULL, 0);
+    }
+    t_guard--;
+    errno = e ? e : errno;
+    return r;
+}
+
+EXPORT pid_t waitpid(pid_t pid, int *status, int options) {
+    if (!active_here() || !app_call()) return R(waitpid)(pid, status, options);
+    t_guard++;
+    uint64_t op = LLFT_OP(LLFT_OPC_THREAD, (uint64_t)t_tid);
+    pid_t r;
+    int e, st = 0;
+    struct bk b;
+    if (backup_now() && bk_begin(&b, LLFT_C_WAITPID, op, NULL, 0)) {
+        r = (pid_t)b.h.ret;
+        e = b.h.err;
+        if (r > 0) {   /* the child had changed state at the primary: wait for it here */
+            struct stallw sw = {0, 0};
+            if (!b.gil) b.gil = gil_drop();
+            while ((r = R(waitpid)(pid, &st, options | WNOHANG)) == 0) {
+                struct timespec ms = {0, 1000000};
+                R(nanosleep)(&ms, NULL);
+                stall_check(&sw, "a child the primary saw change state", LLFT_C_WAITPID, op);
+            }
+            if (r > 0) st = (int)b.h.aux;   /* the primary's status */
+        }
+        bk_end(&b);
+    } else {
+        r = R(waitpid)(pid, &st, options);
+        e = r < 0 ? errno : 0;
+        pr_append(LLFT_C_WAITPID, op, r, e, (uint32_t)st, 0, NULL, 0);
+    }
+    if (status && r > 0) *status = st;
+    t_guard--;
+    errno = e ? e : errno;
     return r;
 }
 

@@ -33,12 +33,12 @@ def run_plain(cmd: list[str], cwd: str, files=(), timeout=120) -> tuple[bytes, d
     return p.stdout, snapshot(cwd, list(files))
 
 
-def record(cmd: list[str], trace: str, cwd: str, files=(), external_ports=(), timeout=120):
+def record(cmd: list[str], trace: str, cwd: str, files=(), external_ports=(), timeout=120, env=None):
     args = LLFT + ["record", "-q", "--trace", trace]
     for port in external_ports:
         args += ["--external-port", str(port)]
     p = subprocess.run(args + ["--"] + cmd, cwd=cwd, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, timeout=timeout)
+                       stderr=subprocess.PIPE, timeout=timeout, env=env)
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     return p.stdout, snapshot(cwd, list(files))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import pytest
 
@@ -140,13 +141,15 @@ def test_replay_reports_a_stall_instead_of_hanging(tmp_path):
     work.mkdir()
     trace = str(tmp_path / "trace")
     record([PYTHON3, str(src)], trace, str(work))
-    # the changed program never starts the worker: main waits for the worker's turn
+    # the changed worker blocks forever (on a pipe: not determinized) before its lock:
+    # main, joining it, waits in vain
     changed = tmp_path / "stall2.py"
-    changed.write_text(src.read_text().replace("t.start(); t.join()", "time.sleep(0)"))
+    changed.write_text(src.read_text().replace(
+        "    with lock: time.time()", "    import os; os.read(os.pipe()[0], 1)\n    with lock: time.time()"))
     p, _ = replay(trace, str(work), cmd=[PYTHON3, str(changed)], stall_ms=800, check=False)
     err = p.stderr.decode()
     assert p.returncode == 86, err
-    assert "divergence" in err or "stall" in err
+    assert "stall: thread 0" in err and "waited 800 ms" in err, err
     assert p.elapsed < 10
 
 
@@ -164,14 +167,13 @@ def test_bash_and_java_run_under_record_and_replay(tmp_path):
 
 
 SPARK_PROGRAM = """
-import os
 from pyspark.sql import SparkSession
 spark = (SparkSession.builder.master("local[1]").appName("llft-rr")
          .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
          .getOrCreate())
-df = spark.createDataFrame([(i, i * i) for i in range(10)], ["x", "y"])
-rows = df.filter(df.x % 2 == 0).selectExpr("sum(y) as s").collect()
-print("sum of even squares", rows[0].s)
+df = spark.range(100).selectExpr("id as x", "id * id as y").filter("x % 2 = 0")
+print("even rows", df.count())
+print("schema", df.schema.simpleString())
 spark.stop()
 print("stopped")
 """
@@ -179,12 +181,25 @@ print("stopped")
 
 @pytest.mark.spark
 def test_pyspark_local_session_record_replay(tmp_path):
+    """SparkSession start, a tiny query, stop: the JVM runs as a private companion
+    (never determinized, the shim strips itself from its environment); the Python side
+    replays with identical output.
+
+    Known limits, both races the GIL arbitrates rather than a lock: py4j's ClientServer
+    (PYSPARK_PIN_THREAD=true, the default) polls a deque from a FinalizerWorker thread
+    every second, so it runs with PYSPARK_PIN_THREAD=false (recorded in the trace's
+    environment like any other variable); and results that come back over a private
+    socket stream (collect()) are not recorded, so a replay diverges when the JVM
+    frames that stream differently (seen in some runs): the query here returns
+    through py4j."""
     src = tmp_path / "spark_prog.py"
     src.write_text(SPARK_PROGRAM)
     work = tmp_path / "w"
     work.mkdir()
     trace = str(tmp_path / "trace")
-    out, _ = record([PYTHON3, str(src)], trace, str(work), timeout=300)
-    assert b"sum of even squares 120" in out
+    py = sys.executable  # the venv's interpreter has pyspark
+    env = dict(os.environ, PYSPARK_PIN_THREAD="false")
+    out, _ = record([py, str(src)], trace, str(work), timeout=300, env=env)
+    assert b"even rows 50" in out
     p, _ = replay(trace, str(work), stall_ms=60000, timeout=300)
     assert p.stdout == out

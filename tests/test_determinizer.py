@@ -1,0 +1,76 @@
+"""Order-information codec and the shared-memory Feeder/drain API (no app process)."""
+import pytest
+
+from determinizer.orderinfo import CALL_IDS, CodecError, Entry, decode, encode, op_name, split
+from determinizer.shm import Shm
+
+
+def _entries():
+    clock = (1 << 56) | 1
+    lock = (2 << 56) | (0 << 32) | 7
+    return [
+        Entry(tid=0, call=CALL_IDS["clock_gettime"], op=clock, n=0, ret=123456789),
+        Entry(tid=1, call=CALL_IDS["sem_trywait"], op=lock, n=0, ret=-1, err=11),
+        Entry(tid=0, call=CALL_IDS["getrandom"], op=(4 << 56), n=1, ret=5, data=b"\x01\x02\x03\x04\x05"),
+        Entry(tid=1, call=CALL_IDS["sem_wait"], op=lock, n=1, ret=0),
+    ]
+
+
+def test_codec_round_trip_and_alignment():
+    es = _entries()
+    buf = encode(es)
+    assert len(buf) % 8 == 0
+    assert decode(buf) == es
+    assert split(buf) == (4, len(buf))
+    assert split(buf[:-3]) == (3, len(encode(es[:3])))
+
+
+def test_codec_rejects_malformed():
+    buf = bytearray(encode(_entries()))
+    buf[0] = 3  # length not a multiple of 8, shorter than a header
+    with pytest.raises(CodecError):
+        decode(bytes(buf))
+    with pytest.raises(CodecError):
+        decode(encode(_entries())[:60])
+
+
+def test_op_names():
+    assert op_name((2 << 56) | (3 << 32) | 9) == "lock 3:9"
+    assert op_name((1 << 56) | 1) == "clock 1"
+    assert Entry(0, 21, (2 << 56) | 5, 4, -1, 11).describe() == \
+        "thread 0 call #4: sem_trywait(lock 0:5) -> -1 errno 11"
+
+
+def test_feeder_accepts_whole_entries_and_keeps_partial_tail():
+    shm = Shm.create(Shm.BACKUP)
+    try:
+        f = shm.feeder()
+        buf = encode(_entries())
+        f.push(buf[:100])            # one whole entry (56) + a partial one
+        assert f.fed_entries == 1
+        f.push(buf[100:])
+        assert f.fed_entries == 4 and f.fed_bytes == len(buf)
+        f.done()
+        assert not shm.diverged and shm.active_pid == 0
+    finally:
+        shm.close()
+
+
+def test_feeder_rejects_garbage():
+    shm = Shm.create(Shm.BACKUP)
+    try:
+        with pytest.raises(ValueError):
+            shm.feeder().push(b"\x07" * 64)
+    finally:
+        shm.close()
+
+
+def test_drain_of_an_idle_primary_is_empty_and_bounded():
+    shm = Shm.create(Shm.PRIMARY)
+    try:
+        assert shm.drain(timeout_ms=10) == b""
+        assert shm.mode == Shm.PRIMARY
+        shm.promote()
+        assert shm.mode == Shm.PRIMARY
+    finally:
+        shm.close()

@@ -1,0 +1,110 @@
+"""The preload shim's hazards (DESIGN.md "Known hazards"), one test each."""
+import json
+import os
+import subprocess
+import time
+
+from llft._native import shim_path
+from rr_helpers import PYTHON3, record, replay
+from determinizer.orderinfo import CALL_IDS, decode
+
+
+def _trace_entries(trace):
+    return decode(open(os.path.join(trace, "orderinfo.bin"), "rb").read())
+
+
+def _meta(trace):
+    return json.load(open(os.path.join(trace, "meta.json")))
+
+
+def test_shim_is_plain_c_with_no_python_symbols():
+    out = subprocess.run(["nm", "-D", "--undefined-only", shim_path()], capture_output=True,
+                         text=True, check=True).stdout
+    assert not [l for l in out.splitlines() if " Py" in l or " _Py" in l], out
+    defined = subprocess.run(["nm", "-D", "--defined-only", shim_path()], capture_output=True,
+                             text=True, check=True).stdout
+    for sym in ("clock_gettime", "sem_trywait", "pthread_create", "getrandom", "epoll_wait", "recv"):
+        assert f" {sym}\n" in defined + "\n"
+
+
+def test_active_in_the_interpreter_behind_the_pyenv_bash_wrapper(tmp_path):
+    """`python3` is a bash script that execs the interpreter (same pid): the shim must
+    skip the bash stage and activate in the interpreter."""
+    trace = str(tmp_path / "t")
+    with open(PYTHON3, "rb") as f:
+        assert f.read(2) == b"#!"
+    record([PYTHON3, "-c", "import time; print(time.time())"], trace, str(tmp_path))
+    meta = _meta(trace)
+    assert meta["active_pid"] > 0
+    assert any(e.call == CALL_IDS["clock_gettime"] for e in _trace_entries(trace))
+
+
+def test_inactive_in_bash_and_stripped_from_children(tmp_path):
+    trace = str(tmp_path / "t")
+    record(["bash", "-c", "echo $$"], trace, str(tmp_path))
+    assert _meta(trace)["active_pid"] == 0
+    prog = ("import os, subprocess\n"
+            "print('LD_PRELOAD' in os.environ, [k for k in os.environ if k.startswith('LLFT_')])\n"
+            "print(subprocess.run(['env'], capture_output=True, text=True).stdout.count('llft'))\n")
+    trace2 = str(tmp_path / "t2")
+    out, _ = record([PYTHON3, "-c", prog], trace2, str(tmp_path))
+    assert out.decode().split() == ["False", "[]", "0"]
+
+
+def test_interpreter_timing_is_not_recorded(tmp_path):
+    """CPython reads CLOCK_MONOTONIC on every lock acquire and GIL wait; only the reads
+    that reach the program are recorded."""
+    prog = ("import threading, time\n"
+            "l = threading.Lock()\n"
+            "for _ in range(2000):\n"
+            "    l.acquire(); l.release()\n"
+            "print(time.monotonic() > 0, time.perf_counter() > 0)\n")
+    trace = str(tmp_path / "t")
+    record([PYTHON3, "-c", prog], trace, str(tmp_path))
+    es = _trace_entries(trace)
+    clock_reads = [e for e in es if e.call == CALL_IDS["clock_gettime"]]
+    assert 2 <= len(clock_reads) <= 6, [e.describe() for e in clock_reads]
+    lock_ops = [e for e in es if e.call == CALL_IDS["sem_trywait"]]
+    assert len(lock_ops) >= 2000
+
+
+def test_forked_child_is_not_determinized(tmp_path):
+    prog = ("import os, time\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    open('child.txt', 'w').write(repr(time.time())); os._exit(0)\n"
+            "os.waitpid(pid, 0)\n"
+            "print('parent', time.time())\n")
+    work = str(tmp_path)
+    trace = str(tmp_path / "t")
+    out, files = record([PYTHON3, "-c", prog], trace, work, files=["child.txt"])
+    time.sleep(0.01)
+    p, rfiles = replay(trace, work, files=["child.txt"])
+    assert p.stdout == out                       # the parent replays
+    assert rfiles["child.txt"] != files["child.txt"]   # the child ran for real
+
+
+def test_cts_group_clock_continues_across_a_promotion(tmp_path):
+    """A backup that takes over keeps the offset of the virtual group clock: no jump to
+    its local clock, never backwards (paper, CTS)."""
+    from determinizer.recordreplay import replay as replay_fn
+    prog = ("import time\n"
+            "for i in range(12):\n"
+            "    print(repr(time.time()), flush=True); time.sleep(0.02)\n")
+    work = str(tmp_path)
+    trace = str(tmp_path / "t")
+    out, _ = record([PYTHON3, "-c", prog], trace, work)
+    recorded = [float(x) for x in out.split()]
+    es = _trace_entries(trace)
+    # keep the trace up to (and including) the 6th time.time() read
+    reads = [i for i, e in enumerate(es) if e.call == CALL_IDS["clock_gettime"] and e.op == (1 << 56)]
+    keep = reads[5] + 1
+    time.sleep(1.0)                                  # the local clock moves on
+    out_path = tmp_path / "promoted.out"
+    with open(out_path, "wb") as f:
+        rc = replay_fn(None, trace, promote=True, limit_entries=keep, quiet=True, stdout=f)
+    assert rc == 0
+    values = [float(x) for x in out_path.read_bytes().split()]
+    assert values[:6] == recorded[:6]
+    assert all(b >= a for a, b in zip(values, values[1:])), values
+    assert values[6] - values[5] < 0.5, f"group clock jumped by {values[6] - values[5]:.3f}s"
