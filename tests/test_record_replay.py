@@ -17,6 +17,7 @@ from rr_helpers import PYTHON3, program, record, replay, run_plain, start_echo_s
 # name -> (argv after the interpreter, files written, needs the external server)
 PROGRAMS = {
     "threads_locks": (["threads_locks.py"], [], False),
+    "c_mutex": (["c_mutex.py"], [], False),
     "clocks": (["clocks.py"], [], False),
     "randomness": (["randomness.py"], ["random_out.txt"], False),
     "hashseed": (["hashseed.py"], [], False),
