@@ -67,6 +67,7 @@
  * errno saved and restored; no shim lock is ever held across a blocking call (the
  * only lock is a spinlock around the lock-registration table).
  */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
