@@ -73,8 +73,10 @@ message to the group; backups deliver chunks exactly once, in position order, fr
 reflections or from ORDER_INFO on the intra-group connection (the path for order info
 with nothing to ride on, and for backups that missed a reflection) and ack them with
 ORDER_INFO(upto). The chunks and a sent-up-to msn travel in the `order_info` field as
-our *trailer*: msgpack [sent_upto, own | None, reflected | None], each section
-[pvn, first_pos, [chunk, ...]]; the chunks inside stay opaque (the determinizer's codec).
+our *trailer*: msgpack [sent_upto, own | None, reflected | None, others?], each section
+[pvn, first_pos, [chunk, ...]]; the chunks inside stay opaque (the determinizer's codec);
+`others` lists [conn_seq, role, sent_upto] of the sender's other connections to the same
+group, so that their recv_ts advance too (an idle connection does not pin the watermark).
 
 A backup keeps its log of what its application produced until the remote group has it:
 it trims msns <= (remote primary's ack - window_msgs), which the window guarantees are
@@ -240,11 +242,15 @@ PRIMARY_ONLY_TYPES = frozenset({MsgType.REQUEST, MsgType.REPLY, MsgType.FIRST_AC
                                 MsgType.NEW_PRIMARY_VIEW_ACK})
 
 
-def pack_trailer(sent_upto: int, own: list | None, refl: list | None) -> bytes:
-    return msgpack.packb([sent_upto, own, refl], use_bin_type=True)
+def pack_trailer(sent_upto: int, own: list | None, refl: list | None,
+                 others: list | None = None) -> bytes:
+    t = [sent_upto, own, refl]
+    if others:
+        t.append(others)
+    return msgpack.packb(t, use_bin_type=True)
 
 
-def unpack_trailer(raw: bytes) -> tuple[int, list | None, list | None] | None:
+def unpack_trailer(raw: bytes) -> tuple[int, list | None, list | None, list] | None:
     """The trailer, or None when absent or malformed (a remote bug: ignored)."""
     if not raw:
         return None
@@ -252,10 +258,14 @@ def unpack_trailer(raw: bytes) -> tuple[int, list | None, list | None] | None:
         t = msgpack.unpackb(raw, raw=False, use_list=True)
     except Exception:   # noqa: BLE001 -- authenticated but malformed: ignore
         return None
-    if type(t) is not list or len(t) != 3 or type(t[0]) is not int:
+    if type(t) is not list or len(t) not in (3, 4) or type(t[0]) is not int:
         return None
-    own, refl = (_section(s) for s in t[1:])
-    return t[0], own, refl
+    own, refl = (_section(s) for s in t[1:3])
+    others: list = []
+    if len(t) == 4 and type(t[3]) is list:
+        others = [e for e in t[3] if type(e) is list and len(e) == 3
+                  and all(type(x) is int for x in e) and e[1] in (0, 1)]
+    return t[0], own, refl, others
 
 
 def _section(s: Any) -> list | None:
@@ -312,6 +322,8 @@ class _Conn:
         self.npv_ack: Message | None = None # new primary: the NEW_PRIMARY_VIEW_ACK used
         self.npv_answer: tuple[int, int, int] | None = None   # (remote pvn, low, sent_to)
         self.old_ts: int | None = None      # recv_ts frozen at a remote change of primary
+        self.solicit_due: int | None = None # primary: ask the remote primary for news
+        self.solicit_after = 0              # not again before this time
         self.npv_due: int | None = None
         self.old_pvn = 0
         # receiving side
@@ -516,7 +528,7 @@ class MessagingEndpoint:
                 best = d
         for c in self.conns.values():
             for d in (c.rto_due, c.fa_due, c.ka_due, c.nack_due, c.npv_due,
-                      c.throttled_until):
+                      c.throttled_until, c.solicit_due):
                 if d is not None and (best is None or d < best):
                     best = d
         return best
@@ -552,6 +564,12 @@ class MessagingEndpoint:
                 self._first_ack(c)
             if c.ka_due is not None and c.ka_due <= now:
                 self._keepalive(c)
+            if c.solicit_due is not None and c.solicit_due <= now:
+                c.solicit_due = None
+                if self.is_primary and c.rx is not None and not c.resync:
+                    # an empty NACK: "where are you?" -- answered by a KEEP_ALIVE
+                    self._emit(c.remote, self._msg(c, MsgType.NACK, {"missing": []}))
+                    c.solicit_after = now + self.cfg.first_ack_retry_us
         if local_nacks:
             self._emit(self.group, self._intra(MsgType.NACK, {"missing": local_nacks}))
         self._after_event()
@@ -561,6 +579,7 @@ class MessagingEndpoint:
         watermark rose tells remote senders holding data it now covers (KEEP_ALIVE soon),
         so that flow control follows the slowest member without waiting for idle timers."""
         if self.is_primary:
+            self._solicit_pinning()
             if self._gw_rose:
                 self._gw_rose = False
                 gw = self.gw
@@ -573,6 +592,25 @@ class MessagingEndpoint:
         elif self.report_due is None and self.backups:
             if self.timestamp_watermark() > self.reported_w:
                 self.report_due = self._now + self.cfg.watermark_report_us
+
+    def _solicit_pinning(self) -> None:
+        """Received data our group watermark does not cover yet, because an idle
+        connection's recv_ts pins it: ask that connection's remote primary to state where
+        it is (its KEEP_ALIVE carries a fresh timestamp), instead of waiting for its
+        periodic keep-alive. Bounded: one request per connection per first_ack_retry_us."""
+        need = 0
+        for c in self.conns.values():
+            if c.received and c.received[-1].ts > need:
+                need = c.received[-1].ts
+        if not need or self.gw >= need:
+            return
+        soon = self._now + self.cfg.first_ack_delay_us
+        for c in self.conns.values():
+            rx = c.rx
+            if (c.known and rx is not None and rx.ts < need and not rx.slots
+                    and c.solicit_due is None and self._now >= c.solicit_after
+                    and c.max_data_ts < rx.ts):     # idle: nothing of its own in flight
+                c.solicit_due = soon
 
     def handle_message(self, msg: Message, now_us: int) -> None:
         self._now = max(self._now, now_us)
@@ -680,14 +718,15 @@ class MessagingEndpoint:
             self._on_trailer(c, msg, trailer, from_primary)
 
     def _on_trailer(self, c: _Conn, msg: Message, trailer, from_primary: bool) -> None:
-        sent_upto, own, refl = trailer
+        sent_upto, own, refl, others = trailer
         rx = c.rx
         if from_primary and rx is not None and msg.pvn == rx.pvn:
             if msg.type not in DATA_TYPES:
-                if sent_upto >= c.declared[0] or msg.ts > c.declared[1]:
-                    c.declared = (max(sent_upto, c.declared[0]), max(msg.ts, c.declared[1]))
-                self._expect(c, rx, sent_upto)
-                self._advance_ts(c, rx)
+                self._declared(c, rx, sent_upto, msg.ts)
+            for seq, role, upto in others:
+                c2 = self.conns.get((msg.src_group, seq, Role(1 - role)))
+                if c2 is not None and c2.rx is not None and c2.rx.pvn == msg.pvn:
+                    self._declared(c2, c2.rx, upto, msg.ts)
             if own is not None and self.is_primary:
                 last = _sec_end(own)
                 lr = c.last_remote_oi
@@ -707,6 +746,13 @@ class MessagingEndpoint:
                     self.oi_reflected = min(last, self.oi_next - 1)
             else:
                 self._oi_accept(refl, "oi_via_reflection")
+
+    def _declared(self, c: _Conn, rx: _Rx, sent_upto: int, ts: int) -> None:
+        """The remote primary had sent msns up to `sent_upto` on `c` when it stamped `ts`."""
+        if sent_upto >= c.declared[0] or ts > c.declared[1]:
+            c.declared = (max(sent_upto, c.declared[0]), max(ts, c.declared[1]))
+        self._expect(c, rx, sent_upto)
+        self._advance_ts(c, rx)
 
     def _on_remote_ack(self, c: _Conn, msg: Message) -> None:
         a = msg.ack
@@ -948,6 +994,9 @@ class MessagingEndpoint:
         return entries
 
     def _answer_remote_nack(self, c: _Conn, missing: list) -> None:
+        if not missing:                         # "where are you?": a fresh keep-alive
+            self._emit(c.remote, self._msg(c, MsgType.KEEP_ALIVE, {}))
+            return
         want = {m for m in missing if type(m) is int}
         n = 0
         for m in c.sent:
@@ -1292,7 +1341,11 @@ class MessagingEndpoint:
                 own = self._own_section(max(self.oi_reflected, self._oi_floor()))
             refl, c.to_reflect = c.to_reflect, None
             sent_upto = msn if msn else (c.last_msn if not c.resync else 0)
-            trailer = pack_trailer(sent_upto, own, refl)
+            # sent-up-to of our other connections to the same group: an idle one then
+            # does not pin the remote watermark until its next keep-alive
+            others = [[x.seq, int(x.role), x.last_msn] for x in self.conns.values()
+                      if x.remote == c.remote and x is not c and x.known and not x.resync]
+            trailer = pack_trailer(sent_upto, own, refl, others)
         return Message(type=mtype, src_group=self.group, dst_group=c.remote,
                        conn_seq=c.seq, role=c.role, pvn=self.pvn,
                        precedence=self.precedence, sender=self.birth_id, msn=msn,

@@ -282,7 +282,7 @@ def test_order_info_piggybacked_reflected_and_delivered_once_in_order():
         pb.add_order_info(b"x")
     p.send(CONN_A, b"data", now_us=0)
     (m1,) = sends(p.take_actions(), MsgType.REQUEST)
-    _, own, refl = unpack_trailer(m1.order_info)
+    _, own, refl, _ = unpack_trailer(m1.order_info)
     assert own == [1, 1, [b"oi-1", b"oi-2"]] and refl is None      # [pvn, first, chunks]
     q.handle_message(m1, 10)
     q.take_actions()
