@@ -155,7 +155,9 @@ def replay(cmd: list[str] | None, trace: str, stall_ms: int = 10000, promote: bo
             print(f"llft replay: feeder failed: {feed_error[0]}", file=sys.stderr)
             return 1
         if not quiet:
-            print(f"llft replay: {shm.stats()['records']} entries replayed, exit {proc.returncode} "
+            st = shm.stats()
+            print(f"llft replay: {st['records']} entries replayed ({st['waits']} waits for a turn, "
+                  f"{st['gil_drops']} with the GIL released), exit {proc.returncode} "
                   f"(recorded {meta['returncode']})", file=sys.stderr)
         return proc.returncode
     finally:

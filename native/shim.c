@@ -515,7 +515,7 @@ static void llft_init(void) {
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (ot == MAP_FAILED) goto out;
     g_optab = ot;
-    g_debug = getenv("LLFT_DEBUG") != NULL;
+    g_debug = getenv("LLFT_DEBUG") ? atoi(getenv("LLFT_DEBUG")) : 0;
     const char *ports = getenv("LLFT_EXTERNAL_PORTS");
     while (ports && *ports && g_n_ext_ports < MAX_EXT_PORTS) {
         char *end;
