@@ -543,3 +543,15 @@ def test_a_proposer_denounced_in_turn_resets():
     assert c.status is Status.PROPOSING and c._proposal.target == 5
     c.handle_message(pp(120, 4, [(120, 4)], old_pvn=5, old_primary=111), 1 + CFG.fault_timeout_us(3))
     assert c.status is Status.JOINING
+
+
+def test_cli_last_line_and_exit_code(monkeypatch, capsys):
+    from llft import cli
+    assert cli.main(["simulate", "membership", "--schedules", "3", "--seed", "11"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "3 schedules, 0 violations"
+    monkeypatch.setattr(simcheck, "run_schedule",
+                        lambda seed, stats=None: (["x"] if seed % 2 else [], 0))
+    assert cli.main(["simulate", "membership", "--schedules", "4", "--seed", "1"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "4 schedules, 2 violations"
+    assert sum(line.startswith("seed ") for line in out) == 2
