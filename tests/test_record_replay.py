@@ -21,6 +21,7 @@ PROGRAMS = {
     "clocks": (["clocks.py"], [], False),
     "randomness": (["randomness.py"], ["random_out.txt"], False),
     "hashseed": (["hashseed.py"], [], False),
+    "addresses": (["addresses.py"], [], False),
     "ext_client": (["ext_client.py", "{port}"], ["client_out.txt"], True),
     "private_child": (["private_child.py"], [], False),
     "asyncio_prog": (["asyncio_prog.py", "{port}"], [], True),

@@ -108,3 +108,14 @@ def test_cts_group_clock_continues_across_a_promotion(tmp_path):
     assert values[:6] == recorded[:6]
     assert all(b >= a for a, b in zip(values, values[1:])), values
     assert values[6] - values[5] < 0.5, f"group clock jumped by {values[6] - values[5]:.3f}s"
+
+
+def test_replay_uses_the_recorded_environment(tmp_path):
+    """A backup runs the app with the primary's environment, whatever its own."""
+    prog = "import os; print(os.environ.get('LLFT_TEST_VAR'), 'LD_PRELOAD' in os.environ)"
+    trace = str(tmp_path / "t")
+    env = dict(os.environ, LLFT_TEST_VAR="at-the-primary")
+    out, _ = record([PYTHON3, "-c", prog], trace, str(tmp_path), env=env)
+    assert out.split() == [b"at-the-primary", b"False"]
+    p, _ = replay(trace, str(tmp_path))          # the replaying shell has no LLFT_TEST_VAR
+    assert p.stdout == out
