@@ -208,3 +208,27 @@ def test_pyspark_local_session_record_replay(tmp_path):
     assert b"even rows 50" in out
     p, _ = replay(trace, str(work), stall_ms=60000, timeout=300)
     assert p.stdout == out
+
+
+def test_external_server_replays_without_clients(tmp_path):
+    """accept() of an external client: the replay gets the connection and the requests
+    from the trace; nobody connects."""
+    import socket
+    import subprocess
+    s = socket.socket()
+    s.bind(("", 0))
+    port = s.getsockname()[1]
+    s.close()
+    work = tmp_path / "w"
+    work.mkdir()
+    trace = str(tmp_path / "trace")
+    client = subprocess.Popen([sys.executable, program("ext_server_client.py"), str(port)],
+                              stdout=subprocess.PIPE)
+    try:
+        out, _ = record([PYTHON3, program("ext_server.py"), str(port)], trace, str(work))
+    finally:
+        client_out = client.communicate(timeout=30)[0]
+    assert out.count(b"request hello-") == 3 and client_out.count(b"got hello-") == 3
+    for _ in range(2):
+        p, _ = replay(trace, str(work))
+        assert p.stdout == out
