@@ -34,7 +34,7 @@ from llft import keys
 from llft.driver import Driver
 from llft.messages import Role
 from llft.messaging import Deliver, MessagingConfig, MessagingEndpoint
-from llft.transport import Endpoint, Faults, GroupAddress, GroupMap
+from llft.transport import Endpoint, Faults, GroupMap
 
 CHUNK_BYTES = 64 << 10          # the sending application writes this much at a time
 CONN_SEQ = 1
@@ -50,15 +50,6 @@ def stream_bytes(seed: int, total: int):
         left -= n
 
 
-def parse_addresses(text: str) -> GroupMap:
-    gm = GroupMap()
-    for item in filter(None, text.split(",")):
-        group, _, where = item.partition("=")
-        host, _, port = where.rpartition(":")
-        gm.set(group, GroupAddress(host, int(port)))
-    return gm
-
-
 def emit(**fields) -> None:
     print(json.dumps(fields), flush=True)
 
@@ -70,7 +61,7 @@ async def main_async(args) -> int:
     cfg = MessagingConfig(max_payload_bytes=args.payload_bytes)
     core = MessagingEndpoint(args.group, args.me, cfg)
     faults = Faults(drop=args.drop, seed=args.me * 7919 + args.seed) if args.drop else None
-    endpoint = Endpoint(key, args.group, lambda m: None, groups=parse_addresses(args.addresses),
+    endpoint = Endpoint(key, args.group, lambda m: None, groups=GroupMap.parse(args.addresses),
                         birth_id=args.me, recv_faults=faults)
     digest = hashlib.sha256()
     state = {"bytes": 0, "errors": []}

@@ -100,6 +100,18 @@ class GroupMap:
     def groups(self) -> list[str]:
         return list(self._addresses)
 
+    @classmethod
+    def parse(cls, text: str) -> "GroupMap":
+        """'GROUP=MCAST:PORT,...' (the command-line form of tools and tests)."""
+        gm = cls()
+        for item in filter(None, text.split(",")):
+            group, sep, where = item.partition("=")
+            host, _, port = where.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"bad group address {item!r}: expected GROUP=MCAST:PORT")
+            gm.set(group, GroupAddress(host, int(port)))
+        return gm
+
 
 @dataclass
 class Faults:

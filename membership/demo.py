@@ -20,18 +20,9 @@ import sys
 import time
 
 from llft import keys
-from llft.transport import GroupAddress, GroupMap
+from llft.transport import GroupMap
 from membership.core import Config
 from membership.driver import MembershipDriver
-
-
-def parse_addresses(text: str) -> GroupMap:
-    gm = GroupMap()
-    for item in filter(None, text.split(",")):
-        group, _, where = item.partition("=")
-        host, _, port = where.rpartition(":")
-        gm.set(group, GroupAddress(host, int(port)))
-    return gm
 
 
 def emit(**fields) -> None:
@@ -47,7 +38,7 @@ async def main_async(args: argparse.Namespace) -> int:
                  join_retry_us=2 * int(args.heartbeat_ms * ms),
                  found_timeout_us=4 * base, host=os.uname().nodename, pid=os.getpid())
     rng = random.Random(os.getpid() ^ time.monotonic_ns())
-    md = MembershipDriver(keys.load_key(args.key), cfg, groups=parse_addresses(args.addresses),
+    md = MembershipDriver(keys.load_key(args.key), cfg, groups=GroupMap.parse(args.addresses),
                           rng=rng)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

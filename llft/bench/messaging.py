@@ -30,8 +30,7 @@ from llft.driver import Driver
 from llft.messages import Role
 from llft.messaging import Deliver, MessagingConfig, MessagingEndpoint
 from llft.procs import ProcGroup, random_group_addresses
-from llft.streamdemo import parse_addresses
-from llft.transport import Endpoint
+from llft.transport import Endpoint, GroupMap
 
 CLIENT_BIRTH_ID = 900
 
@@ -99,7 +98,7 @@ async def rtt_llft(key: bytes, addresses: str, sizes: list[int], rounds: int,
     def on_action(a):
         if isinstance(a, Deliver):
             got["n"] += len(a.data)
-    endpoint = Endpoint(key, "C", lambda m: None, groups=parse_addresses(addresses),
+    endpoint = Endpoint(key, "C", lambda m: None, groups=GroupMap.parse(addresses),
                         birth_id=CLIENT_BIRTH_ID)
     driver = Driver(endpoint, [core], on_action=on_action)
     await endpoint.start()
