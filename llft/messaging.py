@@ -51,7 +51,11 @@ timestamp (`ts`; the clock merges every received ts). Per connection a member re
 has been received. A remote primary's control messages (FIRST_ACK, KEEP_ALIVE, NACK,
 NEW_PRIMARY_VIEW) state its sent-up-to msn in our trailer (below): once a member has
 everything up to it, `recv_ts` rises to that message's ts, which is below every ts the
-remote primary will use later; idle connections therefore do not pin the watermark.
+remote primary will use later; idle connections therefore do not pin the watermark
+for long. A sender also states the sent-up-to of its other connections to the same
+group, and a primary holding received data its group watermark does not cover yet asks
+the remote primary of an idle connection that pins it for a fresh KEEP_ALIVE (an empty
+NACK), so one quiet connection does not pace all the others.
   mytimestampwatermark = min over known connections of recv_ts   (each member)
   mygroupwatermark     = min(primary's own, every backup's)        (the primary, from
                          the backups' HEARTBEAT `back`)
@@ -1089,17 +1093,17 @@ class MessagingEndpoint:
     def _cut_log(c: _Conn, resend_from: int) -> deque[tuple[int, bytes]]:
         """The logged (offset, data) from stream offset `resend_from` on; the rest is
         dropped. The new primary re-sends exactly these, one message each."""
-        keep: deque[tuple[int, bytes]] = deque()
+        # msn 1 of the new view is always an empty message at the resend point: it tells
+        # the remote group where our stream stands (members behind it ask for the rest),
+        # and it keeps the numbering identical at the new primary and at its backups
+        # whatever each of their applications has written so far
+        keep: deque[tuple[int, bytes]] = deque([(resend_from, b"")])
         for _, off, data in c.log:
             if off + len(data) <= resend_from:
                 continue
             if off < resend_from:
                 data, off = data[resend_from - off:], resend_from
             keep.append((off, data))
-        if not keep:
-            # nothing to re-send: an empty message still tells the remote group where
-            # our stream stands in the new view (members behind it then ask for the rest)
-            keep.append((resend_from, b""))
         return keep
 
     def _renumber_log(self, c: _Conn, resend_from: int) -> None:

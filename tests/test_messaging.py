@@ -417,8 +417,9 @@ def test_new_view_msns_restart_at_one_with_offsets_continuing():
                   body={"last_delivered_from": 150, "last_sent_to": 0})
     b.handle_message(ack, 20)
     msgs = sends(b.take_actions(), MsgType.REQUEST)
-    assert [m.msn for m in msgs] == [1, 2]
-    assert [m.body["offset"] for m in msgs] == [150, 200]
+    assert [m.msn for m in msgs] == [1, 2, 3]           # msn 1: empty resend marker
+    assert [m.body["offset"] for m in msgs] == [150, 150, 200]
+    assert msgs[0].body["data"] == b""
     assert b"".join(m.body["data"] for m in msgs) == b"x" * 150
 
 
