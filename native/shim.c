@@ -379,18 +379,25 @@ static int bk_begin(struct bk *b, unsigned call, uint64_t op, void *payload, uin
         len = llft_ring_peek(r, data, LLFT_TRING_CAP_BYTES);
         if (len) break;
         if (cur_mode() == LLFT_MODE_PRIMARY) { gil_take(b->gil); b->gil = NULL; return 0; }
+        int parked = 0;
         if (__atomic_load_n(&g_ctl->feed_done, __ATOMIC_ACQUIRE)) {
             if (llft_ring_peek(r, data, LLFT_TRING_CAP_BYTES)) continue;
-            char on[64];
-            op_name(op, on, sizeof on);
-            diverge("divergence: thread %d call #%llu: the trace has no more calls for this "
-                    "thread, the program made %s(%s)", t_tid, (unsigned long long)t_n,
-                    llft_call_name(call), on);
+            if (t_tid == 0) {   /* the primary's process ended through its main thread */
+                char on[64];
+                op_name(op, on, sizeof on);
+                diverge("divergence: thread %d call #%llu: the trace has no more calls for this "
+                        "thread, the program made %s(%s)", t_tid, (unsigned long long)t_n,
+                        llft_call_name(call), on);
+            }
+            /* Another thread past the end of a complete trace: this call had not
+             * returned at the primary when it ended (a daemon thread asleep or blocked
+             * at exit). Park it, as it was there; the process ends around it. */
+            parked = 1;
         }
         if (!b->gil) b->gil = gil_drop();
         __atomic_fetch_add(&g_ctl->stats[LLFT_ST_WAITS], 1, __ATOMIC_RELAXED);
-        llft_ring_wait_pub(r, seq, WAIT_SLICE_MS);
-        stall_check(&sw, "its record", call, op);
+        llft_ring_wait_pub(r, seq, parked ? 1000 : WAIT_SLICE_MS);
+        if (!parked) stall_check(&sw, "its record", call, op);
     }
     uint64_t t = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
     llft_ring_copy_out(data, LLFT_TRING_CAP_BYTES, t, &b->h, LLFT_REC_HDR);
@@ -637,6 +644,23 @@ EXPORT time_t time(time_t *out) {
     return s;
 }
 
+/* A thread that slept at the primary let the others run meanwhile; some programs
+ * then look at what they did WITHOUT a lock (py4j's FinalizerWorker polls a deque
+ * every second, a race only the GIL arbitrates). A backup thread therefore ends its
+ * sleep only once as many entries have completed here as had been appended at the
+ * primary before the sleep returned (the feeder stamps that count in `aux`). This
+ * narrows such races to the instant between two ordered calls; it cannot close them
+ * (that would take ordering every GIL hand-over). */
+static void sleep_barrier(struct bk *b) {
+    struct stallw sw = {0, 0};
+    while (__atomic_load_n(&g_ctl->progress, __ATOMIC_ACQUIRE) < b->h.aux) {
+        if (!b->gil) b->gil = gil_drop();
+        struct timespec ms = {0, 500000};
+        R(nanosleep)(&ms, NULL);
+        stall_check(&sw, "the other threads to catch up with its sleep", b->h.call, b->h.op);
+    }
+}
+
 /* time.sleep is clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME) with the GIL released,
  * its deadline computed from a (virtual) monotonic read. A primary translates virtual
  * deadlines by its clock offset (non-zero only after a promotion); a backup does not
@@ -651,6 +675,7 @@ EXPORT int clock_nanosleep(clockid_t clk, int flags, const struct timespec *req,
     if (backup_now() && bk_begin(&b, LLFT_C_CLOCK_NANOSLEEP, op, NULL, 0)) {
         r = (int)b.h.ret;
         if (rem) memset(rem, 0, sizeof *rem);
+        sleep_barrier(&b);
         bk_end(&b);
     } else {
         struct timespec adj;
@@ -677,6 +702,7 @@ EXPORT int nanosleep(const struct timespec *req, struct timespec *rem) {
         r = (int)b.h.ret;
         e = b.h.err;
         if (rem) memset(rem, 0, sizeof *rem);
+        sleep_barrier(&b);
         bk_end(&b);
     } else {
         r = R(nanosleep)(req, rem);

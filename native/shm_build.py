@@ -74,9 +74,11 @@ int64_t llft_drain(void *base, uint8_t *out, size_t cap, int timeout_ms) {
 /* o -> number of records of o fed so far (the next record's oseq). */
 #define SEQTAB_SIZE (1u << 20)
 struct seqent { uint64_t key; uint64_t count; };
-void *llft_seqtab_new(void) { return calloc(SEQTAB_SIZE, sizeof(struct seqent)); }
+struct seqtab_hdr { uint64_t fed; uint64_t pad; };   /* entries fed so far, then the table */
+void *llft_seqtab_new(void) { return calloc(SEQTAB_SIZE + 1, sizeof(struct seqent)); }
 void llft_seqtab_free(void *t) { free(t); }
 static struct seqent *seq_get(struct seqent *t, uint64_t key) {
+    t += 1;   /* skip the header */
     uint64_t x = key;
     x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33;
     for (uint32_t i = 0; i < SEQTAB_SIZE; i++) {
@@ -101,9 +103,15 @@ int64_t llft_feed(void *base, const uint8_t *buf, size_t len, void *seqtab, int 
         struct llft_ring *r = &s->tring[h.tid];
         uint64_t pos = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
         if (!llft_ring_wait_space(r, LLFT_TRING_CAP_BYTES, pos, h.len, timeout_ms)) break;
-        struct seqent *e = seq_get(seqtab, h.op);
+        struct seqent *e = seq_get((struct seqent *)seqtab, h.op);
         if (!e) return -2;
         h.oseq = e->count++;
+        /* A sleep at the primary let the other threads run: a backup thread ends its
+         * sleep only when as many entries have completed as preceded the sleep's
+         * return in the primary's order (see shim.c, clock_nanosleep). */
+        if (h.call == LLFT_C_CLOCK_NANOSLEEP || h.call == LLFT_C_NANOSLEEP)
+            h.aux = (uint32_t)((struct seqtab_hdr *)seqtab)->fed;
+        ((struct seqtab_hdr *)seqtab)->fed++;
         uint32_t rec_len = h.len;   /* commit rewrites h.len (the commit word goes last) */
         llft_ring_reserve(r, rec_len);
         llft_ring_commit(r, s->tring_data[h.tid], LLFT_TRING_CAP_BYTES, pos, &h,

@@ -190,21 +190,22 @@ def test_pyspark_local_session_record_replay(tmp_path):
     (never determinized, the shim strips itself from its environment); the Python side
     replays with identical output.
 
-    Known limits, both races the GIL arbitrates rather than a lock: py4j's ClientServer
-    (PYSPARK_PIN_THREAD=true, the default) polls a deque from a FinalizerWorker thread
-    every second, so it runs with PYSPARK_PIN_THREAD=false (recorded in the trace's
-    environment like any other variable); and results that come back over a private
-    socket stream (collect()) are not recorded, so a replay diverges when the JVM
-    frames that stream differently (seen in some runs): the query here returns
-    through py4j."""
+    PySpark's default py4j ClientServer has a FinalizerWorker thread that polls a
+    deque every second without a lock (a race only the GIL arbitrates): the sleep
+    barrier makes its replay follow the primary, and the worker, asleep when the
+    primary exited, is parked past the end of the trace. Known limit: results that
+    come back over a private socket stream (collect()) are not recorded, and when the
+    JVM's bytes arrive in different chunks CPython's BufferedReader takes its lock a
+    different number of times (it skips the lock when the buffer can serve a read),
+    which a replay reports as a divergence; the query here returns through py4j.
+    """
     src = tmp_path / "spark_prog.py"
     src.write_text(SPARK_PROGRAM)
     work = tmp_path / "w"
     work.mkdir()
     trace = str(tmp_path / "trace")
     py = sys.executable  # the venv's interpreter has pyspark
-    env = dict(os.environ, PYSPARK_PIN_THREAD="false")
-    out, _ = record([py, str(src)], trace, str(work), timeout=300, env=env)
+    out, _ = record([py, str(src)], trace, str(work), timeout=300)
     assert b"even rows 50" in out
     p, _ = replay(trace, str(work), stall_ms=60000, timeout=300)
     assert p.stdout == out
