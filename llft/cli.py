@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 SIMULATIONS: dict[str, str] = {
     "messaging": "llft.sim.messaging_check",
     "membership": "membership.simcheck",
+    "replica": "llft.sim.replica_check",
 }
 BENCHMARKS: dict[str, str] = {
     "messaging": "llft.bench.messaging",

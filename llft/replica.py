@@ -211,6 +211,8 @@ class ReplicaNode:
     def start(self, now_us: int) -> None:
         self._now = max(self._now, now_us)
         self.membership.start(now_us)
+        # start() draws the birth id the member applies with (a new one)
+        self._fresh_messaging()
         self._settle()
 
     def handle_message(self, msg: Message, now_us: int) -> None:
