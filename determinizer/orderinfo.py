@@ -26,7 +26,7 @@ CALLS = {
     40: "pthread_create",
     50: "connect", 51: "accept", 52: "recv", 53: "send", 54: "poll", 55: "select",
     56: "epoll_wait", 57: "getsockopt", 58: "getsockname", 59: "getpeername", 60: "shutdown",
-    61: "stat", 62: "waitpid",
+    61: "stat", 62: "waitpid", 63: "recv(private)",
 }
 CALL_IDS = {v: k for k, v in CALLS.items()}
 OP_CLASSES = {1: "clock", 2: "lock", 3: "mutex", 4: "thread", 5: "socket"}

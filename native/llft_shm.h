@@ -72,7 +72,7 @@ enum llft_call {
     LLFT_C_CONNECT = 50, LLFT_C_ACCEPT, LLFT_C_RECV, LLFT_C_SEND, LLFT_C_POLL,
     LLFT_C_SELECT, LLFT_C_EPOLL_WAIT, LLFT_C_GETSOCKOPT, LLFT_C_GETSOCKNAME,
     LLFT_C_GETPEERNAME, LLFT_C_SHUTDOWN,
-    LLFT_C_STAT = 61, LLFT_C_WAITPID,
+    LLFT_C_STAT = 61, LLFT_C_WAITPID, LLFT_C_PRIVATE_RECV,
     LLFT_C_MAX = 64
 };
 
@@ -257,6 +257,7 @@ static inline const char *llft_call_name(unsigned c) {
     case LLFT_C_SHUTDOWN: return "shutdown";
     case LLFT_C_STAT: return "stat";
     case LLFT_C_WAITPID: return "waitpid";
+    case LLFT_C_PRIVATE_RECV: return "recv(private)";
     default: return "?";
     }
 }

@@ -208,7 +208,7 @@ static int64_t g_clk_last[NCLOCKS];
 static uint16_t g_ext_ports[MAX_EXT_PORTS];
 static int g_n_ext_ports;
 
-enum { FDK_NONE = 0, FDK_RANDOM, FDK_SOCK, FDK_PRIVATE, FDK_EXTERNAL, FDK_EPOLL };
+enum { FDK_NONE = 0, FDK_RANDOM, FDK_SOCK, FDK_PRIVATE, FDK_EXTERNAL, FDK_EPOLL, FDK_PRIVATE_STREAM };
 struct fdent { uint8_t kind; uint8_t pad; uint16_t ext_watch; int32_t epfd; uint64_t lid; };
 static struct fdent g_fd[MAX_FDS];
 
@@ -366,61 +366,10 @@ static void stall_check(struct stallw *s, const char *what, unsigned call, uint6
     }
 }
 
-/* Take thread t's next record and wait for its turn on o. Returns 0 if this replica
- * was promoted to primary meanwhile and has no record left: act as a primary. */
-static int bk_begin(struct bk *b, unsigned call, uint64_t op, void *payload, uint32_t cap) {
-    struct llft_ring *r = &g_shm->tring[t_tid];
-    uint8_t *data = g_shm->tring_data[t_tid];
+/* Wait until every earlier record of o has completed (the o.orderinfo queue). */
+static void bk_wait_turn(struct bk *b, unsigned call, uint64_t op) {
     struct stallw sw = {0, 0};
-    b->gil = NULL;
-    uint32_t len;
-    for (;;) {
-        uint32_t seq = __atomic_load_n(&r->pub_seq, __ATOMIC_ACQUIRE);
-        len = llft_ring_peek(r, data, LLFT_TRING_CAP_BYTES);
-        if (len) break;
-        if (cur_mode() == LLFT_MODE_PRIMARY) { gil_take(b->gil); b->gil = NULL; return 0; }
-        int parked = 0;
-        if (__atomic_load_n(&g_ctl->feed_done, __ATOMIC_ACQUIRE)) {
-            if (llft_ring_peek(r, data, LLFT_TRING_CAP_BYTES)) continue;
-            if (t_tid == 0) {   /* the primary's process ended through its main thread */
-                char on[64];
-                op_name(op, on, sizeof on);
-                diverge("divergence: thread %d call #%llu: the trace has no more calls for this "
-                        "thread, the program made %s(%s)", t_tid, (unsigned long long)t_n,
-                        llft_call_name(call), on);
-            }
-            /* Another thread past the end of a complete trace: this call had not
-             * returned at the primary when it ended (a daemon thread asleep or blocked
-             * at exit). Park it, as it was there; the process ends around it. */
-            parked = 1;
-        }
-        if (!b->gil) b->gil = gil_drop();
-        __atomic_fetch_add(&g_ctl->stats[LLFT_ST_WAITS], 1, __ATOMIC_RELAXED);
-        llft_ring_wait_pub(r, seq, parked ? 1000 : WAIT_SLICE_MS);
-        if (!parked) stall_check(&sw, "its record", call, op);
-    }
-    uint64_t t = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
-    llft_ring_copy_out(data, LLFT_TRING_CAP_BYTES, t, &b->h, LLFT_REC_HDR);
-    b->h.len = len;
-    if (b->h.call != call || b->h.op != op || b->h.n != t_n || b->h.tid != (uint32_t)t_tid) {
-        char on_exp[64], on_got[64];
-        op_name(b->h.op, on_exp, sizeof on_exp);
-        op_name(op, on_got, sizeof on_got);
-        diverge("divergence: thread %d call #%llu: the trace has %s(%s) [thread %u call #%llu], "
-                "the program made %s(%s)", t_tid, (unsigned long long)t_n,
-                llft_call_name(b->h.call), on_exp, b->h.tid, (unsigned long long)b->h.n,
-                llft_call_name(call), on_got);
-    }
-    if (b->h.dlen) {
-        if (!payload || b->h.dlen > cap)
-            diverge("divergence: thread %d call #%llu %s: the trace returned %u bytes, the "
-                    "program asked for %u", t_tid, (unsigned long long)t_n,
-                    llft_call_name(call), b->h.dlen, cap);
-        llft_ring_copy_out(data, LLFT_TRING_CAP_BYTES, t + LLFT_REC_HDR, payload, b->h.dlen);
-    }
-    /* o.orderinfo: wait until every earlier record of o has completed. */
-    b->ctr = opctr_get(op);
-    sw.since = 0;
+    b->ctr = opctr_get(b->h.op);
     for (;;) {
         uint32_t c = __atomic_load_n(&b->ctr->count, __ATOMIC_ACQUIRE);
         if (c == (uint32_t)b->h.oseq) break;
@@ -438,11 +387,10 @@ static int bk_begin(struct bk *b, unsigned call, uint64_t op, void *payload, uin
         __atomic_fetch_sub(&b->ctr->waiters, 1, __ATOMIC_ACQ_REL);
         stall_check(&sw, "its turn", call, op);
     }
-    return 1;
 }
 
 /* The record's call is complete here: pop it, advance o's queue, wake. */
-static void bk_end(struct bk *b) {
+static void bk_complete(struct bk *b) {
     struct llft_ring *r = &g_shm->tring[t_tid];
     llft_ring_pop(r, g_shm->tring_data[t_tid], LLFT_TRING_CAP_BYTES, b->h.len);
     __atomic_fetch_add(&b->ctr->count, 1, __ATOMIC_ACQ_REL);
@@ -452,6 +400,87 @@ static void bk_end(struct bk *b) {
     __atomic_fetch_add(&g_ctl->stats[LLFT_ST_RECORDS], 1, __ATOMIC_RELAXED);
     t_n++;
     if (g_debug) debug_line("rep", &b->h);
+}
+
+#define BK_PRIMARY 0   /* promoted meanwhile and no record left: act as a primary */
+#define BK_RECORD  1   /* b->h is this call's record, its turn has come */
+#define BK_NO_HINT 2   /* a private read with no size hint: pass through */
+
+/* Take thread t's next record and wait for its turn on o.
+ * Private-read records are HINTS (see shim_net.inc): a call that is not the hinted
+ * read completes and skips them; a private read with no hint passes through. */
+static int bk_begin(struct bk *b, unsigned call, uint64_t op, void *payload, uint32_t cap) {
+    struct llft_ring *r = &g_shm->tring[t_tid];
+    uint8_t *data = g_shm->tring_data[t_tid];
+    struct stallw sw = {0, 0};
+    b->gil = NULL;
+    uint32_t len;
+    uint64_t t;
+    for (;;) {
+        for (;;) {
+            uint32_t seq = __atomic_load_n(&r->pub_seq, __ATOMIC_ACQUIRE);
+            len = llft_ring_peek(r, data, LLFT_TRING_CAP_BYTES);
+            if (len) break;
+            if (cur_mode() == LLFT_MODE_PRIMARY) { gil_take(b->gil); b->gil = NULL; return BK_PRIMARY; }
+            int parked = 0;
+            if (__atomic_load_n(&g_ctl->feed_done, __ATOMIC_ACQUIRE)) {
+                if (llft_ring_peek(r, data, LLFT_TRING_CAP_BYTES)) continue;
+                if (call == LLFT_C_PRIVATE_RECV) { gil_take(b->gil); b->gil = NULL; return BK_NO_HINT; }
+                if (t_tid == 0) {   /* the primary's process ended through its main thread */
+                    char on[64];
+                    op_name(op, on, sizeof on);
+                    diverge("divergence: thread %d call #%llu: the trace has no more calls for this "
+                            "thread, the program made %s(%s)", t_tid, (unsigned long long)t_n,
+                            llft_call_name(call), on);
+                }
+                /* Another thread past the end of a complete trace: this call had not
+                 * returned at the primary when it ended (a daemon thread asleep or
+                 * blocked at exit). Park it, as it was there; the process ends around it. */
+                parked = 1;
+            }
+            if (!b->gil) b->gil = gil_drop();
+            __atomic_fetch_add(&g_ctl->stats[LLFT_ST_WAITS], 1, __ATOMIC_RELAXED);
+            llft_ring_wait_pub(r, seq, parked ? 1000 : WAIT_SLICE_MS);
+            if (!parked) stall_check(&sw, "its record", call, op);
+        }
+        t = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
+        llft_ring_copy_out(data, LLFT_TRING_CAP_BYTES, t, &b->h, LLFT_REC_HDR);
+        b->h.len = len;
+        int is_hint = b->h.call == LLFT_C_PRIVATE_RECV;
+        if (call == LLFT_C_PRIVATE_RECV && !(is_hint && b->h.op == op && b->h.n == t_n)) {
+            gil_take(b->gil);
+            b->gil = NULL;
+            return BK_NO_HINT;
+        }
+        if (is_hint && call != LLFT_C_PRIVATE_RECV && b->h.n == t_n) {
+            bk_wait_turn(b, b->h.call, b->h.op);   /* skip a hint the program did not use */
+            bk_complete(b);
+            continue;
+        }
+        break;
+    }
+    if (b->h.call != call || b->h.op != op || b->h.n != t_n || b->h.tid != (uint32_t)t_tid) {
+        char on_exp[64], on_got[64];
+        op_name(b->h.op, on_exp, sizeof on_exp);
+        op_name(op, on_got, sizeof on_got);
+        diverge("divergence: thread %d call #%llu: the trace has %s(%s) [thread %u call #%llu], "
+                "the program made %s(%s)", t_tid, (unsigned long long)t_n,
+                llft_call_name(b->h.call), on_exp, b->h.tid, (unsigned long long)b->h.n,
+                llft_call_name(call), on_got);
+    }
+    if (b->h.dlen) {
+        if (!payload || b->h.dlen > cap)
+            diverge("divergence: thread %d call #%llu %s: the trace returned %u bytes, the "
+                    "program asked for %u", t_tid, (unsigned long long)t_n,
+                    llft_call_name(call), b->h.dlen, cap);
+        llft_ring_copy_out(data, LLFT_TRING_CAP_BYTES, t + LLFT_REC_HDR, payload, b->h.dlen);
+    }
+    bk_wait_turn(b, call, op);
+    return BK_RECORD;
+}
+
+static void bk_end(struct bk *b) {
+    bk_complete(b);
     gil_take(b->gil);
     b->gil = NULL;
 }
