@@ -80,7 +80,7 @@ class App:
         self.started = False
         self.seen: dict = {}                  # conn -> bytearray the app read
         self.written: dict = {}               # client: conn -> request bytes written
-        self.pending: dict = {}               # server: conn -> output not yet accepted
+        self.out_done: dict = {}              # server: conn -> output bytes written
         self.tick_armed = False
         self.oi_next: dict[int, int] = {}     # pvn -> next order-info position expected
 
@@ -113,7 +113,7 @@ class App:
             return
         buf += data
         if self.group == "s":
-            self.pending[cid] = self.pending.get(cid, b"") + data.translate(XFORM)
+            self.out_done.setdefault(cid, 0)
             self._order_info(b"s%d:%d" % (cid[1], offset + len(data)))
 
     def deliver(self, a: Deliver) -> None:
@@ -138,26 +138,47 @@ class App:
         now = self.s.sim.now_us
         blocked = False
         if self.group == "s":
-            for cid, out in list(self.pending.items()):
-                if out:
+            # transforms its input in blocks, the same cuts at every replica (unless
+            # random_cuts), each written whole
+            block = self.s.server_block
+            for cid, done in list(self.out_done.items()):
+                seen = self.seen[cid]
+                total = len(self.s.requests.get(cid[1], b""))
+                while done < len(seen):
+                    end = len(seen) if self.s.random_cuts else done + block
+                    if end > len(seen) and len(seen) < total:
+                        break               # a partial block waits for its input
+                    out = bytes(seen[done:end]).translate(XFORM)
+                    if self.node.send_space(cid) < len(out):
+                        blocked = True
+                        break
                     n = self.node.send(cid, out, now)
-                    self.pending[cid] = out[n:]
-                    blocked |= n < len(out)
+                    assert n == len(out)
+                    done += n
+                self.out_done[cid] = done
         else:
             rng = self.s.app_rng
             for cid in list(self.written):
                 req = self.s.requests[cid[1]]
+                cuts = self.s.request_cuts[cid[1]]
                 w = self.written[cid]
                 # paced over the fault phase (timing only: the content is the request)
                 paced = len(req) * max(0, now - STARTUP_US // 2) // FAULT_PHASE_US
                 limit = min(len(req), len(self.seen.get(cid, b"")) + PIPELINE_BYTES, paced)
                 if w < limit:
-                    k = min(limit - w, rng.randint(1, MAX_WRITE_BYTES))
-                    n = self.node.send(cid, req[w:w + k], now)
+                    if self.s.random_cuts:
+                        k = min(limit - w, rng.randint(1, MAX_WRITE_BYTES))
+                        n = self.node.send(cid, req[w:w + k], now)
+                    else:       # the next fixed chunk, whole
+                        k = cuts.get(w, len(req) - w)
+                        n = 0
+                        if w + k <= limit and self.node.send_space(cid) >= k:
+                            n = self.node.send(cid, req[w:w + k], now)
+                            assert n == k
                     self.written[cid] = w + n
                     if n:
                         self._order_info(b"c%d:%d" % (cid[1], w + n))
-                    blocked |= self.written[cid] < len(req)
+                blocked |= self.written[cid] < len(req)
         if blocked and not self.tick_armed:
             self.tick_armed = True
 
@@ -175,8 +196,10 @@ class App:
 
 
 class Schedule:
-    def __init__(self, seed: int, *, loss: float | None = None, trace=None):
+    def __init__(self, seed: int, *, loss: float | None = None, trace=None,
+                 random_cuts: bool = False):
         self.seed = seed
+        self.random_cuts = random_cuts
         self.trace = trace
         self.rng = rng = random.Random(seed)
         self.faults = NetConfig(loss=rng.choice([0, 0.01, 0.05]) if loss is None else loss,
@@ -190,6 +213,15 @@ class Schedule:
         self.n_conns = rng.choice([1, 2])
         self.requests = {seq: rng.randbytes(rng.randint(2_000, MAX_REQUEST_BYTES))
                          for seq in range(1, self.n_conns + 1)}
+        # offset -> length of the client's write there (the same cuts at every replica)
+        self.request_cuts: dict[int, dict[int, int]] = {}
+        for seq, req in self.requests.items():
+            cuts, i = {}, 0
+            while i < len(req):
+                cuts[i] = min(len(req) - i, rng.randint(1, MAX_WRITE_BYTES))
+                i += cuts[i]
+            self.request_cuts[seq] = cuts
+        self.server_block = rng.choice([100, 512, 1024, 1500])
         self.violations: list[str] = []
         self.apps: dict[str, App] = {}
         self.primaries: dict[tuple[str, int], int] = {}      # (group, pvn) -> birth
@@ -392,8 +424,9 @@ class Schedule:
         return out
 
 
-def run_schedule(seed: int, stats: Counter | None = None, trace=None) -> list[str]:
-    s = Schedule(seed, trace=trace)
+def run_schedule(seed: int, stats: Counter | None = None, trace=None,
+                 random_cuts: bool = False) -> list[str]:
+    s = Schedule(seed, trace=trace, random_cuts=random_cuts)
     try:
         v = s.run()
     except Exception as e:                      # a crash of a core is a violation too
@@ -408,6 +441,9 @@ def run_schedule(seed: int, stats: Counter | None = None, trace=None) -> list[st
 def add_arguments(parser) -> None:
     parser.add_argument("--schedules", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--random-cuts", action="store_true",
+                        help="applications write in sizes that differ between replicas "
+                             "(messaging's msn <-> bytes map then differs: see the report)")
     parser.add_argument("--verbose", action="store_true", help="coverage counters")
     parser.add_argument("--replay", type=int, metavar="SEED",
                         help="run one schedule seed (as printed) with a trace of its events")
@@ -415,7 +451,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     if args.replay is not None:
-        v = run_schedule(args.replay, trace=print)
+        v = run_schedule(args.replay, trace=print, random_cuts=args.random_cuts)
         for line in v:
             print(f"VIOLATION {line}")
         print(f"1 schedules, {1 if v else 0} violations")
@@ -425,7 +461,7 @@ def run(args) -> int:
     t0 = time.monotonic()
     for i in range(args.schedules):
         s = schedule_seed(args.seed, i)
-        v = run_schedule(s, stats)
+        v = run_schedule(s, stats, random_cuts=args.random_cuts)
         if v:
             bad += 1
             print(f"schedule {i} seed {s}: {v[0]}" + (f" (+{len(v) - 1} more)"
