@@ -109,7 +109,9 @@ int64_t llft_feed(void *base, const uint8_t *buf, size_t len, void *seqtab, int 
         /* A sleep at the primary let the other threads run: a backup thread ends its
          * sleep only when as many entries have completed as preceded the sleep's
          * return in the primary's order (see shim.c, clock_nanosleep). */
-        if (h.call == LLFT_C_CLOCK_NANOSLEEP || h.call == LLFT_C_NANOSLEEP)
+        if (h.call == LLFT_C_CLOCK_NANOSLEEP || h.call == LLFT_C_NANOSLEEP
+            || ((h.call == LLFT_C_POLL || h.call == LLFT_C_SELECT || h.call == LLFT_C_EPOLL_WAIT)
+                && h.ret == 0))
             h.aux = (uint32_t)((struct seqtab_hdr *)seqtab)->fed;
         ((struct seqtab_hdr *)seqtab)->fed++;
         uint32_t rec_len = h.len;   /* commit rewrites h.len (the commit word goes last) */

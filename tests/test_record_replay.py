@@ -179,6 +179,8 @@ spark = (SparkSession.builder.master("local[1]").appName("llft-rr")
 df = spark.range(100).selectExpr("id as x", "id * id as y").filter("x % 2 = 0")
 print("even rows", df.count())
 print("schema", df.schema.simpleString())
+local = spark.createDataFrame([(i, str(i) * 2) for i in range(10)], ["k", "v"])
+print("collected", sorted(tuple(r) for r in local.filter("k > 6").collect()))
 spark.stop()
 print("stopped")
 """
@@ -193,11 +195,10 @@ def test_pyspark_local_session_record_replay(tmp_path):
     PySpark's default py4j ClientServer has a FinalizerWorker thread that polls a
     deque every second without a lock (a race only the GIL arbitrates): the sleep
     barrier makes its replay follow the primary, and the worker, asleep when the
-    primary exited, is parked past the end of the trace. Known limit: results that
-    come back over a private socket stream (collect()) are not recorded, and when the
-    JVM's bytes arrive in different chunks CPython's BufferedReader takes its lock a
-    different number of times (it skips the lock when the buffer can serve a read),
-    which a replay reports as a divergence; the query here returns through py4j.
+    primary exited, is parked past the end of the trace. collect() reads the result
+    over a private socket whose chunking steers CPython's BufferedReader lock fast
+    path: read sizes are replayed as hints. The accumulator server's select loop is
+    ordered, with the primary's "ready" made true locally before it is returned.
     """
     src = tmp_path / "spark_prog.py"
     src.write_text(SPARK_PROGRAM)
