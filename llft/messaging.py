@@ -15,8 +15,7 @@ group receives the remote primary's messages (they are multicast to the group's 
 port) and delivers them in the remote primary's msn order.
 
 Sending (lines 9-17, 45-46). `send(conn, data)` cuts the bytes into segments of at most
-`max_payload_bytes` (the same cuts at every replica, so msn k names the same bytes in the
-primary and in its backups) and gives each a stream offset. The primary sends a segment
+`max_payload_bytes` and gives each a stream offset. The primary sends a segment
 as a REQUEST/REPLY with the next msn, a fresh Lamport timestamp, `ack` = last msn
 received without a gap on the connection (piggybacked ack, line 10) and `back` =
 mygroupwatermark, and keeps it in the sent list; it retransmits messages the remote
@@ -77,15 +76,20 @@ message to the group; backups deliver chunks exactly once, in position order, fr
 reflections or from ORDER_INFO on the intra-group connection (the path for order info
 with nothing to ride on, and for backups that missed a reflection) and ack them with
 ORDER_INFO(upto). The chunks and a sent-up-to msn travel in the `order_info` field as
-our *trailer*: msgpack [sent_upto, own | None, reflected | None, others?], each section
-[pvn, first_pos, [chunk, ...]]; the chunks inside stay opaque (the determinizer's codec);
-`others` lists [conn_seq, role, sent_upto] of the sender's other connections to the same
-group, so that their recv_ts advance too (an idle connection does not pin the watermark).
+our *trailer*: msgpack [sent_upto, own | None, reflected | None, others, delivered], each
+section [pvn, first_pos, [chunk, ...]]; the chunks inside stay opaque (the determinizer's
+codec); `others` lists [conn_seq, role, sent_upto] of the sender's other connections to
+the same group, so that their recv_ts advance too; `delivered` is how far the sending
+primary has delivered the receiver's stream on this connection (stream offset).
 
-A backup keeps its log of what its application produced until the remote group has it:
-it trims msns <= (remote primary's ack - window_msgs), which the window guarantees are
-below the remote group watermark; so at most `window_msgs` messages per connection stay
-logged at quiescence (the bound the simulator asserts).
+Backups reason in stream offsets, never in msns: the agent reads the application's bytes
+in whatever chunks the socket gives it, so the primary and its backups cut the same
+stream into different messages. A backup answers a FIRST_ACK with SECOND_ACK when its
+application has produced the stream up to the remote primary's `delivered` offset, and
+it trims its log below (`delivered` - window_msgs * max_payload_bytes): the primary's
+sent list never holds more than a window past the remote group watermark, so those bytes
+are covered; at quiescence a backup holds at most a window (+ one message) of bytes per
+connection.
 
 Change of primary (membership, phase 2). `set_view()` installs a view. A backup that
 becomes primary resets msns to 1 and, on each connection, multicasts NEW_PRIMARY_VIEW
@@ -94,9 +98,12 @@ NEW_PRIMARY_VIEW_ACK(last_delivered_from, last_sent_to); it then re-sends from i
 exactly the bytes from last_delivered_from on. A remote primary that receives
 NEW_PRIMARY_VIEW flushes what it had not delivered from the old primary and answers,
 reflecting the old primary's last order info it holds (`RecoveredOrderInfo` at the new
-primary). The NEW_PRIMARY_VIEW_ACK reaches the whole group: the other backups renumber
-their logs from it (msn 1 at the resend point); one that missed it asks the new primary
-to re-multicast it. The precedence check of lines 18-20 and phase 1 belong to membership.
+primary). Its resend point is the lowest offset any of its members may lack (its received
+list), and it gives the same answer to a repeated NEW_PRIMARY_VIEW. The new primary's msn 1
+is an empty message at the resend point, so receivers behind it see the gap and ask their
+primary for the missing bytes by offset; until a member has delivered up to there its
+watermark stays where the old view left it. The precedence check of lines 18-20 and
+phase 1 belong to membership.
 
 API (the driver and membership use only this)
     e = MessagingEndpoint(group, birth_id, MessagingConfig(...))
@@ -247,14 +254,16 @@ PRIMARY_ONLY_TYPES = frozenset({MsgType.REQUEST, MsgType.REPLY, MsgType.FIRST_AC
 
 
 def pack_trailer(sent_upto: int, own: list | None, refl: list | None,
-                 others: list | None = None) -> bytes:
+                 others: list | None = None, delivered: int | None = None) -> bytes:
     t = [sent_upto, own, refl]
-    if others:
-        t.append(others)
+    if others or delivered is not None:
+        t.append(others or [])
+    if delivered is not None:
+        t.append(delivered)
     return msgpack.packb(t, use_bin_type=True)
 
 
-def unpack_trailer(raw: bytes) -> tuple[int, list | None, list | None, list] | None:
+def unpack_trailer(raw: bytes) -> tuple[int, list | None, list | None, list, int | None] | None:
     """The trailer, or None when absent or malformed (a remote bug: ignored)."""
     if not raw:
         return None
@@ -262,14 +271,15 @@ def unpack_trailer(raw: bytes) -> tuple[int, list | None, list | None, list] | N
         t = msgpack.unpackb(raw, raw=False, use_list=True)
     except Exception:   # noqa: BLE001 -- authenticated but malformed: ignore
         return None
-    if type(t) is not list or len(t) not in (3, 4) or type(t[0]) is not int:
+    if type(t) is not list or len(t) not in (3, 4, 5) or type(t[0]) is not int:
         return None
     own, refl = (_section(s) for s in t[1:3])
     others: list = []
-    if len(t) == 4 and type(t[3]) is list:
+    if len(t) >= 4 and type(t[3]) is list:
         others = [e for e in t[3] if type(e) is list and len(e) == 3
                   and all(type(x) is int for x in e) and e[1] in (0, 1)]
-    return t[0], own, refl, others
+    delivered = t[4] if len(t) == 5 and type(t[4]) is int and t[4] >= 0 else None
+    return t[0], own, refl, others, delivered
 
 
 def _section(s: Any) -> list | None:
@@ -322,8 +332,6 @@ class _Conn:
         self.last_send_us = 0
         self.sent_open = False
         self.resync = False                 # new primary: waiting NEW_PRIMARY_VIEW_ACK
-        self.msn_synced = True              # backup: log msns match the primary's
-        self.npv_ack: Message | None = None # new primary: the NEW_PRIMARY_VIEW_ACK used
         self.npv_answer: tuple[int, int, int] | None = None   # (remote pvn, low, sent_to)
         self.old_ts: int | None = None      # recv_ts frozen at a remote change of primary
         self.solicit_due: int | None = None # primary: ask the remote primary for news
@@ -347,6 +355,7 @@ class _Conn:
         self.max_data_ts = 0                # highest ts of data received on this conn
         self.ka_urgent = False              # group watermark news for the remote sender
         self.last_back = 0                  # `back` in the last message we sent on it
+        self.remote_delivered = 0           # remote primary's delivered offset of our stream
 
     @property
     def last_msn(self) -> int:
@@ -427,14 +436,6 @@ class MessagingEndpoint:
             self.oi_ack_due = None
             if self.is_primary and not was_primary and old_pvn > 0:
                 self._become_primary(old_pvn)
-            elif not self.is_primary and old_pvn > 0:
-                # msns restart in the new view, from the new primary's resend point,
-                # which we learn from the remote's NEW_PRIMARY_VIEW_ACK (renumber below)
-                due = self._now + self.cfg.nack_retry_us
-                for c in self.conns.values():
-                    c.msn_synced = False
-                    if c.nack_due is None or c.nack_due > due:
-                        c.nack_due = due      # asks for the NEW_PRIMARY_VIEW_ACK if missed
         self._gc_order_info()
         if self.hb_due is None:
             self.hb_due = self._now
@@ -498,6 +499,8 @@ class MessagingEndpoint:
             self._mark_known(c)
             if self.is_primary:
                 self._flush(c)
+            else:
+                self._trim_log(c)       # a lagging backup: the remote may be ahead of it
         return n
 
     def add_order_info(self, chunk: bytes, now_us: int | None = None) -> int:
@@ -674,6 +677,11 @@ class MessagingEndpoint:
             if t != MsgType.NEW_PRIMARY_VIEW_ACK:
                 self._on_remote_ack(c, msg)
         trailer = unpack_trailer(msg.order_info)
+        if from_primary and trailer is not None and trailer[4] is not None:
+            if trailer[4] > c.remote_delivered:
+                c.remote_delivered = trailer[4]
+                if not self.is_primary:
+                    self._trim_log(c)
         if t in DATA_TYPES:
             self._rx_data(c, c.rx, msg)
             if self.is_primary:
@@ -686,8 +694,11 @@ class MessagingEndpoint:
                     c.throttled_until = self._now + self.cfg.throttle_us
                     self._count("throttled")
             duty = RESPONDS_TO_FIRST_ACK[(self.is_primary, bool(self.backups))]
-            if (duty is Duty.SECOND_ACK and 0 < msg.ack <= c.last_msn and not c.resync
-                    and c.msn_synced):
+            # "has our application produced the acked message?" -- by stream offset: the
+            # FIRST_ACK's trailer states how far the remote primary delivered our stream
+            # (msns would not do: primary and backups cut the stream differently)
+            if (duty is Duty.SECOND_ACK and msg.ack > 0 and not c.resync
+                    and c.out_offset >= c.remote_delivered):
                 self._emit(c.remote, self._msg(c, MsgType.SECOND_ACK, {}, ack=msg.ack))
         elif t == MsgType.SECOND_ACK:
             if self.is_primary:
@@ -714,15 +725,12 @@ class MessagingEndpoint:
                 self._answer_npv(c, msg)
         elif t == MsgType.NEW_PRIMARY_VIEW_ACK:
             if self.is_primary and c.resync:
-                c.npv_ack = msg
                 self._resync(c, msg.body["last_delivered_from"], msg.body["last_sent_to"])
-            elif not self.is_primary and not c.msn_synced:
-                self._renumber_log(c, msg.body["last_delivered_from"])
         if trailer is not None:
             self._on_trailer(c, msg, trailer, from_primary)
 
     def _on_trailer(self, c: _Conn, msg: Message, trailer, from_primary: bool) -> None:
-        sent_upto, own, refl, others = trailer
+        sent_upto, own, refl, others, _ = trailer
         rx = c.rx
         if from_primary and rx is not None and msg.pvn == rx.pvn:
             if msg.type not in DATA_TYPES:
@@ -767,15 +775,16 @@ class MessagingEndpoint:
                 c.remote_ack = a
                 c.rto_us = self.cfg.retransmit_us
                 c.rto_due = (self._now + c.rto_us) if a < c.last_msn else None
-        else:
-            # A backup does not know the timestamps its primary gave these messages, so
-            # it cannot compare them with the remote group watermark. But the primary's
-            # sent list never holds more than window_msgs messages past that watermark,
-            # so every msn <= ack - window_msgs is covered by it: trim up to there.
-            upto = a - self.cfg.window_msgs if c.msn_synced else 0
-            while c.log and c.log[0][0] <= upto:
-                _, _, d = c.log.popleft()
-                c.log_bytes -= len(d)
+
+    def _trim_log(self, c: _Conn) -> None:
+        """A backup does not know the timestamps its primary gave its messages, so it
+        cannot compare them with the remote group watermark. But the primary's sent list
+        never holds more than window_msgs messages (window_bytes) past that watermark, so
+        every byte below (remote primary's delivered offset - window_bytes) is covered."""
+        upto = c.remote_delivered - self.cfg.window_msgs * self.cfg.max_payload_bytes
+        while c.log and c.log[0][1] + len(c.log[0][2]) <= upto:
+            _, _, d = c.log.popleft()
+            c.log_bytes -= len(d)
 
     def _new_remote_view(self, c: _Conn, pvn: int, flush: bool) -> None:
         old = c.rx
@@ -974,10 +983,6 @@ class MessagingEndpoint:
         cfg = self.cfg
         entries: list[list] = []
         rxs = [r for r in (c.rx_old, c.rx) if r is not None and r.nacks]
-        if not self.is_primary and not c.msn_synced:
-            # missed the NEW_PRIMARY_VIEW_ACK that numbers our log: ask our primary
-            entries.append([c.remote, c.seq, int(c.role), 0])
-            c.nack_due = self._now + cfg.nack_retry_us
         if not self.is_primary and c.ahead:
             # bytes of an old remote primary we never heard of: ask by stream offset
             entries.append([c.remote, c.seq, int(c.role), 0, c.delivered, min(c.ahead)])
@@ -1016,10 +1021,6 @@ class MessagingEndpoint:
                 continue
             c = self.conns.get((e[0], e[1], Role(e[2])))
             if c is None:
-                continue
-            if len(e) == 4 and e[3] == 0:       # a backup wants the NEW_PRIMARY_VIEW_ACK
-                if c.npv_ack is not None:
-                    self._emit(self.group, c.npv_ack)
                 continue
             if len(e) == 6 and e[3] == 0 and type(e[4]) is int and type(e[5]) is int:
                 lo, hi = e[4], e[5]                 # a byte range, any remote view
@@ -1105,16 +1106,6 @@ class MessagingEndpoint:
                 data, off = data[resend_from - off:], resend_from
             keep.append((off, data))
         return keep
-
-    def _renumber_log(self, c: _Conn, resend_from: int) -> None:
-        """A backup of a new primary: number its log as the new primary will send it
-        (msn 1 at `resend_from`), so SECOND_ACK and log trimming stay exact."""
-        keep = self._cut_log(c, resend_from)
-        c.log = deque((i + 1, off, data) for i, (off, data) in enumerate(keep))
-        c.log_bytes = sum(len(d) for _, d in keep)
-        c.next_msn = len(c.log) + 1
-        c.msn_synced = True
-        self._count("log_renumbered")
 
     # ================================================================= intra-group ===
     def _handle_intra(self, msg: Message) -> None:
@@ -1349,7 +1340,7 @@ class MessagingEndpoint:
             # does not pin the remote watermark until its next keep-alive
             others = [[x.seq, int(x.role), x.last_msn] for x in self.conns.values()
                       if x.remote == c.remote and x is not c and x.known and not x.resync]
-            trailer = pack_trailer(sent_upto, own, refl, others)
+            trailer = pack_trailer(sent_upto, own, refl, others, c.delivered)
         return Message(type=mtype, src_group=self.group, dst_group=c.remote,
                        conn_seq=c.seq, role=c.role, pvn=self.pvn,
                        precedence=self.precedence, sender=self.birth_id, msn=msn,
@@ -1387,13 +1378,15 @@ class MessagingEndpoint:
     # ============================================================ introspection ===
     def buffer_sizes(self) -> dict[str, int]:
         """What the endpoint holds (the simulator asserts bounds at quiescence)."""
-        out = {"sent": 0, "queue": 0, "log": 0, "received": 0, "placeholders": 0,
+        out = {"sent": 0, "queue": 0, "log": 0, "log_bytes": 0, "received": 0,
+               "placeholders": 0,
                "ahead": 0, "order_info": len(self.oi_log),
                "order_info_pending": len(self.oi_pending)}
         for c in self.conns.values():
             out["sent"] += len(c.sent)
             out["queue"] += len(c.queue)
             out["log"] += len(c.log)
+            out["log_bytes"] += c.log_bytes
             out["received"] += len(c.received)
             out["ahead"] += len(c.ahead)
             for rx in (c.rx, c.rx_old):

@@ -4,7 +4,7 @@ seeded random schedules run by the deterministic simulator kernel.
 Each schedule (seed = hash of the campaign seed and the schedule index) builds two or
 three groups of 1-3 replicas, a few virtual connections between them, and applications
 on every replica that write the same byte streams (semi-active: backups produce what
-their primary produces, at their own pace) and, on primaries, order-info chunks. During
+their primary produces, at their own pace and often in differently sized writes) and, on primaries, order-info chunks. During
 the fault phase the network loses, duplicates, reorders and corrupts datagrams, forged
 and garbage datagrams are injected, a replica is cut off by a transient partition, and backups crash (this check plays membership for
 backup removal; primaries stay alive: changes of primary are membership's simulation).
@@ -131,15 +131,36 @@ class Schedule:
                     elif g == b:
                         rep.core.open(a, seq, Role.SERVER)
         self.by_node = {r.node: r for reps in self.groups.values() for r in reps}
+        # The agent reads an application's bytes in whatever chunks its socket yields:
+        # a replica writes the same stream as its primary, often cut differently.
+        self.cuts: dict[tuple[str, tuple], list[bytes]] = {}
+        for rep in self.by_node.values():
+            for cid, data, cuts in self._streams(rep):
+                if rng.random() < 0.5:
+                    cuts = self._recut(data)
+                self.cuts[(rep.node, cid)] = cuts
 
     # -- expectations ------------------------------------------------------------------
-    def _writes(self, rep: _Replica):
-        """(conn id, direction, cuts) this replica's application writes."""
+    def _streams(self, rep: _Replica):
+        """(conn id, stream, the primary's cuts) for what this replica's app writes."""
         for a, b, seq, streams in self.conns:
             if rep.group == a:
-                yield (b, seq, Role.CLIENT), streams["c2s"][1]
+                yield (b, seq, Role.CLIENT), *streams["c2s"]
             elif rep.group == b:
-                yield (a, seq, Role.SERVER), streams["s2c"][1]
+                yield (a, seq, Role.SERVER), *streams["s2c"]
+
+    def _recut(self, data: bytes) -> list[bytes]:
+        cuts, i = [], 0
+        while i < len(data):
+            n = self.rng.randint(1, MAX_WRITE_BYTES)
+            cuts.append(data[i:i + n])
+            i += n
+        return cuts
+
+    def _writes(self, rep: _Replica):
+        """(conn id, cuts) this replica's application writes."""
+        for cid, _, _ in self._streams(rep):
+            yield cid, self.cuts[(rep.node, cid)]
 
     def _expected(self, rep: _Replica):
         """conn id -> the stream this replica must receive."""
@@ -332,9 +353,12 @@ class Schedule:
                     out.append(f"{rep.node}: order info {len(rep.oi_got.get(pvn, []))}/"
                                f"{want} of view {pvn}")
             sizes = rep.core.buffer_sizes()
-            # a backup keeps up to a window of acked messages in its log (messaging.py)
-            log_bound = self.cfg.window_msgs * len(rep.core.conns)
-            held = {k: v for k, v in sizes.items() if v and not (k == "log" and v <= log_bound)}
+            # a backup keeps up to a window of acked bytes in its log (messaging.py)
+            log_bound = ((self.cfg.window_msgs + 1) * self.cfg.max_payload_bytes
+                         * len(rep.core.conns))
+            if sizes.pop("log_bytes") <= log_bound:
+                sizes.pop("log")
+            held = {k: v for k, v in sizes.items() if v}
             if held:
                 out.append(f"{rep.node} holds {held}")
         return out
