@@ -43,8 +43,9 @@ def record(cmd: list[str], trace: str, cwd: str, files=(), external_ports=(), ti
     return p.stdout, snapshot(cwd, list(files))
 
 
-def replay(trace: str, cwd: str, files=(), cmd=None, stall_ms=None, timeout=120, check=True):
-    args = LLFT + ["replay", "-q", "--trace", trace]
+def replay(trace: str, cwd: str, files=(), cmd=None, stall_ms=None, timeout=120, check=True,
+           quiet=True):
+    args = LLFT + ["replay"] + (["-q"] if quiet else []) + ["--trace", trace]
     if stall_ms:
         args += ["--stall-ms", str(stall_ms)]
     if cmd:
