@@ -303,7 +303,8 @@ class ReplicaNode:
             log += [[c.next_msn + i, off, d] for i, (off, d) in enumerate(c.queue)]
             conns.append([cid[0], cid[1], int(cid[2]),
                           [rx.pvn, rx.upto, rx.ts] if rx is not None else None,
-                          c.delivered, c.out_offset, c.next_msn + len(c.queue), log])
+                          c.delivered, c.out_offset, c.next_msn + len(c.queue), log,
+                          getattr(c, "remote_delivered", 0)])
         blob = {"v": CHECKPOINT_VERSION, "pvn": e.pvn, "oi_upto": e.oi_next - 1,
                 "streams": [[cid[0], cid[1], int(cid[2]), bytes(b)]
                             for cid, b in self.streams.items()],
@@ -433,9 +434,9 @@ class ReplicaNode:
             self.input_bytes += len(data)
         for pvn, pos, chunk in blob["oi"]:
             self.order_info_log.append((pvn, pos, chunk))
-        for remote, seq, role, rx, delivered, out_offset, next_msn, log in blob["conns"]:
+        for remote, seq, role, rx, delivered, out_offset, next_msn, log, rdel in blob["conns"]:
             cid = (remote, seq, Role(role))
-            _restore_connection(e, cid, rx, delivered, out_offset, next_msn, log)
+            _restore_connection(e, cid, rx, delivered, out_offset, next_msn, log, rdel)
             self.skip_out[cid] = out_offset
             self.streams.setdefault(cid, bytearray())
         if blob["pvn"] == e.pvn:
@@ -451,7 +452,8 @@ class ReplicaNode:
 
 
 def _restore_connection(e: mg.MessagingEndpoint, cid: mg.ConnId, rx, delivered: int,
-                        out_offset: int, next_msn: int, log: list) -> None:
+                        out_offset: int, next_msn: int, log: list,
+                        remote_delivered: int) -> None:
     """Install a connection as the primary's checkpoint describes it, as if this backup
     had followed it from the start. messaging.py has no API for this yet (see the
     report): it writes the endpoint's connection state directly."""
@@ -465,6 +467,6 @@ def _restore_connection(e: mg.MessagingEndpoint, cid: mg.ConnId, rx, delivered: 
     c.next_msn = next_msn
     c.log = deque((msn, off, data) for msn, off, data in log)
     c.log_bytes = sum(len(d) for _, _, d in log)
-    c.msn_synced = True
+    c.remote_delivered = remote_delivered     # the remote primary has our stream up to
     c.known = True
     e._digest_changed()

@@ -25,7 +25,9 @@ def _regressions():
             line = line.split("#", 1)[0].strip()
             if line:
                 seed, *flags = line.split()
-                out.append(pytest.param(int(seed), "random-cuts" in flags,
+                marks = [pytest.mark.xfail(strict=True, reason="messaging msn drift "
+                                           "(see the file)")] if "xfail" in flags else []
+                out.append(pytest.param(int(seed), "random-cuts" in flags, marks=marks,
                                         id=f"{path.stem}-{seed}"))
     return out
 
