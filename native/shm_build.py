@@ -59,6 +59,15 @@ int64_t llft_drain(void *base, uint8_t *out, size_t cap, int timeout_ms) {
         uint32_t len = llft_ring_peek(r, s->out_data, LLFT_OUT_CAP_BYTES);
         if (!len) {
             if (n || waited || timeout_ms == 0) break;
+            /* Poll a little before sleeping on the futex: while the app is busy it then
+             * never sees a waiter, so its appends cost no wake-up system call. */
+            int polls = 0;
+            while (polls < 10 && !llft_ring_peek(r, s->out_data, LLFT_OUT_CAP_BYTES)) {
+                struct timespec ts = {0, 100000};
+                nanosleep(&ts, NULL);
+                polls++;
+            }
+            if (polls < 10) continue;
             llft_ring_wait_pub(r, seq, timeout_ms);
             waited = 1;
             continue;
@@ -102,7 +111,18 @@ int64_t llft_feed(void *base, const uint8_t *buf, size_t len, void *seqtab, int 
         if (off + h.len > len) break;
         struct llft_ring *r = &s->tring[h.tid];
         uint64_t pos = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
-        if (!llft_ring_wait_space(r, LLFT_TRING_CAP_BYTES, pos, h.len, timeout_ms)) break;
+        if (!llft_ring_wait_space(r, LLFT_TRING_CAP_BYTES, pos, h.len, 0)) {
+            /* the thread is behind: poll a little first, so that its pops cost no
+             * wake-up system call while it catches up, then sleep on the futex */
+            int polls = 0;
+            while (polls < 10 && !llft_ring_wait_space(r, LLFT_TRING_CAP_BYTES, pos, h.len, 0)) {
+                struct timespec ts = {0, 100000};
+                nanosleep(&ts, NULL);
+                polls++;
+            }
+            if (polls == 10 && !llft_ring_wait_space(r, LLFT_TRING_CAP_BYTES, pos, h.len, timeout_ms))
+                break;
+        }
         struct seqent *e = seq_get((struct seqent *)seqtab, h.op);
         if (!e) return -2;
         h.oseq = e->count++;
