@@ -58,9 +58,9 @@ def replay(trace: str, cwd: str, files=(), cmd=None, stall_ms=None, timeout=120,
     return p, snapshot(cwd, list(files))
 
 
-def start_echo_server(tmpdir: str):
-    portfile = os.path.join(tmpdir, "echo.port")
-    proc = subprocess.Popen([sys.executable, program("echo_server.py"), portfile])
+def start_echo_server(tmpdir: str, script: str = "echo_server.py"):
+    portfile = os.path.join(tmpdir, script + ".port")
+    proc = subprocess.Popen([sys.executable, program(script), portfile])
     for _ in range(200):
         if os.path.exists(portfile):
             return proc, int(open(portfile).read())

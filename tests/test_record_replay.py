@@ -234,3 +234,22 @@ def test_external_server_replays_without_clients(tmp_path):
     for _ in range(2):
         p, _ = replay(trace, str(work))
         assert p.stdout == out
+
+
+def test_udp_external_client_without_server(tmp_path):
+    """sendto/recvfrom on an unconnected UDP socket: external, replayed with the
+    server gone; plain runs differ (the server adds a random token)."""
+    proc, port = start_echo_server(str(tmp_path), "udp_echo_server.py")
+    work = tmp_path / "w"
+    work.mkdir()
+    cmd = [PYTHON3, program("udp_client.py"), str(port)]
+    try:
+        assert run_plain(cmd, str(work)) != run_plain(cmd, str(work))
+        out, _ = record(cmd, str(tmp_path / "trace"), str(work))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert out.count(b"ping-") == 4
+    for _ in range(2):
+        p, _ = replay(str(tmp_path / "trace"), str(work))
+        assert p.stdout == out
