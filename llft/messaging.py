@@ -42,7 +42,8 @@ with no backup, the primary answers. FIRST_ACKs for the primary's last sent mess
 `first_ack_slowdown` times, throttle the primary (intra-group flow control, lines 65-66)
 until a KEEP_ALIVE or newer ack or `throttle_us`. An idle connection gets a KEEP_ALIVE
 every `keepalive_us`. A backup that sees a SECOND_ACK (or a remote primary's sent-up-to,
-below) beyond what it received nacks the gap (line 72).
+below) beyond what it received nacks the gap (line 72); after a remote change of primary
+only the sent-up-to counts (the SECOND_ACK may echo an msn of the previous view).
 
 Timestamps and buffer management (lines 76-84). Every message carries a Lamport
 timestamp (`ts`; the clock merges every received ts). Per connection a member records
@@ -298,7 +299,7 @@ def _sec_end(s: list) -> tuple[int, int]:
 # --- per-connection state --------------------------------------------------------------
 class _Rx:
     """Receive sequence of one remote primary view on one connection."""
-    __slots__ = ("pvn", "upto", "ts", "slots", "nacks", "first_offset")
+    __slots__ = ("pvn", "upto", "ts", "slots", "nacks", "first_offset", "after_change")
 
     def __init__(self, pvn: int):
         self.pvn = pvn
@@ -307,6 +308,7 @@ class _Rx:
         self.slots: dict[int, Message | None] = {}   # msn > upto: message or placeholder
         self.nacks: set[int] = set()
         self.first_offset: int | None = None
+        self.after_change = False           # follows a remote change of primary
 
 
 class _Conn:
@@ -710,8 +712,11 @@ class MessagingEndpoint:
             else:
                 if c.rx is None:
                     self._new_remote_view(c, msg.pvn, flush=False)
-                if msg.pvn == c.rx.pvn:
-                    self._expect(c, c.rx, msg.ack)              # line 72
+                # line 72. The ack echoes a FIRST_ACK of our primary, which may still
+                # have counted in the remote's previous view: after a remote change of
+                # primary only the remote primary's own sent-up-to is trusted.
+                if msg.pvn == c.rx.pvn and not c.rx.after_change:
+                    self._expect(c, c.rx, msg.ack)
         elif t == MsgType.KEEP_ALIVE:
             c.fa_count = 0
             if c.throttled_until is not None:
@@ -789,12 +794,17 @@ class MessagingEndpoint:
     def _new_remote_view(self, c: _Conn, pvn: int, flush: bool) -> None:
         old = c.rx
         c.rx = _Rx(pvn)
+        c.rx.after_change = old is not None or pvn > 1
         c.declared = (0, 0)
         if old is not None:
             # Until we have delivered up to where the new remote primary's stream starts,
             # we cannot vouch for old-view messages we never heard of: our watermark
             # contribution stays where the old view left it.
             c.old_ts = old.ts if c.old_ts is None else min(c.old_ts, old.ts)
+        elif pvn > 1:
+            # first contact in a later view: earlier primaries may have sent bytes we
+            # never heard of (the new primary's msn-1 marker tells where it resumed)
+            c.old_ts = 0
         self._digest_changed()
         if old is not None and old.slots and not flush and not self.is_primary:
             c.rx_old = old          # a backup keeps filling the old view's gaps locally
