@@ -26,7 +26,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from llft.messages import Message
-from llft.transport import Endpoint
+from llft.transport import Endpoint, wait_for_event
 
 log = logging.getLogger(__name__)
 
@@ -120,14 +120,4 @@ class Driver:
 
     async def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Wait until `predicate()` holds after some pump; False on timeout."""
-        deadline = self._loop.time() + timeout_s
-        while not predicate():
-            remaining = deadline - self._loop.time()
-            if remaining <= 0:
-                return False
-            self.progress.clear()
-            try:
-                await asyncio.wait_for(self.progress.wait(), remaining)
-            except asyncio.TimeoutError:
-                return predicate()
-        return True
+        return await wait_for_event(self.progress, predicate, timeout_s)

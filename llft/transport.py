@@ -141,6 +141,24 @@ class Faults:
         return out
 
 
+async def wait_for_event(event: asyncio.Event, predicate: Callable[[], bool],
+                         timeout_s: float) -> bool:
+    """Wait until `predicate()` holds, re-checking each time `event` is set (whoever
+    sets it: a received datagram, a driver's pump); False on timeout. No polling."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return False
+        event.clear()
+        try:
+            await asyncio.wait_for(event.wait(), remaining)
+        except asyncio.TimeoutError:
+            return predicate()
+    return True
+
+
 def _set_buffer(sock: socket.socket, force_opt: int, opt: int, nbytes: int) -> int:
     try:
         sock.setsockopt(socket.SOL_SOCKET, force_opt, nbytes)
@@ -385,17 +403,7 @@ class Endpoint:
     async def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         """Wait (without polling) until `predicate()` holds after some datagram was
         handled; False on timeout. For tests, demos and `llft status`-style tools."""
-        deadline = self._loop.time() + timeout_s
-        while not predicate():
-            remaining = deadline - self._loop.time()
-            if remaining <= 0:
-                return False
-            self._progress.clear()
-            try:
-                await asyncio.wait_for(self._progress.wait(), remaining)
-            except asyncio.TimeoutError:
-                return predicate()
-        return True
+        return await wait_for_event(self._progress, predicate, timeout_s)
 
     def stats(self) -> dict[str, int]:
         """Counters and rejections by reason, flat, for status displays."""
