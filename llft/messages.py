@@ -126,3 +126,11 @@ class Message:
     @property
     def intra_group(self) -> bool:
         return self.src_group == self.dst_group
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """The action every protocol core emits to multicast `msg` to `dst_group`'s virtual
+    port (docs/ARCHITECTURE.md); drivers and the simulator perform it."""
+    dst_group: str
+    msg: Message

@@ -130,7 +130,7 @@ from typing import Any
 
 import msgpack
 
-from llft.messages import DATA_TYPES, STREAM_OPEN, Message, MsgType, Role
+from llft.messages import DATA_TYPES, STREAM_OPEN, Message, MsgType, Role, Send
 
 ConnId = tuple[str, int, Role]          # (remote_group, conn_seq, my_role)
 
@@ -186,12 +186,6 @@ class ProtocolError(Exception):
 
 
 # --- actions ---------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Send:
-    dst_group: str
-    msg: Message
-
-
 @dataclass(frozen=True, slots=True)
 class Deliver:
     conn: ConnId

@@ -115,11 +115,9 @@ class _NoAppState:
 
 
 # ---- the node's own actions (sends of both cores pass through unchanged) ------------------
-@dataclass(frozen=True, slots=True)
-class Deliver:
-    conn: mg.ConnId
-    offset: int
-    data: bytes
+# The node's deliveries are messaging's Deliver, emitted after the node's own
+# de-duplication and the trimming a joining backup needs (`_on_messaging`).
+Deliver = mg.Deliver
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,7 +68,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from llft.messages import Message, MsgType, Role
+from llft.messages import Message, MsgType, Role, Send
 from membership.rules import (Key, PPDecision, competing_primary_wins, decide_propose_primary,
                               fault_timeout_us, may_propose, proposal_members)
 
@@ -151,13 +151,6 @@ class Config:
 
 
 # ---- actions ---------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    """Multicast `msg` on the group's intra-group address (its virtual port)."""
-    dst_group: str
-    msg: Message
-
 
 @dataclass(frozen=True, slots=True)
 class MembershipChanged:
