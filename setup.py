@@ -4,8 +4,8 @@
 (native/*.c -> llft/_native/libllft_preload.so, a plain C shared object with no Python
 symbols, so it can be preloaded into bash or a JVM) and the cffi module that maps the
 shared-memory layout (native/llft_shm.h) for the Python side, then installs the `llft`
-command. cffi is the build driver for both: its compiler plumbing (the same one it uses
-for API-mode modules) compiles the shim, and `cffi_modules` builds the mapping module.
+command. `cffi_modules` builds the mapping module; the shim is compiled in the same
+build_ext step with the same setuptools compiler cffi uses, linked as a plain .so.
 """
 import glob
 import os
@@ -28,7 +28,6 @@ class BuildExtWithShim(build_ext):
     def _build_shim(self):
         if not SHIM_SOURCES:
             return
-        from cffi import ffiplatform  # noqa: F401  (ensures cffi's toolchain is importable)
         from setuptools._distutils.ccompiler import new_compiler
         from setuptools._distutils.sysconfig import customize_compiler
 

@@ -6,7 +6,6 @@ The default run replays each program twice; `--soak=small|full` replays 3|20 tim
 """
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 
@@ -102,24 +101,24 @@ def test_record_replay_soak(name, echo_port, tmp_path, soak):
     _record_and_replay(name, echo_port, tmp_path, n_replays=3 if soak == "small" else 20)
 
 
-def _changed_copy(tmp_path, name, old, new):
+def _replay_changed(tmp_path, name, old, new):
+    """Record `name`, replay a copy with `old` replaced by `new`; (process, stderr)."""
+    work = tmp_path / "w"
+    work.mkdir()
+    trace = str(tmp_path / "trace")
+    record([PYTHON3, program(name)], trace, str(work))
     src = open(program(name)).read()
     assert old in src
-    dst = tmp_path / name
-    dst.write_text(src.replace(old, new, 1))
-    return str(dst)
+    changed = tmp_path / name
+    changed.write_text(src.replace(old, new, 1))
+    p, _ = replay(trace, str(work), cmd=[PYTHON3, str(changed)], check=False)
+    return p, p.stderr.decode()
 
 
 def test_changed_program_is_a_divergence(tmp_path):
     """An extra clock read in the middle is reported, naming the first differing call."""
-    work = tmp_path / "w"
-    work.mkdir()
-    trace = str(tmp_path / "trace")
-    record([PYTHON3, program("clocks.py")], trace, str(work))
-    changed = _changed_copy(tmp_path, "clocks.py", 'print("monotonic", time.monotonic())',
-                            'time.time()\nprint("monotonic", time.monotonic())')
-    p, _ = replay(trace, str(work), cmd=[PYTHON3, changed], check=False)
-    err = p.stderr.decode()
+    p, err = _replay_changed(tmp_path, "clocks.py", 'print("monotonic", time.monotonic())',
+                             'time.time()\nprint("monotonic", time.monotonic())')
     assert p.returncode == 86, err
     assert "divergence: thread 0 call #" in err
     assert "the trace has clock_gettime(clock 1)" in err and "the program made clock_gettime(clock 0)" in err
@@ -128,14 +127,8 @@ def test_changed_program_is_a_divergence(tmp_path):
 
 def test_changed_threaded_program_is_a_divergence(tmp_path):
     """A worker thread that takes an extra lock: reported with its logical thread id."""
-    work = tmp_path / "w"
-    work.mkdir()
-    trace = str(tmp_path / "trace")
-    record([PYTHON3, program("threads_locks.py")], trace, str(work))
-    changed = _changed_copy(tmp_path, "threads_locks.py", "        with rlock:\n            with rlock:",
-                            "        with log_lock:\n            pass\n        with rlock:\n            with rlock:")
-    p, _ = replay(trace, str(work), cmd=[PYTHON3, changed], check=False)
-    err = p.stderr.decode()
+    p, err = _replay_changed(tmp_path, "threads_locks.py", "        with rlock:\n            with rlock:",
+                             "        with log_lock:\n            pass\n        with rlock:\n            with rlock:")
     assert p.returncode == 86, err
     assert "divergence: thread " in err and "the program made sem_trywait(lock 0:" in err, err
     assert p.elapsed < 5.0
