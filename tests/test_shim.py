@@ -45,7 +45,10 @@ def test_inactive_in_bash_and_stripped_from_children(tmp_path):
     assert _meta(trace)["active_pid"] == 0
     prog = ("import os, subprocess\n"
             "print('LD_PRELOAD' in os.environ, [k for k in os.environ if k.startswith('LLFT_')])\n"
-            "print(subprocess.run(['env'], capture_output=True, text=True).stdout.count('llft'))\n")
+            # what the shim injects (the preload library, LLFT_* variables), not the word
+            # 'llft', which PATH and PWD contain when the checkout lives in a folder so named
+            "env = subprocess.run(['env'], capture_output=True, text=True).stdout.splitlines()\n"
+            "print(sum('libllft_preload' in l or l.startswith('LLFT_') for l in env))\n")
     trace2 = str(tmp_path / "t2")
     out, _ = record([PYTHON3, "-c", prog], trace2, str(tmp_path))
     assert out.decode().split() == ["False", "[]", "0"]
