@@ -14,6 +14,9 @@ import sys
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("llft.demo", "run the local replicated demo (the main job)"),
+    "run": ("llft.agent", "run one replica of a group: llft run --config F --group G -- CMD..."),
+    "gateway": ("llft.gateway", "carry plain TCP clients into a group"),
+    "status": ("llft.status", "show a group's members, primary, view, lag and counters"),
     "keygen": ("llft.keys", "write a new cluster key file (mode 0600)"),
     "sniff": ("llft.sniff", "decode live llft traffic (scapy)"),
     "record": ("determinizer.recordreplay", "run a command as a primary and store its trace"),
@@ -30,6 +33,8 @@ BENCHMARKS: dict[str, str] = {
     "messaging": "llft.bench.messaging",
     "failover": "llft.bench.failover",
     "ndops": "llft.bench.ndops",
+    "latency": "llft.bench.service",
+    "throughput": "llft.bench.service",
 }
 
 
