@@ -33,12 +33,20 @@ def shim_env(base: dict[str, str], shm_env: dict[str, str], external_ports=()) -
     return env
 
 
-def spawn(cmd: list[str], env: dict[str, str], cwd: str | None = None, **popen_kw) -> subprocess.Popen:
-    """Popen `cmd` with exactly `env` plus LLFT_ROOT_PID=<its pid>, ASLR off."""
+PR_SET_PDEATHSIG = 1
+
+
+def spawn(cmd: list[str], env: dict[str, str], cwd: str | None = None,
+          death_signal: int = 0, **popen_kw) -> subprocess.Popen:
+    """Popen `cmd` with exactly `env` plus LLFT_ROOT_PID=<its pid>, ASLR off; with
+    `death_signal`, the child gets that signal when the spawning thread dies (the
+    replica agent: the app never outlives its agent)."""
     items = [(k.encode(), v.encode()) for k, v in env.items()]
 
     def child_setup():  # runs in the child, between fork and exec
         _libc.personality(ADDR_NO_RANDOMIZE)
+        if death_signal:
+            _libc.prctl(PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
         os.environ.clear()                       # unsetenv each: the C environ is emptied
         for k, v in items:
             os.putenv(k, v)
