@@ -1,96 +1,172 @@
-"""`llft demo`: the main job, a local replicated run with a readable timeline.
+"""`llft demo`: the main job — a replicated service survives two primary kills.
 
-Scenario (messaging stage of the product): two groups of three replicas each, as
-separate OS processes on loopback multicast. Group A's application streams a seeded byte
-stream to group B over one LLFT connection while every replica's transport drops
-`--drop` of the datagrams it receives. The timeline shows each receiver's progress; at
-the end every replica of B must hold the same bytes as A's application produced
-(SHA-256 compared), with no gap and no duplicate.
+    llft demo                 # three replicas of examples/kv_counter.py behind a gateway
+    llft demo messaging       # the messaging protocol alone, under 10% datagram loss
+
+Scenario (default, `service`): three `llft run` replicas of the unmodified threaded
+counter service (examples/kv_counter.py: locks, clocks, random numbers), `llft gateway`
+in front, four TCP clients sending INCR requests. On a schedule the primary's agent is
+SIGKILLed (its application dies with it); a backup takes over, and the killed replica is
+restarted with `llft run`: it rejoins as a backup by replaying the group's log. Then the
+new primary is killed too. The timeline shows who is primary, replies per second, the
+client-visible pause at each failover, and at the end the clients' verdict: every
+request answered exactly once and in order, per-key counters consecutive, global counters
+never repeated, clock values never backwards; and the survivors' divergence detectors.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import sys
 import tempfile
+import threading
 import time
 
-from llft import keys
-from llft.procs import ProcGroup, random_group_addresses
-from llft.streamdemo import stream_bytes
+KINDS = ("service", "messaging")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mb", type=float, default=8.0, help="megabytes to stream")
-    p.add_argument("--drop", type=float, default=0.1, help="datagram loss injected at each receiver")
+    p.add_argument("kind", nargs="?", default="service", choices=KINDS)
+    p.add_argument("--replicas", type=int, default=3, help="service: replicas (2 or more)")
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--requests", type=int, default=2000, help="service: requests per client")
+    p.add_argument("--kills", type=int, default=2, help="service: primary kills")
+    p.add_argument("--keep", action="store_true", help="keep the work folder (logs, status)")
+    p.add_argument("--mb", type=float, default=8.0, help="messaging: megabytes to stream")
+    p.add_argument("--drop", type=float, default=0.1,
+                   help="messaging: datagram loss injected at each receiver")
     p.add_argument("--seed", type=int, default=42)
 
 
 def run(args) -> int:
-    total = int(args.mb * 1e6)
+    if args.kind == "messaging":
+        from llft import demo_messaging
+        return demo_messaging.run(args)
+    if args.replicas < 2:
+        print("llft demo: --replicas must be at least 2 (a backup must take over)",
+              file=sys.stderr)
+        return 2
+    if args.keep:
+        work = tempfile.mkdtemp(prefix="llft-demo-")
+        return service_demo(args, work)
+    with tempfile.TemporaryDirectory(prefix="llft-demo-") as work:
+        return service_demo(args, work)
+
+
+def service_demo(args, work: str) -> int:
+    from llft.cluster import ClusterError, LocalCluster
+    from llft.loadclient import run_load
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    app = [sys.executable, os.path.join(here, "examples", "kv_counter.py"), "9000"]
     t0 = time.monotonic()
+    marks: list[tuple[float, str]] = []
 
     def say(text: str) -> None:
-        print(f"[{time.monotonic() - t0:6.2f}s] {text}", flush=True)
+        now = time.monotonic() - t0
+        marks.append((now, text))
+        print(f"[{now:6.2f}s] {text}", flush=True)
 
-    with tempfile.TemporaryDirectory(prefix="llft-demo-") as tmp:
-        key_path = os.path.join(tmp, "cluster.key")
-        keys.write_key(key_path)
-        addresses = random_group_addresses(["A", "B"])
-        common = ["--key", key_path, "--addresses", addresses, "--drop", str(args.drop),
-                  "--seed", str(args.seed)]
-        pg = ProcGroup(tmp)
-        try:
-            receivers = [11, 12, 13]
-            for m in receivers:
-                pg.python(f"B{m}", "llft.streamdemo", "--group", "B", "--me", str(m),
-                          "--members", "11,12,13", "--expect-bytes", str(total),
-                          "--progress-s", "0.5", *common)
-            if not pg.wait(lambda: all(pg.procs[f"B{m}"].find("ready") for m in receivers), 30):
-                print("demo: group B did not start", file=sys.stderr)
-                return 1
-            say(f"group B up: replicas 11 (primary), 12, 13 on {addresses.split(',')[1]}")
-            for m in (1, 2, 3):
-                pg.python(f"A{m}", "llft.streamdemo", "--group", "A", "--me", str(m),
-                          "--members", "1,2,3", "--send-to", "B", "--send-bytes", str(total),
-                          *common)
-            say(f"group A up: replicas 1 (primary), 2, 3 stream {args.mb:g} MB to B, "
-                f"{args.drop:.0%} of datagrams dropped at every receiver")
-            seen, last_print = 0, 0.0
-            deadline = time.monotonic() + 120 + total / 100_000
+    def short(m: dict) -> str:
+        return f"{m.get('name') or lc.name_of(m['agent_pid'])} ({m['birth_hex'][:6]})"
 
-            def progressed():
-                return (sum(len(pg.procs[f"B{m}"].events) for m in receivers) > seen
-                        or all(pg.procs[f"B{m}"].find("received") for m in receivers))
-            while not all(pg.procs[f"B{m}"].find("received") for m in receivers):
-                if time.monotonic() > deadline or not pg.wait(progressed, 5):
-                    say("stalled: not every replica of B received the stream")
-                    return 1
-                seen = sum(len(pg.procs[f"B{m}"].events) for m in receivers)
-                if time.monotonic() - last_print < 0.45:
-                    continue
-                last_print = time.monotonic()
-                latest = [next((e["bytes"] for e in reversed(pg.procs[f"B{m}"].events)
-                                if "bytes" in e), 0) for m in receivers]
-                say("received  " + "  ".join(f"B{m}: {b / 1e6:6.2f} MB"
-                                             for m, b in zip(receivers, latest)))
-            h = hashlib.sha256()
-            for chunk in stream_bytes(args.seed, total):
-                h.update(chunk)
-            want = h.hexdigest()
-            ok = True
-            for m in receivers:
-                ev = pg.procs[f"B{m}"].find("received")
-                good = ev["sha256"] == want and not ev["errors"] and ev["bytes"] == total
-                ok &= good
-                say(f"B{m}: {ev['bytes']} bytes, sha256 {ev['sha256'][:16]}… "
-                    f"{'matches the sender' if good else 'MISMATCH'}; "
-                    f"{total / max(ev['active_seconds'], 1e-9) / 1e6:.2f} MB/s")
-        finally:
-            pg.stop_all()
-        drops = sum(p.find("stats")["transport"].get("dropped_recv", 0)
-                    for p in pg.procs.values() if p.find("stats"))
-        say(f"{drops} datagrams were dropped on purpose; lost bytes: 0, duplicated bytes: 0"
-            if ok else "FAILED")
-        return 0 if ok else 1
+    lc = LocalCluster(work)
+    ok = False
+    try:
+        say(f"starting {args.replicas} replicas of examples/kv_counter.py "
+            f"(config {lc.config_path})")
+        for i in range(1, args.replicas + 1):
+            lc.start_replica(f"r{i}", app)
+            lc.wait_members(i)
+        st = lc.status()
+        say("group up: " + ", ".join(f"{short(m)} {m['role']}" for m in st["members"]))
+        host, port = lc.start_gateway()
+        say(f"gateway listening on {host}:{port}; {args.clients} clients x "
+            f"{args.requests} INCR requests")
+        result: dict = {}
+        load = threading.Thread(target=lambda: result.setdefault("r", run_load(
+            host, port, clients=args.clients, requests=args.requests, mode="counter",
+            timeout_s=60)), daemon=True)
+        load_t0 = time.monotonic()
+        load.start()
+        kills = []
+        expected = args.requests * args.clients
+        for k in range(args.kills):
+            # kill when the group has served a share of the load (primary's input bytes)
+            share = (k + 1) / (args.kills + 1)
+            lc.wait_status(lambda st: _delivered(lc) >= share * expected * 20
+                           or not load.is_alive(), 300, "load progress")
+            if not load.is_alive():
+                say("the load ended before the scheduled kill (raise --requests)")
+                break
+            victim = lc.kill_primary()
+            kt = time.monotonic()
+            say(f"SIGKILL primary {short(victim)}")
+            new = lc.wait_primary(other_than=victim["birth"])
+            promoted = time.monotonic()
+            say(f"new primary {short(new)} (detected and promoted "
+                f"{(promoted - kt) * 1000:.0f} ms after the kill, as seen by polling)")
+            kills.append((kt, victim, new))
+            name = victim["name"] + "'"
+            lc.start_replica(name, app)
+            lc.wait_members(args.replicas)
+            say(f"restarted the killed replica as {name}: rejoined as a backup "
+                f"(replayed the group's log)")
+        load.join()
+        r = result["r"]
+        print()
+        _timeline(r, load_t0, kills, t0)
+        print()
+        st = lc.status()
+        diverged = [m for m in st["members"] if m["diverged"]] + st["departed"]
+        print(f"replies: {r.replies} of {r.requests} requests; errors: {r.error_count}; "
+              f"repeated global counters: {r.global_repeats}")
+        for e in r.errors[:5]:
+            print(f"  error: {e}")
+        print("lost replies: {}, duplicated replies: {}, out of order: {}".format(
+            r.requests - r.replies, r.global_repeats,
+            sum(1 for e in r.errors if "order" in e)))
+        print(f"divergence reported by the replicas: {'none' if not diverged else diverged}")
+        ok = r.ok and r.replies == expected and not diverged and len(kills) == args.kills
+        print("RESULT: " + ("OK — no client saw a lost, repeated or reordered reply"
+                            if ok else "FAILED"))
+    except ClusterError as e:
+        print(f"llft demo: {e}", file=sys.stderr)
+        for name in lc.procs:
+            print(f"--- {name} log ---\n{lc.log_tail(name, 1500)}", file=sys.stderr)
+    finally:
+        lc.stop()
+        if args.keep:
+            print(f"work folder kept: {work}")
+    return 0 if ok else 1
+
+
+def _delivered(lc) -> int:
+    p = lc.primary()
+    return (p or {}).get("counters", {}).get("delivered_bytes", 0)
+
+
+def _timeline(r, load_t0: float, kills, t0: float, bucket_s: float = 0.5) -> None:
+    """Replies per second per half second, with the kills and the pause each caused."""
+    times = sorted(recv for tr in r.reply_times for _, recv in tr)
+    if not times:
+        return
+    end = times[-1]
+    print(f"{'time':>8}  {'replies/s':>9}  event")
+    i, t = 0, load_t0
+    kill_at = [(kt, v, n) for kt, v, n in kills]
+    while t < end:
+        n = 0
+        while i < len(times) and times[i] < t + bucket_s:
+            n += 1
+            i += 1
+        ev = "; ".join(f"primary {v['name']} killed, {nw.get('name') or 'backup'} takes over"
+                       for kt, v, nw in kill_at if t <= kt < t + bucket_s)
+        print(f"{t - t0:7.2f}s  {n / bucket_s:9.0f}  {ev}")
+        t += bucket_s
+    for kt, v, nw in kills:
+        before = max((x for x in times if x <= kt), default=kt)
+        after = min((x for x in times if x > kt), default=kt)
+        print(f"client-visible pause at the kill of {v['name']} (t={kt - t0:.2f}s): "
+              f"{(after - before) * 1000:.0f} ms between the last reply before it and "
+              f"the first after it (any client)")
