@@ -39,6 +39,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
 MAX_ERRORS = 20
 MODES = ("counter", "echo")
@@ -53,6 +54,13 @@ class ClientTrace:
     times: list[tuple[float, float]] = field(default_factory=list)
     globals_: list[int] = field(default_factory=list)     # counter mode: global counts
     error: str | None = None
+    on_reply: Callable[[int, int], None] | None = None
+
+    def replied(self, t0: float, t1: float) -> None:
+        self.replies += 1
+        self.times.append((t0, t1))
+        if self.on_reply is not None:
+            self.on_reply(self.index, self.replies)
 
 
 @dataclass
@@ -218,9 +226,8 @@ def _counter_client(tr: ClientTrace, conn: _Conn, key: str, requests: int,
             int(parts[5], 16)
         except ValueError:
             raise _Fail(f"{what}: malformed reply {line[:100]!r}") from None
-        tr.replies += 1
-        tr.times.append((t0, t1))
         tr.globals_.append(gcount)
+        tr.replied(t0, t1)
         if last_count is not None and count != last_count + 1:
             problems.append(f"client {tr.index}: {what}: key count {count}, expected "
                             f"{last_count + 1} (a request executed "
@@ -252,8 +259,7 @@ def _echo_client(tr: ClientTrace, conn: _Conn, size: int, requests: int,
             i = next(k for k in range(size) if back[k] != payload[k])
             raise _Fail(f"{what}: echoed bytes differ from byte {i} on "
                         "(lost, repeated or reordered bytes)")
-        tr.replies += 1
-        tr.times.append((t0, t1))
+        tr.replied(t0, t1)
     extra = conn.pending_extra()
     if extra:
         problems.append(f"client {tr.index}: {extra} unexpected bytes after the last echo "
@@ -263,9 +269,12 @@ def _echo_client(tr: ClientTrace, conn: _Conn, size: int, requests: int,
 def run_load(host: str, port: int, *, clients: int = 4, requests: int = 1000,
              mode: str = "counter", size: int = 1024, timeout_s: float = 30.0,
              prefix: str | None = None, duration_s: float | None = None,
-             stop: threading.Event | None = None) -> LoadResult:
+             stop: threading.Event | None = None,
+             on_reply: Callable[[int, int], None] | None = None) -> LoadResult:
     """Run `clients` concurrent request/reply clients, `requests` each (or until
-    `duration_s` or `stop`), against host:port; check every reply (see module doc)."""
+    `duration_s` or `stop`), against host:port; check every reply (see module doc).
+    `on_reply(client, replies_so_far)` is called from the client's thread after each
+    correct reply (live progress, or a test's trigger)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
     if clients < 1 or requests < 0 or size < 1:
@@ -273,7 +282,7 @@ def run_load(host: str, port: int, *, clients: int = 4, requests: int = 1000,
     stop = stop or threading.Event()
     run_prefix = prefix if prefix is not None else f"r{secrets.token_hex(4)}-"
     expect_first = 1 if prefix is None else None
-    traces = [ClientTrace(i) for i in range(clients)]
+    traces = [ClientTrace(i, on_reply=on_reply) for i in range(clients)]
     problems: list[str] = []
     lock = threading.Lock()
     started = time.monotonic()
