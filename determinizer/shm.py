@@ -6,6 +6,8 @@ This is the API the replica runtime calls to pump order information:
     env = shm.env()                      # LLFT_SHM=...; the runner adds LD_PRELOAD, pid
     # primary: shim -> network
     data = shm.drain(timeout_ms=50)      # whole entries, global order (bytes; codec = orderinfo)
+    shm.wait(timeout_ms)                 # True once there is something to drain (takes nothing;
+                                         # call it without a lock, then drain(0) under one)
     # backup: network -> shim
     feeder = shm.feeder()
     feeder.push(data)                    # entries in the primary's order; blocks only
@@ -14,6 +16,11 @@ This is the API the replica runtime calls to pump order information:
                                          # wants more is reported as diverged
     shm.promote()                        # backup -> primary (the shim keeps its CTS offset)
     shm.diverged, shm.report, shm.stats()
+    # group connections (env LLFT_SERVICE_PORT=<service port>, see shim_net.inc)
+    shm.group_port                       # real loopback port of the app's group listener, 0 until
+    shm.group_address                    # listen(); ("127.0.0.1"|"::1", port) or None
+    shm.divergence                       # (connection index, stream offset) of a group write
+                                         # divergence, or None
 
 All ring work is in C (native/shm_build.py, the same inline code as the shim); cffi
 drops the GIL during those calls.
@@ -53,13 +60,23 @@ class Shm:
         lib.llft_shm_init(shm._base, mode, stall_ms)
         return shm
 
-    def env(self) -> dict[str, str]:
-        return {"LLFT_SHM": self.path}
+    def env(self, service_port: int | None = None) -> dict[str, str]:
+        env = {"LLFT_SHM": self.path}
+        if service_port:
+            env["LLFT_SERVICE_PORT"] = str(int(service_port))
+        return env
 
     # ---- primary: shim -> agent
     def drain(self, timeout_ms: int = 50) -> bytes:
         n = lib.llft_drain(self._base, self._drain_buf, DRAIN_CHUNK_BYTES, timeout_ms)
         return bytes(ffi.buffer(self._drain_buf, n)) if n else b""
+
+    def wait(self, timeout_ms: int = 50) -> bool:
+        """True as soon as the primary ring holds order information to drain (taken by
+        nobody: a drain() follows), False after timeout_ms. Needs no lock: only
+        drain() must be serialised, so wait() in one thread and drain(0) under the
+        agent's lock keep the order."""
+        return bool(lib.llft_wait(self._base, int(timeout_ms)))
 
     # ---- backup: agent -> shim
     def feeder(self) -> "Feeder":
@@ -80,6 +97,31 @@ class Shm:
     @property
     def diverged(self) -> bool:
         return bool(lib.llft_get(self._base, 3))
+
+    @property
+    def group_port(self) -> int:
+        """Real (ephemeral, loopback) port of the app's group listener; 0 until the app
+        has called listen() on a socket bound to LLFT_SERVICE_PORT."""
+        return lib.llft_get(self._base, 6)
+
+    @property
+    def group_address(self) -> tuple[str, int] | None:
+        """Where the agent connects the group connections, or None before listen()."""
+        import socket
+        port = lib.llft_get(self._base, 6)
+        if not port:
+            return None
+        return ("::1" if lib.llft_get(self._base, 7) == socket.AF_INET6 else "127.0.0.1", port)
+
+    @property
+    def divergence(self) -> tuple[int, int] | None:
+        """(connection index, stream offset) of a group write that differed from the
+        primary's: the connection's 0-based order of acceptance on the group listener
+        and the offset of the differing write's first byte. None otherwise (also for
+        divergences of other kinds: see `diverged` and `report`)."""
+        if not lib.llft_get(self._base, 8):
+            return None
+        return (lib.llft_get(self._base, 9), lib.llft_div_offset(self._base))
 
     @property
     def report(self) -> str:

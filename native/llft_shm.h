@@ -39,7 +39,7 @@
 #include <sys/syscall.h>
 
 #define LLFT_SHM_MAGIC        0x314654464c4c0000ULL
-#define LLFT_SHM_VERSION      1u
+#define LLFT_SHM_VERSION      2u   /* 2: group connections (ctl.group_*, ctl.div_*) */
 #define LLFT_MAX_THREADS      1024u           /* logical threads per process lifetime */
 #define LLFT_OUT_CAP_BYTES    (16u << 20)     /* primary ring */
 #define LLFT_TRING_CAP_BYTES  (128u << 10)    /* backup ring, per logical thread */
@@ -76,7 +76,9 @@ enum llft_call {
     LLFT_C_MAX = 64
 };
 
-/* Socket kinds (DESIGN.md "Three kinds of connection"), in record `flags` of CONNECT. */
+/* Socket kinds (DESIGN.md "Three kinds of connection"), in record `flags` of CONNECT;
+ * LLFT_SK_GROUP also in the flags of the accept/recv/send records of group connections
+ * (same call ids as external ones, told apart by the flags). */
 #define LLFT_SK_PRIVATE  1u
 #define LLFT_SK_EXTERNAL 2u
 #define LLFT_SK_GROUP    3u
@@ -123,6 +125,18 @@ struct llft_ctl {
     uint32_t progress;      /* backup: bumped on every completed record */
     uint64_t stats[8];      /* see LLFT_ST_* */
     char     report[LLFT_REPORT_BYTES];
+    /* group connections (shim_net.inc): the group listener's real loopback port, set
+     * by the shim after the app's listen() on LLFT_SERVICE_PORT (0 until then), and
+     * its address family (AF_INET: 127.0.0.1, AF_INET6: ::1; a v4-mapped v6 listener
+     * publishes AF_INET, it is reached at 127.0.0.1). */
+    uint32_t group_port;
+    uint32_t group_family;
+    /* a group write divergence: div_set = 1 once div_conn (0-based acceptance index of
+     * the connection) and div_offset (stream offset of the differing write's first
+     * byte) are valid; written once, by the thread that wins `diverged`. */
+    uint32_t div_set;
+    uint32_t div_conn;
+    uint64_t div_offset;
 };
 #define LLFT_ST_RECORDS   0   /* records appended (primary) or completed (backup) */
 #define LLFT_ST_WAITS     1   /* backup: waits that had to sleep */

@@ -81,6 +81,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/select.h>
@@ -160,6 +161,9 @@ REAL(int, getsockopt, (int, int, int, void *, socklen_t *));
 REAL(int, getsockname, (int, struct sockaddr *, socklen_t *));
 REAL(int, getpeername, (int, struct sockaddr *, socklen_t *));
 REAL(int, shutdown, (int, int));
+REAL(int, listen, (int, int));
+REAL(ssize_t, readv, (int, const struct iovec *, int));
+REAL(ssize_t, writev, (int, const struct iovec *, int));
 REAL(int, stat64, (const char *, struct stat64 *));
 REAL(pid_t, waitpid, (pid_t, int *, int));
 
@@ -207,9 +211,13 @@ static int64_t g_clk_last[NCLOCKS];
 #define MAX_EXT_PORTS 32
 static uint16_t g_ext_ports[MAX_EXT_PORTS];
 static int g_n_ext_ports;
+/* LLFT_SERVICE_PORT: the group's service port (group listener, shim_net.inc); 0: none. */
+static uint16_t g_service_port;
 
-enum { FDK_NONE = 0, FDK_RANDOM, FDK_SOCK, FDK_PRIVATE, FDK_EXTERNAL, FDK_EPOLL, FDK_PRIVATE_STREAM };
-struct fdent { uint8_t kind; uint8_t pad; uint16_t ext_watch; int32_t epfd; uint64_t lid; };
+enum { FDK_NONE = 0, FDK_RANDOM, FDK_SOCK, FDK_PRIVATE, FDK_EXTERNAL, FDK_EPOLL, FDK_PRIVATE_STREAM,
+       FDK_GROUP_LISTEN, FDK_GROUP };
+struct gconn;   /* group listener / connection state, shim_net.inc */
+struct fdent { uint8_t kind; uint8_t pad; uint16_t ext_watch; int32_t epfd; uint64_t lid; struct gconn *g; };
 static struct fdent g_fd[MAX_FDS];
 
 static inline int active_here(void) { return g_active && !t_guard && t_tid >= 0; }
@@ -253,19 +261,23 @@ static void op_name(uint64_t op, char *buf, size_t n) {
     }
 }
 
-__attribute__((noreturn, format(printf, 1, 2)))
-static void diverge(const char *fmt, ...) {
+/* A divergence ends the process (exit status 86) after writing the report once.
+ * `gconn`/`goff` >= 0: a group connection's write differed (ctl.div_*). */
+__attribute__((noreturn))
+static void vdiverge(int64_t gconn, int64_t goff, const char *fmt, va_list ap) {
     char msg[LLFT_REPORT_BYTES];
-    va_list ap;
-    va_start(ap, fmt);
     int k = vsnprintf(msg, sizeof msg - 1, fmt, ap);
-    va_end(ap);
     if (k < 0) k = 0;
     if (k > (int)sizeof msg - 2) k = (int)sizeof msg - 2;
     msg[k] = '\n';
     msg[k + 1] = 0;
     uint32_t zero = 0;
     if (__atomic_compare_exchange_n(&g_ctl->diverged, &zero, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        if (gconn >= 0) {
+            g_ctl->div_conn = (uint32_t)gconn;
+            g_ctl->div_offset = (uint64_t)goff;
+            __atomic_store_n(&g_ctl->div_set, 1, __ATOMIC_RELEASE);
+        }
         memcpy(g_ctl->report, msg, (size_t)k + 2);
         R(write)(2, "llft: ", 6);
         R(write)(2, msg, (size_t)k + 1);
@@ -278,6 +290,18 @@ static void diverge(const char *fmt, ...) {
     }
     syscall(SYS_exit_group, LLFT_EXIT_DIVERGED);
     __builtin_unreachable();
+}
+__attribute__((noreturn, format(printf, 1, 2)))
+static void diverge(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vdiverge(-1, -1, fmt, ap);
+}
+__attribute__((noreturn, format(printf, 3, 4)))
+static void diverge_group(uint32_t conn, uint64_t off, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vdiverge(conn, (int64_t)off, fmt, ap);
 }
 
 static void debug_line(const char *what, const struct llft_rec *h) {
@@ -512,6 +536,7 @@ static void strip_env(void) {
     unsetenv("LLFT_SHM");
     unsetenv("LLFT_ROOT_PID");
     unsetenv("LLFT_EXTERNAL_PORTS");
+    unsetenv("LLFT_SERVICE_PORT");
 }
 
 static void child_after_fork(void) { g_active = 0; }
@@ -560,6 +585,8 @@ static void llft_init(void) {
         if (v > 0 && v < 65536) g_ext_ports[g_n_ext_ports++] = (uint16_t)v;
         ports = *end ? end + 1 : end;
     }
+    const char *svc = getenv("LLFT_SERVICE_PORT");
+    if (svc) { long v = atol(svc); if (v > 0 && v < 65536) g_service_port = (uint16_t)v; }
     py_is_initialized = (int (*)(void))dlsym(RTLD_DEFAULT, "Py_IsInitialized");
     py_tstate_current = (void *(*)(void))dlsym(RTLD_DEFAULT, "_PyThreadState_UncheckedGet");
     py_tstate_this = (void *(*)(void))dlsym(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
@@ -577,6 +604,7 @@ static void llft_init(void) {
     R(connect); R(accept); R(accept4); R(recv); R(recvfrom); R(recvmsg); R(send); R(sendto);
     R(sendmsg); R(poll); R(select); R(epoll_create1); R(epoll_create); R(epoll_ctl);
     R(epoll_wait); R(epoll_pwait); R(getsockopt); R(getsockname); R(getpeername); R(shutdown);
+    R(listen); R(readv); R(writev);
     strip_env();
     pthread_atfork(NULL, NULL, child_after_fork);
     g_pid = getpid();

@@ -20,6 +20,8 @@ CDEF = """
     size_t llft_shm_size(void);
     void llft_shm_init(void *base, uint32_t mode, uint32_t stall_ms);
     int64_t llft_drain(void *base, uint8_t *out, size_t cap, int timeout_ms);
+    int llft_wait(void *base, int timeout_ms);
+    uint64_t llft_div_offset(void *base);
     void *llft_seqtab_new(void);
     void llft_seqtab_free(void *t);
     int64_t llft_feed(void *base, const uint8_t *buf, size_t len, void *seqtab, int timeout_ms);
@@ -78,6 +80,32 @@ int64_t llft_drain(void *base, uint8_t *out, size_t cap, int timeout_ms) {
         n += len;
     }
     return (int64_t)n;
+}
+
+/* 1 as soon as the primary ring holds a committed record to drain, without taking it;
+ * 0 after timeout_ms (0: just look). Safe without a lock next to a drainer: it only
+ * reads the commit word at `tail` (the drainer may take the record meanwhile; then a
+ * later drain simply returns less). llft_drain(base, buf, 0, t) waits the same way
+ * but cannot tell "something there" from "timed out" (it returns 0 for both). */
+int llft_wait(void *base, int timeout_ms) {
+    struct llft_shm *s = base;
+    struct llft_ring *r = &s->out;
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int polls = 0;; polls++) {
+        uint32_t seq = __atomic_load_n(&r->pub_seq, __ATOMIC_ACQUIRE);
+        if (llft_ring_peek(r, s->out_data, LLFT_OUT_CAP_BYTES)) return 1;
+        if (timeout_ms <= 0) return 0;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long left = timeout_ms - ((now.tv_sec - t0.tv_sec) * 1000L + (now.tv_nsec - t0.tv_nsec) / 1000000L);
+        if (left <= 0) return 0;
+        if (polls < 10) {   /* as llft_drain: a busy app's appends then cost no wake-up */
+            struct timespec ts = {0, 100000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        llft_ring_wait_pub(r, seq, (int)(left < 50 ? left : 50));
+    }
 }
 
 /* o -> number of records of o fed so far (the next record's oseq). */
@@ -153,7 +181,8 @@ void llft_feed_done(void *base) {
         }
 }
 
-/* 0 mode, 1 active_pid, 2 feed_done, 3 diverged, 4 next_tid, 5 progress */
+/* 0 mode, 1 active_pid, 2 feed_done, 3 diverged, 4 next_tid, 5 progress,
+ * 6 group_port, 7 group_family, 8 div_set, 9 div_conn */
 uint32_t llft_get(void *base, int what) {
     struct llft_ctl *c = &((struct llft_shm *)base)->ctl;
     switch (what) {
@@ -163,8 +192,15 @@ uint32_t llft_get(void *base, int what) {
     case 3: return __atomic_load_n(&c->diverged, __ATOMIC_ACQUIRE);
     case 4: return __atomic_load_n(&c->next_tid, __ATOMIC_ACQUIRE);
     case 5: return __atomic_load_n(&c->progress, __ATOMIC_ACQUIRE);
+    case 6: return __atomic_load_n(&c->group_port, __ATOMIC_ACQUIRE);
+    case 7: return __atomic_load_n(&c->group_family, __ATOMIC_ACQUIRE);
+    case 8: return __atomic_load_n(&c->div_set, __ATOMIC_ACQUIRE);
+    case 9: return __atomic_load_n(&c->div_conn, __ATOMIC_ACQUIRE);
     }
     return 0;
+}
+uint64_t llft_div_offset(void *base) {
+    return __atomic_load_n(&((struct llft_shm *)base)->ctl.div_offset, __ATOMIC_ACQUIRE);
 }
 void llft_set_mode(void *base, uint32_t mode) {
     struct llft_shm *s = base;
