@@ -126,7 +126,8 @@ struct llft_ctl {
     uint64_t stats[8];      /* see LLFT_ST_* */
     char     report[LLFT_REPORT_BYTES];
     /* group connections (shim_net.inc): the group listener's real loopback port, set
-     * by the shim after the app's listen() on LLFT_SERVICE_PORT (0 until then), and
+     * by the shim after the app's listen() on LLFT_SERVICE_PORT (0 until then, and
+     * again once that listener is closed: the next one publishes its port), and
      * its address family (AF_INET: 127.0.0.1, AF_INET6: ::1; a v4-mapped v6 listener
      * publishes AF_INET, it is reached at 127.0.0.1). */
     uint32_t group_port;

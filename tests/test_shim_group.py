@@ -192,6 +192,21 @@ def run_backup(script, host, port, n_conns, info, sent, tmp_path):
         back.close()
 
 
+def test_wait_reports_order_info_without_taking_it(tmp_path):
+    shm = Shm.create(Shm.PRIMARY)
+    try:
+        t0 = time.monotonic()
+        assert shm.wait(30) is False and time.monotonic() - t0 >= 0.025   # idle: times out
+        proc = spawn([sys.executable, "-c", "import time; time.time()"], shim_env(dict(os.environ), shm.env()))
+        assert proc.wait(TIMEOUT) == 0
+        assert shm.wait(0) and shm.wait(1000)      # something to drain, still there
+        data = shm.drain(timeout_ms=0)
+        assert any(e.call == CALL_IDS["clock_gettime"] for e in decode(data))
+        assert shm.wait(0) is False and shm.drain(timeout_ms=0) == b""
+    finally:
+        shm.close()
+
+
 @pytest.mark.parametrize("script,host", [("group_counter.py", "0.0.0.0"), ("group_async.py", "any")],
                          ids=["threads", "asyncio"])
 def test_backup_writes_the_primarys_bytes_on_every_group_connection(script, host, tmp_path):
@@ -247,6 +262,7 @@ def test_two_primaries_share_the_service_port_on_one_host(tmp_path):
         assert outs[1].splitlines()[0] == f"listening ('::', {port})"
         for out in outs:   # an accepted connection's local name carries the service port
             assert out.splitlines()[1].endswith(f" {port}")
+        assert [r.shm.group_port for r in reps] == [0, 0]   # the listeners are closed
     finally:
         squatter.close()
         for r in reps:

@@ -1,8 +1,8 @@
 """A threaded TCP counter server on the group's service port (group connection tests).
 Run: python group_counter.py HOST PORT NCONNS
 Accepts NCONNS connections, one thread each; every request line gets a reply with the
-connection number, a shared counter (threading.Lock), time.time() and random.random():
-plain runs differ, replicas must not. A request `file:NAME` also echoes NAME's
+connection number, a shared counter and random.random() (both under a threading.Lock)
+and time.time(): plain runs differ, replicas must not. A request `file:NAME` also echoes NAME's
 content (a test changes it at a backup to provoke a divergence). Ends when every
 connection is closed by its peer."""
 import random
@@ -26,14 +26,15 @@ def serve(conn, idx):
     f = conn.makefile("rwb")
     for line in f:
         req = line.strip().decode()
-        with lock:
-            counter += 1
-            c = counter
+        with lock:   # random's generator is shared state too: drawn under the lock (an
+            counter += 1   # unlocked race between threads is arbitrated by the GIL alone,
+            c = counter    # which the determinizer does not order)
+            r = random.random()
         extra = ""
         if req.startswith("file:"):
             with open(req[5:]) as fh:
                 extra = fh.read().strip()
-        f.write(f"{idx} {req} n={c} t={time.time():.6f} r={random.random():.6f} {extra}\n".encode())
+        f.write(f"{idx} {req} n={c} t={time.time():.6f} r={r:.6f} {extra}\n".encode())
         f.flush()
     f.close()
     conn.close()
