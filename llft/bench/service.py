@@ -1,13 +1,20 @@
 """`llft bench latency` and `llft bench throughput`: a replicated service against itself, plain.
 
-The service is examples/echo.py, unmodified, reached in these configurations, all set up
-at once and measured in ONE run, interleaved in blocks (same machine, same moment):
+The service is examples/echo.py, unmodified, reached in these configurations, measured
+in ONE run, interleaved in blocks (same machine, same moment):
 
   tcp        the plain echo.py process, reached directly over TCP (the baseline)
   proxy      the same echo.py process through a plain TCP proxy (asyncio, another
              process): the cost of one extra hop, without llft (`--no-proxy` drops it)
   llft_Nr    a LocalCluster of N replicas (`llft run -- python examples/echo.py PORT`),
              reached through `llft gateway` (N from `--replicas`, default 1,2,3)
+
+Phases: one per replica count. The group is started (`llft run` replicas, then the
+gateway, then one echo through it), measured interleaved with tcp and proxy, and
+stopped, so no idle group loads the machine (2 cores) while another is measured. llft
+ratios are to the tcp samples of the same phase; the tcp and proxy rows pool all phases.
+The llft clusters run with `--fault-timeout-ms` (default 200): this bench measures the
+failure-free path, and 25 ms (the default) gives false suspicions on 2 busy cores.
 
 latency: this process is the client; one persistent TCP connection per configuration;
 for each size (`--sizes`), `--rounds` request/reply round trips per configuration, taken
@@ -19,7 +26,7 @@ throughput: requests per second of 1, 4, 16 concurrent request/reply clients
 checked) sending `--size` bytes (default 1 KB), for `--duration` seconds per
 configuration and client count, also in interleaved blocks. Ratio to tcp.
 
-One cluster per replica count serves every size and client count. A configuration that
+One cluster per replica count serves every size and client count of its phase. A configuration that
 cannot be set up or fails mid-run (timeout, wrong bytes) is reported as failed, with the
 reason, in the table; the others are still measured; the exit status is then 1.
 
@@ -59,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--blocks", type=int, default=5,
                    help="interleave the configurations in this many blocks")
     p.add_argument("--replicas", default="1,2,3", help="llft group sizes to measure")
+    p.add_argument("--fault-timeout-ms", type=float, default=200.0,
+                   help="fault_timeout_ms of the llft clusters: this bench measures the "
+                   "failure-free path, and on 2 busy cores 25 ms gives false suspicions")
     p.add_argument("--no-proxy", action="store_true", help="leave out the plain TCP proxy")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: sizes 64,1024, 50 rounds, clients 1,4, 0.5 s, 2 blocks")
@@ -73,12 +83,22 @@ class Target:
         self.name, self.replicas = name, replicas
         self.host, self.port = "127.0.0.1", 0
         self.error: str | None = None
+        self.diag = None                            # () -> str: log tails, for a failure
+        self.detail = ""
+        self.cluster = None                         # llft: its LocalCluster
         self.sock: socket.socket | None = None      # latency: the persistent connection
 
     def fail(self, why: str) -> None:
         if self.error is None:
             self.error = why.strip().replace("\n", " ")[:300]
-            print(f"llft bench: {self.name} failed: {self.error}", file=sys.stderr)
+            detail = ""
+            if self.diag is not None:
+                try:
+                    detail = f" [{self.diag()}]"
+                except Exception:           # noqa: BLE001 -- a diagnostic only
+                    pass
+            self.detail = why.strip().replace("\n", " ") + detail
+            print(f"llft bench: {self.name} failed: {self.detail}", file=sys.stderr)
         self.close()
 
     def close(self) -> None:
@@ -117,15 +137,19 @@ def _read_ready(p: subprocess.Popen, timeout_s: float) -> dict | None:
 
 
 class Setup:
-    """Every configuration's processes: echo.py, the proxy, one LocalCluster per size."""
+    """The configurations' processes: echo.py and the proxy for the whole run, and one
+    LocalCluster per replica count, started for its phase (`add_cluster`) and stopped
+    after it (`stop_cluster`), so idle groups do not load the 2 cores meanwhile."""
 
-    def __init__(self, tmp: str, replicas: list[int], proxy: bool):
+    def __init__(self, tmp: str, proxy: bool, fault_timeout_ms: float = 200.0):
         self.tmp = tmp
+        self.fault_timeout_ms = fault_timeout_ms
         self.procs: list[subprocess.Popen] = []
         self.clusters = []
-        self.targets: list[Target] = []
+        self.baselines: list[Target] = []
+        self.llft: list[Target] = []
         tcp = Target("tcp")
-        self.targets.append(tcp)
+        self.baselines.append(tcp)
         tcp.port = _free_port()
         self._spawn([sys.executable, ECHO, str(tcp.port)], "echo")
         from llft.loadclient import wait_listening
@@ -133,7 +157,7 @@ class Setup:
             tcp.fail(f"examples/echo.py did not listen on {tcp.port}")
         if proxy:
             px = Target("proxy")
-            self.targets.append(px)
+            self.baselines.append(px)
             p = self._spawn([sys.executable, "-m", "llft.bench.service", "--proxy-to",
                              f"{tcp.host}:{tcp.port}"], "proxy", stdout=subprocess.PIPE)
             ev = _read_ready(p, 20)
@@ -141,13 +165,24 @@ class Setup:
                 px.fail("the TCP proxy did not start")
             else:
                 px.port = int(ev["port"])
-        for r in replicas:
-            t = Target(f"llft_{r}r", r)
-            self.targets.append(t)
-            try:
-                t.host, t.port = self._cluster(r)
-            except Exception as e:          # noqa: BLE001 -- reported per configuration
-                t.fail(f"setup: {type(e).__name__}: {e}")
+
+    @property
+    def targets(self) -> list[Target]:
+        return self.baselines + self.llft
+
+    def add_cluster(self, r: int) -> Target:
+        t = Target(f"llft_{r}r", r)
+        self.llft.append(t)
+        try:
+            t.host, t.port = self._cluster(r, t)
+        except Exception as e:              # noqa: BLE001 -- reported per configuration
+            t.fail(f"setup: {type(e).__name__}: {e}")
+        return t
+
+    def stop_cluster(self, t: Target) -> None:
+        t.close()
+        if t.cluster is not None:
+            t.cluster.stop()
 
     def _spawn(self, argv: list[str], name: str, stdout=subprocess.DEVNULL) -> subprocess.Popen:
         with open(os.path.join(self.tmp, f"{name}.log"), "ab") as err:
@@ -155,18 +190,21 @@ class Setup:
         self.procs.append(p)
         return p
 
-    def _cluster(self, n: int) -> tuple[str, int]:
+    def _cluster(self, n: int, t: Target) -> tuple[str, int]:
         from llft.cluster import LocalCluster
         lc = LocalCluster(os.path.join(self.tmp, f"llft{n}"), group=f"echo{n}",
-                          service_port=SERVICE_PORT)
+                          service_port=SERVICE_PORT,
+                          extra_cluster=f"fault_timeout_ms = {self.fault_timeout_ms:g}")
         self.clusters.append(lc)
+        t.cluster = lc
+        t.diag = lambda: "; ".join(f"{name}.log: {_last_lines(lc.log_tail(name))}"
+                                   for name in lc.logs)
         for i in range(1, n + 1):
             lc.start_replica(f"r{i}", [sys.executable, ECHO, str(SERVICE_PORT)])
             try:
                 lc.wait_members(i, timeout_s=SETUP_TIMEOUT_S)
             except Exception as e:
-                raise RuntimeError(f"{e}; r{i} log: {_last_lines(lc.log_tail(f'r{i}'))}") \
-                    from None
+                raise RuntimeError(f"r{i} not a member: {str(e)[:200]}") from None
         host, port = lc.start_gateway(timeout_s=SETUP_TIMEOUT_S)
         # one echo through the whole path, so a broken path fails here, plainly
         try:
@@ -176,9 +214,7 @@ class Setup:
             if got != b"ping\n":
                 raise RuntimeError(f"first echo returned {got!r}")
         except OSError as e:
-            raise RuntimeError(f"first echo through the gateway: {e}; r1 log: "
-                               f"{_last_lines(lc.log_tail('r1'))}; gateway log: "
-                               f"{_last_lines(lc.log_tail('gateway'))}") from None
+            raise RuntimeError(f"first echo through the gateway: {e}") from None
         return host, port
 
     def stop(self) -> None:
@@ -237,14 +273,16 @@ def _round_trips(t: Target, payload: bytes, count: int, out: list[float] | None)
 
 
 def measure_latency(targets: list[Target], sizes: list[int], rounds: int, warmup: int,
-                    blocks: int) -> dict[tuple[str, int], list[float]]:
-    samples: dict[tuple[str, int], list[float]] = {}
+                    blocks: int, phase: int, samples: dict) -> None:
+    """Into samples[(phase, config, size)]: round-trip times (us), configurations
+    interleaved in `blocks` blocks per size."""
     blocks = max(1, min(blocks, rounds))
     for size in sizes:
         payload = os.urandom(size)
-        live = [t for t in targets if t.error is None]
-        for t in live:
-            samples[(t.name, size)] = []
+        for t in targets:
+            samples[(phase, t.name, size)] = []
+            if t.error is not None:
+                continue
             try:
                 _round_trips(t, payload, warmup, None)
             except Exception as e:          # noqa: BLE001
@@ -255,41 +293,55 @@ def measure_latency(targets: list[Target], sizes: list[int], rounds: int, warmup
                 if t.error is not None:
                     continue
                 try:
-                    _round_trips(t, payload, per, samples[(t.name, size)])
+                    _round_trips(t, payload, per, samples[(phase, t.name, size)])
                 except Exception as e:      # noqa: BLE001
                     t.fail(f"{size} B round trips: {type(e).__name__}: {e}")
-    return samples
 
 
-def latency_table(targets, sizes, samples, rounds) -> report.Table:
+def _pooled(samples: dict, name: str, key) -> list:
+    return [x for (ph, n, k), v in samples.items() if n == name and k == key for x in v]
+
+
+def _phase_of(samples: dict, name: str) -> int | None:
+    return next((ph for (ph, n, _), _v in samples.items() if n == name), None)
+
+
+def latency_table(setup: Setup, sizes, samples, rounds) -> report.Table:
+    """tcp and proxy: every phase's samples pooled; llft_Nr: its phase, and its ratios
+    to the tcp samples of that phase."""
     table = report.Table("latency", f"Request/reply latency, echo service (us; {rounds} "
-                         "round trips per size and configuration)",
+                         "round trips per size and configuration and phase)",
                          ["size_B", "config", "replicas", "n", "median_us", "p90_us", "p99_us",
                           "median_vs_tcp", "p99_vs_tcp", "error"])
     for size in sizes:
-        base = report.summarize_us(samples.get(("tcp", size), []))
-        for t in targets:
-            s = report.summarize_us(samples.get((t.name, size), []))
-            ok = t.error is None and s["n"] > 0
+        base = report.summarize_us(_pooled(samples, "tcp", size))
+        for t in setup.targets:
+            if t.replicas:
+                ph = _phase_of(samples, t.name)
+                mine = samples.get((ph, t.name, size), [])
+                ref = report.summarize_us(samples.get((ph, "tcp", size), []))
+            else:
+                mine, ref = _pooled(samples, t.name, size), base
+            s = report.summarize_us(mine)
             row = dict(size_B=size, config=t.name, replicas=t.replicas, n=s["n"],
                        error=t.error or "")
-            if ok:
+            if t.error is None and s["n"] > 0:
                 row.update(median_us=s["median_us"], p90_us=s["p90_us"], p99_us=s["p99_us"])
-                if base["n"]:
-                    row.update(median_vs_tcp=s["median_us"] / base["median_us"],
-                               p99_vs_tcp=s["p99_us"] / base["p99_us"])
+                if ref["n"]:
+                    row.update(median_vs_tcp=s["median_us"] / ref["median_us"],
+                               p99_vs_tcp=s["p99_us"] / ref["p99_us"])
             table.add(**row)
     return table
 
 
 # ------------------------------------------------------------- throughput -----------
 def measure_throughput(targets: list[Target], clients: list[int], size: int,
-                       duration_s: float, blocks: int) -> dict[tuple[str, int], dict]:
+                       duration_s: float, blocks: int, phase: int, acc: dict) -> None:
+    """Into acc[(phase, config, clients)]: replies, seconds and latencies (s)."""
     from llft.loadclient import run_load
-    acc: dict[tuple[str, int], dict] = {}
     for c in clients:
         for t in targets:
-            acc[(t.name, c)] = {"replies": 0, "elapsed_s": 0.0, "latencies": []}
+            acc[(phase, t.name, c)] = {"replies": 0, "elapsed_s": 0.0, "latencies": []}
         for _ in range(max(1, blocks)):
             for t in targets:
                 if t.error is not None:
@@ -300,31 +352,43 @@ def measure_throughput(targets: list[Target], clients: list[int], size: int,
                 if r.error_count:
                     t.fail(f"{c} clients: {r.errors[0] if r.errors else 'errors'}")
                     continue
-                a = acc[(t.name, c)]
+                a = acc[(phase, t.name, c)]
                 a["replies"] += r.replies
                 a["elapsed_s"] += r.elapsed_s
                 a["latencies"] += r.latencies
-    return acc
 
 
-def throughput_table(targets, clients, acc, size, duration_s) -> report.Table:
+def _sum_acc(parts: list[dict]) -> dict:
+    return {"replies": sum(p["replies"] for p in parts),
+            "elapsed_s": sum(p["elapsed_s"] for p in parts),
+            "latencies": [x for p in parts for x in p["latencies"]]}
+
+
+def throughput_table(setup: Setup, clients, acc, size, duration_s) -> report.Table:
     table = report.Table("throughput", f"Throughput, {size} B echo requests (request/reply "
-                         f"clients, {duration_s:g} s per configuration and client count)",
+                         f"clients, {duration_s:g} s per configuration, client count and phase)",
                          ["clients", "config", "replicas", "replies", "req_per_s",
                           "median_us", "p99_us", "vs_tcp", "error"])
+
+    def rps(a):
+        return a["replies"] / a["elapsed_s"] if a and a["elapsed_s"] > 0 else 0.0
     for c in clients:
-        base = acc.get(("tcp", c))
-        base_rps = base["replies"] / base["elapsed_s"] if base and base["elapsed_s"] else 0.0
-        for t in targets:
-            a = acc.get((t.name, c), {"replies": 0, "elapsed_s": 0.0, "latencies": []})
+        base = _sum_acc([v for (ph, n, k), v in acc.items() if n == "tcp" and k == c])
+        for t in setup.targets:
+            if t.replicas:
+                ph = _phase_of(acc, t.name)
+                a = acc.get((ph, t.name, c), _sum_acc([]))
+                ref = acc.get((ph, "tcp", c))
+            else:
+                a = _sum_acc([v for (ph, n, k), v in acc.items() if n == t.name and k == c])
+                ref = base
             row = dict(clients=c, config=t.name, replicas=t.replicas, replies=a["replies"],
                        error=t.error or "")
             if t.error is None and a["elapsed_s"] > 0:
-                rps = a["replies"] / a["elapsed_s"]
                 lat = report.summarize_us([x * 1e6 for x in a["latencies"]])
-                row.update(req_per_s=rps, median_us=lat["median_us"], p99_us=lat["p99_us"])
-                if base_rps:
-                    row["vs_tcp"] = rps / base_rps
+                row.update(req_per_s=rps(a), median_us=lat["median_us"], p99_us=lat["p99_us"])
+                if rps(ref):
+                    row["vs_tcp"] = rps(a) / rps(ref)
             table.add(**row)
     return table
 
@@ -341,17 +405,29 @@ def run(args) -> int:
         args.clients, args.duration, args.blocks = "1,4", 0.5, 2
     sizes, clients, replicas = _ints(args.sizes), _ints(args.clients), _ints(args.replicas)
     with tempfile.TemporaryDirectory(prefix=f"llft-bench-{kind}-") as tmp:
-        setup = Setup(tmp, replicas, proxy=not args.no_proxy)
+        setup = Setup(tmp, proxy=not args.no_proxy, fault_timeout_ms=args.fault_timeout_ms)
+        data: dict = {}
         try:
-            targets = setup.targets
-            if kind == "latency":
-                samples = measure_latency(targets, sizes, args.rounds, args.warmup, args.blocks)
-                table = latency_table(targets, sizes, samples, args.rounds)
-            else:
-                acc = measure_throughput(targets, clients, args.size, args.duration, args.blocks)
-                table = throughput_table(targets, clients, acc, args.size, args.duration)
+            # one phase per replica count: its cluster, measured interleaved with the
+            # baselines, then stopped (no phase with llft: the baselines alone)
+            for phase, r in enumerate(replicas or [0]):
+                cluster = setup.add_cluster(r) if r else None
+                targets = setup.baselines + ([cluster] if cluster else [])
+                if kind == "latency":
+                    measure_latency(targets, sizes, args.rounds, args.warmup, args.blocks,
+                                    phase, data)
+                else:
+                    measure_throughput(targets, clients, args.size, args.duration,
+                                       args.blocks, phase, data)
+                if cluster is not None:
+                    setup.stop_cluster(cluster)
         finally:
             setup.stop()
+        targets = setup.targets
+        if kind == "latency":
+            table = latency_table(setup, sizes, data, args.rounds)
+        else:
+            table = throughput_table(setup, clients, data, args.size, args.duration)
     table.print()
     table.write_csv(args.results)
     ok_names = [t.name for t in targets if t.error is None]
@@ -379,10 +455,15 @@ def run(args) -> int:
              "proxy: the same process through a plain asyncio TCP proxy (one extra hop, no "
              "llft); llft_Nr: N replicas under `llft run`, reached through `llft gateway` "
              "(client -> gateway over TCP, gateway -> group over LLFT multicast, the "
-             "primary's agent -> app over loopback TCP). All configurations were set up at "
-             "once and measured interleaved in blocks, so ratios compare the same moment.")
+             "primary's agent -> app over loopback TCP), with fault_timeout_ms = "
+             f"{args.fault_timeout_ms:g} (failure-free path; `llft bench failover` measures "
+             "failures). One phase per replica count: that group is started, measured "
+             "interleaved in blocks with tcp and proxy, and stopped (no idle group loads the "
+             "2 cores meanwhile); llft ratios are to the tcp samples of the same phase; the "
+             "tcp and proxy rows pool every phase.")
     if failed:
-        notes += "\n\nFailed configurations: " + "; ".join(f"{t.name}: {t.error}" for t in failed)
+        notes += "\n\nFailed configurations: " + "; ".join(f"{t.name}: {t.detail}"
+                                                         for t in failed)
     md = report.write_markdown(args.results, kind, [table.markdown()], notes=notes)
     print(f"wrote {md}")
     return 1 if failed else 0
