@@ -1,0 +1,81 @@
+"""`llft bench latency`, `llft bench throughput` and `llft bench failover` in --quick mode.
+
+Checks counts and structure only (every configuration measured, rows and CSV files
+written, no errors, exit status 0). Timings never decide pass or fail: these machines
+are shared and noisy.
+"""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+
+import pytest
+
+from llft.cli import main
+
+HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
+
+
+def read_csv(path: str) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def replicas_for(soak: str) -> str:
+    return "1,2,3" if soak == "full" else "1,2"
+
+
+@pytest.mark.slow
+def test_latency_and_throughput_quick(tmp_path, soak):
+    out = str(tmp_path / "results")
+    replicas = replicas_for(soak)
+    configs = ["tcp", "proxy"] + [f"llft_{r}r" for r in replicas.split(",")]
+
+    assert main(["bench", "latency", "--quick", "--replicas", replicas, "--results", out]) == 0
+    rows = read_csv(os.path.join(out, "latency.csv"))
+    assert [(r["size_B"], r["config"]) for r in rows] == \
+        [(s, c) for s in ("64", "1024") for c in configs]
+    for r in rows:
+        assert r["error"] == "", r
+        # --quick: 50 round trips per phase; tcp and proxy pool every phase
+        phases = 1 if r["config"].startswith("llft") else len(replicas.split(","))
+        assert int(r["n"]) == 50 * phases, r
+        assert r["median_us"] and r["p90_us"] and r["p99_us"] and r["median_vs_tcp"], r
+
+    assert main(["bench", "throughput", "--quick", "--replicas", replicas,
+                 "--results", out]) == 0
+    rows = read_csv(os.path.join(out, "throughput.csv"))
+    assert [(r["clients"], r["config"]) for r in rows] == \
+        [(c, n) for c in ("1", "4") for n in configs]
+    for r in rows:
+        assert r["error"] == "", r
+        assert int(r["replies"]) > 0, r
+        assert r["req_per_s"] and r["vs_tcp"], r
+
+    with open(os.path.join(out, "summary.md")) as f:
+        summary = f.read()
+    assert "## llft bench latency" in summary and "## llft bench throughput" in summary
+    if HAVE_MPL:
+        for png in ("latency.png", "latency_p99.png", "throughput.png"):
+            assert os.path.getsize(os.path.join(out, png)) > 0
+
+
+@pytest.mark.slow
+def test_failover_quick(tmp_path, soak):
+    out = str(tmp_path / "results")
+    sizes = "2,3" if soak == "full" else "2"
+    assert main(["bench", "failover", "--quick", "--replicas", "2", "--service-replicas", sizes,
+                 "--results", out]) == 0
+    membership = read_csv(os.path.join(out, "failover_runs.csv"))
+    assert len(membership) == 2                            # --quick: 2 runs
+    kills = read_csv(os.path.join(out, "failover_service_kills.csv"))
+    assert [(r["replicas"], r["kill"]) for r in kills] == \
+        [(s, k) for s in sizes.split(",") for k in ("1", "2")]   # --quick: 2 kills
+    for r in kills:
+        assert r["pause_ms"] and r["promoted_ms"] and r["rejoin_ms"], r
+    service = read_csv(os.path.join(out, "failover_service.csv"))
+    assert [r["replicas"] for r in service] == sizes.split(",")
+    for r in service:
+        assert r["error"] == "" and r["client_errors"] == "0" and r["kills"] == "2", r
+        assert int(r["replies"]) > 0, r
