@@ -86,6 +86,8 @@ READ_BYTES = 64 << 10            # app output read at a time, per connection
 TERM_FLUSH_S = 1.0               # SIGTERM at a primary: wait this long for backups' acks
 PROMOTE_CHECK_S = 0.002          # how often a promoting agent checks the app's progress
 TAG_SHIM, TAG_CONN = b"S", b"C"
+NO_STALL_MS = 0x7FFF_FFFF
+PIGGYBACK_BYTES = 16 << 10       # order info a message may carry (output commit, above)
 APP_STATE_VERSION = 1
 
 
@@ -141,7 +143,8 @@ class Agent:
                               pid=os.getpid())
         self.rng = random.Random(os.getpid() ^ time.monotonic_ns())
         self.node = rp.ReplicaNode(group, self.rng, membership_config=self.mcfg,
-                                   messaging_config=mg.MessagingConfig(heartbeat_us=hb),
+                                   messaging_config=mg.MessagingConfig(
+                                       heartbeat_us=hb, max_piggyback_bytes=PIGGYBACK_BYTES),
                                    app_state=self)
         self.endpoint = Endpoint(self.key, [group], lambda m: None,
                                  groups=cfg.group_map(), interface=cfg.interface,
@@ -221,6 +224,8 @@ class Agent:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        if self._drain_thread is not None:
+            self._drain_thread.join()               # it may be inside shm.wait()
         for c in self.conns.values():
             if c.reader_task:
                 c.reader_task.cancel()
@@ -228,6 +233,7 @@ class Agent:
                 c.writer.close()
         if self._feed_thread is not None:
             self._feed_queue.put(None)
+            self._feed_thread.join()
         if self.shm is not None:
             self.shm.close()
 
@@ -260,6 +266,7 @@ class Agent:
         elif isinstance(a, mg.Opened):
             pass                                   # registered on its first delivery
         elif isinstance(a, rp.ViewSwitch):
+            self.oi_seen[a.pvn] = max(self.oi_seen.get(a.pvn, 0), a.pos)
             if a.primary:
                 self._become_primary(a.pvn)
             self._event("view", pvn=a.pvn, primary=a.primary)
@@ -360,7 +367,9 @@ class Agent:
     def _spawn(self, mode: int, env: dict[str, str]) -> None:
         from determinizer.runner import shim_env, spawn
         from determinizer.shm import Shm
-        self.shm = Shm.create(mode, stall_ms=self.cfg.stall_ms)
+        # No stall detection: a backup whose app waits for order info that has not come
+        # is normal (an idle primary produces none); lag shows in `llft status`.
+        self.shm = Shm.create(mode, stall_ms=NO_STALL_MS)
         senv = dict(self.shm.env())
         senv["LLFT_SERVICE_PORT"] = str(self.gcfg.service_port)
         self.proc = spawn(self.cmd, shim_env(env, senv), cwd=self.cwd, death_signal=signal.SIGKILL)
@@ -394,12 +403,12 @@ class Agent:
 
     async def _promote(self, pvn: int) -> None:
         t0 = time.monotonic()
-        f = self._feeder
+        f, shm = self._feeder, self.shm
         while not (self._feed_busy == 0 and f.consumed >= f.fed_entries):
-            if self.shm.diverged or self.stop_event.is_set():
-                return
+            if self.shm is not shm or shm.diverged or self.stop_event.is_set():
+                return                              # reset, diverged, or stopping
             await asyncio.sleep(PROMOTE_CHECK_S)   # the app executes its last entries
-        self.shm.promote()
+        shm.promote()
         self.mode = "primary"
         self._start_drain()
         for c in self.conns.values():              # delivered on, never registered
@@ -428,6 +437,8 @@ class Agent:
             self.oi_seen[pvn] = max(self.oi_seen.get(pvn, 0), pos)
             self._handle_entry(chunk)
         m = self.node.membership
+        # positions of this view the checkpoint covered (view markers included)
+        self.oi_seen[m.pvn] = max(self.oi_seen.get(m.pvn, 0), self.node.messaging.oi_delivered)
         _log(f"backup (rank {m.rank}) of view {m.pvn}: replaying {len(a.order_info)} "
              f"order-info chunks and {sum(len(d) for d in streams.values())} input bytes; "
              f"application pid {self.proc.pid}")
@@ -477,7 +488,8 @@ class Agent:
         self._drain_thread.start()
 
     def _drain_loop(self, shm) -> None:
-        while not self._drain_stop.is_set():
+        stop = self._drain_stop                     # this app's (a reset makes new ones)
+        while not stop.is_set():
             if shm.wait(100):
                 self.loop.call_soon_threadsafe(self._take_order_info)
 
@@ -507,13 +519,13 @@ class Agent:
         (the app's accept queue is FIFO: every replica's app accepts them in this order)."""
         while True:
             c: AppConn = await self._connect_queue.get()
-            port = 0
-            while not port:
+            where = None
+            while where is None:
                 shm = self.shm
-                port = shm.group_port if shm is not None else 0
-                if not port:
+                where = shm.group_address if shm is not None else None
+                if where is None:
                     await asyncio.sleep(0.005)     # the app has not listened yet
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            reader, writer = await asyncio.open_connection(*where)
             sock = writer.get_extra_info("socket")
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             c.writer = writer
@@ -532,8 +544,14 @@ class Agent:
                 self._count("app_closed")
                 return
             if self.mode == "primary":
+                # Output commit: every order-info entry this output depends on is in the
+                # shim's ring now; it goes to messaging first, and the output waits until
+                # what the backups do not hold yet fits in the message's piggyback.
+                e = self.node.messaging
                 self._take_order_info()
-                while self._oi_pending:            # output commit: order info first
+                while (self._oi_pending or e.order_info_unprotected_bytes()
+                       > self.node.mcfg.max_piggyback_bytes) and self.mode == "primary":
+                    self._count("output_commit_waits")
                     await self._wait_progress()
                     self._take_order_info()
             view = memoryview(data)
@@ -557,7 +575,12 @@ class Agent:
             self._write_status()
             if self.shm is not None and self.shm.diverged and self.divergence is None:
                 self._diverged()
+            t = time.monotonic()
             await asyncio.sleep(STATUS_PERIOD_S)    # a reporting period
+            # how late the loop woke: a busy or starved agent misses heartbeats
+            lag_ms = int((time.monotonic() - t - STATUS_PERIOD_S) * 1000)
+            if lag_ms > self.counters.get("loop_lag_max_ms", 0):
+                self.counters["loop_lag_max_ms"] = lag_ms
 
     def status(self) -> dict:
         n = self.node

@@ -52,7 +52,7 @@ class LocalCluster:
         mcast = f"239.255.{rng.randrange(1, 255)}.{rng.randrange(1, 255)}"
         config_mod.write_example(
             self.config_path, "cluster.key", {group: (f"{mcast}:{port}", service_port)},
-            extra_cluster=extra_cluster or f'runtime_dir = "run"')
+            extra_cluster='runtime_dir = "run"' + ("\n" + extra_cluster if extra_cluster else ""))
         self.cfg = config_mod.load(self.config_path)
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, str] = {}

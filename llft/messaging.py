@@ -516,6 +516,16 @@ class MessagingEndpoint:
                 self.oi_intra_due = self._now + self.cfg.order_info_intra_us
         return pos
 
+    def order_info_unprotected_bytes(self) -> int:
+        """Order info that no backup-acknowledgment and no remote reflection covers yet:
+        the next message to a remote group piggybacks it (up to max_piggyback_bytes).
+        Output commit: a runtime hands output to `send` only while this fits in one
+        piggyback, so every entry the output depends on travels with it or before it."""
+        if not self.is_primary or not self.backups or not self.oi_log:
+            return 0
+        lim = max(self.oi_reflected, self._oi_floor())
+        return sum(len(ch) for pos, ch in self.oi_log if pos > lim)
+
     def order_info_space(self) -> int:
         return max(0, self.cfg.max_order_info_bytes - self.oi_bytes)
 

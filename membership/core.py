@@ -78,6 +78,7 @@ MAX_TRACKED_JOINERS = 32     # other joiners a joiner remembers (founding tie-br
 MAX_STATE_CHUNKS = 65_536    # chunks of one checkpoint (x chunk size = largest state)
 MAX_TRACKED_VIEWS = 8        # view numbers whose proposals a member remembers
 MAX_ACTIONS = 4_096          # actions not yet taken by the driver
+STALL_SLACK_INTERVALS = 2    # timer later than this many heartbeat intervals: a local stall
 
 
 class Status(enum.Enum):
@@ -344,6 +345,18 @@ class Membership:
         if not self._started:
             return
         c = self.cfg
+        # A heartbeat is due every interval, so this runs at least that often. A longer
+        # gap means THIS replica was not running (a starved or paused process): the
+        # silence it would now blame on its peers is its own. Their heartbeats are still
+        # queued in its socket, behind this timer; so the stalled time does not count
+        # against anyone (detection of a real failure is delayed by at most the stall).
+        if self._last_tick_us:
+            stall = now_us - self._last_tick_us - STALL_SLACK_INTERVALS * c.heartbeat_interval_us
+            if stall > 0:
+                self.stalls += 1
+                for b, t in self._last_heard.items():
+                    self._last_heard[b] = min(now_us, t + stall)
+        self._last_tick_us = now_us
         if self.status is Status.JOINING:
             self._joiner_tick(now_us)
             return
@@ -414,6 +427,8 @@ class Membership:
         self._acked_pp: dict[int, tuple[Key, int]] = {}      # target -> (proposer, change)
         self._seen_pp: dict[int, tuple[Key, Key]] = {}       # target -> (min, max) proposer
         self._last_heard: dict[int, int] = {}
+        self._last_tick_us = 0
+        self.stalls = 0                  # local stalls forgiven (handle_timer)
         self._proposal: _Proposal | None = None
         self._pending: _Change | None = None
         self._joiners: deque[int] = deque(maxlen=MAX_PENDING_JOINERS)

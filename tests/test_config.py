@@ -31,7 +31,7 @@ def test_minimal_file_has_sound_defaults(tmp_path):
     assert cfg.key_file == str(tmp_path / "cluster.key")     # relative to the file
     gm = cfg.group_map()
     assert gm.address("counter.gateway").port == 47001
-    assert cfg.heartbeat_ms == 5 and cfg.fault_timeout_ms == 25
+    assert cfg.heartbeat_ms == 5 and cfg.fault_timeout_ms == 100
 
 
 @pytest.mark.parametrize("text, words", [
