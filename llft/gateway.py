@@ -46,6 +46,12 @@ Known limits
   Every client ever accepted therefore costs a connection slot, up to
   `MAX_CONNECTIONS` here and the servers' own `max_connections`; beyond that new
   clients are refused. A half-close by the client (EOF on its side) is a disconnect.
+- Many concurrent clients: each is its own messaging connection, and messaging's fixed
+  retransmission timeout (4 ms, not adapted to the measured round trip) plus its
+  FIRST_ACK/SECOND_ACK traffic collapse under load on a 2-core host: through a 1-member
+  echo group 6 request/reply clients get ~5000 replies/s, 8 get ~900/s, 16 get tens per
+  second with multi-second stalls (measured with llft.loadclient --mode echo --size 100).
+  The fix belongs in messaging (an RTT-adaptive retransmission timeout).
 - The gateway itself is not replicated: if it dies, its clients' TCP connections die
   with it (a restarted gateway is a new member with new connections).
 """

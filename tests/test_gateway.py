@@ -175,6 +175,21 @@ def test_gateway_echo_group_exactly_once(tmp_path, members):
         assert st["gaps"] == 0 and st["clients_total"] == 4
         assert st["transport"]["accepted_messages"] > 0
 
+        # a client that leaves abruptly is dropped; the others go on being served
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"x" * 5000)
+        r = run_load("127.0.0.1", port, clients=2, requests=20, mode="echo", size=64,
+                     timeout_s=20)
+        assert r.ok, r.errors
+
+        def all_gone():
+            try:
+                st = json.loads(status_file.read_text())
+            except (OSError, ValueError):
+                return False
+            return st["clients"] == 0 and st["clients_total"] == 7
+        assert pg.wait(all_gone, 10)
+
         pg.signal("gateway", signal.SIGTERM)
         gw = pg.procs["gateway"].popen
         assert pg.wait(lambda: gw.poll() is not None, 10)
@@ -230,3 +245,66 @@ def test_gateway_errors_exit_2_with_one_line(tmp_path):
     os.unlink(tmp_path / "cluster.key")
     assert_one_line_error(gateway_cli("--config", cfg, "--group", "echo",
                                       "--listen", "127.0.0.1:0"), "key_file")
+
+
+# -- de-duplication by stream offset (what a failover of the group's primary produces) ---
+class FakeTransport:
+    def __init__(self):
+        self.size = 0
+
+    def get_write_buffer_size(self):
+        return self.size
+
+
+class FakeWriter:
+    def __init__(self):
+        self.data = bytearray()
+        self.closed = False
+        self.transport = FakeTransport()
+
+    def write(self, b):
+        self.data += b
+
+    def is_closing(self):
+        return self.closed
+
+    def close(self):
+        self.closed = True
+
+
+def test_gateway_deduplicates_replies_by_offset(tmp_path):
+    from llft import config
+    from llft.gateway import Client, Gateway
+    from llft.messaging import Deliver
+    cfg = config.parse({"cluster": {"key_file": "k", "runtime_dir": str(tmp_path)},
+                        "group": {"g": {"address": "239.255.9.9:40000",
+                                        "service_port": 9000}}}, str(tmp_path / "c.toml"))
+    gw = Gateway(cfg, "g", b"k" * 32, ("127.0.0.1", 0))
+    assert gw.gcfg.gateway_group == "g.gateway" and 0 < gw.birth < 2 ** 63
+    w = FakeWriter()
+    conn = ("g", gw.conn_base + 1, 0)
+    gw.clients[conn] = Client(1, conn, w, "peer")
+    stream = bytes(range(256)) * 4
+    # the old primary delivers [0, 300); the new primary resends from 200 (phase 2)
+    gw._on_action(Deliver(conn, 0, stream[0:300]))
+    gw._on_action(Deliver(conn, 200, stream[200:500]))     # overlaps: 100 bytes dropped
+    gw._on_action(Deliver(conn, 250, stream[250:400]))     # wholly a duplicate
+    gw._on_action(Deliver(conn, 500, stream[500:1024]))
+    assert bytes(w.data) == stream
+    assert gw.counters["duplicate_bytes"] == 100 + 150
+    assert gw.counters["duplicate_deliveries"] == 2 and gw.counters["gaps"] == 0
+    # bytes of a client that left are counted and dropped
+    gw._on_action(Deliver(("g", gw.conn_base + 7, 0), 0, b"xyz"))
+    assert gw.counters["orphan_bytes"] == 3
+    # a gap is a bug: counted, and the client is disconnected (never a corrupt stream)
+    gw._on_action(Deliver(conn, 2000, b"late"))
+    assert gw.counters["gaps"] == 1 and w.closed and conn not in gw.clients
+    assert bytes(w.data) == stream
+    # a client that never reads its replies is dropped past the backlog bound
+    w2 = FakeWriter()
+    conn2 = ("g", gw.conn_base + 2, 0)
+    gw.clients[conn2] = Client(2, conn2, w2, "peer2")
+    w2.transport.size = 1 << 40
+    gw._on_action(Deliver(conn2, 0, b"reply"))
+    assert w2.closed and gw.counters["clients_dropped_slow"] == 1
+    gw.endpoint.close()
