@@ -91,6 +91,12 @@ PIGGYBACK_BYTES = 16 << 10       # order info a message may carry (output commit
 APP_STATE_VERSION = 1
 
 
+def _close_after(shm, threads) -> None:
+    for t in threads:
+        t.join()
+    shm.close()
+
+
 def _log(msg: str) -> None:
     print(f"llft run: {msg}", file=sys.stderr, flush=True)
 
@@ -178,7 +184,7 @@ class Agent:
         self._feed_queue: queue.Queue = queue.Queue()
         self._feeder = None
         self._feed_thread: threading.Thread | None = None
-        self._feed_busy = 0                   # chunks queued or being pushed
+        self._feed_busy = [0]                 # chunks queued or being pushed (this app's)
         self._feed_lock = threading.Lock()
         self.oi_seen: dict[int, int] = {}     # pvn -> highest order-info position handled
         self.divergence: dict | None = None
@@ -224,8 +230,6 @@ class Agent:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        if self._drain_thread is not None:
-            self._drain_thread.join()               # it may be inside shm.wait()
         for c in self.conns.values():
             if c.reader_task:
                 c.reader_task.cancel()
@@ -233,9 +237,12 @@ class Agent:
                 c.writer.close()
         if self._feed_thread is not None:
             self._feed_queue.put(None)
-            self._feed_thread.join()
-        if self.shm is not None:
-            self.shm.close()
+        # The drain and feeder threads may still be inside a (bounded) wait on this block:
+        # it is unmapped once they are gone, not under them (never join on the loop).
+        threads = [t for t in (self._drain_thread, self._feed_thread) if t is not None]
+        shm = self.shm
+        if shm is not None:
+            threading.Thread(target=_close_after, args=(shm, threads), daemon=True).start()
 
     async def _flush_before_exit(self) -> None:
         """A primary leaving on SIGTERM: its backups must hold every order-info entry
@@ -331,7 +338,7 @@ class Agent:
         if tag == TAG_SHIM:
             if self.mode in ("backup", "promoting"):
                 with self._feed_lock:
-                    self._feed_busy += 1
+                    self._feed_busy[0] += 1
                 self._feed_queue.put(body)
             self._count("oi_entries_in", 1)
         elif tag == TAG_CONN:
@@ -404,7 +411,7 @@ class Agent:
     async def _promote(self, pvn: int) -> None:
         t0 = time.monotonic()
         f, shm = self._feeder, self.shm
-        while not (self._feed_busy == 0 and f.consumed >= f.fed_entries):
+        while not (self._feed_busy[0] == 0 and f.consumed >= f.fed_entries):
             if self.shm is not shm or shm.diverged or self.stop_event.is_set():
                 return                              # reset, diverged, or stopping
             await asyncio.sleep(PROMOTE_CHECK_S)   # the app executes its last entries
@@ -446,21 +453,23 @@ class Agent:
 
     # -- the feeder thread (backup) --
     def _feed_loop(self) -> None:
-        f = self._feeder
+        f, q, lock, busy = self._feeder, self._feed_queue, self._feed_lock, self._feed_busy
         while True:
-            data = self._feed_queue.get()
+            data = q.get()
             if data is None:
                 return
             try:
                 f.push(data)
             except Exception as e:       # diverged, malformed: the loop decides
-                self.loop.call_soon_threadsafe(self._feed_failed, str(e))
+                self.loop.call_soon_threadsafe(self._feed_failed, f, str(e))
                 return
             finally:
-                with self._feed_lock:
-                    self._feed_busy -= 1
+                with lock:
+                    busy[0] -= 1
 
-    def _feed_failed(self, why: str) -> None:
+    def _feed_failed(self, feeder, why: str) -> None:
+        if feeder is not self._feeder:
+            return                                  # an app that was reset
         if self.shm is not None and self.shm.diverged:
             self._diverged()
         elif not self.stop_event.is_set():
