@@ -24,7 +24,9 @@ ratios to tcp (median and p99).
 throughput: requests per second of 1, 4, 16 concurrent request/reply clients
 (`--clients`; llft.loadclient echo mode, one thread and connection each, every reply
 checked) sending `--size` bytes (default 1 KB), for `--duration` seconds per
-configuration and client count, also in interleaved blocks. Ratio to tcp.
+configuration and client count, back to back (`--blocks` to interleave: each block
+opens new connections, which llft's gateway cannot close at the servers yet). Ratio to
+tcp.
 
 One cluster per replica count serves every size and client count of its phase. A configuration that
 cannot be set up or fails mid-run (timeout, wrong bytes) is reported as failed, with the
@@ -63,8 +65,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", type=int, default=1024, help="throughput: bytes per request")
     p.add_argument("--duration", type=float, default=3.0,
                    help="throughput: seconds per configuration and client count")
-    p.add_argument("--blocks", type=int, default=5,
-                   help="interleave the configurations in this many blocks")
+    p.add_argument("--blocks", type=int, default=None,
+                   help="interleave the configurations in this many blocks (default: latency "
+                   "5; throughput 1, since every block opens new connections and the gateway "
+                   "cannot close a connection at the servers yet)")
     p.add_argument("--replicas", default="1,2,3", help="llft group sizes to measure")
     p.add_argument("--fault-timeout-ms", type=float, default=200.0,
                    help="fault_timeout_ms of the llft clusters: this bench measures the "
@@ -85,11 +89,15 @@ class Target:
         self.error: str | None = None
         self.diag = None                            # () -> str: log tails, for a failure
         self.detail = ""
+        self.failed_at = None                       # the size / client count that failed
         self.cluster = None                         # llft: its LocalCluster
         self.sock: socket.socket | None = None      # latency: the persistent connection
 
-    def fail(self, why: str) -> None:
+    def fail(self, why: str, at=None) -> None:
+        """Stop measuring this configuration. `at`: the size or client count that
+        failed (earlier ones stay reported; None: nothing was measured)."""
         if self.error is None:
+            self.failed_at = at
             self.error = why.strip().replace("\n", " ")[:300]
             detail = ""
             if self.diag is not None:
@@ -100,6 +108,13 @@ class Target:
             self.detail = why.strip().replace("\n", " ") + detail
             print(f"llft bench: {self.name} failed: {self.detail}", file=sys.stderr)
         self.close()
+
+    def measured(self, key, keys: list) -> bool:
+        """Whether `key` (a size or client count, measured in the order of `keys`) was
+        measured completely."""
+        if self.error is None:
+            return True
+        return self.failed_at in keys and keys.index(key) < keys.index(self.failed_at)
 
     def close(self) -> None:
         if self.sock is not None:
@@ -286,7 +301,7 @@ def measure_latency(targets: list[Target], sizes: list[int], rounds: int, warmup
             try:
                 _round_trips(t, payload, warmup, None)
             except Exception as e:          # noqa: BLE001
-                t.fail(f"{size} B warm-up: {type(e).__name__}: {e}")
+                t.fail(f"{size} B warm-up: {type(e).__name__}: {e}", size)
         for b in range(blocks):
             per = rounds // blocks + (1 if b < rounds % blocks else 0)
             for t in targets:
@@ -295,7 +310,7 @@ def measure_latency(targets: list[Target], sizes: list[int], rounds: int, warmup
                 try:
                     _round_trips(t, payload, per, samples[(phase, t.name, size)])
                 except Exception as e:      # noqa: BLE001
-                    t.fail(f"{size} B round trips: {type(e).__name__}: {e}")
+                    t.fail(f"{size} B round trips: {type(e).__name__}: {e}", size)
 
 
 def _pooled(samples: dict, name: str, key) -> list:
@@ -323,9 +338,10 @@ def latency_table(setup: Setup, sizes, samples, rounds) -> report.Table:
             else:
                 mine, ref = _pooled(samples, t.name, size), base
             s = report.summarize_us(mine)
+            good = t.measured(size, sizes)
             row = dict(size_B=size, config=t.name, replicas=t.replicas, n=s["n"],
-                       error=t.error or "")
-            if t.error is None and s["n"] > 0:
+                       error="" if good else t.error)
+            if good and s["n"] > 0:
                 row.update(median_us=s["median_us"], p90_us=s["p90_us"], p99_us=s["p99_us"])
                 if ref["n"]:
                     row.update(median_vs_tcp=s["median_us"] / ref["median_us"],
@@ -350,7 +366,7 @@ def measure_throughput(targets: list[Target], clients: list[int], size: int,
                              size=size, timeout_s=REPLY_TIMEOUT_S,
                              duration_s=duration_s / max(1, blocks))
                 if r.error_count:
-                    t.fail(f"{c} clients: {r.errors[0] if r.errors else 'errors'}")
+                    t.fail(f"{c} clients: {r.errors[0] if r.errors else 'errors'}", c)
                     continue
                 a = acc[(phase, t.name, c)]
                 a["replies"] += r.replies
@@ -382,9 +398,10 @@ def throughput_table(setup: Setup, clients, acc, size, duration_s) -> report.Tab
             else:
                 a = _sum_acc([v for (ph, n, k), v in acc.items() if n == t.name and k == c])
                 ref = base
+            good = t.measured(c, clients)
             row = dict(clients=c, config=t.name, replicas=t.replicas, replies=a["replies"],
-                       error=t.error or "")
-            if t.error is None and a["elapsed_s"] > 0:
+                       error="" if good else t.error)
+            if good and a["elapsed_s"] > 0:
                 lat = report.summarize_us([x * 1e6 for x in a["latencies"]])
                 row.update(req_per_s=rps(a), median_us=lat["median_us"], p99_us=lat["p99_us"])
                 if rps(ref):
@@ -402,7 +419,10 @@ def run(args) -> int:
     kind = getattr(args, "_kind", "latency")
     if args.quick:
         args.sizes, args.rounds, args.warmup = "64,1024", 50, 10
-        args.clients, args.duration, args.blocks = "1,4", 0.5, 2
+        args.clients, args.duration = "1,4", 0.5
+        args.blocks = args.blocks or 2
+    if args.blocks is None:
+        args.blocks = 5 if kind == "latency" else 1
     sizes, clients, replicas = _ints(args.sizes), _ints(args.clients), _ints(args.replicas)
     with tempfile.TemporaryDirectory(prefix=f"llft-bench-{kind}-") as tmp:
         setup = Setup(tmp, proxy=not args.no_proxy, fault_timeout_ms=args.fault_timeout_ms)
@@ -430,23 +450,26 @@ def run(args) -> int:
             table = throughput_table(setup, clients, data, args.size, args.duration)
     table.print()
     table.write_csv(args.results)
-    ok_names = [t.name for t in targets if t.error is None]
+    def series(xcol: str, ycol: str) -> dict:
+        out = {}
+        for t in targets:
+            pts = [(r[xcol], r[ycol]) for r in table.rows
+                   if r["config"] == t.name and isinstance(r.get(ycol), float)]
+            if pts:
+                out[t.name] = ([x for x, _ in pts], [y for _, y in pts])
+        return out
     if kind == "latency":
-        series = {n: (sizes, [r["median_us"] for r in table.rows if r["config"] == n])
-                  for n in ok_names}
         png = report.plot(args.results, "latency", "Request/reply latency vs message size "
-                          "(echo)", "message size (bytes)", "median latency (us)", series,
-                          logx=True)
+                          "(echo)", "message size (bytes)", "median latency (us)",
+                          series("size_B", "median_us"), logx=True)
         png99 = report.plot(args.results, "latency_p99", "p99 latency vs message size (echo)",
                             "message size (bytes)", "p99 latency (us)",
-                            {n: (sizes, [r["p99_us"] for r in table.rows if r["config"] == n])
-                             for n in ok_names}, logx=True)
+                            series("size_B", "p99_us"), logx=True)
         plots = [png, png99]
     else:
-        series = {n: (clients, [r["req_per_s"] for r in table.rows if r["config"] == n])
-                  for n in ok_names}
+        thr_series = series("clients", "req_per_s")
         png = report.plot(args.results, "throughput", f"Throughput vs clients ({args.size} B "
-                          "echo)", "concurrent clients", "requests per second", series,
+                          "echo)", "concurrent clients", "requests per second", thr_series,
                           logx=True)
         plots = [png]
     failed = [t for t in targets if t.error is not None]
