@@ -1346,7 +1346,10 @@ class MessagingEndpoint:
         trailer = b""
         if mtype != MsgType.SECOND_ACK:
             own = None
-            if self.backups and self.oi_log:
+            # Order info rides on data messages only: they carry the output it protects
+            # (output commit). Copying it onto every ack and keep-alive as well multiplied
+            # a slow backup's backlog by the control traffic, fragments included.
+            if mtype in DATA_TYPES and self.backups and self.oi_log:
                 own = self._own_section(max(self.oi_reflected, self._oi_floor()))
             refl, c.to_reflect = c.to_reflect, None
             sent_upto = msn if msn else (c.last_msn if not c.resync else 0)
