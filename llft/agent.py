@@ -368,6 +368,7 @@ class Agent:
             self.oi_seen[a.pvn] = pos
             if raw[:1] == bytes([rp.APP_TAG]):
                 self._count("recovered_entries")
+                self.node.log_recovered_order_info(a.pvn, pos, raw[1:])
                 self._handle_entry(raw[1:])
 
     # -- starting the app --

@@ -410,6 +410,12 @@ class ReplicaNode:
         else:
             self._emit(a)           # Opened, Resynced, RecoveredOrderInfo
 
+    def log_recovered_order_info(self, pvn: int, pos: int, chunk: bytes) -> None:
+        """An application entry of the old primary that phase 2 recovered (a
+        `RecoveredOrderInfo` the runtime fed to its application): it belongs to the
+        group's log, so a backup that joins later replays it too."""
+        self._log_order_info(pvn, pos, chunk)
+
     def _log_order_info(self, pvn: int, pos: int, chunk: bytes | None) -> None:
         if len(self.order_info_log) >= MAX_ORDER_INFO_LOG:
             raise RuntimeError(f"order-info log beyond MAX_ORDER_INFO_LOG={MAX_ORDER_INFO_LOG}")
