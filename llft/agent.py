@@ -128,9 +128,6 @@ class AppConn:
     pending: bytearray = field(default_factory=bytearray)   # delivered, not yet written
     writer: asyncio.StreamWriter | None = None
     reader_task: asyncio.Task | None = None
-    out_bytes: int = 0               # app output handed to messaging
-    in_bytes: int = 0                # delivered bytes written to the app
-    eof: bool = False
 
 
 class Agent:
@@ -162,12 +159,12 @@ class Agent:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("LLFT_")}
         self.cwd = os.getcwd()
         self._restored_app: dict | None = None
+        self._recovered_gaps = 0              # node's recovered_gap count already logged
         self._reset_app_state()
         self.counters: dict[str, int] = {}
         self.events: list[dict] = []          # role changes etc. (status file, bounded)
         self.started_mono = time.monotonic()
         self._status_path: str | None = None
-        self._last_status = ""
 
     def _reset_app_state(self) -> None:
         self.shm = None
@@ -186,7 +183,6 @@ class Agent:
         self._feed_thread: threading.Thread | None = None
         self._feed_busy = [0]                 # chunks queued or being pushed (this app's)
         self._feed_lock = threading.Lock()
-        self.oi_seen: dict[int, int] = {}     # pvn -> highest order-info position handled
         self.divergence: dict | None = None
 
     # ---- AppState (llft/replica.py): what a joining backup needs besides the log --------
@@ -269,18 +265,22 @@ class Agent:
         if isinstance(a, mg.Deliver):
             self._deliver(a)
         elif isinstance(a, rp.OrderInfo):
-            self._order_info(a.pvn, a.pos, a.chunk)
+            self._handle_entry(a.chunk)
         elif isinstance(a, mg.Opened):
             pass                                   # registered on its first delivery
         elif isinstance(a, rp.ViewSwitch):
-            self.oi_seen[a.pvn] = max(self.oi_seen.get(a.pvn, 0), a.pos)
             if a.primary:
                 self._become_primary(a.pvn)
             self._event("view", pvn=a.pvn, primary=a.primary)
         elif isinstance(a, rp.Restored):
             self._start_backup(a)
         elif isinstance(a, mg.RecoveredOrderInfo):
-            self._recovered(a)
+            # the node delivered what it could as OrderInfo; a gap is fatal to the app
+            if self.node.stats.get("recovered_gap", 0) > self._recovered_gaps:
+                self._recovered_gaps = self.node.stats["recovered_gap"]
+                _log(f"order info of view {a.pvn} recovered from {a.first_pos}, beyond "
+                     f"what was delivered ({self.node.oi_upto.get(a.pvn, 0)}): "
+                     "entries are missing")
         elif isinstance(a, rp.RestartApp):
             _log(f"reset ({a.reason}): birth {a.old_birth:x} -> {a.new_birth:x}; "
                  "the application restarts when the state arrives")
@@ -301,7 +301,6 @@ class Agent:
         self._count("delivered_bytes", len(a.data))
         if c.writer is not None:
             c.writer.write(a.data)
-            c.in_bytes += len(a.data)
         else:
             c.pending += a.data
         if self.mode == "primary" and c.index < 0:
@@ -329,10 +328,6 @@ class Agent:
         self._connect_queue.put_nowait(c)
 
     # -- order info at a backup --
-    def _order_info(self, pvn: int, pos: int, chunk: bytes) -> None:
-        self.oi_seen[pvn] = max(self.oi_seen.get(pvn, 0), pos)
-        self._handle_entry(chunk)
-
     def _handle_entry(self, chunk: bytes) -> None:
         tag, body = chunk[:1], chunk[1:]
         if tag == TAG_SHIM:
@@ -352,25 +347,6 @@ class Agent:
         else:
             self._count("bad_agent_entry")
 
-    def _recovered(self, a: mg.RecoveredOrderInfo) -> None:
-        """Phase 2: the old primary's last order info, reflected by a remote primary."""
-        seen = self.oi_seen.get(a.pvn, 0)
-        for i, raw in enumerate(a.chunks):
-            pos = a.first_pos + i
-            if pos <= seen:
-                continue
-            if pos != seen + 1:
-                _log(f"order info of view {a.pvn} recovered from {pos}, "
-                     f"but only up to {seen} was delivered: entries are missing")
-                self._count("recovered_gap")
-                return
-            seen = pos
-            self.oi_seen[a.pvn] = pos
-            if raw[:1] == bytes([rp.APP_TAG]):
-                self._count("recovered_entries")
-                self.node.log_recovered_order_info(a.pvn, pos, raw[1:])
-                self._handle_entry(raw[1:])
-
     # -- starting the app --
     def _spawn(self, mode: int, env: dict[str, str]) -> None:
         from determinizer.runner import shim_env, spawn
@@ -378,9 +354,9 @@ class Agent:
         # No stall detection: a backup whose app waits for order info that has not come
         # is normal (an idle primary produces none); lag shows in `llft status`.
         self.shm = Shm.create(mode, stall_ms=NO_STALL_MS)
-        senv = dict(self.shm.env())
-        senv["LLFT_SERVICE_PORT"] = str(self.gcfg.service_port)
-        self.proc = spawn(self.cmd, shim_env(env, senv), cwd=self.cwd, death_signal=signal.SIGKILL)
+        senv = self.shm.env(service_port=self.gcfg.service_port)
+        self.proc = spawn(self.cmd, shim_env(env, senv), cwd=self.cwd,
+                          death_signal=signal.SIGKILL)
         threading.Thread(target=self._wait_app, args=(self.proc,), daemon=True).start()
 
     def _wait_app(self, proc) -> None:
@@ -441,12 +417,9 @@ class Agent:
         for cid, data in streams.items():
             c = self.conns.setdefault(cid, AppConn(cid))
             c.pending[:0] = data
-        for pvn, pos, chunk in a.order_info:
-            self.oi_seen[pvn] = max(self.oi_seen.get(pvn, 0), pos)
+        for _, _, chunk in a.order_info:
             self._handle_entry(chunk)
         m = self.node.membership
-        # positions of this view the checkpoint covered (view markers included)
-        self.oi_seen[m.pvn] = max(self.oi_seen.get(m.pvn, 0), self.node.messaging.oi_delivered)
         _log(f"backup (rank {m.rank}) of view {m.pvn}: replaying {len(a.order_info)} "
              f"order-info chunks and {sum(len(d) for d in streams.values())} input bytes; "
              f"application pid {self.proc.pid}")
@@ -541,7 +514,6 @@ class Agent:
             c.writer = writer
             if c.pending:
                 writer.write(bytes(c.pending))
-                c.in_bytes += len(c.pending)
                 c.pending.clear()
             c.reader_task = asyncio.ensure_future(self._read_app(c, reader))
             self._count("connections")
@@ -550,7 +522,6 @@ class Agent:
         while True:
             data = await reader.read(READ_BYTES)
             if not data:
-                c.eof = True
                 self._count("app_closed")
                 return
             if self.mode == "primary":
@@ -571,7 +542,6 @@ class Agent:
                 except rp.NotReady:
                     n = 0
                 view = view[n:]
-                c.out_bytes += n
                 if view:
                     await self._wait_progress()
 
@@ -583,7 +553,7 @@ class Agent:
     async def _status_loop(self) -> None:
         while True:
             self._write_status()
-            if self.shm is not None and self.shm.diverged and self.divergence is None:
+            if self.shm is not None and self.shm.diverged:
                 self._diverged()
             t = time.monotonic()
             await asyncio.sleep(STATUS_PERIOD_S)    # a reporting period
@@ -615,7 +585,7 @@ class Agent:
             "app_mode": self.mode,
             "order_info": {
                 "produced": e.oi_next - 1 if e.is_primary else None,
-                "delivered": max(self.oi_seen.values(), default=0),
+                "delivered": n.oi_upto.get(m.pvn, 0),
                 "fed_entries": f.fed_entries if f else None,
                 "consumed_entries": f.consumed if f and self.shm is not None else None,
             },

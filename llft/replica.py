@@ -50,7 +50,9 @@ primary `send` transmits, at a backup it logs (semi-active). `add_order_info` is
 primary's, and only once its view started (PRIMARY status): in phase 2 it raises
 `NotReady` (the view marker must come first). Deliveries reach the application as
 `Deliver(conn, offset, data)`, exactly once and in offset order per connection;
-order info as `OrderInfo(pvn, pos, chunk)`.
+order info as `OrderInfo(pvn, pos, chunk)`, including, at a new primary, the old
+primary's entries that phase 2 recovered beyond what this replica had delivered
+(`RecoveredOrderInfo`, logged like any other: later joiners replay them).
 
 State (StateProvider, at the primary when an addition commits). The checkpoint is the
 group's log: every byte this node delivered on each connection since the start, every
@@ -181,6 +183,7 @@ class ReplicaNode:
         self.streams: dict[mg.ConnId, bytearray] = {}
         self.input_bytes = 0
         self.order_info_log: deque[tuple[int, int, bytes]] = deque()   # (pvn, pos, chunk)
+        self.oi_upto: dict[int, int] = {}       # pvn -> highest position in the log
         self.skip_out: dict[mg.ConnId, int] = {}
         self._restore_blob: bytes | None = None
 
@@ -407,19 +410,38 @@ class ReplicaNode:
         elif isinstance(a, mg.Phase2Done):
             self.membership.phase2_complete(a.pvn, self._now)
             self._emit(a)
+        elif isinstance(a, mg.RecoveredOrderInfo):
+            self._recovered(a)
+            self._emit(a)
         else:
-            self._emit(a)           # Opened, Resynced, RecoveredOrderInfo
+            self._emit(a)           # Opened, Resynced
 
-    def log_recovered_order_info(self, pvn: int, pos: int, chunk: bytes) -> None:
-        """An application entry of the old primary that phase 2 recovered (a
-        `RecoveredOrderInfo` the runtime fed to its application): it belongs to the
-        group's log, so a backup that joins later replays it too."""
-        self._log_order_info(pvn, pos, chunk)
+    def _recovered(self, a: mg.RecoveredOrderInfo) -> None:
+        """Phase 2 at a new primary: the old primary's last order info, reflected by a
+        remote primary. Entries beyond what this replica delivered are delivered now,
+        as ordinary `OrderInfo`, and logged (a backup that joins later replays them)."""
+        upto = self.oi_upto.get(a.pvn, 0)
+        for i, ch in enumerate(a.chunks):
+            pos = a.first_pos + i
+            if pos <= upto:
+                continue
+            if pos != upto + 1:
+                self._count("recovered_gap")    # entries missing: the app will stall
+                return
+            upto = pos
+            if ch[:1] == bytes([APP_TAG]):
+                self._count("recovered_entries")
+                self._log_order_info(a.pvn, pos, ch[1:])
+                self._emit(OrderInfo(a.pvn, pos, ch[1:]))
+            else:
+                self._log_order_info(a.pvn, pos, None)   # the old view's marker
 
     def _log_order_info(self, pvn: int, pos: int, chunk: bytes | None) -> None:
         if len(self.order_info_log) >= MAX_ORDER_INFO_LOG:
             raise RuntimeError(f"order-info log beyond MAX_ORDER_INFO_LOG={MAX_ORDER_INFO_LOG}")
         self.order_info_log.append((pvn, pos, chunk))
+        if pos > self.oi_upto.get(pvn, 0):
+            self.oi_upto[pvn] = pos
 
     # ---- a joining backup applies the checkpoint ---------------------------------------
     def _apply_restore(self) -> None:
@@ -437,7 +459,7 @@ class ReplicaNode:
             self.streams[(remote, seq, Role(role))] = bytearray(data)
             self.input_bytes += len(data)
         for pvn, pos, chunk in blob["oi"]:
-            self.order_info_log.append((pvn, pos, chunk))
+            self._log_order_info(pvn, pos, chunk)
         for remote, seq, role, rx, delivered, out_offset, next_msn, log, rdel in blob["conns"]:
             cid = (remote, seq, Role(role))
             _restore_connection(e, cid, rx, delivered, out_offset, next_msn, log, rdel)
