@@ -121,6 +121,13 @@ def _number(path: str, where: str, value, lo: float, hi: float, integer: bool = 
     return value
 
 
+def _known_settings(path: str, where: str, table: dict, known: set[str]) -> None:
+    bad = set(table) - known
+    if bad:
+        raise ConfigError(f"{path}: {where} unknown setting(s) {sorted(bad)}; "
+                          f"known: {sorted(known)}")
+
+
 CLUSTER_KEYS = {"key_file", "interface", "ttl", "runtime_dir", "heartbeat_ms",
                 "fault_timeout_ms"}
 GROUP_KEYS = {"address", "service_port", "gateway_address"}
@@ -153,10 +160,7 @@ def parse(raw: dict, path: str = "<config>") -> ClusterConfig:
     cl = raw.get("cluster")
     if not isinstance(cl, dict):
         raise ConfigError(f"{path}: missing [cluster] section (key_file, interface)")
-    bad = set(cl) - CLUSTER_KEYS
-    if bad:
-        raise ConfigError(f"{path}: [cluster] unknown setting(s) {sorted(bad)}; "
-                          f"known: {sorted(CLUSTER_KEYS)}")
+    _known_settings(path, "[cluster]", cl, CLUSTER_KEYS)
     key_file = cl.get("key_file")
     if not isinstance(key_file, str) or not key_file:
         raise ConfigError(f"{path}: [cluster] key_file is required "
@@ -183,10 +187,7 @@ def parse(raw: dict, path: str = "<config>") -> ClusterConfig:
                               "'_', '.', '-'")
         if not isinstance(g, dict):
             raise ConfigError(f"{path}: {where} must be a table")
-        bad = set(g) - GROUP_KEYS
-        if bad:
-            raise ConfigError(f"{path}: {where} unknown setting(s) {sorted(bad)}; "
-                              f"known: {sorted(GROUP_KEYS)}")
+        _known_settings(path, where, g, GROUP_KEYS)
         if "address" not in g:
             raise ConfigError(f"{path}: {where} address is required, "
                               "e.g. address = \"239.255.0.1:47000\"")
