@@ -166,6 +166,11 @@ class LocalCluster:
         st = self.status()
         return next((m for m in st["members"] if m["role"] == "primary"), None)
 
+    def primary_delivered_bytes(self) -> int:
+        """Input bytes the primary's agent delivered to its app (load progress)."""
+        p = self.primary()
+        return (p or {}).get("counters", {}).get("delivered_bytes", 0)
+
     def wait_primary(self, other_than: int | None = None, timeout_s: float = 30) -> dict:
         st = self.wait_status(
             lambda st: any(m["role"] == "primary" and m["birth"] != other_than

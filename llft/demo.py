@@ -94,7 +94,7 @@ def service_demo(args, work: str) -> int:
         for k in range(args.kills):
             # kill when the group has served a share of the load (primary's input bytes)
             share = (k + 1) / (args.kills + 1)
-            lc.wait_status(lambda st: _delivered(lc) >= share * expected * 20
+            lc.wait_status(lambda st: lc.primary_delivered_bytes() >= share * expected * 20
                            or not load.is_alive(), 300, "load progress")
             if not load.is_alive():
                 say("the load ended before the scheduled kill (raise --requests)")
@@ -141,11 +141,6 @@ def service_demo(args, work: str) -> int:
     return 0 if ok else 1
 
 
-def _delivered(lc) -> int:
-    p = lc.primary()
-    return (p or {}).get("counters", {}).get("delivered_bytes", 0)
-
-
 def _timeline(r, load_t0: float, kills, t0: float, bucket_s: float = 0.5) -> None:
     """Replies per second per half second, with the kills and the pause each caused."""
     times = sorted(recv for tr in r.reply_times for _, recv in tr)
@@ -154,14 +149,13 @@ def _timeline(r, load_t0: float, kills, t0: float, bucket_s: float = 0.5) -> Non
     end = times[-1]
     print(f"{'time':>8}  {'replies/s':>9}  event")
     i, t = 0, load_t0
-    kill_at = [(kt, v, n) for kt, v, n in kills]
     while t < end:
         n = 0
         while i < len(times) and times[i] < t + bucket_s:
             n += 1
             i += 1
         ev = "; ".join(f"primary {v['name']} killed, {nw.get('name') or 'backup'} takes over"
-                       for kt, v, nw in kill_at if t <= kt < t + bucket_s)
+                       for kt, v, nw in kills if t <= kt < t + bucket_s)
         print(f"{t - t0:7.2f}s  {n / bucket_s:9.0f}  {ev}")
         t += bucket_s
     for kt, v, nw in kills:

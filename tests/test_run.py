@@ -24,34 +24,41 @@ COUNTER = [sys.executable, os.path.join(EXAMPLES, "kv_counter.py"), "9000"]
 CLUSTER = "fault_timeout_ms = 300"
 
 
-def delivered(lc: LocalCluster) -> int:
-    p = lc.primary()
-    return (p or {}).get("counters", {}).get("delivered_bytes", 0)
-
-
-def run_with_kills(lc: LocalCluster, requests_per_client: int, kill_at_bytes: list[int],
-                   restart: list[str] | None = None):
-    """Load through the gateway; SIGKILL the primary each time it has delivered the next
-    threshold of request bytes; optionally restart the killed replica (it rejoins)."""
+def start_load(lc: LocalCluster, requests_per_client: int):
+    """4 counter clients through a new gateway, in a thread; finish_load() joins it."""
     host, port = lc.start_gateway()
     result = {}
     t = threading.Thread(target=lambda: result.setdefault(
         "r", run_load(host, port, clients=4, requests=requests_per_client, mode="counter",
                       timeout_s=60)), daemon=True)
     t.start()
+    return t, result
+
+
+def finish_load(t: threading.Thread, result: dict):
+    t.join(timeout=300)
+    assert not t.is_alive(), "load did not finish"
+    return result["r"]
+
+
+def wait_delivered(lc: LocalCluster, t: threading.Thread, threshold: int) -> None:
+    """Until the primary has delivered `threshold` request bytes (the load still on)."""
+    lc.wait_status(lambda st: lc.primary_delivered_bytes() >= threshold or not t.is_alive(),
+                   120, f"{threshold} bytes delivered at the primary")
+    assert t.is_alive(), "the load finished before the kill: raise the request count"
+
+
+def run_with_kills(lc: LocalCluster, requests_per_client: int, kill_at_bytes: list[int]):
+    """Load through the gateway; SIGKILL the primary each time it has delivered the next
+    threshold of request bytes."""
+    t, result = start_load(lc, requests_per_client)
     killed = []
-    for i, threshold in enumerate(kill_at_bytes):
-        lc.wait_status(lambda st: delivered(lc) >= threshold or not t.is_alive(), 120,
-                       f"{threshold} bytes delivered at the primary")
-        assert t.is_alive(), "the load finished before the kill: raise the request count"
+    for threshold in kill_at_bytes:
+        wait_delivered(lc, t, threshold)
         old = lc.kill_primary()
         killed.append(old)
         lc.wait_primary(other_than=old["birth"])
-        if restart and i < len(restart):
-            lc.start_replica(restart[i] + "b", COUNTER)
-    t.join(timeout=300)
-    assert not t.is_alive(), "load did not finish"
-    return result["r"], killed
+    return finish_load(t, result), killed
 
 
 def check_reply_log(r, total: int) -> None:
@@ -91,24 +98,16 @@ def test_two_replicas_kill_and_rejoin_then_takeover(tmp_path):
         lc.start_replica("r2", COUNTER)
         lc.wait_members(2)
         total_bytes = per_client * 4 * 20
-        host, port = lc.start_gateway()
-        result = {}
-        t = threading.Thread(target=lambda: result.setdefault(
-            "r", run_load(host, port, clients=4, requests=per_client, mode="counter",
-                          timeout_s=60)), daemon=True)
-        t.start()
-        lc.wait_status(lambda st: delivered(lc) >= total_bytes // 5, 120, "first load")
+        t, result = start_load(lc, per_client)
+        wait_delivered(lc, t, total_bytes // 5)
         old = lc.kill_primary()
         lc.wait_primary(other_than=old["birth"])
         lc.start_replica(old["name"] + "b", COUNTER)
         lc.wait_members(2)
-        lc.wait_status(lambda st: delivered(lc) >= total_bytes // 2 or not t.is_alive(),
-                       120, "load after the rejoin")
-        assert t.is_alive(), "the load finished before the second kill"
+        wait_delivered(lc, t, total_bytes // 2)
         old2 = lc.kill_primary()
         new = lc.wait_primary(other_than=old2["birth"])
         assert new["agent_pid"] == lc.procs[old["name"] + "b"].pid   # the rejoined one
-        t.join(timeout=300)
-        r = result["r"]
+        r = finish_load(t, result)
         check_reply_log(r, per_client * 4)
         no_divergence(lc)
