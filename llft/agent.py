@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import queue
 import random
@@ -75,6 +74,7 @@ from llft import config as config_mod
 from llft import keys
 from llft import messaging as mg
 from llft import replica as rp
+from llft import status as status_files
 from llft.driver import Driver
 from llft.messages import Role
 from llft.transport import Endpoint
@@ -599,14 +599,8 @@ class Agent:
 
     def _write_status(self) -> None:
         try:
-            d = self.cfg.status_dir(self.group)
-            os.makedirs(d, exist_ok=True)
-            path = os.path.join(d, f"{self.node.birth:x}.json")
-            text = json.dumps(self.status(), default=str)
-            tmp = path + ".tmp"
-            with open(tmp, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
+            path = os.path.join(self.cfg.status_dir(self.group), f"{self.node.birth:x}.json")
+            status_files.write_file(path, self.status())
             if self._status_path and self._status_path != path:
                 self._remove_status()
             self._status_path = path

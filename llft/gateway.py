@@ -70,6 +70,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from llft import config as cluster_config
+from llft import status as status_files
 from llft.driver import Driver
 from llft.messages import Role
 from llft.messaging import BufferFull, Deliver, MessagingConfig, MessagingEndpoint, Opened
@@ -251,12 +252,8 @@ class Gateway:
         }
 
     def write_status(self) -> None:
-        tmp = f"{self.status_path}.tmp"
         try:
-            os.makedirs(os.path.dirname(self.status_path), exist_ok=True)
-            with open(tmp, "w") as f:
-                json.dump(self.status(), f)
-            os.replace(tmp, self.status_path)
+            status_files.write_file(self.status_path, self.status())
         except OSError as e:
             if not self._status_warned:
                 self._status_warned = True

@@ -28,6 +28,16 @@ import sys
 from llft import config as config_mod
 
 
+def write_file(path: str, status: dict) -> None:
+    """Write a status file atomically (a temporary file, then a rename): a reader sees
+    the previous version or this one, never a part. Agents and gateways use this."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(status, f, default=str)
+    os.replace(tmp, path)
+
+
 def _alive(pid) -> bool:
     if not isinstance(pid, int) or pid <= 0:
         return False

@@ -12,7 +12,6 @@ import os
 import sys
 import threading
 
-import pytest
 
 from llft.cluster import LocalCluster
 from llft.loadclient import run_load
