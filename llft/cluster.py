@@ -28,6 +28,7 @@ import time
 
 from llft import config as config_mod
 from llft import keys
+from llft.procs import read_event
 from llft.status import group_status
 
 POLL_S = 0.01
@@ -80,26 +81,13 @@ class LocalCluster:
                                              "--group", self.group,
                                              "--listen", "127.0.0.1:0"),
                         stdout=subprocess.PIPE)
-        deadline = time.monotonic() + timeout_s
-        import selectors
-        sel = selectors.DefaultSelector()
-        sel.register(p.stdout, selectors.EVENT_READ)
-        buf = b""
-        while time.monotonic() < deadline:
+        ev = read_event(p, "ready", timeout_s)
+        if ev is None:
             if p.poll() is not None:
                 raise ClusterError(f"gateway exited {p.returncode}: {self.log_tail(name)}")
-            if sel.select(0.2):
-                chunk = os.read(p.stdout.fileno(), 4096)
-                buf += chunk
-                for line in buf.split(b"\n")[:-1]:
-                    try:
-                        ev = json.loads(line)
-                    except ValueError:
-                        continue
-                    if ev.get("event") == "ready":
-                        host, port = ev["listen"]
-                        return host, int(port)
-        raise ClusterError(f"gateway not ready in {timeout_s} s: {self.log_tail(name)}")
+            raise ClusterError(f"gateway not ready in {timeout_s} s: {self.log_tail(name)}")
+        host, port = ev["listen"]
+        return host, int(port)
 
     def log_tail(self, name: str, n: int = 3000) -> str:
         try:

@@ -24,6 +24,33 @@ def random_group_addresses(groups: list[str]) -> str:
                     for i, g in enumerate(groups))
 
 
+def read_event(popen: subprocess.Popen, event: str, timeout_s: float) -> dict | None:
+    """The first JSON line `{"event": event, ...}` a child prints on its stdout (a pipe),
+    or None if it exits or the deadline passes first."""
+    sel = selectors.DefaultSelector()
+    sel.register(popen.stdout, selectors.EVENT_READ)
+    buf, deadline = b"", time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline and popen.poll() is None:
+            if not sel.select(0.2):
+                continue
+            chunk = os.read(popen.stdout.fileno(), 4096)
+            if not chunk:
+                return None
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(ev, dict) and ev.get("event") == event:
+                    return ev
+        return None
+    finally:
+        sel.close()
+
+
 @dataclass
 class Proc:
     name: str

@@ -47,6 +47,7 @@ import tempfile
 import time
 
 from llft.bench import report
+from llft.procs import read_event
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "examples")
@@ -131,26 +132,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _read_ready(p: subprocess.Popen, timeout_s: float) -> dict | None:
-    """The child's first JSON line on stdout, with a deadline."""
-    import selectors
-    sel = selectors.DefaultSelector()
-    sel.register(p.stdout, selectors.EVENT_READ)
-    buf, deadline = b"", time.monotonic() + timeout_s
-    while time.monotonic() < deadline and p.poll() is None:
-        if sel.select(0.2):
-            chunk = os.read(p.stdout.fileno(), 4096)
-            if not chunk:
-                break
-            buf += chunk
-            if b"\n" in buf:
-                try:
-                    return json.loads(buf.split(b"\n", 1)[0])
-                except ValueError:
-                    return None
-    return None
-
-
 class Setup:
     """The configurations' processes: echo.py and the proxy for the whole run, and one
     LocalCluster per replica count, started for its phase (`add_cluster`) and stopped
@@ -175,8 +156,8 @@ class Setup:
             self.baselines.append(px)
             p = self._spawn([sys.executable, "-m", "llft.bench.service", "--proxy-to",
                              f"{tcp.host}:{tcp.port}"], "proxy", stdout=subprocess.PIPE)
-            ev = _read_ready(p, 20)
-            if not ev or ev.get("event") != "ready":
+            ev = read_event(p, "ready", 20)
+            if ev is None:
                 px.fail("the TCP proxy did not start")
             else:
                 px.port = int(ev["port"])
