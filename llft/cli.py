@@ -35,6 +35,8 @@ BENCHMARKS: dict[str, str] = {
     "ndops": "llft.bench.ndops",
     "latency": "llft.bench.service",
     "throughput": "llft.bench.service",
+    "ndlatency": "llft.bench.ndlatency",
+    "all": "llft.bench.all",
 }
 
 

@@ -56,6 +56,7 @@ def test_latency_and_throughput_quick(tmp_path, soak):
     with open(os.path.join(out, "summary.md")) as f:
         summary = f.read()
     assert "## llft bench latency" in summary and "## llft bench throughput" in summary
+    assert f"Reproduce: `llft bench latency --replicas {replicas} --quick --results" in summary
     if HAVE_MPL:
         for png in ("latency.png", "latency_p99.png", "throughput.png"):
             assert os.path.getsize(os.path.join(out, png)) > 0
@@ -79,3 +80,7 @@ def test_failover_quick(tmp_path, soak):
     for r in service:
         assert r["error"] == "" and r["client_errors"] == "0" and r["kills"] == "2", r
         assert int(r["replies"]) > 0, r
+    assert "Reproduce: `llft bench failover" in open(os.path.join(out, "failover.md")).read()
+    if HAVE_MPL:
+        for png in ("failover.png", "failover_view_change.png"):
+            assert os.path.getsize(os.path.join(out, png)) > 0

@@ -302,7 +302,38 @@ def _cell(values: list[float]) -> str:
     return f"{statistics.median(v):.3g} [{min(v):.3g}-{max(v):.3g}]"
 
 
+def _median(values: list[float]) -> float:
+    v = [x for x in values if x == x]
+    return statistics.median(v) if v else float("nan")
+
+
+def _plots(args, raw: report.Table, kills: report.Table) -> list[str | None]:
+    """The paper's failover figures: latencies against the number of replicas (medians)."""
+    def by_size(table: report.Table, col: str) -> tuple[list, list]:
+        sizes = sorted({r["replicas"] for r in table.rows if col in r})
+        return sizes, [_median([r[col] for r in table.rows if r["replicas"] == n and col in r])
+                       for n in sizes]
+    series = {}
+    if raw.rows:
+        series["detection (membership)"] = by_size(raw, "detection_ms")
+        series["failover (membership)"] = by_size(raw, "failover_ms")
+    if kills.rows:
+        series["service: kill to new view"] = by_size(kills, "view_ms")
+        series["service: kill to promoted"] = by_size(kills, "promoted_ms")
+        series["service: client-visible pause"] = by_size(kills, "pause_ms")
+    sizes = sorted({n for xs, _ in series.values() for n in xs})
+    out = [report.plot(args.results, "failover", "Failover latency vs replicas (medians)",
+                       "replicas", "latency (ms)", series, xticks=sizes)] if series else []
+    if raw.rows:
+        xs, ys = by_size(raw, "view_change_us")
+        out.append(report.plot(args.results, "failover_view_change", "Primary view change "
+                               "latency vs replicas (membership, median)", "replicas",
+                               "view change (us)", {"view change": (xs, ys)}, xticks=xs))
+    return out
+
+
 def run(args) -> int:
+    command = report.command_of(args, add_arguments, "failover")
     if args.quick:
         args.runs, args.service_kills = 2, 2
     sizes = [int(s) for s in args.replicas.split(",") if s.strip()]
@@ -312,7 +343,7 @@ def run(args) -> int:
     table = report.Table("failover", f"Failover latency (median [min-max] of {args.runs} runs; "
                          f"heartbeat {args.heartbeat_ms:g} ms, base timeout {args.timeout_ms:g} ms)",
                          ["replicas", "detection_ms", "view_change_us", "failover_ms",
-                          "add_backup_ms", "paper"])
+                          "add_backup_ms", "paper", "error"])
     kills = report.Table("failover_service_kills", "Replicated service: primary kills",
                          ["replicas", "kill", "view_ms", "promoted_ms", "pause_ms",
                           "rejoin_ms", "rejoin_pause_ms"])
@@ -327,7 +358,16 @@ def run(args) -> int:
     failures: list[str] = []
     with tempfile.TemporaryDirectory(prefix="llft-bench-failover-") as tmp:
         for size in sizes:
-            rows = one_size(tmp, args, size)
+            try:
+                rows = one_size(tmp, args, size)
+            except Exception as e:          # noqa: BLE001 -- reported in the table
+                failed = True
+                msg = f"{type(e).__name__}: {e}".replace("\n", " ")
+                print(f"llft bench failover: membership with {size} replicas failed: {msg}",
+                      file=sys.stderr)
+                table.add(replicas=size, error=msg[:200])
+                failures.append(f"membership, {size} replicas: {msg}")
+                continue
             for r in rows:
                 raw.add(**r)
 
@@ -374,7 +414,9 @@ def run(args) -> int:
         kills.write_csv(args.results)
         service.write_csv(args.results)
         sections.append(service.markdown())
-    md = report.write_markdown(args.results, "failover", sections, notes=(
+    plots = _plots(args, raw, kills)
+    md = report.write_markdown(args.results, "failover", sections, plots=plots, command=command,
+                               notes=(
         "Detection: SIGKILL of the primary to the rank-2 backup's first reaction. View "
         "change: that reaction to its status 'primary' (membership only, no connections: "
         "phase 2 is immediate). Add backup: a new replica's first status to 'backup' "
@@ -388,7 +430,8 @@ def run(args) -> int:
         "client overlapping kill..restart; steady_gap_ms: longest gap before the first "
         "kill; rejoin_ms: restart of the killed replica (`llft run`) until it is a member "
         "with a running application; rejoin_pause_ms: longest reply gap during that. "
-        "Every reply is checked (exactly once, in order); client_errors counts problems."
+        "Every reply is checked (exactly once, in order); client_errors counts problems. "
+        "Raw per-run and per-kill numbers: failover_runs.csv, failover_service_kills.csv."
         + "".join(f"\n\nFailed: {f}" for f in failures)))
     print(f"wrote {md}")
     return 1 if failed else 0

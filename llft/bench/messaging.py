@@ -11,8 +11,10 @@ Streaming throughput: `--stream-mb` one way; TCP into a sink, UDP blasted into a
 receiving group of `--replicas` members each, timed at the receivers from first to last
 delivery.
 
-Prints tables, writes results/messaging*.csv, messaging.md and PNG plots. The ratio
-columns (llft / TCP) are what to compare across machines.
+Prints tables; writes `<results>/messaging.csv` (latency: one row per size and
+transport, numbers only), `messaging_throughput.csv`, `messaging.md`,
+`messaging_latency.png` (median RTT against size) and `messaging_throughput.png`. The
+ratio columns (llft / TCP) are what to compare across machines.
 """
 from __future__ import annotations
 
@@ -41,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--replicas", default="1,3", help="llft server group sizes to measure")
     p.add_argument("--stream-mb", type=float, default=10.0)
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: sizes 64,1024, 100 round trips, 1 MB stream")
     p.add_argument("--results", default=report.DEFAULT_RESULTS_DIR)
 
 
@@ -241,7 +245,26 @@ def measure_throughput(args, tmp: str, key_path: str, replicas: list[int]):
     return table
 
 
+def long_table(raw: dict, sizes: list[int], replicas: list[int], rounds: int) -> report.Table:
+    """The latency table with numbers only, one row per size and transport (CSV)."""
+    t = report.Table("messaging", f"Round-trip latency ({rounds} round trips)",
+                     ["size_B", "transport", "replicas", "n", "median_us", "p90_us", "p99_us",
+                      "median_vs_tcp", "p99_vs_tcp"])
+    for s in sizes:
+        tcp = raw[("tcp", s)]
+        for name, reps in [("tcp", 0), ("udp", 0)] + [(f"llft_{r}r", r) for r in replicas]:
+            v = raw[(name, s)]
+            t.add(size_B=s, transport=name, replicas=reps, n=v["n"], median_us=v["median_us"],
+                  p90_us=v["p90_us"], p99_us=v["p99_us"],
+                  median_vs_tcp=v["median_us"] / tcp["median_us"],
+                  p99_vs_tcp=v["p99_us"] / tcp["p99_us"])
+    return t
+
+
 def run(args) -> int:
+    command = report.command_of(args, add_arguments, "messaging")
+    if getattr(args, "quick", False):
+        args.sizes, args.rounds, args.warmup, args.stream_mb = "64,1024", 100, 10, 1.0
     with tempfile.TemporaryDirectory(prefix="llft-bench-") as tmp:
         key_path = os.path.join(tmp, "cluster.key")
         key = keys.write_key(key_path)
@@ -249,15 +272,19 @@ def run(args) -> int:
         lat.print()
         thr = measure_throughput(args, tmp, key_path, replicas)
         thr.print()
-    lat.write_csv(args.results)
+    long_table(raw, sizes, replicas, args.rounds).write_csv(args.results)
     thr.write_csv(args.results)
     series = {name: (sizes, [raw[(name, s)]["median_us"] for s in sizes])
               for name in ["tcp", "udp"] + [f"llft_{r}r" for r in replicas]}
     png = report.plot(args.results, "messaging_latency", "Round-trip latency vs message size",
                       "message size (bytes)", "median RTT (us)", series, logx=True)
+    png_thr = report.bars(args.results, "messaging_throughput", f"Streaming throughput "
+                          f"({args.stream_mb:g} MB one way)", "MB/s",
+                          [r["transport"] for r in thr.rows],
+                          {"MB/s": [r["MB_per_s"] for r in thr.rows]})
     md = report.write_markdown(args.results, "messaging", [lat.markdown(), thr.markdown()],
-                               notes=f"Plot: {os.path.basename(png) if png else 'matplotlib missing'}. "
-                               "llft columns: a one-member client group against a server "
+                               plots=[png, png_thr], command=command,
+                               notes="llft columns: a one-member client group against a server "
                                "group of N replicas (semi-active: backups log their replies).")
     print(f"wrote {md}")
     return 0

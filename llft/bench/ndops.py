@@ -13,8 +13,10 @@ result). Per operation kind it times a tight loop of N calls:
 The workload measures itself with clock_gettime called through ctypes: ctypes drops
 the GIL around foreign calls, so the shim classifies those reads as not reaching the
 application and lets them through (the very rule under test), and the loop timings
-are real in all three runs. Results: ns per operation, ratios to plain, CSV and
-markdown in results/.
+are real in all three runs. Results: ns per operation, ratios to plain; writes
+`<results>/ndops.csv`, `ndops.md` and `ndops.png` (ns per operation, plain / record /
+replay, per kind). `llft bench ndlatency` measures the end-to-end figure (latency of a
+replicated service against operations per request).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import sys
 import tempfile
 import threading
 
+from llft.bench import report
 from llft.bench.report import Table, write_markdown
 
 WORKLOAD = r'''
@@ -71,7 +74,8 @@ os.write(2, ("NDOPS " + json.dumps(out) + "\n").encode())
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ops", type=int, default=20000, help="operations per kind")
-    parser.add_argument("--results", default="results", help="output folder")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2000 operations per kind")
+    parser.add_argument("--results", default=report.DEFAULT_RESULTS_DIR, help="output folder")
 
 
 def _server(n_bytes: int) -> tuple[socket.socket, int]:
@@ -101,6 +105,9 @@ def _parse(stderr: bytes) -> dict[str, float]:
 
 
 def run(args) -> int:
+    command = report.command_of(args, add_arguments, "ndops")
+    if getattr(args, "quick", False):
+        args.ops = 2000
     n = args.ops
     srv, port = _server(n * 64)
     with tempfile.TemporaryDirectory(prefix="llft-ndops-") as tmp:
@@ -138,7 +145,12 @@ def run(args) -> int:
           f"(+ start-up); empty loop {res['plain']['empty_loop']:.1f} ns/iter")
     os.makedirs(args.results, exist_ok=True)
     path = table.write_csv(args.results)
-    write_markdown(args.results, "ndops", [table.markdown()],
+    ops = [r["op"] for r in table.rows]
+    png = report.bars(args.results, "ndops", f"Cost per determinized operation ({n} ops)",
+                      "ns per operation", ops,
+                      {name: [r[f"{name}_ns"] for r in table.rows]
+                       for name in ("plain", "record", "replay")}, logy=True)
+    write_markdown(args.results, "ndops", [table.markdown()], plots=[png], command=command,
                    notes=f"Each row: the same unmodified loop, timed in one benchmark run "
                          f"plainly, recorded (primary path) and replayed from the trace "
                          f"(backup path, no network peer). Trace: {trace_bytes} bytes.")

@@ -137,9 +137,15 @@ class Setup:
     LocalCluster per replica count, started for its phase (`add_cluster`) and stopped
     after it (`stop_cluster`), so idle groups do not load the 2 cores meanwhile."""
 
-    def __init__(self, tmp: str, proxy: bool, fault_timeout_ms: float = 200.0):
+    def __init__(self, tmp: str, proxy: bool, fault_timeout_ms: float = 200.0,
+                 app: str = ECHO, probe: tuple[bytes, bytes] = (b"ping\n", b"ping\n"),
+                 group_prefix: str = "echo"):
+        """`app`: the service program (run as `python APP PORT`); `probe`: one request
+        and its exact reply, sent through each new group's whole path first."""
         self.tmp = tmp
         self.fault_timeout_ms = fault_timeout_ms
+        self.app, self.probe, self.group_prefix = app, probe, group_prefix
+        app_name = os.path.relpath(app, os.path.dirname(EXAMPLES))
         self.procs: list[subprocess.Popen] = []
         self.clusters = []
         self.baselines: list[Target] = []
@@ -147,10 +153,10 @@ class Setup:
         tcp = Target("tcp")
         self.baselines.append(tcp)
         tcp.port = _free_port()
-        self._spawn([sys.executable, ECHO, str(tcp.port)], "echo")
+        self._spawn([sys.executable, app, str(tcp.port)], "app")
         from llft.loadclient import wait_listening
         if not wait_listening(tcp.host, tcp.port, 20):
-            tcp.fail(f"examples/echo.py did not listen on {tcp.port}")
+            tcp.fail(f"{app_name} did not listen on {tcp.port}")
         if proxy:
             px = Target("proxy")
             self.baselines.append(px)
@@ -188,7 +194,7 @@ class Setup:
 
     def _cluster(self, n: int, t: Target) -> tuple[str, int]:
         from llft.cluster import LocalCluster
-        lc = LocalCluster(os.path.join(self.tmp, f"llft{n}"), group=f"echo{n}",
+        lc = LocalCluster(os.path.join(self.tmp, f"llft{n}"), group=f"{self.group_prefix}{n}",
                           service_port=SERVICE_PORT,
                           extra_cluster=f"fault_timeout_ms = {self.fault_timeout_ms:g}")
         self.clusters.append(lc)
@@ -196,21 +202,22 @@ class Setup:
         t.diag = lambda: "; ".join(f"{name}.log: {_last_lines(lc.log_tail(name))}"
                                    for name in lc.logs)
         for i in range(1, n + 1):
-            lc.start_replica(f"r{i}", [sys.executable, ECHO, str(SERVICE_PORT)])
+            lc.start_replica(f"r{i}", [sys.executable, self.app, str(SERVICE_PORT)])
             try:
                 lc.wait_members(i, timeout_s=SETUP_TIMEOUT_S)
             except Exception as e:
                 raise RuntimeError(f"r{i} not a member: {str(e)[:200]}") from None
         host, port = lc.start_gateway(timeout_s=SETUP_TIMEOUT_S)
-        # one echo through the whole path, so a broken path fails here, plainly
+        # one request through the whole path, so a broken path fails here, plainly
+        request, reply = self.probe
         try:
             with socket.create_connection((host, port), timeout=REPLY_TIMEOUT_S) as s:
-                s.sendall(b"ping\n")
-                got = _recv_exactly(s, 5)
-            if got != b"ping\n":
-                raise RuntimeError(f"first echo returned {got!r}")
+                s.sendall(request)
+                got = _recv_exactly(s, len(reply))
+            if got != reply:
+                raise RuntimeError(f"first request {request!r} returned {got!r}")
         except OSError as e:
-            raise RuntimeError(f"first echo through the gateway: {e}") from None
+            raise RuntimeError(f"first request through the gateway: {e}") from None
         return host, port
 
     def stop(self) -> None:
@@ -398,6 +405,7 @@ def _ints(text: str) -> list[int]:
 
 def run(args) -> int:
     kind = getattr(args, "_kind", "latency")
+    command = report.command_of(args, add_arguments, kind)
     if args.quick:
         args.sizes, args.rounds, args.warmup = "64,1024", 50, 10
         args.clients, args.duration = "1,4", 0.5
@@ -454,8 +462,7 @@ def run(args) -> int:
                           logx=True)
         plots = [png]
     failed = [t for t in targets if t.error is not None]
-    notes = (f"Plots: {', '.join(os.path.basename(p) for p in plots if p) or 'matplotlib missing'}. "
-             "Service: examples/echo.py, unmodified. tcp: the plain process reached directly; "
+    notes = ("Service: examples/echo.py, unmodified. tcp: the plain process reached directly; "
              "proxy: the same process through a plain asyncio TCP proxy (one extra hop, no "
              "llft); llft_Nr: N replicas under `llft run`, reached through `llft gateway` "
              "(client -> gateway over TCP, gateway -> group over LLFT multicast, the "
@@ -468,7 +475,8 @@ def run(args) -> int:
     if failed:
         notes += "\n\nFailed configurations: " + "; ".join(f"{t.name}: {t.detail}"
                                                          for t in failed)
-    md = report.write_markdown(args.results, kind, [table.markdown()], notes=notes)
+    md = report.write_markdown(args.results, kind, [table.markdown()], notes=notes,
+                               plots=plots, command=command)
     print(f"wrote {md}")
     return 1 if failed else 0
 
