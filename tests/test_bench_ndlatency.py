@@ -64,13 +64,13 @@ def test_ndlatency_quick(tmp_path):
     out = str(tmp_path / "results")
     assert main(["bench", "ndlatency", "--quick", "--results", out]) == 0
     rows = read_csv(os.path.join(out, "ndlatency.csv"))
-    configs = ["tcp", "llft_1r", "llft_2r"]
+    configs = ["tcp", "llft_1r", "llft_2r", "llft_3r"]
     assert [(r["op"], r["ops_per_request"], r["config"]) for r in rows] == \
         [("clock", k, c) for k in ("0", "10", "100", "1000") for c in configs]
     for r in rows:
         assert r["error"] == "" and r["median_us"] and r["extra_us"], r
-        # --quick: 20 round trips per phase; tcp pools both phases
-        assert int(r["n"]) == (40 if r["config"] == "tcp" else 20), r
+        # --quick: 20 round trips per phase; tcp pools the three phases
+        assert int(r["n"]) == (60 if r["config"] == "tcp" else 20), r
     slope = read_csv(os.path.join(out, "ndlatency_slope.csv"))
     assert [(r["op"], r["config"]) for r in slope] == [("clock", c) for c in configs]
     with open(os.path.join(out, "summary.md")) as f:

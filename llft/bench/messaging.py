@@ -277,11 +277,12 @@ def run(args) -> int:
     series = {name: (sizes, [raw[(name, s)]["median_us"] for s in sizes])
               for name in ["tcp", "udp"] + [f"llft_{r}r" for r in replicas]}
     png = report.plot(args.results, "messaging_latency", "Round-trip latency vs message size",
-                      "message size (bytes)", "median RTT (us)", series, logx=True)
+                      "message size (bytes)", "median RTT (us)", series, logx=True, logy=True,
+                      xticks=sizes)
     png_thr = report.bars(args.results, "messaging_throughput", f"Streaming throughput "
                           f"({args.stream_mb:g} MB one way)", "MB/s",
                           [r["transport"] for r in thr.rows],
-                          {"MB/s": [r["MB_per_s"] for r in thr.rows]})
+                          {"MB/s": [r["MB_per_s"] for r in thr.rows]}, logy=True)
     md = report.write_markdown(args.results, "messaging", [lat.markdown(), thr.markdown()],
                                plots=[png, png_thr], command=command,
                                notes="llft columns: a one-member client group against a server "

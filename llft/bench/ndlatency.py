@@ -12,7 +12,7 @@ released) and replies with a digest of the values, padded to the request's lengt
 Configurations, measured in one run like `llft bench latency` (service.py's Setup):
 
   tcp        the plain process reached directly over TCP (the baseline; no shim)
-  llft_Nr    N replicas under `llft run` (N from `--replicas`, default 1,2) through
+  llft_Nr    N replicas under `llft run` (N from `--replicas`, default 1,2,3) through
              `llft gateway`; each operation is determinized at the primary (order info
              recorded by the shim, piggybacked on the reply's data message) and replayed
              at the backups
@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=20, help="untimed round trips first")
     p.add_argument("--blocks", type=int, default=4,
                    help="interleave the configurations in this many blocks")
-    p.add_argument("--replicas", default="1,2", help="llft group sizes to measure")
+    p.add_argument("--replicas", default="1,2,3", help="llft group sizes to measure")
     p.add_argument("--fault-timeout-ms", type=float, default=200.0,
                    help="fault_timeout_ms of the llft clusters (failure-free path)")
     p.add_argument("--quick", action="store_true",

@@ -450,16 +450,16 @@ def run(args) -> int:
     if kind == "latency":
         png = report.plot(args.results, "latency", "Request/reply latency vs message size "
                           "(echo)", "message size (bytes)", "median latency (us)",
-                          series("size_B", "median_us"), logx=True)
+                          series("size_B", "median_us"), logx=True, logy=True, xticks=sizes)
         png99 = report.plot(args.results, "latency_p99", "p99 latency vs message size (echo)",
                             "message size (bytes)", "p99 latency (us)",
-                            series("size_B", "p99_us"), logx=True)
+                            series("size_B", "p99_us"), logx=True, logy=True, xticks=sizes)
         plots = [png, png99]
     else:
         thr_series = series("clients", "req_per_s")
         png = report.plot(args.results, "throughput", f"Throughput vs clients ({args.size} B "
                           "echo)", "concurrent clients", "requests per second", thr_series,
-                          logx=True)
+                          logx=True, logy=True, xticks=clients)
         plots = [png]
     failed = [t for t in targets if t.error is not None]
     notes = ("Service: examples/echo.py, unmodified. tcp: the plain process reached directly; "
