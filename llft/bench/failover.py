@@ -30,6 +30,11 @@ any client that overlaps the time from the kill to the restart (client-visible p
 rejoin_ms and rejoin_pause_ms, the restart until the new member is in the view, and the
 longest reply gap overlapping that time (state transfer). steady_gap_ms is the longest
 gap before the first kill, for comparison.
+
+Writes `<results>/failover.csv` (membership, median [min-max] per size),
+`failover_runs.csv` (every run), `failover_service.csv`, `failover_service_kills.csv`
+(every kill), `failover.md`, `failover.png` (medians against the number of replicas)
+and `failover_view_change.png` (the membership's primary view change against replicas).
 """
 from __future__ import annotations
 
