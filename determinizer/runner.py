@@ -28,6 +28,12 @@ def shim_env(base: dict[str, str], shm_env: dict[str, str], external_ports=()) -
     pre = env.get("LD_PRELOAD", "")
     env["LD_PRELOAD"] = shim_path() + (":" + pre if pre else "")
     env.update(shm_env)
+    # PySpark's default (pinned-thread) py4j ClientServer frees Java objects from a
+    # FinalizerWorker thread that polls a deque the main thread appends to without a
+    # lock: whether a poll finds work is decided by GIL hand-offs, which no replica can
+    # replay. The classic py4j gateway frees them synchronously in the thread that drops
+    # the last reference (deterministic). An app that sets the variable itself keeps it.
+    env.setdefault("PYSPARK_PIN_THREAD", "false")
     if external_ports:
         env["LLFT_EXTERNAL_PORTS"] = ",".join(str(p) for p in external_ports)
     return env
@@ -37,14 +43,16 @@ PR_SET_PDEATHSIG = 1
 
 
 def spawn(cmd: list[str], env: dict[str, str], cwd: str | None = None,
-          death_signal: int = 0, **popen_kw) -> subprocess.Popen:
+          death_signal: int = 0, nice: int = 0, **popen_kw) -> subprocess.Popen:
     """Popen `cmd` with exactly `env` plus LLFT_ROOT_PID=<its pid>, ASLR off; with
     `death_signal`, the child gets that signal when the spawning thread dies (the
-    replica agent: the app never outlives its agent)."""
+    replica agent: the app never outlives its agent); `nice` lowers its CPU priority."""
     items = [(k.encode(), v.encode()) for k, v in env.items()]
 
     def child_setup():  # runs in the child, between fork and exec
         _libc.personality(ADDR_NO_RANDOMIZE)
+        if nice:
+            os.nice(nice)
         if death_signal:
             _libc.prctl(PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
         os.environ.clear()                       # unsetenv each: the C environ is emptied

@@ -87,6 +87,10 @@ TERM_FLUSH_S = 1.0               # SIGTERM at a primary: wait this long for back
 PROMOTE_CHECK_S = 0.002          # how often a promoting agent checks the app's progress
 TAG_SHIM, TAG_CONN = b"S", b"C"
 NO_STALL_MS = 0x7FFF_FFFF
+# The app (and what it starts: a Spark JVM) runs below the agent's CPU priority: the
+# agent's heartbeats and acknowledgments are the group's fault detector, and an app
+# that keeps the cores busy must not get its own replica suspected.
+APP_NICE = 5
 PIGGYBACK_BYTES = 16 << 10       # order info a message may carry (output commit, above)
 APP_STATE_VERSION = 1
 
@@ -356,7 +360,7 @@ class Agent:
         self.shm = Shm.create(mode, stall_ms=NO_STALL_MS)
         senv = self.shm.env(service_port=self.gcfg.service_port)
         self.proc = spawn(self.cmd, shim_env(env, senv), cwd=self.cwd,
-                          death_signal=signal.SIGKILL)
+                          death_signal=signal.SIGKILL, nice=APP_NICE)
         threading.Thread(target=self._wait_app, args=(self.proc,), daemon=True).start()
 
     def _wait_app(self, proc) -> None:

@@ -195,6 +195,15 @@ static void *(*py_tstate_this)(void);        /* PyGILState_GetThisThreadState */
 static void *(*py_save_thread)(void);        /* PyEval_SaveThread */
 static void (*py_restore_thread)(void *);    /* PyEval_RestoreThread */
 static void (*py_dump_traceback)(int, void *);  /* _Py_DumpTraceback (async-signal-safe) */
+static int (*py_gc_disable)(void);                 /* PyGC_Disable (3.10+) */
+static void *(*py_import)(const char *);           /* PyImport_ImportModule */
+static void *(*py_getattr)(void *, const char *);  /* PyObject_GetAttrString */
+static void *(*py_call1)(void *, void *);          /* PyObject_CallOneArg */
+static void *(*py_long)(long);                     /* PyLong_FromLong */
+static void (*py_decref)(void *);                  /* Py_DecRef */
+static void (*py_err_fetch)(void **, void **, void **);
+static void (*py_err_restore)(void *, void *, void *);
+static void (*py_err_clear)(void);
 
 /* Interpreter timing machinery: reads returning into these are never ordered. */
 #define MAX_INTERNAL 4
@@ -593,6 +602,15 @@ static void llft_init(void) {
     py_save_thread = (void *(*)(void))dlsym(RTLD_DEFAULT, "PyEval_SaveThread");
     py_restore_thread = (void (*)(void *))dlsym(RTLD_DEFAULT, "PyEval_RestoreThread");
     py_dump_traceback = (void (*)(int, void *))dlsym(RTLD_DEFAULT, "_Py_DumpTraceback");
+    py_gc_disable = (int (*)(void))dlsym(RTLD_DEFAULT, "PyGC_Disable");
+    py_import = (void *(*)(const char *))dlsym(RTLD_DEFAULT, "PyImport_ImportModule");
+    py_getattr = (void *(*)(void *, const char *))dlsym(RTLD_DEFAULT, "PyObject_GetAttrString");
+    py_call1 = (void *(*)(void *, void *))dlsym(RTLD_DEFAULT, "PyObject_CallOneArg");
+    py_long = (void *(*)(long))dlsym(RTLD_DEFAULT, "PyLong_FromLong");
+    py_decref = (void (*)(void *))dlsym(RTLD_DEFAULT, "Py_DecRef");
+    py_err_fetch = (void (*)(void **, void **, void **))dlsym(RTLD_DEFAULT, "PyErr_Fetch");
+    py_err_restore = (void (*)(void *, void *, void *))dlsym(RTLD_DEFAULT, "PyErr_Restore");
+    py_err_clear = (void (*)(void))dlsym(RTLD_DEFAULT, "PyErr_Clear");
     add_internal_range("_PyTime_GetMonotonicClock");
     add_internal_range("_PyTime_GetPerfCounter");
     /* resolve every real symbol now, single-threaded, rather than on a hot path */
@@ -625,6 +643,53 @@ static int clock_app_visible(void *ra) {
 }
 static int clock_is_wall_or_mono(clockid_t c) {
     return c != CLOCK_PROCESS_CPUTIME_ID && c != CLOCK_THREAD_CPUTIME_ID;
+}
+
+/* ------------------------------------------------------------------ garbage collection
+ *
+ * CPython's cyclic GC runs when a global allocation count crosses a threshold, in
+ * whichever thread allocates then: with several threads, where (and in which thread)
+ * finalizers and weakref callbacks run is decided by thread interleaving, which replay
+ * does not reproduce. PySpark frees Java objects from exactly such callbacks (py4j
+ * takes a lock and talks to the JVM there), so a backup's threads made calls the
+ * primary's had not made at that point. Instead, automatic collection is switched off
+ * and the main thread collects at deterministic points: every GC_EVERY-th ordered
+ * clock read it makes (the same calls at every replica), gen 1 every 10th time, gen 2
+ * every 100th. What a collection's finalizers do is not ordered (t_guard): the garbage
+ * found may differ slightly between replicas, and its effects are private (freeing
+ * JVM objects). Locks and sockets created during a collection are never ordered. */
+#define GC_EVERY 64
+static void *g_gc_collect;       /* gc.collect, or NULL before set-up / if unavailable */
+static int g_gc_state;           /* 0 not yet, 1 set up, -1 unavailable */
+static TLS uint32_t t_gc_points;
+
+static void gc_point(int may_collect) {
+    if (t_tid != 0 || g_gc_state < 0 || !gil_held()) return;
+    if (g_gc_state == 0) {
+        if (!py_gc_disable || !py_import || !py_getattr || !py_call1 || !py_long || !py_decref
+            || !py_err_fetch || !py_err_restore || !py_err_clear) { g_gc_state = -1; return; }
+        void *et, *ev, *tb;
+        py_err_fetch(&et, &ev, &tb);
+        void *m = py_import("gc");
+        g_gc_collect = m ? py_getattr(m, "collect") : NULL;
+        if (m) py_decref(m);
+        if (!g_gc_collect) { py_err_clear(); py_err_restore(et, ev, tb); g_gc_state = -1; return; }
+        py_gc_disable();
+        py_err_restore(et, ev, tb);
+        g_gc_state = 1;
+    }
+    if (!may_collect || ++t_gc_points % GC_EVERY) return;
+    uint32_t n = t_gc_points / GC_EVERY;
+    long gen = n % 100 == 0 ? 2 : n % 10 == 0 ? 1 : 0;
+    t_guard++;
+    void *et, *ev, *tb;
+    py_err_fetch(&et, &ev, &tb);
+    void *arg = py_long(gen);
+    void *r = arg ? py_call1(g_gc_collect, arg) : NULL;
+    if (arg) py_decref(arg);
+    if (r) py_decref(r); else py_err_clear();
+    py_err_restore(et, ev, tb);
+    t_guard--;
 }
 
 /* One virtual group clock reading, in ns. Returns 0 or -1 with *err set. */
@@ -672,6 +737,7 @@ EXPORT int clock_gettime(clockid_t clk, struct timespec *tp) {
     int r = cts_read(LLFT_C_CLOCK_GETTIME, clk, &v, &err);
     if (!r) { tp->tv_sec = v / 1000000000LL; tp->tv_nsec = v % 1000000000LL; }
     t_guard--;
+    gc_point(1);
     if (r) errno = err;
     return r;
 }
@@ -685,6 +751,7 @@ EXPORT int gettimeofday(struct timeval *tv, void *tz) {
     if (!r) { tv->tv_sec = v / 1000000000LL; tv->tv_usec = (v % 1000000000LL) / 1000; }
     if (tz) memset(tz, 0, 8);
     t_guard--;
+    gc_point(1);
     if (r) errno = err;
     return r;
 }
@@ -1028,6 +1095,7 @@ static void *thread_trampoline(void *p) {
 
 EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg) {
     if (!active_here()) return R(pthread_create)(th, attr, fn, arg);
+    gc_point(0);   /* automatic GC off before a second thread exists */
     t_guard++;
     uint64_t op = LLFT_OP(LLFT_OPC_THREAD, (uint64_t)t_tid);
     int r;
@@ -1039,6 +1107,12 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
         r = (int)b.h.ret;
         if (r == 0) {
             ts->tid = (int)b.h.aux;
+            /* after a promotion this process hands out ids itself: continue above the
+             * replayed ones (a reused id would merge two threads' call sequences) */
+            uint32_t seen = __atomic_load_n(&g_ctl->next_tid, __ATOMIC_ACQUIRE);
+            while (seen < (uint32_t)b.h.aux
+                   && !__atomic_compare_exchange_n(&g_ctl->next_tid, &seen, (uint32_t)b.h.aux, 0,
+                                                   __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {}
             r = R(pthread_create)(th, attr, thread_trampoline, ts);
             if (r) diverge("thread %d: pthread_create failed here (%d) but succeeded in the trace", t_tid, r);
         } else {
