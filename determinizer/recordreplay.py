@@ -102,7 +102,11 @@ def load_meta(trace: str) -> dict:
 
 
 def replay(cmd: list[str] | None, trace: str, stall_ms: int = 10000, promote: bool = False,
-           quiet: bool = False, limit_entries: int | None = None, **popen_kw) -> int:
+           quiet: bool = False, limit_entries: int | None = None,
+           continued: bytearray | None = None, **popen_kw) -> int:
+    """Run `cmd` (default: the recorded one) as a backup fed from `trace`; with
+    `promote`, take over as a primary once the trace (or its first `limit_entries`) is
+    consumed; the new primary's order info is appended to `continued` if given."""
     meta = load_meta(trace)
     cmd = cmd or meta["cmd"]
     shm = Shm.create(Shm.BACKUP, stall_ms=stall_ms)
@@ -139,7 +143,8 @@ def replay(cmd: list[str] | None, trace: str, stall_ms: int = 10000, promote: bo
         proc = spawn(cmd, shim_env(meta["env"], shm.env()), cwd=meta["cwd"], **popen_kw)
         th = threading.Thread(target=feed, name="llft-feeder", daemon=True)
         th.start()
-        continued = bytearray()
+        if continued is None:
+            continued = bytearray()
         while proc.poll() is None:
             if promote and shm.mode == Shm.PRIMARY:
                 continued += shm.drain(timeout_ms=50)   # a new primary's order info

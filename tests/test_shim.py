@@ -142,3 +142,72 @@ def test_gil_and_runtime_locks_are_never_ordered_and_backups_wait_without_the_gi
     import re
     m = re.search(r"\((\d+) waits for a turn, (\d+) with the GIL released\)", summary)
     assert m and int(m.group(2)) > 0, summary
+
+
+def test_threads_created_after_a_promotion_get_new_logical_ids(tmp_path):
+    """A promoted backup hands out logical thread ids itself: above the ids it replayed
+    (a reused id would merge two threads' call sequences for every later backup)."""
+    from determinizer.recordreplay import replay as replay_fn
+    prog = ("import threading, time\n"
+            "def f():\n"
+            "    with threading.Lock(): pass\n"
+            "a = threading.Thread(target=f); a.start(); a.join()\n"
+            "print(time.time(), flush=True)\n"
+            "b = threading.Thread(target=f); b.start(); b.join()\n"
+            "print('ok', flush=True)\n")
+    trace = str(tmp_path / "t")
+    record([PYTHON3, "-c", prog], trace, str(tmp_path))
+    es = _trace_entries(trace)
+    creates = [e for e in es if e.call == CALL_IDS["pthread_create"]]
+    assert [e.aux for e in creates] == [1, 2]
+    # cut after the time.time() read between the two thread creations
+    cut = next(i for i, e in enumerate(es) if e.call == CALL_IDS["clock_gettime"]
+               and e.op == (1 << 56) and i > es.index(creates[0])) + 1
+    continued = bytearray()
+    with open(tmp_path / "promoted.out", "wb") as f:
+        rc = replay_fn(None, trace, promote=True, limit_entries=cut, quiet=True, stdout=f,
+                       continued=continued)
+    assert rc == 0
+    new_creates = [e for e in decode(bytes(continued)) if e.call == CALL_IDS["pthread_create"]]
+    assert [e.aux for e in new_creates] == [2]
+
+
+GC_PROGRAM = """
+import threading, time
+lock = threading.Lock()
+class Node:
+    def __init__(self):
+        self.me = self                      # a reference cycle: only the cyclic GC frees it
+    def __del__(self):
+        with lock:                          # a lock call wherever the collection runs
+            pass
+def worker(n):
+    for i in range(n):
+        Node()
+        if i % 50 == 0:
+            with lock:
+                pass
+ts = [threading.Thread(target=worker, args=(6000,)) for _ in range(3)]
+for t in ts:
+    t.start()
+for i in range(3000):
+    time.monotonic()                        # the main thread's ordered clock reads
+for t in ts:
+    t.join()
+print("done", flush=True)
+"""
+
+
+def test_cyclic_gc_finalizers_do_not_make_replicas_diverge(tmp_path):
+    """Finalizers of garbage cycles take a lock: with CPython's automatic collection they
+    would run in whichever thread crossed the allocation threshold (decided by thread
+    interleaving). The shim collects at deterministic points of the main thread and
+    leaves what finalizers do unordered, so the replay follows the recording."""
+    prog = tmp_path / "gc_prog.py"
+    prog.write_text(GC_PROGRAM)
+    trace = str(tmp_path / "t")
+    out, _ = record([PYTHON3, str(prog)], trace, str(tmp_path))
+    assert out == b"done\n"
+    for _ in range(3):
+        p, _ = replay(trace, str(tmp_path))
+        assert p.stdout == out
