@@ -2,6 +2,7 @@
 
     llft demo                 # three replicas of examples/kv_counter.py behind a gateway
     llft demo messaging       # the messaging protocol alone, under 10% datagram loss
+    llft demo spark           # a replicated PySpark streaming driver (llft/demo_spark.py)
 
 Scenario (default, `service`): three `llft run` replicas of the unmodified threaded
 counter service (examples/kv_counter.py: locks, clocks, random numbers), `llft gateway`
@@ -22,15 +23,17 @@ import tempfile
 import threading
 import time
 
-KINDS = ("service", "messaging")
+KINDS = ("service", "messaging", "spark")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("kind", nargs="?", default="service", choices=KINDS)
-    p.add_argument("--replicas", type=int, default=3, help="service: replicas (2 or more)")
+    p.add_argument("--replicas", type=int, help="replicas, 2 or more (service: 3, spark: 2)")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--requests", type=int, default=2000, help="service: requests per client")
-    p.add_argument("--kills", type=int, default=2, help="service: primary kills")
+    p.add_argument("--kills", type=int, help="primary kills (service: 2, spark: 1)")
+    p.add_argument("--events", type=int, default=4000, help="spark: input events")
+    p.add_argument("--rate", type=float, default=500, help="spark: generator events/s")
     p.add_argument("--keep", action="store_true", help="keep the work folder (logs, status)")
     p.add_argument("--mb", type=float, default=8.0, help="messaging: megabytes to stream")
     p.add_argument("--drop", type=float, default=0.1,
@@ -42,10 +45,16 @@ def run(args) -> int:
     if args.kind == "messaging":
         from llft import demo_messaging
         return demo_messaging.run(args)
+    spark = args.kind == "spark"
+    args.replicas = args.replicas or (2 if spark else 3)
+    args.kills = args.kills if args.kills is not None else (1 if spark else 2)
     if args.replicas < 2:
         print("llft demo: --replicas must be at least 2 (a backup must take over)",
               file=sys.stderr)
         return 2
+    if spark:
+        from llft import demo_spark
+        return demo_spark.run(args)
     if args.keep:
         work = tempfile.mkdtemp(prefix="llft-demo-")
         return service_demo(args, work)
