@@ -187,10 +187,10 @@ def worker(n):
         if i % 50 == 0:
             with lock:
                 pass
-ts = [threading.Thread(target=worker, args=(6000,)) for _ in range(3)]
+ts = [threading.Thread(target=worker, args=(20000,)) for _ in range(3)]
 for t in ts:
     t.start()
-for i in range(3000):
+for i in range(10000):
     time.monotonic()                        # the main thread's ordered clock reads
 for t in ts:
     t.join()
