@@ -36,6 +36,7 @@ BENCHMARKS: dict[str, str] = {
     "latency": "llft.bench.service",
     "throughput": "llft.bench.service",
     "ndlatency": "llft.bench.ndlatency",
+    "spark": "llft.bench.spark",
     "all": "llft.bench.all",
 }
 

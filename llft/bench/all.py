@@ -7,7 +7,9 @@ ndops (cost per determinized operation) and messaging (the protocol alone). Each
 runs with its own defaults (plus `--quick` if given) and writes its CSV, markdown and
 PNG files into DIR; a kind that fails or raises is reported and the others still run.
 At the end `all.md` lists each kind's command, exit status and duration, and
-`summary.md` gathers every section. `spark` is left out (its own command).
+`summary.md` gathers every section. `spark` (llft against supervisor + checkpoint on a
+PySpark driver) starts many Spark JVMs and takes several minutes even with `--quick`, so
+it runs only when asked for: `--spark` adds it at the end, or name it in `--kinds`.
 
 Exit status: 0 if every kind returned 0, else 1.
 """
@@ -30,13 +32,19 @@ KINDS: dict[str, str] = {
     "failover": "llft.bench.failover",
     "ndops": "llft.bench.ndops",
     "messaging": "llft.bench.messaging",
+    "spark": "llft.bench.spark",
 }
+# not run unless asked for (--spark, or named in --kinds)
+OPT_IN = ("spark",)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="every kind in its --quick mode")
-    p.add_argument("--kinds", default=",".join(KINDS),
-                   help="which kinds, in this order (default: all of them)")
+    p.add_argument("--kinds", default=",".join(k for k in KINDS if k not in OPT_IN),
+                   help="which kinds, in this order (default: all of them but "
+                   f"{', '.join(OPT_IN)})")
+    p.add_argument("--spark", action="store_true",
+                   help="also run `spark` (several minutes: Spark JVMs) after the others")
     p.add_argument("--results", default=report.DEFAULT_RESULTS_DIR)
 
 
@@ -54,6 +62,8 @@ def kind_args(kind: str, quick: bool, results: str) -> argparse.Namespace:
 def run(args) -> int:
     command = report.command_of(args, add_arguments, "all")
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if getattr(args, "spark", False) and "spark" not in kinds:
+        kinds.append("spark")
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         print(f"llft bench all: unknown kind {unknown[0]!r} ({', '.join(KINDS)})",
