@@ -150,6 +150,9 @@ def replay(cmd: list[str] | None, trace: str, stall_ms: int = 10000, promote: bo
                 continued += shm.drain(timeout_ms=50)   # a new primary's order info
             else:
                 time.sleep(0.01)
+        if promote and shm.mode == Shm.PRIMARY:
+            while chunk := shm.drain(timeout_ms=0):   # what it appended before it exited
+                continued += chunk
         feeder.stopped = True
         th.join(timeout=5)
         if shm.diverged:

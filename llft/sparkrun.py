@@ -139,7 +139,7 @@ def reference(workdir: str, wl: Workload, timeout_s: float = 600) -> Result:
 
 
 def replicated(workdir: str, wl: Workload, replicas: int = 2, kill_after: list[int] = (),
-               fault_timeout_ms: int = 300, timeout_s: float = 900, on_event=None,
+               fault_timeout_ms: int = 300, timeout_s: float = 600, on_event=None,
                group: str = "nexmark") -> Result:
     """`replicas` x `llft run` of the pipeline, a gateway, the generator and the sink
     through it; the primary is SIGKILLed once the sink holds each of `kill_after`
