@@ -64,6 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=2, help="kills (runs) per setup")
     p.add_argument("--fault-timeout-ms", type=int, default=300,
                    help="fault_timeout_ms of the llft group")
+    p.add_argument("--run-timeout", type=float, default=400,
+                   help="seconds per run before it is reported as failed")
     p.add_argument("--quick", action="store_true",
                    help="smoke size: 1000 events, 250-event windows, kill after 2 windows, "
                    "1 kill per setup")
@@ -137,7 +139,8 @@ def run(args) -> int:
     with tempfile.TemporaryDirectory(prefix="llft-bench-spark-") as tmp:
         print(f"reference: {wl.events} events, seed {wl.seed}, rate {wl.rate:g}/s", flush=True)
         try:
-            ref = sparkrun.reference(os.path.join(tmp, "reference"), wl)
+            ref = sparkrun.reference(os.path.join(tmp, "reference"), wl,
+                                     timeout_s=args.run_timeout)
             problems = ref.sink.verdict(wl.events)
             ref_bytes = ref.sink.received_bytes() if not problems else None
             ref_row = dict(setup="reference", run=1, lost=len(ref.sink.gaps),
@@ -186,12 +189,16 @@ def _one(setup: str, i: int, workdir: str, wl: sparkrun.Workload, k: int, args,
     try:
         if setup == "llft_2r":
             res = sparkrun.replicated(workdir, wl, replicas=2, kill_after=[k],
-                                      fault_timeout_ms=args.fault_timeout_ms, on_event=say)
+                                      fault_timeout_ms=args.fault_timeout_ms, on_event=say,
+                                      timeout_s=args.run_timeout)
         else:
-            res = supervisor.supervised(workdir, wl, kill_after=[k], on_event=say)
+            res = supervisor.supervised(workdir, wl, kill_after=[k], on_event=say,
+                                        timeout_s=args.run_timeout)
     except Exception as e:                  # noqa: BLE001 -- one failed run is a row
         traceback.print_exc()
-        row["error"] = f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+        kept = _keep_logs(workdir, os.path.join(args.results, f"spark_failed_{setup}_{i}"))
+        row["error"] = (f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
+                        + (f" (logs: {kept})" if kept else ""))
         return row
     kill = res.kills[0]
     sink = res.sink
@@ -211,6 +218,19 @@ def _one(setup: str, i: int, workdir: str, wl: sparkrun.Workload, k: int, args,
         row["error"] = (row["error"] + "; " if row["error"] else "") + \
             "the killed driver's JVM outlived it by 30 s"
     return row
+
+
+def _keep_logs(workdir: str, dest: str) -> str:
+    """Copy a failed run's logs (the run's folder is temporary) into the results."""
+    import shutil
+    logs = [os.path.join(d, f) for d, _, fs in os.walk(workdir) for f in fs
+            if f.endswith(".log")]
+    if not logs:
+        return ""
+    os.makedirs(dest, exist_ok=True)
+    for p in logs:
+        shutil.copy(p, os.path.join(dest, os.path.relpath(p, workdir).replace(os.sep, "_")))
+    return dest
 
 
 def _summary(kills: report.Table, k: int) -> report.Table:
@@ -246,8 +266,9 @@ def _summary(kills: report.Table, k: int) -> report.Table:
 def _notes(args, wl: sparkrun.Workload, k: int, rows: dict, kills: report.Table,
            failed: list) -> str:
     llft, ck = rows.get("llft_2r", {}), rows.get("checkpoint", {})
-    ratio = ck.get("next_result_ms", float("nan")) / llft.get("next_result_ms", float("nan")) \
-        if llft.get("next_result_ms") else float("nan")
+    def ratio(col: str) -> float:
+        a, b = ck.get(col, float("nan")), llft.get(col, float("nan"))
+        return a / b if isinstance(a, float) and isinstance(b, float) and b else float("nan")
     lines = [
         f"Workload: examples/nexmark_pipeline.py, {wl.events} events (seed {wl.seed}), "
         f"generator at {wl.rate:g} events/s, {wl.window_ms}-event windows ({wl.windows} "
@@ -283,7 +304,8 @@ def _notes(args, wl: sparkrun.Workload, k: int, rows: dict, kills: report.Table,
         "(every kill row): all input events over first event sent -> end line, the recovery "
         "included.",
         "",
-        f"Recovery (kill -> next result), checkpoint / llft: **{ratio:.1f}x**.",
+        f"Recovery (kill -> next result), checkpoint / llft: **{ratio('next_result_ms'):.1f}x**; "
+        f"kill -> first new window: **{ratio('new_window_ms'):.1f}x**.",
     ]
     thr = [r.get("throughput_ev_s") for r in rows.values()]
     if wl.rate and any(isinstance(x, float) and x == x and x > 0.8 * wl.rate for x in thr):
