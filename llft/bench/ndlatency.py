@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import tempfile
-import time
 
 from llft.bench import report
-from llft.bench.service import EXAMPLES, REPLY_TIMEOUT_S, Setup, Target
+from llft.bench.service import (EXAMPLES, Setup, Target, phase_of, pooled_samples,
+                                measure_round_trips)
 
 NDOPS_SERVICE = os.path.join(EXAMPLES, "ndops_service.py")
 OP_KINDS = ("clock", "random", "lock", "mixed")
@@ -67,52 +66,13 @@ def request_of(op: str, k: int, size: int) -> bytes:
     return head + b"x" * max(0, size - 1 - len(head)) + b"\n"
 
 
-def _round_trips(t: Target, request: bytes, count: int, out: list[float] | None) -> None:
-    if t.sock is None:
-        t.sock = socket.create_connection((t.host, t.port), timeout=REPLY_TIMEOUT_S)
-        t.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s, n = t.sock, len(request)
-    buf = bytearray(n)
-    view = memoryview(buf)
-    for _ in range(count):
-        t0 = time.perf_counter_ns()
-        s.sendall(request)
-        got = 0
-        while got < n:
-            k = s.recv_into(view[got:], n - got)
-            if not k:
-                raise ConnectionError(f"connection closed after {got} of {n} bytes")
-            got += k
-        t1 = time.perf_counter_ns()
-        if not buf.startswith(b"OK ") or buf[-1:] != b"\n":
-            raise RuntimeError(f"reply {bytes(buf[:60])!r}...")
-        if out is not None:
-            out.append((t1 - t0) / 1000)
-
-
 def measure(targets: list[Target], points: list[tuple[str, int]], size: int, rounds: int,
             warmup: int, blocks: int, phase: int, samples: dict) -> None:
     """Into samples[(phase, config, (op, K))]: round-trip times (us)."""
-    blocks = max(1, min(blocks, rounds))
-    for point in points:
-        request = request_of(point[0], point[1], size)
-        for t in targets:
-            samples[(phase, t.name, point)] = []
-            if t.error is not None:
-                continue
-            try:
-                _round_trips(t, request, warmup, None)
-            except Exception as e:          # noqa: BLE001 -- reported per configuration
-                t.fail(f"{point[0]} K={point[1]} warm-up: {type(e).__name__}: {e}", point)
-        for b in range(blocks):
-            per = rounds // blocks + (1 if b < rounds % blocks else 0)
-            for t in targets:
-                if t.error is not None:
-                    continue
-                try:
-                    _round_trips(t, request, per, samples[(phase, t.name, point)])
-                except Exception as e:      # noqa: BLE001
-                    t.fail(f"{point[0]} K={point[1]}: {type(e).__name__}: {e}", point)
+    measure_round_trips(targets, points, lambda point: request_of(point[0], point[1], size),
+                        lambda reply, _req: reply.startswith(b"OK ") and reply[-1:] == b"\n",
+                        lambda point: f"{point[0]} K={point[1]}",
+                        rounds, warmup, blocks, phase, samples)
 
 
 def tables(setup: Setup, points, samples, args) -> tuple[report.Table, report.Table]:
@@ -123,10 +83,10 @@ def tables(setup: Setup, points, samples, args) -> tuple[report.Table, report.Ta
                           "p90_us", "p99_us", "median_vs_tcp", "extra_us", "error"])
     for point in points:
         op, k = point
-        pooled = [x for (ph, n, p), v in samples.items() if n == "tcp" and p == point for x in v]
+        pooled = pooled_samples(samples, "tcp", point)
         for t in setup.targets:
             if t.replicas:
-                ph = next((ph for (ph, n, _), _v in samples.items() if n == t.name), None)
+                ph = phase_of(samples, t.name)
                 mine = samples.get((ph, t.name, point), [])
                 ref = report.summarize_us(samples.get((ph, "tcp", point), []))
             else:

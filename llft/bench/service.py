@@ -252,16 +252,19 @@ def _recv_exactly(s: socket.socket, n: int) -> bytes:
 
 
 # ---------------------------------------------------------------- latency -----------
-def _round_trips(t: Target, payload: bytes, count: int, out: list[float] | None) -> None:
+def _round_trips(t: Target, request: bytes, count: int, out: list[float] | None,
+                 reply_ok) -> None:
+    """`count` round trips of `request` on t's connection; every reply has the request's
+    length and must satisfy reply_ok(reply, request)."""
     if t.sock is None:
         t.sock = socket.create_connection((t.host, t.port), timeout=REPLY_TIMEOUT_S)
         t.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s, n = t.sock, len(payload)
+    s, n = t.sock, len(request)
     buf = bytearray(n)
     view = memoryview(buf)
     for _ in range(count):
         t0 = time.perf_counter_ns()
-        s.sendall(payload)
+        s.sendall(request)
         got = 0
         while got < n:
             k = s.recv_into(view[got:], n - got)
@@ -269,43 +272,53 @@ def _round_trips(t: Target, payload: bytes, count: int, out: list[float] | None)
                 raise ConnectionError(f"connection closed after {got} of {n} bytes")
             got += k
         t1 = time.perf_counter_ns()
-        if buf != payload:
-            raise RuntimeError(f"echo of {n} B came back different")
+        if not reply_ok(buf, request):
+            raise RuntimeError(f"reply of {n} B not as expected: {bytes(buf[:60])!r}...")
         if out is not None:
             out.append((t1 - t0) / 1000)
 
 
-def measure_latency(targets: list[Target], sizes: list[int], rounds: int, warmup: int,
-                    blocks: int, phase: int, samples: dict) -> None:
-    """Into samples[(phase, config, size)]: round-trip times (us), configurations
-    interleaved in `blocks` blocks per size."""
+def measure_round_trips(targets: list[Target], keys: list, request_of, reply_ok, label,
+                        rounds: int, warmup: int, blocks: int, phase: int,
+                        samples: dict) -> None:
+    """Into samples[(phase, config, key)]: round-trip times (us) of request_of(key), the
+    configurations interleaved in `blocks` blocks per key; a configuration that fails is
+    marked failed (t.fail) with label(key) and skipped from then on."""
     blocks = max(1, min(blocks, rounds))
-    for size in sizes:
-        payload = os.urandom(size)
+    for key in keys:
+        request = request_of(key)
         for t in targets:
-            samples[(phase, t.name, size)] = []
+            samples[(phase, t.name, key)] = []
             if t.error is not None:
                 continue
             try:
-                _round_trips(t, payload, warmup, None)
-            except Exception as e:          # noqa: BLE001
-                t.fail(f"{size} B warm-up: {type(e).__name__}: {e}", size)
+                _round_trips(t, request, warmup, None, reply_ok)
+            except Exception as e:          # noqa: BLE001 -- reported per configuration
+                t.fail(f"{label(key)} warm-up: {type(e).__name__}: {e}", key)
         for b in range(blocks):
             per = rounds // blocks + (1 if b < rounds % blocks else 0)
             for t in targets:
                 if t.error is not None:
                     continue
                 try:
-                    _round_trips(t, payload, per, samples[(phase, t.name, size)])
+                    _round_trips(t, request, per, samples[(phase, t.name, key)], reply_ok)
                 except Exception as e:      # noqa: BLE001
-                    t.fail(f"{size} B round trips: {type(e).__name__}: {e}", size)
+                    t.fail(f"{label(key)} round trips: {type(e).__name__}: {e}", key)
 
 
-def _pooled(samples: dict, name: str, key) -> list:
+def measure_latency(targets: list[Target], sizes: list[int], rounds: int, warmup: int,
+                    blocks: int, phase: int, samples: dict) -> None:
+    """Into samples[(phase, config, size)]: round-trip times (us) of random payloads
+    echoed back unchanged."""
+    measure_round_trips(targets, sizes, os.urandom, lambda reply, req: reply == req,
+                        lambda size: f"{size} B", rounds, warmup, blocks, phase, samples)
+
+
+def pooled_samples(samples: dict, name: str, key) -> list:
     return [x for (ph, n, k), v in samples.items() if n == name and k == key for x in v]
 
 
-def _phase_of(samples: dict, name: str) -> int | None:
+def phase_of(samples: dict, name: str) -> int | None:
     return next((ph for (ph, n, _), _v in samples.items() if n == name), None)
 
 
@@ -317,14 +330,14 @@ def latency_table(setup: Setup, sizes, samples, rounds) -> report.Table:
                          ["size_B", "config", "replicas", "n", "median_us", "p90_us", "p99_us",
                           "median_vs_tcp", "p99_vs_tcp", "error"])
     for size in sizes:
-        base = report.summarize_us(_pooled(samples, "tcp", size))
+        base = report.summarize_us(pooled_samples(samples, "tcp", size))
         for t in setup.targets:
             if t.replicas:
-                ph = _phase_of(samples, t.name)
+                ph = phase_of(samples, t.name)
                 mine = samples.get((ph, t.name, size), [])
                 ref = report.summarize_us(samples.get((ph, "tcp", size), []))
             else:
-                mine, ref = _pooled(samples, t.name, size), base
+                mine, ref = pooled_samples(samples, t.name, size), base
             s = report.summarize_us(mine)
             good = t.measured(size, sizes)
             row = dict(size_B=size, config=t.name, replicas=t.replicas, n=s["n"],
@@ -380,7 +393,7 @@ def throughput_table(setup: Setup, clients, acc, size, duration_s) -> report.Tab
         base = _sum_acc([v for (ph, n, k), v in acc.items() if n == "tcp" and k == c])
         for t in setup.targets:
             if t.replicas:
-                ph = _phase_of(acc, t.name)
+                ph = phase_of(acc, t.name)
                 a = acc.get((ph, t.name, c), _sum_acc([]))
                 ref = acc.get((ph, "tcp", c))
             else:
