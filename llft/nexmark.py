@@ -117,30 +117,54 @@ class GeneratorStats:
     error: str = ""
 
 
+def _reconnecting(one_connection, stop: threading.Event, more) -> str:
+    """Call one_connection() again after every broken connection (the driver went away
+    and may come back), while more() and not stopped. Returns the error that ended it,
+    "" if none: a connect timeout, or anything unexpected."""
+    try:
+        while not stop.is_set() and more():
+            try:
+                one_connection()
+            except (ConnectionError, OSError) as e:
+                if isinstance(e, TimeoutError) or stop.is_set():
+                    raise
+    except Exception as e:  # reported, not raised: the harness reads the error
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
 class Generator:
-    """Sends `events` to the pipeline at `rate` events/s (0 = as fast as possible)."""
+    """Sends `events` to the pipeline at `rate` events/s (0 = as fast as possible).
+
+    With `keep_serving`, it also serves a driver that connects again after the whole
+    stream was sent (until stopped), like a topic a restarted consumer reads again from
+    its committed offset: a checkpointed driver restarted while still behind its input
+    asks for the events after its checkpoint."""
 
     def __init__(self, addr: tuple[str, int], events: list[bytes], rate: float = 0.0,
-                 connect_timeout_s: float = 120.0, chunk: int = 20):
+                 connect_timeout_s: float = 120.0, chunk: int = 20, keep_serving: bool = False):
         self.addr, self.events, self.rate = addr, events, rate
         self.connect_timeout_s, self.chunk = connect_timeout_s, chunk
+        self.keep_serving = keep_serving
         self.stats = GeneratorStats()
         self.stop = threading.Event()
         self.first_send_t: float | None = None
 
     def run(self) -> GeneratorStats:
-        try:
-            while not self.stop.is_set() and not self.stats.done:
-                try:
-                    self._one_connection()
-                except (ConnectionError, OSError) as e:
-                    if isinstance(e, TimeoutError) or self.stop.is_set():
-                        raise
-                    # the driver went away: reconnect and ask where to resume
-                    continue
-        except Exception as e:  # reported, not raised: the harness reads stats.error
-            self.stats.error = f"{type(e).__name__}: {e}"
+        self.stats.error = _reconnecting(self._serve_once, self.stop,
+                                         lambda: self.keep_serving or not self.stats.done)
         return self.stats
+
+    def _serve_once(self) -> None:
+        asked = len(self.stats.resumed_from)
+        try:
+            self._one_connection()
+        finally:
+            if self.keep_serving and self.stats.resumed_from[asked:] == [len(self.events)]:
+                # the driver had everything and closed after END (the pipeline drops a
+                # source connection once it has read END): back off before asking
+                # again, so that a driver that keeps doing so is not hammered
+                self.stop.wait(0.1)
 
     def _one_connection(self) -> None:
         s = _connect(self.addr, time.monotonic() + self.connect_timeout_s, self.stop)
@@ -216,16 +240,7 @@ class Sink:
 
     # ---- receiving -------------------------------------------------------------------
     def run(self) -> None:
-        try:
-            while not self.stop.is_set() and self.end is None:
-                try:
-                    self._one_connection()
-                except (ConnectionError, OSError) as e:
-                    if isinstance(e, TimeoutError) or self.stop.is_set():
-                        raise
-                    continue
-        except Exception as e:
-            self.error = f"{type(e).__name__}: {e}"
+        self.error = _reconnecting(self._one_connection, self.stop, lambda: self.end is None)
         with self.changed:
             self.changed.notify_all()
 

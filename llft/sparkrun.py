@@ -64,10 +64,13 @@ class Streams:
     threads: list = field(default_factory=list)
 
     @classmethod
-    def start(cls, addr: tuple[str, int], wl: Workload, connect_timeout_s: float = 180) -> "Streams":
+    def start(cls, addr: tuple[str, int], wl: Workload, connect_timeout_s: float = 180,
+              keep_serving: bool = False) -> "Streams":
+        """keep_serving: the generator also serves a driver that reconnects after the
+        whole stream was sent (a restarted driver; see nexmark.Generator)."""
         st = cls(nexmark.Sink(addr, connect_timeout_s),
                  nexmark.Generator(addr, nexmark.generate(wl.seed, wl.events), wl.rate,
-                                   connect_timeout_s))
+                                   connect_timeout_s, keep_serving=keep_serving))
         for target in (st.sink.run, st.gen.run):
             t = threading.Thread(target=target, daemon=True)
             t.start()

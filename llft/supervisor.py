@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from llft import nexmark, sparkrun
+from llft import sparkrun
 
 
 @dataclass
@@ -183,46 +183,6 @@ def wait_gone(pids: list[int], timeout_s: float, poll_s: float = 0.01) -> float 
 
 
 # ---- the Nexmark pipeline under a supervisor ----------------------------------------------
-class ReplayableGenerator(nexmark.Generator):
-    """nexmark.Generator that also serves a driver restarted after the whole stream was
-    sent: it reconnects whenever the connection breaks, until stopped, like a Kafka topic
-    that a restarted consumer reads again from its committed offset. (nexmark.Generator
-    stops for good once it has sent END, so a driver restarted after that point, still
-    behind on processing, would wait for its source forever.)"""
-
-    def run(self) -> nexmark.GeneratorStats:
-        try:
-            while not self.stop.is_set():
-                asked = len(self.stats.resumed_from)
-                try:
-                    self._one_connection()
-                except (ConnectionError, OSError) as e:
-                    if isinstance(e, TimeoutError) or self.stop.is_set():
-                        raise
-                if self.stats.resumed_from[asked:] == [len(self.events)]:
-                    # the driver had everything and closed after END (the pipeline drops
-                    # a source connection once it has read END): back off before asking
-                    # again, so that a driver that keeps doing so is not hammered
-                    self.stop.wait(0.1)
-        except Exception as e:  # reported, not raised, as nexmark.Generator does
-            self.stats.error = f"{type(e).__name__}: {e}"
-        return self.stats
-
-
-def direct_streams(addr: tuple[str, int], wl: sparkrun.Workload,
-                   connect_timeout_s: float = 180) -> sparkrun.Streams:
-    """sparkrun.Streams with a ReplayableGenerator: generator and sink straight to the
-    driver's port, both reconnecting when it restarts."""
-    st = sparkrun.Streams(nexmark.Sink(addr, connect_timeout_s),
-                          ReplayableGenerator(addr, nexmark.generate(wl.seed, wl.events),
-                                              wl.rate, connect_timeout_s))
-    for target in (st.sink.run, st.gen.run):
-        t = threading.Thread(target=target, daemon=True)
-        t.start()
-        st.threads.append(t)
-    return st
-
-
 def supervised(workdir: str, wl: sparkrun.Workload, kill_after: list[int] = (),
                timeout_s: float = 900, on_event=None) -> sparkrun.Result:
     """The pipeline with `--checkpoint <workdir>/checkpoint` on a fixed port under a
@@ -241,7 +201,7 @@ def supervised(workdir: str, wl: sparkrun.Workload, kill_after: list[int] = (),
                      log_path=os.path.join(workdir, "supervised.log"), on_event=say).start()
     st = None
     try:
-        st = direct_streams(("127.0.0.1", port), wl)
+        st = sparkrun.Streams.start(("127.0.0.1", port), wl, keep_serving=True)
         res = sparkrun.Result(st)
         deadline = t0 + timeout_s
         for k in kill_after:
