@@ -117,7 +117,6 @@ def replay(cmd: list[str] | None, trace: str, stall_ms: int = 10000, promote: bo
         try:
             with open(os.path.join(trace, TRACE_FILE), "rb") as f:
                 if limit_entries is not None:
-                    from determinizer.orderinfo import HEADER
                     import struct
                     buf = f.read()
                     off = 0

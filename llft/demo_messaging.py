@@ -9,7 +9,6 @@ the end every replica of B must hold the same bytes as A's application produced
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import sys
