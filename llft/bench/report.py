@@ -203,16 +203,9 @@ def plot(results_dir: str, name: str, title: str, xlabel: str, ylabel: str,
     if xticks:
         ax.set_xticks(xticks)
         ax.set_xticklabels([str(x) for x in xticks])
-    ax.set_title(title)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path = os.path.join(results_dir, f"{name}.png")
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, results_dir, name, title, ylabel)
 
 
 def bars(results_dir: str, name: str, title: str, ylabel: str, groups: list[str],
@@ -232,9 +225,14 @@ def bars(results_dir: str, name: str, title: str, ylabel: str, groups: list[str]
     ax.set_xticklabels(groups)
     if logy:
         ax.set_yscale("log")
+    ax.grid(True, axis="y", alpha=0.3)
+    return _save(plt, fig, ax, results_dir, name, title, ylabel)
+
+
+def _save(plt, fig, ax, results_dir: str, name: str, title: str, ylabel: str) -> str:
+    """Title, y label, legend; write `<name>.png` into results_dir."""
     ax.set_title(title)
     ax.set_ylabel(ylabel)
-    ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
     fig.tight_layout()
     path = os.path.join(results_dir, f"{name}.png")
