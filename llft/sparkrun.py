@@ -104,6 +104,26 @@ class RunError(RuntimeError):
     pass
 
 
+def kill_at_windows(st: Streams, kill_after, kill, deadline: float, say, log_tail) -> list[dict]:
+    """For each k of kill_after: once the sink holds k windows, kill(k) -> (t_kill, record)
+    kills the driver its own way; then wait for the next window. Each record gets t_kill,
+    next_result_ms (first result line of any kind after the kill, repeats included) and
+    windows_before. log_tail() says why, if the sink never gets there."""
+    kills = []
+    for k in kill_after:
+        if not st.wait_windows(k, max(1, deadline - time.monotonic())):
+            raise RunError(f"sink did not reach {k} windows: {st.sink.error} {log_tail()}")
+        t_kill, rec = kill(k)
+        st.wait_windows(len(st.sink.windows) + 1, max(1, deadline - time.monotonic()))
+        t_next = st.next_arrival_after(t_kill)
+        rec.update(t_kill=t_kill, windows_before=k,
+                   next_result_ms=1000 * (t_next - t_kill) if t_next else None)
+        kills.append(rec)
+        if t_next:
+            say(f"next result at the sink {1000 * (t_next - t_kill):.0f} ms after the kill")
+    return kills
+
+
 @dataclass
 class Result:
     streams: Streams
@@ -164,10 +184,8 @@ def replicated(workdir: str, wl: Workload, replicas: int = 2, kill_after: list[i
         st = Streams.start((host, gport), wl)
         res = Result(st)
         deadline = t0 + timeout_s
-        for k in kill_after:
-            if not st.wait_windows(k, max(1, deadline - time.monotonic())):
-                raise RunError(f"sink did not reach {k} windows: {st.sink.error} "
-                               f"{lc.log_tail('r1', 800)}")
+
+        def kill(k: int) -> tuple[float, dict]:
             old = lc.kill_primary()
             t_kill = time.monotonic()
             say(f"SIGKILL primary {old['name']} (agent {old['agent_pid']}) after window {k - 1}")
@@ -175,15 +193,11 @@ def replicated(workdir: str, wl: Workload, replicas: int = 2, kill_after: list[i
             t_prom = time.monotonic()
             name = lc.name_of(new["agent_pid"])
             say(f"{name} promoted {1000 * (t_prom - t_kill):.0f} ms after the kill")
-            n = len(st.sink.windows)
-            st.wait_windows(n + 1, max(1, deadline - time.monotonic()))
-            t_next = st.next_arrival_after(t_kill)
-            res.kills.append({"killed": old["name"], "new_primary": name, "t_kill": t_kill,
-                              "promoted_ms": 1000 * (t_prom - t_kill),
-                              "next_result_ms": 1000 * (t_next - t_kill) if t_next else None,
-                              "windows_before": k})
-            if t_next:
-                say(f"next result at the sink {1000 * (t_next - t_kill):.0f} ms after the kill")
+            return t_kill, {"killed": old["name"], "new_primary": name,
+                            "promoted_ms": 1000 * (t_prom - t_kill)}
+
+        res.kills = kill_at_windows(st, kill_after, kill, deadline, say,
+                                    lambda: lc.log_tail("r1", 800))
         if not st.wait_end(max(1, deadline - time.monotonic())):
             raise RunError(f"no end line ({len(st.sink.windows)} windows): {st.sink.error} "
                            f"{st.gen.stats}")

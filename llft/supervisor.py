@@ -204,10 +204,8 @@ def supervised(workdir: str, wl: sparkrun.Workload, kill_after: list[int] = (),
         st = sparkrun.Streams.start(("127.0.0.1", port), wl, keep_serving=True)
         res = sparkrun.Result(st)
         deadline = t0 + timeout_s
-        for k in kill_after:
-            if not st.wait_windows(k, max(1, deadline - time.monotonic())):
-                raise sparkrun.RunError(f"sink did not reach {k} windows: {st.sink.error} "
-                                        f"{_tail(sup.log_path)}")
+
+        def kill(k: int) -> tuple[float, dict]:
             pid, lives = sup.pid, len(sup.lives)
             jvm = descendants(pid)
             os.kill(pid, signal.SIGKILL)
@@ -217,16 +215,12 @@ def supervised(workdir: str, wl: sparkrun.Workload, kill_after: list[int] = (),
                 raise sparkrun.RunError("the supervisor did not restart the driver")
             t_restart = sup.lives[-1].started
             t_gone = wait_gone(jvm, 30)
-            n = len(st.sink.windows)
-            st.wait_windows(n + 1, max(1, deadline - time.monotonic()))
-            t_next = st.next_arrival_after(t_kill)
-            res.kills.append({"killed": pid, "jvm": jvm, "t_kill": t_kill,
-                              "restarted_ms": 1000 * (t_restart - t_kill),
-                              "jvm_gone_ms": 1000 * (t_gone - t_kill) if t_gone else None,
-                              "next_result_ms": 1000 * (t_next - t_kill) if t_next else None,
-                              "windows_before": k})
-            if t_next:
-                say(f"next result at the sink {1000 * (t_next - t_kill):.0f} ms after the kill")
+            return t_kill, {"killed": pid, "jvm": jvm,
+                            "restarted_ms": 1000 * (t_restart - t_kill),
+                            "jvm_gone_ms": 1000 * (t_gone - t_kill) if t_gone else None}
+
+        res.kills = sparkrun.kill_at_windows(st, kill_after, kill, deadline, say,
+                                             lambda: _tail(sup.log_path))
         if not st.wait_end(max(1, deadline - time.monotonic())):
             raise sparkrun.RunError(f"no end line ({len(st.sink.windows)} windows): "
                                     f"{st.sink.error} {st.gen.stats} {_tail(sup.log_path)}")
