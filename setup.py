@@ -1,7 +1,7 @@
 """Build and install llft.
 
 `pip install .` (or `pip install -e .`) does everything: it compiles the LD_PRELOAD shim
-(native/*.c -> llft/_native/libllft_preload.so, a plain C shared object with no Python
+(native/*.c -> native/libllft_preload.so, a plain C shared object with no Python
 symbols, so it can be preloaded into bash or a JVM) and the cffi module that maps the
 shared-memory layout (native/llft_shm.h) for the Python side, then installs the `llft`
 command. `cffi_modules` builds the mapping module; the shim is compiled in the same
@@ -10,7 +10,7 @@ build_ext step with the same setuptools compiler cffi uses, linked as a plain .s
 import glob
 import os
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,9 +42,9 @@ class BuildExtWithShim(build_ext):
                            "-fvisibility=hidden", "-D_GNU_SOURCE", "-pthread"],
         )
         if self.inplace:
-            out_dir = os.path.join(HERE, "llft", "_native")
+            out_dir = os.path.join(HERE, "native")
         else:
-            out_dir = os.path.join(self.build_lib, "llft", "_native")
+            out_dir = os.path.join(self.build_lib, "native")
         os.makedirs(out_dir, exist_ok=True)
         # Link with the C driver only: no -lpython, the shim must load into any process.
         cc.link_shared_object(
@@ -63,8 +63,8 @@ setup(
     version="0.1.0",
     description="Transparent leader-follower replication (LLFT) for unmodified Python processes",
     python_requires=">=3.11",
-    packages=["llft", "llft._native", "llft.sim", "llft.bench", "membership", "determinizer"],
-    package_data={"llft._native": ["*.so", "*.h"]},
+    packages=find_packages(include=["llft", "llft.*", "membership", "determinizer", "native"]),
+    package_data={"native": ["*.so", "*.h"]},
     setup_requires=["cffi>=1.16"],
     install_requires=[
         "cffi>=1.16",

@@ -17,7 +17,7 @@ import ctypes
 import os
 import subprocess
 
-from llft._native import shim_path
+from native import shim_path
 
 ADDR_NO_RANDOMIZE = 0x0040000
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -31,7 +31,7 @@ import mmap
 import os
 import secrets
 
-from llft._native import _llft_shm  # built by setup.py from native/shm_build.py
+from native import _llft_shm  # built by setup.py from native/shm_build.py
 
 ffi, lib = _llft_shm.ffi, _llft_shm.lib
 DRAIN_CHUNK_BYTES = 1 << 20

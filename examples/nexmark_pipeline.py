@@ -8,7 +8,7 @@ session; llft replicates this Python program, never the JVM).
         [--batch-events 500] [--batch-ms 250] [--checkpoint DIR]
 
 It listens on PORT. A client that sends `SOURCE\\n` is the event stream (the driver
-answers `FROM <offset>\\n`, then reads events: see llft/nexmark.py); a client that sends
+answers `FROM <offset>\\n`, then reads events: see llft/spark/nexmark.py); a client that sends
 `SINK\\n` receives the results. Either may connect first; results wait for the sink.
 
 Processing:

@@ -13,12 +13,12 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("llft.demo", "run the local replicated demo (the main job)"),
-    "run": ("llft.agent", "run one replica of a group: llft run --config F --group G -- CMD..."),
-    "gateway": ("llft.gateway", "carry plain TCP clients into a group"),
-    "status": ("llft.status", "show a group's members, primary, view, lag and counters"),
-    "keygen": ("llft.keys", "write a new cluster key file (mode 0600)"),
-    "sniff": ("llft.sniff", "decode live llft traffic (scapy)"),
+    "demo": ("llft.demos.service", "run the local replicated demo (the main job)"),
+    "run": ("llft.runtime.agent", "run one replica of a group: llft run --config F --group G -- CMD..."),
+    "gateway": ("llft.runtime.gateway", "carry plain TCP clients into a group"),
+    "status": ("llft.runtime.status", "show a group's members, primary, view, lag and counters"),
+    "keygen": ("llft.runtime.keys", "write a new cluster key file (mode 0600)"),
+    "sniff": ("llft.tools.sniff", "decode live llft traffic (scapy)"),
     "record": ("determinizer.recordreplay", "run a command as a primary and store its trace"),
     "replay": ("determinizer.recordreplay", "run a command as a backup, fed from a trace"),
 }
@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 # kind -> module, for `llft simulate KIND` and `llft bench KIND`
 SIMULATIONS: dict[str, str] = {
     "messaging": "llft.sim.messaging_check",
-    "membership": "membership.simcheck",
+    "membership": "llft.sim.membership_check",
     "replica": "llft.sim.replica_check",
 }
 BENCHMARKS: dict[str, str] = {

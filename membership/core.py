@@ -68,7 +68,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from llft.messages import Message, MsgType, Role, Send
+from llft.protocol.messages import Message, MsgType, Role, Send
 from membership.rules import (Key, PPDecision, competing_primary_wins, decide_propose_primary,
                               fault_timeout_us, may_propose, proposal_members)
 

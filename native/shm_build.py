@@ -1,4 +1,4 @@
-"""cffi builder for llft._native._llft_shm: the Python side of native/llft_shm.h.
+"""cffi builder for native._llft_shm: the Python side of native/llft_shm.h.
 
 The agent (and `llft record`/`llft replay`) never touches the rings byte by byte from
 Python: the few loops that do (drain the primary ring, feed the per-thread backup
@@ -222,7 +222,7 @@ uint32_t llft_max_data(void) { return LLFT_MAX_DATA_BYTES; }
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
-    "llft._native._llft_shm",
+    "native._llft_shm",
     SOURCE,
     include_dirs=[HERE],
     extra_compile_args=["-O2", "-D_GNU_SOURCE"],

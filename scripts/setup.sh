@@ -30,7 +30,7 @@ fi
 stamp=.venv/.llft-installed
 # Re-install when setup.py or the native sources changed since the last install.
 if [ ! -f "$stamp" ] || [ -n "$(find setup.py native -newer "$stamp" -print -quit 2>/dev/null)" ] \
-   || ! .venv/bin/python -c 'import llft._native' >/dev/null 2>&1; then
+   || ! .venv/bin/python -c 'import native' >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q --upgrade pip setuptools wheel >/dev/null
   .venv/bin/python -m pip install -q -e '.[dev]'
   touch "$stamp"

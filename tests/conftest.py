@@ -1,9 +1,20 @@
 """Shared pytest set-up.
 
+Tests are grouped by kind, one folder each, and each folder's tests carry its marker:
+  tests/unit/       `unit`       one process, no shim, seconds
+  tests/sim/        `sim`        seeded simulator campaigns of the protocol cores
+  tests/processes/  `processes`  real processes: UDP multicast, the preload shim, `llft run`
+  tests/spark/      `spark`      start Spark JVMs (one reference run per module, reused)
+Select with `-m`, e.g. `scripts/test.sh -m "unit or sim"`.
+
 Slow campaigns (soaks, chaos, big transfers) are marked `slow` and skipped unless
 `--soak=small` (CI) or `--soak=full` is given; the `soak` fixture tells a test which size.
 """
+import os
+
 import pytest
+
+KINDS = ("unit", "sim", "processes", "spark")
 
 
 def pytest_addoption(parser):
@@ -12,6 +23,12 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
+    here = os.path.dirname(os.path.abspath(__file__))
+    for item in items:
+        kind = os.path.relpath(str(item.path), here).split(os.sep)[0]
+        if kind not in KINDS:
+            raise pytest.UsageError(f"{item.nodeid}: tests live in one of tests/{{{','.join(KINDS)}}}/")
+        item.add_marker(getattr(pytest.mark, kind))
     if config.getoption("--soak") != "off":
         return
     skip = pytest.mark.skip(reason="slow campaign: run with --soak=small or --soak=full")

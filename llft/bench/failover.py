@@ -1,6 +1,6 @@
 """`llft bench failover`: fault detection, primary view change and backup addition latency.
 
-Real OS processes (`python -m membership.demo`, one replica each) on loopback multicast,
+Real OS processes (`python -m llft.tools.membership_demo`, one replica each) on loopback multicast,
 for groups of 2 and 3 replicas. One cycle:
 
   1. SIGKILL the primary (t_kill, this process's CLOCK_MONOTONIC, which is system-wide);
@@ -18,7 +18,7 @@ about 30 ms; primary view change under 50 us with two replicas.
 
 Client-visible pause (the replicated service): a LocalCluster of 2 and of 3 replicas
 (`llft run -- python examples/kv_counter.py`, `--service-replicas`) behind `llft
-gateway` serves 4 counter clients (llft.loadclient, every reply checked: exactly once,
+gateway` serves 4 counter clients (llft.tools.loadclient, every reply checked: exactly once,
 in order). The primary's agent is SIGKILLed `--service-kills` times; after each kill,
 once a new primary's application is promoted, the killed replica is restarted with `llft
 run` and the bench waits until it is a member again (LocalCluster.wait_members), so the
@@ -48,17 +48,17 @@ import tempfile
 import threading
 import time
 
-from llft import keys
+from llft import EXAMPLES_DIR
 from llft.bench import report
-from llft.procs import ProcGroup, random_group_addresses
+from llft.runtime import keys
+from llft.tools.procs import ProcGroup, random_group_addresses
 
 STARTUP_TIMEOUT_S = 30.0
 CHANGE_TIMEOUT_S = 10.0
 SERVICE_TIMEOUT_S = 60.0
 REPLY_TIMEOUT_S = 30.0               # a client waiting longer for a reply gives up
 REPLIES_BETWEEN_KILLS = 200          # the clients must be served again before the next kill
-KV_COUNTER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "examples", "kv_counter.py")
+KV_COUNTER = os.path.join(EXAMPLES_DIR, "kv_counter.py")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -92,7 +92,7 @@ class Cluster:
     def start_replica(self) -> str:
         self.n += 1
         name = f"r{self.n}"
-        self.pg.python(name, "membership.demo", "--group", self.group, "--key", self.key_path,
+        self.pg.python(name, "llft.tools.membership_demo", "--group", self.group, "--key", self.key_path,
                        "--addresses", self.addresses, "--heartbeat-ms", str(self.args.heartbeat_ms),
                        "--timeout-ms", str(self.args.timeout_ms))
         self.alive.append(name)
@@ -207,8 +207,8 @@ def _longest_gap(reply_times, start: float, lo: float, hi: float) -> float:
 
 
 def service_size(tmp: str, args, size: int) -> tuple[list[dict], dict]:
-    from llft.cluster import LocalCluster
-    from llft.loadclient import run_load
+    from llft.tools.cluster import LocalCluster
+    from llft.tools.loadclient import run_load
     extra = (f"heartbeat_ms = {args.heartbeat_ms:g}\n"
              f"fault_timeout_ms = {args.service_timeout_ms:g}")
     lc = LocalCluster(os.path.join(tmp, f"service{size}"), group=f"counter{size}",

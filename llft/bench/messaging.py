@@ -2,7 +2,7 @@
 
 Round-trip latency (64 B, 1 KB, 16 KB by default): this process is the client; the server
 is an echo peer in other OS processes: plain TCP (asyncio streams), plain UDP (datagram
-echo), and llft (a server group of `--replicas` members running llft.streamdemo --echo;
+echo), and llft (a server group of `--replicas` members running llft.tools.streamdemo --echo;
 the client is a one-member client group). All clients use asyncio, so the comparison is
 of the transports, not of the event loop.
 
@@ -25,14 +25,14 @@ import socket
 import tempfile
 import time
 
-from llft import keys
+from llft.runtime import keys
 from llft.bench import report
 from llft.bench.baselines import END_MARKER
-from llft.driver import Driver
-from llft.messages import Role
-from llft.messaging import Deliver, MessagingConfig, MessagingEndpoint
-from llft.procs import ProcGroup, random_group_addresses
-from llft.transport import Endpoint, GroupMap
+from llft.runtime.driver import Driver
+from llft.protocol.messages import Role
+from llft.protocol.messaging import Deliver, MessagingConfig, MessagingEndpoint
+from llft.tools.procs import ProcGroup, random_group_addresses
+from llft.runtime.transport import Endpoint, GroupMap
 
 CLIENT_BIRTH_ID = 900
 
@@ -137,7 +137,7 @@ def start_llft_group(pg: ProcGroup, key_path: str, addresses: str, group: str, m
                      *extra: str) -> None:
     ids = ",".join(map(str, members))
     for m in members:
-        pg.python(f"{group}{m}", "llft.streamdemo", "--key", key_path, "--group", group,
+        pg.python(f"{group}{m}", "llft.tools.streamdemo", "--key", key_path, "--group", group,
                   "--me", str(m), "--members", ids, "--addresses", addresses, *extra)
     if not pg.wait(lambda: all(pg.procs[f"{group}{m}"].find("ready") for m in members), 30):
         raise RuntimeError(f"llft group {group} did not start")

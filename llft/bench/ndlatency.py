@@ -34,11 +34,12 @@ import os
 import sys
 import tempfile
 
+from llft import EXAMPLES_DIR
 from llft.bench import report
-from llft.bench.service import (EXAMPLES, Setup, Target, phase_of, pooled_samples,
+from llft.bench.service import (Setup, Target, phase_of, pooled_samples,
                                 measure_round_trips)
 
-NDOPS_SERVICE = os.path.join(EXAMPLES, "ndops_service.py")
+NDOPS_SERVICE = os.path.join(EXAMPLES_DIR, "ndops_service.py")
 OP_KINDS = ("clock", "random", "lock", "mixed")
 
 

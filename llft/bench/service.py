@@ -22,7 +22,7 @@ in `--blocks` interleaved blocks after `--warmup` untimed ones. Median, p90, p99
 ratios to tcp (median and p99).
 
 throughput: requests per second of 1, 4, 16 concurrent request/reply clients
-(`--clients`; llft.loadclient echo mode, one thread and connection each, every reply
+(`--clients`; llft.tools.loadclient echo mode, one thread and connection each, every reply
 checked) sending `--size` bytes (default 1 KB), for `--duration` seconds per
 configuration and client count, back to back (`--blocks` to interleave: each block
 opens new connections, which llft's gateway cannot close at the servers yet). Ratio to
@@ -46,12 +46,11 @@ import sys
 import tempfile
 import time
 
+from llft import EXAMPLES_DIR
 from llft.bench import report
-from llft.procs import read_event
+from llft.tools.procs import read_event
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "examples")
-ECHO = os.path.join(EXAMPLES, "echo.py")
+ECHO = os.path.join(EXAMPLES_DIR, "echo.py")
 SERVICE_PORT = 9000            # what the app binds under llft run (the shim redirects it)
 SETUP_TIMEOUT_S = 60.0
 REPLY_TIMEOUT_S = 10.0
@@ -145,7 +144,7 @@ class Setup:
         self.tmp = tmp
         self.fault_timeout_ms = fault_timeout_ms
         self.app, self.probe, self.group_prefix = app, probe, group_prefix
-        app_name = os.path.relpath(app, os.path.dirname(EXAMPLES))
+        app_name = os.path.relpath(app, os.path.dirname(EXAMPLES_DIR))
         self.procs: list[subprocess.Popen] = []
         self.clusters = []
         self.baselines: list[Target] = []
@@ -154,7 +153,7 @@ class Setup:
         self.baselines.append(tcp)
         tcp.port = _free_port()
         self._spawn([sys.executable, app, str(tcp.port)], "app")
-        from llft.loadclient import wait_listening
+        from llft.tools.loadclient import wait_listening
         if not wait_listening(tcp.host, tcp.port, 20):
             tcp.fail(f"{app_name} did not listen on {tcp.port}")
         if proxy:
@@ -193,7 +192,7 @@ class Setup:
         return p
 
     def _cluster(self, n: int, t: Target) -> tuple[str, int]:
-        from llft.cluster import LocalCluster
+        from llft.tools.cluster import LocalCluster
         lc = LocalCluster(os.path.join(self.tmp, f"llft{n}"), group=f"{self.group_prefix}{n}",
                           service_port=SERVICE_PORT,
                           extra_cluster=f"fault_timeout_ms = {self.fault_timeout_ms:g}")
@@ -355,7 +354,7 @@ def latency_table(setup: Setup, sizes, samples, rounds) -> report.Table:
 def measure_throughput(targets: list[Target], clients: list[int], size: int,
                        duration_s: float, blocks: int, phase: int, acc: dict) -> None:
     """Into acc[(phase, config, clients)]: replies, seconds and latencies (s)."""
-    from llft.loadclient import run_load
+    from llft.tools.loadclient import run_load
     for c in clients:
         for t in targets:
             acc[(phase, t.name, c)] = {"replies": 0, "elapsed_s": 0.0, "latencies": []}

@@ -11,7 +11,7 @@ generated input) in three setups, all in one run:
                SIGKILLed once the sink holds k windows (its driver gets SIGKILL through
                PR_SET_PDEATHSIG, the driver's JVM exits on stdin EOF); the backup takes over
   checkpoint   the driver with `--checkpoint DIR` on a fixed port under a restart-always
-               supervisor (llft.supervisor.supervised(kill_after=[k])), generator and sink
+               supervisor (llft.spark.supervisor.supervised(kill_after=[k])), generator and sink
                connected straight to it; the driver's Python process is SIGKILLed once the
                sink holds k windows (its JVM exits on stdin EOF; the kill row says when it
                was gone); the supervisor restarts it at once, it restores its last
@@ -45,7 +45,7 @@ import sys
 import tempfile
 import traceback
 
-from llft import sparkrun, supervisor
+from llft.spark import sparkrun, supervisor
 from llft.bench import report
 
 SETUPS = ("reference", "llft_2r", "checkpoint")
@@ -280,7 +280,7 @@ def _notes(args, wl: sparkrun.Workload, k: int, rows: dict, kills: report.Table,
         "driver dies by PR_SET_PDEATHSIG, the driver's JVM on stdin EOF). promoted_ms: the "
         "backup is primary.",
         "- **checkpoint**: the driver with `--checkpoint DIR` on a fixed port under "
-        "`llft.supervisor` (restart at once, like `spark-submit --supervise` or systemd "
+        "`llft.spark.supervisor` (restart at once, like `spark-submit --supervise` or systemd "
         "`Restart=always`), generator and sink connected straight to it and reconnecting; "
         "SIGKILL of the driver's Python process. restarted_ms: the new driver process "
         "started; jvm_gone_ms: the killed driver's JVM had exited (stdin EOF). The new "

@@ -17,7 +17,7 @@ every other action to the node's `on_action(node_id, action, now_us)` callback (
 module records deliveries there), then (re)arms the node's timer from `next_timer_us()`.
 
 The network carries *encoded, authenticated datagrams*: each node has its own
-`llft.wire.Encoder` and `llft.wire.Decoder` (one cluster key per Sim), so fragmentation,
+`llft.protocol.wire.Encoder` and `llft.protocol.wire.Decoder` (one cluster key per Sim), so fragmentation,
 the HMAC and the strict decoder are exercised on every message. A send to group G goes to
 every live node listening on G except the sender (no multicast loopback). Per datagram and
 per receiver: loss (`loss`), duplication (`dup`, an extra copy with its own delay),
@@ -27,7 +27,7 @@ Partitions cut node pairs (checked at send and at arrival); crashes stop a node 
 dropped); a restart installs a new core under the same node id (a new incarnation).
 `inject()` puts arbitrary bytes (forged or corrupted datagrams) on the network.
 
-API (small on purpose; membership/simcheck.py reuses it)
+API (small on purpose; llft/sim/membership_check.py reuses it)
 --------------------------------------------------------
     sim = Sim(seed, NetConfig(loss=.1, ...))       # or Sim(random.Random(..), ...)
     sim.add_node(node_id, core, groups, on_action=cb)   # groups: addresses it listens on
@@ -54,7 +54,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable
 
-from llft import wire
+from llft.protocol import wire
 
 MAX_EVENTS_PER_RUN = 5_000_000
 TIMER_MIN_STEP_US = 1          # a timer asked for "now or earlier" after firing runs 1 us later

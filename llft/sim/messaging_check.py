@@ -34,8 +34,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from llft.messages import Message, MsgType, Role
-from llft.messaging import (BufferFull, Deliver, DeliverOrderInfo, MessagingConfig,
+from llft.protocol.messages import Message, MsgType, Role
+from llft.protocol.messaging import (BufferFull, Deliver, DeliverOrderInfo, MessagingConfig,
                             MessagingEndpoint)
 from llft.sim.kernel import NetConfig, Sim
 
@@ -288,7 +288,7 @@ class Schedule:
         elif kind < 0.8:
             sim.inject(g, rng.randbytes(rng.randint(0, 80)))
         else:
-            from llft import wire
+            from llft.protocol import wire
             dg = bytearray(wire.encode(forged, sim.key)[0])
             i = rng.randrange(len(dg))
             dg[i] ^= 1 + rng.randrange(255)

@@ -1,4 +1,4 @@
-"""`llft simulate replica`: whole replicas (membership + messaging, llft/replica.py) of a
+"""`llft simulate replica`: whole replicas (membership + messaging, llft/replica/node.py) of a
 client group and a server group, with deterministic applications, under faults.
 
 Theory of operation
@@ -42,9 +42,9 @@ import sys
 import time
 from collections import Counter
 
-from llft import messaging as mg
-from llft.messages import Role
-from llft.replica import (Deliver, NotReady, OrderInfo, ReplicaNode, Restored, RestartApp,
+from llft.protocol import messaging as mg
+from llft.protocol.messages import Role
+from llft.replica.node import (Deliver, NotReady, OrderInfo, ReplicaNode, Restored, RestartApp,
                           ViewSwitch)
 from llft.sim.kernel import NetConfig, Sim
 from membership import core as mb

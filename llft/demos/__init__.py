@@ -1,0 +1,1 @@
+"""`llft demo [service|messaging|spark]`: the main job and its companions."""

@@ -1,0 +1,136 @@
+"""The messages of the LLFT protocols, as values (no encoding here: see llft/protocol/wire.py).
+
+Theory of operation
+-------------------
+Every datagram carries one `Message`: the header fields of the LLFT paper (figure
+"message types and message headers") plus our own `version`, `sender` (the sending
+replica's birth id, which the paper's heartbeats and acknowledgments imply) and a typed
+`body`. A connection is identified, as in the paper, by the quadruple
+(src_group, dst_group, conn_seq, role); the intra-group connection of a group is the one
+whose src_group == dst_group.
+
+The body of each message type is a dict whose keys and value types are fixed by
+`BODY_FIELDS` below: the protocol cores build bodies from it, the wire decoder rejects
+any body that does not match it exactly, and the scapy layer and fuzz tests read it too.
+One table, so the protocol's vocabulary can be read (and checked) in one place.
+
+`order_info` is the opaque piggybacked order-information section (the determinizer's
+codec fills it); the messaging protocol carries and reflects it without looking inside.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+WIRE_VERSION = 1
+
+
+class MsgType(enum.IntEnum):
+    # application data (message sequence number > 0); "request" on a client-role
+    # connection, "reply" on a server-role one, as in the paper
+    REQUEST = 1
+    REPLY = 2
+    # messaging control
+    FIRST_ACK = 3
+    SECOND_ACK = 4
+    KEEP_ALIVE = 5
+    NACK = 6
+    HEARTBEAT = 7
+    ORDER_INFO = 8          # intra-group path for order info with no outgoing message to ride on
+    # membership (multicast on the intra-group connection, except NEW_PRIMARY_VIEW*)
+    PROPOSE_PRIMARY = 20
+    PROPOSE_PRIMARY_ACK = 21
+    PROPOSE_BACKUP = 22
+    ACCEPT_BACKUP = 23
+    ACCEPT_BACKUP_ACK = 24
+    REMOVE_BACKUP = 25
+    REMOVE_BACKUP_ACK = 26
+    STATE = 27
+    STATE_ACK = 28
+    NEW_PRIMARY_VIEW = 29   # on each inter-group connection, phase 2 of a primary change
+    NEW_PRIMARY_VIEW_ACK = 30
+
+
+DATA_TYPES = frozenset({MsgType.REQUEST, MsgType.REPLY})
+
+
+class Role(enum.IntEnum):
+    CLIENT = 0
+    SERVER = 1
+
+
+# A member of a group as carried in membership messages: [birth_id, precedence].
+# Ranks are derived (primary 1, backups 2..n by precedence), never carried.
+MEMBER = list
+
+# Body schema per message type: field name -> accepted Python type(s) after msgpack
+# decoding. `list` fields hold msgpack arrays whose elements the owning core validates.
+BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
+    # offset: stream offset of data[0] (survives primary changes); flags: STREAM_* bits
+    MsgType.REQUEST: {"offset": int, "data": bytes, "flags": int},
+    MsgType.REPLY: {"offset": int, "data": bytes, "flags": int},
+    MsgType.FIRST_ACK: {},
+    MsgType.SECOND_ACK: {},
+    MsgType.KEEP_ALIVE: {},
+    MsgType.NACK: {"missing": list},                 # message sequence numbers wanted
+    MsgType.HEARTBEAT: {"rank": int},
+    MsgType.ORDER_INFO: {"upto": int},                 # order-info position carried
+    # membership: "change" numbers the versions of one proposal / the changes inside a view;
+    # "max_precedence" is the highest precedence ever assigned, so a new primary continues
+    # above it; "old_primary" (birth id) names, with old_pvn, the view a proposal replaces
+    # (added by the membership core, additively)
+    MsgType.PROPOSE_PRIMARY: {"members": list, "old_pvn": int, "old_primary": int,
+                              "change": int, "max_precedence": int},
+    MsgType.PROPOSE_PRIMARY_ACK: {"proposer": int, "change": int, "max_precedence": int},
+    MsgType.PROPOSE_BACKUP: {"host": str, "pid": int},
+    MsgType.ACCEPT_BACKUP: {"members": list, "old_members": list, "change": int,
+                            "max_precedence": int},
+    MsgType.ACCEPT_BACKUP_ACK: {"change": int},
+    MsgType.REMOVE_BACKUP: {"members": list, "old_members": list, "change": int,
+                            "max_precedence": int},
+    MsgType.REMOVE_BACKUP_ACK: {"change": int},
+    MsgType.STATE: {"to": int, "chunk": int, "chunks": int, "data": bytes},
+    MsgType.STATE_ACK: {"chunk": int},
+    MsgType.NEW_PRIMARY_VIEW: {"old_pvn": int, "last_delivered": int},
+    MsgType.NEW_PRIMARY_VIEW_ACK: {"last_delivered_from": int, "last_sent_to": int},
+}
+
+# flags of a data message's stream
+STREAM_OPEN = 1   # first message of a connection's stream
+STREAM_FIN = 2    # the sender's application closed its end
+
+
+@dataclass(slots=True)
+class Message:
+    type: MsgType
+    src_group: str
+    dst_group: str
+    conn_seq: int            # connection sequence number
+    role: Role               # role of the *sender's* end of the connection
+    pvn: int                 # sender's primary view number
+    precedence: int          # sender's precedence (0 while not yet a member)
+    sender: int              # sender's birth id
+    msn: int = 0             # message sequence number (> 0 only for data messages)
+    ack: int = 0             # last msn received without a gap from the remote primary
+    back: int = 0            # group watermark (primary) / timestamp watermark (backup)
+    ts: int = 0              # Lamport timestamp
+    body: dict[str, Any] = field(default_factory=dict)
+    order_info: bytes = b""  # opaque, piggybacked (determinizer codec)
+    version: int = WIRE_VERSION
+
+    @property
+    def conn_id(self) -> tuple[str, str, int, Role]:
+        return (self.src_group, self.dst_group, self.conn_seq, self.role)
+
+    @property
+    def intra_group(self) -> bool:
+        return self.src_group == self.dst_group
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """The action every protocol core emits to multicast `msg` to `dst_group`'s virtual
+    port (docs/ARCHITECTURE.md); drivers and the simulator perform it."""
+    dst_group: str
+    msg: Message

@@ -1,0 +1,1412 @@
+"""The LLFT low-latency messaging protocol, as a sans-IO state machine.
+
+Theory of operation
+-------------------
+One `MessagingEndpoint` per replica. It owns the replica's end of every virtual
+connection of its group, identified as in the paper by (source group, destination group,
+connection sequence number, role); locally a connection is `ConnId = (remote_group,
+conn_seq, my_role)`. The group's *intra-group connection* (src_group == dst_group) carries
+heartbeats, order info and the backups' local nacks. Pseudocode line numbers below refer
+to the paper's messaging algorithm figure.
+
+Roles. The primary multicasts data; a backup creates and logs the messages its own
+application produces, but never sends them (semi-active replication). Every member of a
+group receives the remote primary's messages (they are multicast to the group's virtual
+port) and delivers them in the remote primary's msn order.
+
+Sending (lines 9-17, 45-46). `send(conn, data)` cuts the bytes into segments of at most
+`max_payload_bytes` and gives each a stream offset. The primary sends a segment
+as a REQUEST/REPLY with the next msn, a fresh Lamport timestamp, `ack` = last msn
+received without a gap on the connection (piggybacked ack, line 10) and `back` =
+mygroupwatermark, and keeps it in the sent list; it retransmits messages the remote
+primary has not acked after `retransmit_us` (doubling up to `retransmit_max_us`).
+Flow control follows the slowest member: the sent list only shrinks when the *remote
+group watermark* covers a message (every remote member has it), and the primary never
+has more than `window_msgs` messages in it; so no remote backup falls out of the window.
+
+Receiving (lines 21-32). A data message with a gap creates placeholders and nack
+entries; a retransmission fills a placeholder or is discarded. Contiguous messages are
+delivered; the stream offset de-duplicates bytes (msns are per primary view and restart
+at 1, offsets never do). The primary nacks the remote primary on the remote connection;
+a backup nacks its own primary on the local (intra-group) connection and the primary
+re-multicasts the remote primary's original message to its group (lines 49-52). A
+local NACK body is a list of [remote_group, conn_seq, role, pvn, msn...] entries; the
+entry [remote_group, conn_seq, role, 0] asks for the NEW_PRIMARY_VIEW_ACK below, and
+[remote_group, conn_seq, role, 0, lo, hi] for stream bytes [lo, hi) of any remote view.
+
+FirstAck / SecondAck / KeepAlive (lines 47-48, 54-55, 60-72). A primary that received
+data and has nothing to send within `first_ack_delay_us` multicasts FIRST_ACK(ack), and
+repeats it until a SECOND_ACK acks as much. A backup of the remote group answers a
+FIRST_ACK with SECOND_ACK only if its own application has produced the acked message;
+with no backup, the primary answers. FIRST_ACKs for the primary's last sent message,
+`first_ack_slowdown` times, throttle the primary (intra-group flow control, lines 65-66)
+until a KEEP_ALIVE or newer ack or `throttle_us`. An idle connection gets a KEEP_ALIVE
+every `keepalive_us`. A backup that sees a SECOND_ACK (or a remote primary's sent-up-to,
+below) beyond what it received nacks the gap (line 72); after a remote change of primary
+only the sent-up-to counts (the SECOND_ACK may echo an msn of the previous view).
+
+Timestamps and buffer management (lines 76-84). Every message carries a Lamport
+timestamp (`ts`; the clock merges every received ts). Per connection a member records
+`recv_ts`: every data message of the remote primary's current view with ts <= recv_ts
+has been received. A remote primary's control messages (FIRST_ACK, KEEP_ALIVE, NACK,
+NEW_PRIMARY_VIEW) state its sent-up-to msn in our trailer (below): once a member has
+everything up to it, `recv_ts` rises to that message's ts, which is below every ts the
+remote primary will use later; idle connections therefore do not pin the watermark
+for long. A sender also states the sent-up-to of its other connections to the same
+group, and a primary holding received data its group watermark does not cover yet asks
+the remote primary of an idle connection that pins it for a fresh KEEP_ALIVE (an empty
+NACK), so one quiet connection does not pace all the others.
+  mytimestampwatermark = min over known connections of recv_ts   (each member)
+  mygroupwatermark     = min(primary's own, every backup's)        (the primary, from
+                         the backups' HEARTBEAT `back`)
+  remotegroupwatermark = the largest `back` received on a connection
+The sender drops sent messages with ts <= remotegroupwatermark (line 80); every member
+drops received messages with ts <= mygroupwatermark (line 83; backups learn it from the
+primary's HEARTBEAT `back`). A backup's watermark only counts if it knows the same set
+of connections (and remote views) as the primary: its HEARTBEAT `ack` carries a digest
+of that set, so a backup that never heard of a connection cannot let the primary (and
+the remote sender) discard messages it lacks; likewise a backup uses the primary's group
+watermark only when the primary's HEARTBEAT `ack` digest equals its own (a message on a
+connection learned later may carry a lower timestamp).
+
+Order info. The primary appends opaque chunks (`add_order_info`, positions 1, 2, ...
+in each primary view)
+and piggybacks the ones its backups have not acked and no remote primary has reflected
+on every inter-group message; a remote primary reflects what it received in its next
+message to the group; backups deliver chunks exactly once, in position order, from
+reflections or from ORDER_INFO on the intra-group connection (the path for order info
+with nothing to ride on, and for backups that missed a reflection) and ack them with
+ORDER_INFO(upto). The chunks and a sent-up-to msn travel in the `order_info` field as
+our *trailer*: msgpack [sent_upto, own | None, reflected | None, others, delivered], each
+section [pvn, first_pos, [chunk, ...]]; the chunks inside stay opaque (the determinizer's
+codec); `others` lists [conn_seq, role, sent_upto] of the sender's other connections to
+the same group, so that their recv_ts advance too; `delivered` is how far the sending
+primary has delivered the receiver's stream on this connection (stream offset).
+
+Backups reason in stream offsets, never in msns: the agent reads the application's bytes
+in whatever chunks the socket gives it, so the primary and its backups cut the same
+stream into different messages. A backup answers a FIRST_ACK with SECOND_ACK when its
+application has produced the stream up to the remote primary's `delivered` offset, and
+it trims its log below (`delivered` - window_msgs * max_payload_bytes): the primary's
+sent list never holds more than a window past the remote group watermark, so those bytes
+are covered; at quiescence a backup holds at most a window (+ one message) of bytes per
+connection.
+
+Change of primary (membership, phase 2). `set_view()` installs a view. A backup that
+becomes primary resets msns to 1 and, on each connection, multicasts NEW_PRIMARY_VIEW
+(last_delivered = stream offset it delivered) until the remote primary answers
+NEW_PRIMARY_VIEW_ACK(last_delivered_from, last_sent_to); it then re-sends from its log
+exactly the bytes from last_delivered_from on. A remote primary that receives
+NEW_PRIMARY_VIEW flushes what it had not delivered from the old primary and answers,
+reflecting the old primary's last order info it holds (`RecoveredOrderInfo` at the new
+primary). Its resend point is the lowest offset any of its members may lack (its received
+list), and it gives the same answer to a repeated NEW_PRIMARY_VIEW. The new primary's msn 1
+is an empty message at the resend point, so receivers behind it see the gap and ask their
+primary for the missing bytes by offset; until a member has delivered up to there its
+watermark stays where the old view left it. The precedence check of lines 18-20 and
+phase 1 belong to membership.
+
+API (the driver and membership use only this)
+    e = MessagingEndpoint(group, birth_id, MessagingConfig(...))
+    e.set_view(pvn, primary_birth_id, [(birth_id, precedence), ...], my_birth_id, now_us)
+    cid = e.open(remote_group, conn_seq, Role.CLIENT)   # remote-opened: Opened(cid)
+    e.send(cid, data, now_us) -> bytes accepted;  e.send_space(cid)
+    e.add_order_info(chunk, now_us) -> position   (primary; BufferFull at the bound)
+    e.handle_message(msg, now_us); e.handle_timer(now_us); e.next_timer_us();
+    e.take_actions() -> [Send | Deliver | DeliverOrderInfo | Opened | Resynced |
+                         RecoveredOrderInfo | Phase2Done]
+    e.buffer_sizes(), e.stats, e.last_heard_us (intra-group liveness, for membership)
+
+Bounds are in `MessagingConfig`; rules are in the tables `RESPONDS_TO_FIRST_ACK` and
+`PRIMARY_ONLY_TYPES`. No clock, no I/O, no randomness here.
+"""
+from __future__ import annotations
+
+import enum
+import zlib
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from llft.protocol.messages import DATA_TYPES, STREAM_OPEN, Message, MsgType, Role, Send
+
+ConnId = tuple[str, int, Role]          # (remote_group, conn_seq, my_role)
+
+INTRA_CONN_SEQ = 0                      # conn_seq of the intra-group connection
+
+
+@dataclass(frozen=True, slots=True)
+class MessagingConfig:
+    window_msgs: int = 32               # sent, not yet covered by the remote group watermark
+    max_payload_bytes: int = 1024       # data bytes per message
+    max_queue_bytes: int = 64 << 10     # app bytes accepted, not yet sent (primary) per conn
+    max_log_bytes: int = 256 << 10      # app bytes logged, not yet acked (backup) per conn
+    max_placeholders: int = 32          # receive gap bound (== window_msgs: nothing beyond)
+    max_connections: int = 256
+    retransmit_us: int = 4_000
+    retransmit_max_us: int = 32_000
+    first_ack_delay_us: int = 1_000
+    first_ack_retry_us: int = 4_000
+    first_ack_max_tries: int = 8
+    first_ack_slowdown: int = 3         # FIRST_ACKs of our last message before throttling
+    throttle_us: int = 20_000
+    keepalive_us: int = 15_000
+    heartbeat_us: int = 5_000
+    watermark_report_us: int = 1_000    # a backup whose watermark rose reports this soon
+    nack_delay_us: int = 500
+    nack_retry_us: int = 3_000
+    max_nack_msns: int = 64             # msns per NACK
+    npv_retry_us: int = 5_000
+    max_order_info_bytes: int = 256 << 10   # order info held at the primary
+    max_order_info_pending: int = 1024  # out-of-order chunks held at a backup
+    max_piggyback_bytes: int = 4096     # order info per message
+    order_info_intra_us: int = 3_000    # order info not acked by a backup this long -> ORDER_INFO
+    order_info_ack_us: int = 500        # a backup acks delivered order info this promptly
+
+
+    def __post_init__(self) -> None:
+        # a member can be at most a window behind the sender: its gaps must fit
+        if self.max_placeholders < self.window_msgs:
+            raise ValueError("max_placeholders must be >= window_msgs")
+        # a backup keeps a window of acked messages: its log must hold more than that
+        if self.max_log_bytes < 2 * self.window_msgs * self.max_payload_bytes:
+            raise ValueError("max_log_bytes must be >= 2 * window_msgs * max_payload_bytes")
+        if min(self.window_msgs, self.max_payload_bytes, self.max_nack_msns) < 1:
+            raise ValueError("window, payload and nack bounds must be positive")
+
+
+class BufferFull(Exception):
+    """The application produced more than a bound allows (the caller must wait)."""
+
+
+class ProtocolError(Exception):
+    """A local misuse of the endpoint (e.g. order info from a backup)."""
+
+
+# --- actions ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    conn: ConnId
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverOrderInfo:
+    pos: int                # 1, 2, ... within the primary view `pvn`
+    chunk: bytes
+    pvn: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    conn: ConnId
+
+
+@dataclass(frozen=True, slots=True)
+class Resynced:
+    """Phase 2 done on a connection: the remote end had `resend_from` bytes of ours."""
+    conn: ConnId
+    resend_from: int
+    remote_sent_to: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveredOrderInfo:
+    """Phase 2: the last order info of the old primary that the remote primary holds
+    (reflected in NEW_PRIMARY_VIEW_ACK), for membership/determinizer to catch up."""
+    conn: ConnId
+    pvn: int                # the old primary's view
+    first_pos: int
+    chunks: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Phase2Done:
+    pvn: int
+
+
+# --- rules as tables -------------------------------------------------------------------
+class Duty(enum.Enum):
+    SECOND_ACK = "second_ack"
+    NOTHING = "nothing"
+
+
+# Who answers a FIRST_ACK (lines 60-68): (am_primary, group_has_backups) -> duty
+RESPONDS_TO_FIRST_ACK: dict[tuple[bool, bool], Duty] = {
+    (False, True): Duty.SECOND_ACK,     # a backup, if its app produced the acked message
+    (True, False): Duty.SECOND_ACK,     # no backup: the primary carries the duty
+    (True, True): Duty.NOTHING,
+    (False, False): Duty.NOTHING,       # impossible (a backup implies backups)
+}
+
+# Inter-group messages only a remote *primary* sends; their ts/sent-up-to advance recv_ts.
+PRIMARY_ONLY_TYPES = frozenset({MsgType.REQUEST, MsgType.REPLY, MsgType.FIRST_ACK,
+                                MsgType.KEEP_ALIVE, MsgType.NACK, MsgType.NEW_PRIMARY_VIEW,
+                                MsgType.NEW_PRIMARY_VIEW_ACK})
+
+
+def pack_trailer(sent_upto: int, own: list | None, refl: list | None,
+                 others: list | None = None, delivered: int | None = None) -> bytes:
+    t = [sent_upto, own, refl]
+    if others or delivered is not None:
+        t.append(others or [])
+    if delivered is not None:
+        t.append(delivered)
+    return msgpack.packb(t, use_bin_type=True)
+
+
+def unpack_trailer(raw: bytes) -> tuple[int, list | None, list | None, list, int | None] | None:
+    """The trailer, or None when absent or malformed (a remote bug: ignored)."""
+    if not raw:
+        return None
+    try:
+        t = msgpack.unpackb(raw, raw=False, use_list=True)
+    except Exception:   # noqa: BLE001 -- authenticated but malformed: ignore
+        return None
+    if type(t) is not list or len(t) not in (3, 4, 5) or type(t[0]) is not int:
+        return None
+    own, refl = (_section(s) for s in t[1:3])
+    others: list = []
+    if len(t) >= 4 and type(t[3]) is list:
+        others = [e for e in t[3] if type(e) is list and len(e) == 3
+                  and all(type(x) is int for x in e) and e[1] in (0, 1)]
+    delivered = t[4] if len(t) == 5 and type(t[4]) is int and t[4] >= 0 else None
+    return t[0], own, refl, others, delivered
+
+
+def _section(s: Any) -> list | None:
+    """An order-info section [pvn, first_pos, [chunk, ...]], or None."""
+    if (type(s) is list and len(s) == 3 and type(s[0]) is int and type(s[1]) is int
+            and s[1] > 0 and type(s[2]) is list and all(type(c) is bytes for c in s[2])):
+        return s
+    return None
+
+
+def _sec_end(s: list) -> tuple[int, int]:
+    """(pvn, last position) of a section: newer sections compare greater."""
+    return s[0], s[1] + len(s[2]) - 1
+
+
+# --- per-connection state --------------------------------------------------------------
+class _Rx:
+    """Receive sequence of one remote primary view on one connection."""
+    __slots__ = ("pvn", "upto", "ts", "slots", "nacks", "first_offset", "after_change")
+
+    def __init__(self, pvn: int):
+        self.pvn = pvn
+        self.upto = 0                       # receiveduptomsn
+        self.ts = 0                         # recv_ts (see theory)
+        self.slots: dict[int, Message | None] = {}   # msn > upto: message or placeholder
+        self.nacks: set[int] = set()
+        self.first_offset: int | None = None
+        self.after_change = False           # follows a remote change of primary
+
+
+class _Conn:
+    def __init__(self, cid: ConnId):
+        self.cid = cid
+        self.remote, self.seq, self.role = cid
+        self.known = False                  # counted in the watermark and digest
+        # sending side
+        self.out_offset = 0                 # end of the bytes our app produced
+        self.queue: deque[tuple[int, bytes]] = deque()    # primary: cut, not yet sent
+        self.queue_bytes = 0
+        self.next_msn = 1
+        self.sent: deque[Message] = deque() # primary: sent list (msn order)
+        self.sent_bytes = 0
+        self.log: deque[tuple[int, int, bytes]] = deque()  # backup: (msn, offset, data)
+        self.log_bytes = 0
+        self.remote_ack = 0
+        self.remote_gw = 0                  # remotegroupwatermark
+        self.rto_us = 0
+        self.rto_due: int | None = None
+        self.fa_count = 0                   # FIRST_ACKs seen for our last msn
+        self.throttled_until: int | None = None
+        self.last_send_us = 0
+        self.sent_open = False
+        self.resync = False                 # new primary: waiting NEW_PRIMARY_VIEW_ACK
+        self.npv_answer: tuple[int, int, int] | None = None   # (remote pvn, low, sent_to)
+        self.old_ts: int | None = None      # recv_ts frozen at a remote change of primary
+        self.solicit_due: int | None = None # primary: ask the remote primary for news
+        self.solicit_after = 0              # not again before this time
+        self.npv_due: int | None = None
+        self.old_pvn = 0
+        # receiving side
+        self.rx: _Rx | None = None
+        self.rx_old: _Rx | None = None
+        self.delivered = 0                  # stream offset delivered
+        self.received: deque[Message] = deque()   # delivered, kept until ts <= GW
+        self.ahead: dict[int, bytes] = {}   # offset -> data beyond `delivered` (view change)
+        self.nack_due: int | None = None
+        self.fa_pending = 0                 # FIRST_ACK ack value awaiting SECOND_ACK
+        self.fa_due: int | None = None
+        self.fa_tries = 0
+        self.ka_due: int | None = None
+        self.declared: tuple[int, int] = (0, 0)   # remote primary's (sent_upto, ts)
+        self.to_reflect: list | None = None
+        self.last_remote_oi: list | None = None   # newest order info the remote carried
+        self.max_data_ts = 0                # highest ts of data received on this conn
+        self.ka_urgent = False              # group watermark news for the remote sender
+        self.last_back = 0                  # `back` in the last message we sent on it
+        self.remote_delivered = 0           # remote primary's delivered offset of our stream
+
+    @property
+    def last_msn(self) -> int:
+        return self.next_msn - 1
+
+
+class MessagingEndpoint:
+    """The messaging core of one replica of `group` (see the module docstring)."""
+
+    def __init__(self, group: str, birth_id: int, config: MessagingConfig | None = None):
+        self.group = group
+        self.birth_id = birth_id
+        self.cfg = config or MessagingConfig()
+        self.pvn = 0
+        self.primary_id = birth_id
+        self.members: list[tuple[int, int]] = [(birth_id, 1)]
+        self.precedence = 1
+        self.backups: list[int] = []
+        self.clock = 0                      # Lamport clock
+        self.gw = 0                         # mygroupwatermark (backups: as told by primary)
+        self.conns: dict[ConnId, _Conn] = {}
+        self.reports: dict[int, tuple[int, int]] = {}   # backup -> (watermark, digest)
+        self.last_heard_us: dict[int, int] = {}
+        self._digest: int | None = None
+        self._actions: list[Any] = []
+        self._now = 0
+        self.hb_due: int | None = None
+        self.report_due: int | None = None  # backup: early watermark report
+        self.reported_w = 0
+        self._gw_rose = False
+        # order info, primary side
+        self.oi_next = 1
+        self.oi_log: deque[tuple[int, bytes]] = deque()
+        self.oi_bytes = 0
+        self.oi_reflected = 0
+        self.oi_acks: dict[int, int] = {}
+        self.oi_intra_due: int | None = None
+        # order info, backup side
+        self.oi_delivered = 0
+        self.oi_pending: dict[int, bytes] = {}
+        self.oi_ack_due: int | None = None
+        self.oi_acked = 0
+        self.phase2_pvn: int | None = None
+        self.stats: dict[str, int] = {}
+
+    # ======================================================================== views ===
+    @property
+    def is_primary(self) -> bool:
+        return self.primary_id == self.birth_id
+
+    def set_view(self, pvn: int, primary_birth_id: int, members: list[tuple[int, int]],
+                 my_birth_id: int, now_us: int | None = None) -> None:
+        """Install a membership (called by membership). A higher pvn with a new primary
+        resets msns; if this replica becomes the primary it starts phase 2 on every
+        connection (NEW_PRIMARY_VIEW)."""
+        if my_birth_id != self.birth_id:
+            raise ProtocolError("set_view for another replica")
+        if now_us is not None:
+            self._now = max(self._now, now_us)
+        was_primary = self.is_primary
+        old_pvn = self.pvn
+        self.members = [(int(b), int(p)) for b, p in members]
+        self.precedence = dict(self.members).get(self.birth_id, 0)
+        self.primary_id = primary_birth_id
+        self.backups = [b for b, _ in sorted(self.members, key=lambda m: m[1])
+                        if b != primary_birth_id]
+        for gone in set(self.reports) - set(self.backups):
+            del self.reports[gone]
+        for gone in set(self.oi_acks) - set(self.backups):
+            del self.oi_acks[gone]
+        self._digest_changed()
+        if pvn > old_pvn:
+            self.pvn = pvn
+            # order-info positions, like msns, restart at 1 in a new primary view
+            self.oi_delivered = 0
+            self.oi_pending.clear()
+            self.oi_acked = 0
+            self.oi_ack_due = None
+            if self.is_primary and not was_primary and old_pvn > 0:
+                self._become_primary(old_pvn)
+        self._gc_order_info()
+        if self.hb_due is None:
+            self.hb_due = self._now
+
+    def _become_primary(self, old_pvn: int) -> None:
+        now = self._now
+        self.reports.clear()
+        self.oi_acks.clear()
+        self.oi_next = 1
+        self.oi_reflected = 0
+        self.oi_log.clear()
+        self.oi_bytes = 0
+        self.oi_pending.clear()
+        self.phase2_pvn = self.pvn
+        for c in self.conns.values():
+            c.next_msn = 1
+            c.sent.clear()
+            c.sent_bytes = 0
+            c.remote_ack = 0
+            c.rto_due = None
+            c.fa_count = 0
+            c.throttled_until = None
+            c.resync = True
+            c.old_pvn = old_pvn
+            c.npv_due = now
+        if not self.conns:
+            self._actions.append(Phase2Done(self.pvn))
+            self.phase2_pvn = None
+
+    # ================================================================ application ===
+    def open(self, remote_group: str, conn_seq: int, role: Role = Role.CLIENT) -> ConnId:
+        cid = (remote_group, conn_seq, Role(role))
+        self._conn(cid)
+        return cid
+
+    def send_space(self, conn: ConnId) -> int:
+        c = self.conns[conn]
+        if self.is_primary:
+            return max(0, self.cfg.max_queue_bytes - c.queue_bytes)
+        return max(0, self.cfg.max_log_bytes - c.log_bytes)
+
+    def send(self, conn: ConnId, data: bytes, now_us: int | None = None) -> int:
+        """Accept up to send_space() bytes of the application's stream; returns how many.
+        The primary sends them (window permitting); a backup logs them."""
+        if now_us is not None:
+            self._now = max(self._now, now_us)
+        c = self._conn(conn)
+        n = min(len(data), self.send_space(conn))
+        step = self.cfg.max_payload_bytes
+        for i in range(0, n, step):
+            seg = bytes(data[i:min(n, i + step)])
+            if self.is_primary:
+                c.queue.append((c.out_offset, seg))
+                c.queue_bytes += len(seg)
+            else:
+                c.log.append((c.next_msn, c.out_offset, seg))
+                c.log_bytes += len(seg)
+                c.next_msn += 1
+            c.out_offset += len(seg)
+        if n:
+            self._mark_known(c)
+            if self.is_primary:
+                self._flush(c)
+            else:
+                self._trim_log(c)       # a lagging backup: the remote may be ahead of it
+        return n
+
+    def add_order_info(self, chunk: bytes, now_us: int | None = None) -> int:
+        """Append an opaque order-info chunk (primary); returns its position."""
+        if now_us is not None:
+            self._now = max(self._now, now_us)
+        if not self.is_primary:
+            raise ProtocolError("only the primary produces order info")
+        if self.oi_bytes + len(chunk) > self.cfg.max_order_info_bytes:
+            raise BufferFull("order info not yet acknowledged by the backups")
+        pos = self.oi_next
+        self.oi_next += 1
+        if self.backups:
+            self.oi_log.append((pos, bytes(chunk)))
+            self.oi_bytes += len(chunk)
+            if self.oi_intra_due is None:
+                self.oi_intra_due = self._now + self.cfg.order_info_intra_us
+        return pos
+
+    def order_info_unprotected_bytes(self) -> int:
+        """Order info that no backup-acknowledgment and no remote reflection covers yet:
+        the next message to a remote group piggybacks it (up to max_piggyback_bytes).
+        Output commit: a runtime hands output to `send` only while this fits in one
+        piggyback, so every entry the output depends on travels with it or before it."""
+        if not self.is_primary or not self.backups or not self.oi_log:
+            return 0
+        lim = max(self.oi_reflected, self._oi_floor())
+        return sum(len(ch) for pos, ch in self.oi_log if pos > lim)
+
+    def order_info_space(self) -> int:
+        return max(0, self.cfg.max_order_info_bytes - self.oi_bytes)
+
+    # ============================================================ sans-IO surface ===
+    def take_actions(self) -> list[Any]:
+        a, self._actions = self._actions, []
+        return a
+
+    def next_timer_us(self) -> int | None:
+        best = self.hb_due
+        for d in (self.oi_intra_due, self.oi_ack_due, self.report_due):
+            if d is not None and (best is None or d < best):
+                best = d
+        for c in self.conns.values():
+            for d in (c.rto_due, c.fa_due, c.ka_due, c.nack_due, c.npv_due,
+                      c.throttled_until, c.solicit_due):
+                if d is not None and (best is None or d < best):
+                    best = d
+        return best
+
+    def handle_timer(self, now_us: int) -> None:
+        self._now = now = max(self._now, now_us)
+        cfg = self.cfg
+        if self.hb_due is not None and self.hb_due <= now:
+            self._heartbeat()
+            self.hb_due = now + cfg.heartbeat_us if self.backups else None
+        if self.report_due is not None and self.report_due <= now:
+            self.report_due = None
+            if not self.is_primary and self.timestamp_watermark() > self.reported_w:
+                self._heartbeat()
+        if self.oi_intra_due is not None and self.oi_intra_due <= now:
+            self._order_info_intra()
+        if self.oi_ack_due is not None and self.oi_ack_due <= now:
+            self.oi_ack_due = None
+            self._order_info_ack()
+        local_nacks: list[list] = []
+        for c in self.conns.values():
+            if c.throttled_until is not None and c.throttled_until <= now:
+                c.throttled_until = None
+                c.fa_count = 0
+                self._flush(c)
+            if c.npv_due is not None and c.npv_due <= now:
+                self._send_npv(c)
+            if c.rto_due is not None and c.rto_due <= now:
+                self._retransmit(c)
+            if c.nack_due is not None and c.nack_due <= now:
+                local_nacks.extend(self._nack(c))
+            if c.fa_due is not None and c.fa_due <= now:
+                self._first_ack(c)
+            if c.ka_due is not None and c.ka_due <= now:
+                self._keepalive(c)
+            if c.solicit_due is not None and c.solicit_due <= now:
+                c.solicit_due = None
+                if self.is_primary and c.rx is not None and not c.resync:
+                    # an empty NACK: "where are you?" -- answered by a KEEP_ALIVE
+                    self._emit(c.remote, self._msg(c, MsgType.NACK, {"missing": []}))
+                    c.solicit_after = now + self.cfg.first_ack_retry_us
+        if local_nacks:
+            self._emit(self.group, self._intra(MsgType.NACK, {"missing": local_nacks}))
+        self._after_event()
+
+    def _after_event(self) -> None:
+        """Watermark news: a backup reports a risen watermark soon; a primary whose group
+        watermark rose tells remote senders holding data it now covers (KEEP_ALIVE soon),
+        so that flow control follows the slowest member without waiting for idle timers."""
+        if self.is_primary:
+            self._solicit_pinning()
+            if self._gw_rose:
+                self._gw_rose = False
+                gw = self.gw
+                soon = self._now + self.cfg.first_ack_delay_us
+                for c in self.conns.values():
+                    if c.max_data_ts > c.last_back and gw > c.last_back and not c.resync:
+                        if c.ka_due is None or c.ka_due > soon:
+                            c.ka_due = soon
+                        c.ka_urgent = True
+        elif self.report_due is None and self.backups:
+            if self.timestamp_watermark() > self.reported_w:
+                self.report_due = self._now + self.cfg.watermark_report_us
+
+    def _solicit_pinning(self) -> None:
+        """Received data our group watermark does not cover yet, because an idle
+        connection's recv_ts pins it: ask that connection's remote primary to state where
+        it is (its KEEP_ALIVE carries a fresh timestamp), instead of waiting for its
+        periodic keep-alive. Bounded: one request per connection per first_ack_retry_us."""
+        need = 0
+        for c in self.conns.values():
+            if c.received and c.received[-1].ts > need:
+                need = c.received[-1].ts
+        if not need or self.gw >= need:
+            return
+        soon = self._now + self.cfg.first_ack_delay_us
+        for c in self.conns.values():
+            rx = c.rx
+            if (c.known and rx is not None and rx.ts < need and not rx.slots
+                    and c.solicit_due is None and self._now >= c.solicit_after
+                    and c.max_data_ts < rx.ts):     # idle: nothing of its own in flight
+                c.solicit_due = soon
+
+    def handle_message(self, msg: Message, now_us: int) -> None:
+        self._now = max(self._now, now_us)
+        if msg.sender == self.birth_id:
+            return
+        if msg.ts > self.clock:
+            self.clock = msg.ts
+        self._count("rx_" + msg.type.name)
+        if msg.src_group == self.group:
+            if msg.dst_group == self.group:
+                self._handle_intra(msg)
+                self._after_event()
+            # else: our own group's message to a remote group (not addressed to us)
+            return
+        if msg.dst_group != self.group:
+            return
+        if msg.type >= 20 and msg.type not in (MsgType.NEW_PRIMARY_VIEW,
+                                               MsgType.NEW_PRIMARY_VIEW_ACK):
+            return      # membership messages are not ours
+        cid = (msg.src_group, msg.conn_seq, Role(1 - msg.role))
+        c = self.conns.get(cid)
+        if c is None:
+            if len(self.conns) >= self.cfg.max_connections:
+                self._count("conn_refused")
+                return
+            c = self._conn(cid)
+            self._actions.append(Opened(cid))
+        self._handle_inter(c, msg)
+        if self.is_primary:
+            self._gc_all_received()
+        self._after_event()
+
+    # ================================================================= inter-group ===
+    def _handle_inter(self, c: _Conn, msg: Message) -> None:
+        t = msg.type
+        from_primary = t in PRIMARY_ONLY_TYPES
+        if from_primary:
+            rx = c.rx
+            if rx is not None and msg.pvn < rx.pvn:
+                old = c.rx_old
+                if old is not None and msg.pvn == old.pvn and t in DATA_TYPES:
+                    self._rx_data(c, old, msg)      # a backup filling the old view's gap
+                elif (t in DATA_TYPES and msg.body["offset"] <= c.delivered
+                      < msg.body["offset"] + len(msg.body["data"])):
+                    self._count("gap_fill")         # bytes asked for by offset
+                    self._deliver(c, msg.body["offset"], msg.body["data"])
+                    self._gc_received(c)
+                else:
+                    self._count("stale_view")
+                return
+            if rx is None or msg.pvn > rx.pvn:
+                self._new_remote_view(c, msg.pvn, flush=(t == MsgType.NEW_PRIMARY_VIEW))
+            self._mark_known(c)
+            if msg.back > c.remote_gw:
+                c.remote_gw = msg.back
+                self._gc_sent(c)
+            if t != MsgType.NEW_PRIMARY_VIEW_ACK:
+                self._on_remote_ack(c, msg)
+        trailer = unpack_trailer(msg.order_info)
+        if from_primary and trailer is not None and trailer[4] is not None:
+            if trailer[4] > c.remote_delivered:
+                c.remote_delivered = trailer[4]
+                if not self.is_primary:
+                    self._trim_log(c)
+        if t in DATA_TYPES:
+            self._rx_data(c, c.rx, msg)
+            if self.is_primary:
+                self._want_first_ack(c, self.cfg.first_ack_delay_us)
+        elif t == MsgType.FIRST_ACK:
+            if msg.ack > 0 and msg.ack == c.last_msn:
+                c.fa_count += 1
+                if (c.fa_count >= self.cfg.first_ack_slowdown and self.is_primary
+                        and self.backups and c.throttled_until is None):
+                    c.throttled_until = self._now + self.cfg.throttle_us
+                    self._count("throttled")
+            duty = RESPONDS_TO_FIRST_ACK[(self.is_primary, bool(self.backups))]
+            # "has our application produced the acked message?" -- by stream offset: the
+            # FIRST_ACK's trailer states how far the remote primary delivered our stream
+            # (msns would not do: primary and backups cut the stream differently)
+            if (duty is Duty.SECOND_ACK and msg.ack > 0 and not c.resync
+                    and c.out_offset >= c.remote_delivered):
+                self._emit(c.remote, self._msg(c, MsgType.SECOND_ACK, {}, ack=msg.ack))
+        elif t == MsgType.SECOND_ACK:
+            if self.is_primary:
+                if c.fa_pending and msg.ack >= c.fa_pending:
+                    c.fa_pending = 0
+                    c.fa_due = None
+                    c.fa_tries = 0
+                    self._arm_keepalive(c)
+            else:
+                if c.rx is None:
+                    self._new_remote_view(c, msg.pvn, flush=False)
+                # line 72. The ack echoes a FIRST_ACK of our primary, which may still
+                # have counted in the remote's previous view: after a remote change of
+                # primary only the remote primary's own sent-up-to is trusted.
+                if msg.pvn == c.rx.pvn and not c.rx.after_change:
+                    self._expect(c, c.rx, msg.ack)
+        elif t == MsgType.KEEP_ALIVE:
+            c.fa_count = 0
+            if c.throttled_until is not None:
+                c.throttled_until = None
+                self._flush(c)
+        elif t == MsgType.NACK:
+            if self.is_primary:
+                self._answer_remote_nack(c, msg.body["missing"])
+        elif t == MsgType.NEW_PRIMARY_VIEW:
+            if self.is_primary:
+                self._answer_npv(c, msg)
+        elif t == MsgType.NEW_PRIMARY_VIEW_ACK:
+            if self.is_primary and c.resync:
+                self._resync(c, msg.body["last_delivered_from"], msg.body["last_sent_to"])
+        if trailer is not None:
+            self._on_trailer(c, msg, trailer, from_primary)
+
+    def _on_trailer(self, c: _Conn, msg: Message, trailer, from_primary: bool) -> None:
+        sent_upto, own, refl, others, _ = trailer
+        rx = c.rx
+        if from_primary and rx is not None and msg.pvn == rx.pvn:
+            if msg.type not in DATA_TYPES:
+                self._declared(c, rx, sent_upto, msg.ts)
+            for seq, role, upto in others:
+                c2 = self.conns.get((msg.src_group, seq, Role(1 - role)))
+                if c2 is not None and c2.rx is not None and c2.rx.pvn == msg.pvn:
+                    self._declared(c2, c2.rx, upto, msg.ts)
+            if own is not None and self.is_primary:
+                last = _sec_end(own)
+                lr = c.last_remote_oi
+                if lr is None or last >= _sec_end(lr):
+                    c.last_remote_oi = own
+                if c.to_reflect is None or last > _sec_end(c.to_reflect):
+                    c.to_reflect = own
+                    self._want_first_ack(c, self.cfg.first_ack_delay_us, reflect=True)
+        if refl is not None:
+            if self.is_primary:
+                if msg.type == MsgType.NEW_PRIMARY_VIEW_ACK:
+                    self._actions.append(RecoveredOrderInfo(c.cid, refl[0], refl[1],
+                                                            tuple(refl[2])))
+                    return
+                pvn, last = _sec_end(refl)
+                if pvn == self.pvn and last > self.oi_reflected:
+                    self.oi_reflected = min(last, self.oi_next - 1)
+            else:
+                self._oi_accept(refl, "oi_via_reflection")
+
+    def _declared(self, c: _Conn, rx: _Rx, sent_upto: int, ts: int) -> None:
+        """The remote primary had sent msns up to `sent_upto` on `c` when it stamped `ts`."""
+        if sent_upto >= c.declared[0] or ts > c.declared[1]:
+            c.declared = (max(sent_upto, c.declared[0]), max(ts, c.declared[1]))
+        self._expect(c, rx, sent_upto)
+        self._advance_ts(c, rx)
+
+    def _on_remote_ack(self, c: _Conn, msg: Message) -> None:
+        a = msg.ack
+        if msg.type != MsgType.FIRST_ACK and a != c.last_msn:
+            c.fa_count = 0
+        if self.is_primary:
+            if a > c.remote_ack and a <= c.last_msn:
+                c.remote_ack = a
+                c.rto_us = self.cfg.retransmit_us
+                c.rto_due = (self._now + c.rto_us) if a < c.last_msn else None
+
+    def _trim_log(self, c: _Conn) -> None:
+        """A backup does not know the timestamps its primary gave its messages, so it
+        cannot compare them with the remote group watermark. But the primary's sent list
+        never holds more than window_msgs messages (window_bytes) past that watermark, so
+        every byte below (remote primary's delivered offset - window_bytes) is covered."""
+        upto = c.remote_delivered - self.cfg.window_msgs * self.cfg.max_payload_bytes
+        while c.log and c.log[0][1] + len(c.log[0][2]) <= upto:
+            _, _, d = c.log.popleft()
+            c.log_bytes -= len(d)
+
+    def _new_remote_view(self, c: _Conn, pvn: int, flush: bool) -> None:
+        old = c.rx
+        c.rx = _Rx(pvn)
+        c.rx.after_change = old is not None or pvn > 1
+        c.declared = (0, 0)
+        if old is not None:
+            # Until we have delivered up to where the new remote primary's stream starts,
+            # we cannot vouch for old-view messages we never heard of: our watermark
+            # contribution stays where the old view left it.
+            c.old_ts = old.ts if c.old_ts is None else min(c.old_ts, old.ts)
+        elif pvn > 1:
+            # first contact in a later view: earlier primaries may have sent bytes we
+            # never heard of (the new primary's msn-1 marker tells where it resumed)
+            c.old_ts = 0
+        self._digest_changed()
+        if old is not None and old.slots and not flush and not self.is_primary:
+            c.rx_old = old          # a backup keeps filling the old view's gaps locally
+        else:
+            c.rx_old = None
+
+    # ------------------------------------------------------------------ receiving ---
+    def _rx_data(self, c: _Conn, rx: _Rx, msg: Message) -> None:
+        m = msg.msn
+        if m <= rx.upto or rx.slots.get(m) is not None:
+            self._count("dup_data")
+            if self.is_primary and rx is c.rx:      # our ack may be lost: re-ack soon
+                self._want_first_ack(c, self.cfg.first_ack_delay_us, reflect=True)
+            return
+        if m > rx.upto + self.cfg.max_placeholders:
+            self._count("beyond_window")
+            return
+        if rx.first_offset is None or msg.body["offset"] < rx.first_offset:
+            rx.first_offset = msg.body["offset"]
+        self._expect(c, rx, m - 1)
+        rx.slots[m] = msg
+        rx.nacks.discard(m)
+        self._advance(c, rx)
+
+    def _expect(self, c: _Conn, rx: _Rx, upto: int) -> None:
+        """The remote primary sent everything up to msn `upto`: placeholders + nacks."""
+        top = min(upto, rx.upto + self.cfg.max_placeholders)
+        hi = max(rx.slots) if rx.slots else rx.upto
+        if top <= hi and top <= rx.upto:
+            return
+        new = False
+        for k in range(rx.upto + 1, top + 1):
+            if k not in rx.slots:
+                rx.slots[k] = None
+                rx.nacks.add(k)
+                new = True
+        if new and c.nack_due is None:
+            c.nack_due = self._now + self.cfg.nack_delay_us
+
+    def _advance(self, c: _Conn, rx: _Rx) -> None:
+        slots = rx.slots
+        while True:
+            nxt = slots.get(rx.upto + 1)
+            if nxt is None:
+                break
+            del slots[rx.upto + 1]
+            rx.upto += 1
+            if nxt.ts > rx.ts:
+                rx.ts = nxt.ts
+            if nxt.ts > c.max_data_ts:
+                c.max_data_ts = nxt.ts
+            c.received.append(nxt)
+            self._deliver(c, nxt.body["offset"], nxt.body["data"])
+        self._advance_ts(c, rx)
+        if c.rx_old is not None:
+            old = c.rx_old
+            if not old.slots or (c.rx.first_offset is not None
+                                 and c.delivered >= c.rx.first_offset):
+                c.rx_old = None
+        self._gc_received(c)
+
+    def _advance_ts(self, c: _Conn, rx: _Rx) -> None:
+        if rx is c.rx and not rx.slots and rx.upto >= c.declared[0] and c.declared[1] > rx.ts:
+            rx.ts = c.declared[1]
+
+    def _deliver(self, c: _Conn, offset: int, data: bytes) -> None:
+        end = offset + len(data)
+        if end <= c.delivered:
+            self._count("dup_bytes")
+            return
+        if offset > c.delivered:
+            # only after a change of primary: bytes ahead of a gap wait (bounded)
+            if len(c.ahead) < self.cfg.max_placeholders:
+                c.ahead[offset] = data
+            if c.nack_due is None:
+                c.nack_due = self._now + self.cfg.nack_delay_us
+            return
+        if offset < c.delivered:
+            data = data[c.delivered - offset:]
+        self._actions.append(Deliver(c.cid, c.delivered, data))
+        c.delivered = end
+        while c.ahead:
+            ready = [o for o in c.ahead if o <= c.delivered]
+            if not ready:
+                break
+            for o in ready:
+                d = c.ahead.pop(o)
+                if o + len(d) > c.delivered:
+                    self._deliver(c, o, d)
+
+    # ------------------------------------------------------------------- sending ---
+    def _flush(self, c: _Conn) -> None:
+        """Send queued segments while the window, byte bound and throttle allow."""
+        if not self.is_primary or c.resync or c.throttled_until is not None:
+            return
+        cfg = self.cfg
+        while c.queue and len(c.sent) < cfg.window_msgs:
+            offset, data = c.queue.popleft()
+            c.queue_bytes -= len(data)
+            flags = 0
+            if not c.sent_open:
+                flags = STREAM_OPEN
+                c.sent_open = True
+            mtype = MsgType.REQUEST if c.role == Role.CLIENT else MsgType.REPLY
+            msg = self._msg(c, mtype, {"offset": offset, "data": data, "flags": flags},
+                            msn=c.next_msn)
+            c.next_msn += 1
+            c.sent.append(msg)
+            c.sent_bytes += len(data)
+            self._emit(c.remote, msg)
+            if c.rto_due is None:
+                c.rto_us = cfg.retransmit_us
+                c.rto_due = self._now + c.rto_us
+            # data carries our ack: a pending FIRST_ACK is superseded
+            c.fa_pending = 0
+            c.fa_due = None
+            c.fa_tries = 0
+
+    def _retransmit(self, c: _Conn) -> None:
+        if not self.is_primary:
+            c.rto_due = None
+            return
+        unacked = [m for m in c.sent if m.msn > c.remote_ack]
+        if not unacked:
+            c.rto_due = None
+            return
+        for m in unacked[: self.cfg.window_msgs]:
+            self._emit(c.remote, self._refresh(c, m))
+        self._count("retransmit", len(unacked))
+        c.rto_us = min(max(c.rto_us, self.cfg.retransmit_us) * 2, self.cfg.retransmit_max_us)
+        c.rto_due = self._now + c.rto_us
+
+    def _refresh(self, c: _Conn, m: Message) -> Message:
+        """A retransmission: same msn, ts and data; fresh ack/back."""
+        rx = c.rx
+        return Message(type=m.type, src_group=m.src_group, dst_group=m.dst_group,
+                       conn_seq=m.conn_seq, role=m.role, pvn=m.pvn,
+                       precedence=m.precedence, sender=m.sender, msn=m.msn,
+                       ack=rx.upto if rx else 0, back=self._back(c), ts=m.ts,
+                       body=m.body, order_info=m.order_info)
+
+    def _want_first_ack(self, c: _Conn, delay_us: int, reflect: bool = False) -> None:
+        rx = c.rx
+        if rx is None or not self.is_primary:
+            return
+        if reflect or rx.upto > c.fa_pending or c.fa_pending == 0:
+            due = self._now + delay_us
+            if c.fa_due is None or due < c.fa_due:
+                c.fa_due = due
+            c.fa_tries = 0
+
+    def _first_ack(self, c: _Conn) -> None:
+        rx = c.rx
+        if not self.is_primary or rx is None:
+            c.fa_due = None
+            return
+        c.fa_pending = max(rx.upto, 1) if rx.upto else 0
+        self._emit(c.remote, self._msg(c, MsgType.FIRST_ACK, {}))
+        c.fa_tries += 1
+        if c.fa_pending and c.fa_tries < self.cfg.first_ack_max_tries:
+            c.fa_due = self._now + self.cfg.first_ack_retry_us
+        else:
+            c.fa_due = None
+            c.fa_pending = 0
+            c.fa_tries = 0
+            self._arm_keepalive(c)
+
+    def _arm_keepalive(self, c: _Conn) -> None:
+        if self.is_primary:
+            c.ka_due = c.last_send_us + self.cfg.keepalive_us
+            if c.ka_due <= self._now:
+                c.ka_due = self._now + self.cfg.keepalive_us
+
+    def _keepalive(self, c: _Conn) -> None:
+        if not self.is_primary or not c.known or c.resync:
+            c.ka_due = None
+            return
+        if c.ka_urgent or self._now - c.last_send_us >= self.cfg.keepalive_us:
+            c.ka_urgent = False
+            self._emit(c.remote, self._msg(c, MsgType.KEEP_ALIVE, {}))
+        c.ka_due = c.last_send_us + self.cfg.keepalive_us
+
+    def _nack(self, c: _Conn) -> list[list]:
+        """Nack gaps: the primary on the remote connection, a backup on the local one
+        (returns the local entries, batched by the caller into one NACK)."""
+        cfg = self.cfg
+        entries: list[list] = []
+        rxs = [r for r in (c.rx_old, c.rx) if r is not None and r.nacks]
+        if not self.is_primary and c.ahead:
+            # bytes of an old remote primary we never heard of: ask by stream offset
+            entries.append([c.remote, c.seq, int(c.role), 0, c.delivered, min(c.ahead)])
+            c.nack_due = self._now + cfg.nack_retry_us
+        if not rxs:
+            if not entries:
+                c.nack_due = None
+            return entries
+        c.nack_due = self._now + cfg.nack_retry_us
+        for rx in rxs:
+            missing = sorted(rx.nacks)[: cfg.max_nack_msns]
+            self._count("nack_msns", len(missing))
+            if self.is_primary:
+                if rx is c.rx:
+                    self._emit(c.remote, self._msg(c, MsgType.NACK, {"missing": missing}))
+            else:
+                entries.append([c.remote, c.seq, int(c.role), rx.pvn, *missing])
+        return entries
+
+    def _answer_remote_nack(self, c: _Conn, missing: list) -> None:
+        if not missing:                         # "where are you?": a fresh keep-alive
+            self._emit(c.remote, self._msg(c, MsgType.KEEP_ALIVE, {}))
+            return
+        want = {m for m in missing if type(m) is int}
+        n = 0
+        for m in c.sent:
+            if m.msn in want:
+                self._emit(c.remote, self._refresh(c, m))
+                n += 1
+        self._count("nack_answered", n)
+
+    def _answer_local_nacks(self, entries: list) -> None:
+        for e in entries:
+            if (type(e) is not list or len(e) < 4 or type(e[0]) is not str
+                    or type(e[1]) is not int or e[2] not in (0, 1) or type(e[3]) is not int):
+                continue
+            c = self.conns.get((e[0], e[1], Role(e[2])))
+            if c is None:
+                continue
+            if len(e) == 6 and e[3] == 0 and type(e[4]) is int and type(e[5]) is int:
+                lo, hi = e[4], e[5]                 # a byte range, any remote view
+                for m in c.received:
+                    off = m.body["offset"]
+                    if off < hi and off + len(m.body["data"]) > lo:
+                        self._emit(self.group, m)
+                continue
+            pvn, want = e[3], {m for m in e[4:] if type(m) is int}
+            for m in c.received:
+                if m.pvn == pvn and m.msn in want:
+                    self._emit(self.group, m)       # the remote primary's own message
+            for rx in (c.rx, c.rx_old):
+                if rx is not None and rx.pvn == pvn:
+                    for k, m in rx.slots.items():
+                        if m is not None and k in want:
+                            self._emit(self.group, m)
+
+    # ----------------------------------------------------------- phase 2 (messaging) ---
+    def _send_npv(self, c: _Conn) -> None:
+        if not (self.is_primary and c.resync):
+            c.npv_due = None
+            return
+        self._emit(c.remote, self._msg(c, MsgType.NEW_PRIMARY_VIEW,
+                                       {"old_pvn": c.old_pvn, "last_delivered": c.delivered}))
+        c.npv_due = self._now + self.cfg.npv_retry_us
+
+    def _answer_npv(self, c: _Conn, msg: Message) -> None:
+        """Remote side of phase 2 (line 38-41): flushed (see _new_remote_view); report
+        the last byte delivered from, and the last byte sent to, the old primary's group."""
+        c.to_reflect = c.last_remote_oi     # the old primary's last order info
+        # Resend point: not just what we delivered, but the lowest offset a member of
+        # our group may still lack (our received list holds exactly the messages the
+        # group watermark has not yet covered), so that no backup of ours is left with
+        # a gap if we fail too.
+        # A repeated NEW_PRIMARY_VIEW (our answer was lost) gets the same answer: the
+        # whole remote group numbers its log from it, and we may have collected since.
+        if c.npv_answer is None or c.npv_answer[0] != msg.pvn:
+            low = min([m.body["offset"] for m in c.received] + [c.delivered])
+            sent_to = (c.sent[-1].body["offset"] + len(c.sent[-1].body["data"]) if c.sent
+                       else (c.queue[0][0] if c.queue else c.out_offset))
+            c.npv_answer = (msg.pvn, low, sent_to)
+        _, low, sent_to = c.npv_answer
+        self._emit(c.remote, self._msg(c, MsgType.NEW_PRIMARY_VIEW_ACK,
+                                       {"last_delivered_from": low,
+                                        "last_sent_to": sent_to}))
+        # the new primary may lack our tail: make our unacked data go out again
+        if c.sent and c.rto_due is None:
+            c.rto_due = self._now
+
+    def _resync(self, c: _Conn, resend_from: int, remote_sent_to: int) -> None:
+        """New primary: re-send from the log exactly the bytes the remote end lacks."""
+        c.resync = False
+        c.npv_due = None
+        keep = self._cut_log(c, resend_from)
+        if c.log and c.log[0][1] > resend_from:
+            self._count("resync_gap")       # the log lost bytes the remote lacks
+        keep.extend(c.queue)
+        c.log.clear()
+        c.log_bytes = 0
+        c.queue = keep
+        c.queue_bytes = sum(len(d) for _, d in keep)
+        c.sent_open = True
+        self._actions.append(Resynced(c.cid, resend_from, remote_sent_to))
+        self._flush(c)
+        if self.phase2_pvn is not None and not any(x.resync for x in self.conns.values()):
+            self._actions.append(Phase2Done(self.phase2_pvn))
+            self.phase2_pvn = None
+
+    @staticmethod
+    def _cut_log(c: _Conn, resend_from: int) -> deque[tuple[int, bytes]]:
+        """The logged (offset, data) from stream offset `resend_from` on; the rest is
+        dropped. The new primary re-sends exactly these, one message each."""
+        # msn 1 of the new view is always an empty message at the resend point: it tells
+        # the remote group where our stream stands (members behind it ask for the rest),
+        # and it keeps the numbering identical at the new primary and at its backups
+        # whatever each of their applications has written so far
+        keep: deque[tuple[int, bytes]] = deque([(resend_from, b"")])
+        for _, off, data in c.log:
+            if off + len(data) <= resend_from:
+                continue
+            if off < resend_from:
+                data, off = data[resend_from - off:], resend_from
+            keep.append((off, data))
+        return keep
+
+    # ================================================================= intra-group ===
+    def _handle_intra(self, msg: Message) -> None:
+        t = msg.type
+        if t >= 20:
+            return          # membership's
+        self.last_heard_us[msg.sender] = self._now
+        if self.is_primary:
+            if msg.sender not in self.backups:
+                return
+            if t == MsgType.HEARTBEAT:
+                self.reports[msg.sender] = (msg.back, msg.ack)
+                self._gc_all_received()
+            elif t == MsgType.NACK:
+                self._answer_local_nacks(msg.body["missing"])
+            elif t == MsgType.ORDER_INFO and msg.pvn == self.pvn:
+                if msg.body["upto"] > self.oi_acks.get(msg.sender, 0):
+                    self.oi_acks[msg.sender] = min(msg.body["upto"], self.oi_next - 1)
+                    self._gc_order_info()
+            return
+        if msg.sender != self.primary_id or msg.pvn != self.pvn:
+            return
+        if t == MsgType.HEARTBEAT:
+            # the primary's group watermark holds for the connections it knew (its
+            # digest in `ack`); a message on a connection we learned of later may have
+            # a lower ts, so only a watermark over our own set of connections counts
+            if msg.ack == self.digest() and msg.back > self.gw:
+                self.gw = msg.back
+                self._gc_all_received()
+        elif t == MsgType.ORDER_INFO:
+            tr = unpack_trailer(msg.order_info)
+            if tr is not None and tr[1] is not None:
+                self._oi_accept(tr[1], "oi_via_intra")
+            if self.oi_ack_due is None:     # (re-)ack: the primary is still waiting
+                self.oi_ack_due = self._now + self.cfg.order_info_ack_us
+
+    def _heartbeat(self) -> None:
+        if not self.backups and self.is_primary:
+            return
+        if self.is_primary:
+            self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": 1},
+                                               back=self.group_watermark(),
+                                               ack=self.digest()))
+        else:
+            self.reported_w = self.timestamp_watermark()
+            self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": self.rank()},
+                                               back=self.reported_w, ack=self.digest()))
+            if self.oi_acked != self.oi_delivered:
+                self._order_info_ack()
+
+    # ---------------------------------------------------------------- order info ---
+    def _oi_accept(self, sec: list, path: str) -> None:
+        pvn, first, chunks = sec
+        if self.is_primary or pvn != self.pvn:
+            return          # order info of another primary view: not ours to deliver
+        for i, ch in enumerate(chunks):
+            pos = first + i
+            if pos <= self.oi_delivered:
+                continue
+            if pos - self.oi_delivered > self.cfg.max_order_info_pending:
+                break
+            self.oi_pending[pos] = ch
+        while self.oi_delivered + 1 in self.oi_pending:
+            self.oi_delivered += 1
+            self._count(path)
+            self._actions.append(DeliverOrderInfo(self.oi_delivered,
+                                                  self.oi_pending.pop(self.oi_delivered),
+                                                  self.pvn))
+            if self.oi_ack_due is None:
+                self.oi_ack_due = self._now + self.cfg.order_info_ack_us
+
+    def _order_info_ack(self) -> None:
+        if self.is_primary:
+            return
+        self.oi_acked = self.oi_delivered
+        self._emit(self.group, self._intra(MsgType.ORDER_INFO, {"upto": self.oi_delivered}))
+
+    def _oi_floor(self) -> int:
+        """Positions every backup has acked."""
+        if not self.backups:
+            return self.oi_next - 1
+        return min(self.oi_acks.get(b, 0) for b in self.backups)
+
+    def _own_section(self, limit_from: int) -> list | None:
+        chunks: list[bytes] = []
+        first = 0
+        size = 0
+        for pos, ch in self.oi_log:
+            if pos <= limit_from:
+                continue
+            if chunks and size + len(ch) > self.cfg.max_piggyback_bytes:
+                break
+            if not chunks:
+                first = pos
+            chunks.append(ch)
+            size += len(ch)
+        return [self.pvn, first, chunks] if chunks else None
+
+    def _order_info_intra(self) -> None:
+        floor = self._oi_floor()
+        if not self.is_primary or floor >= self.oi_next - 1:
+            self.oi_intra_due = None
+            return
+        sec = self._own_section(floor)
+        if sec is not None:
+            self._emit(self.group, self._intra(
+                MsgType.ORDER_INFO, {"upto": _sec_end(sec)[1]},
+                order_info=pack_trailer(0, sec, None)))
+        self.oi_intra_due = self._now + self.cfg.order_info_intra_us
+
+    def _gc_order_info(self) -> None:
+        floor = self._oi_floor()
+        while self.oi_log and self.oi_log[0][0] <= floor:
+            _, ch = self.oi_log.popleft()
+            self.oi_bytes -= len(ch)
+        if not self.oi_log:
+            self.oi_intra_due = None
+
+    # ================================================================= watermarks ===
+    def timestamp_watermark(self) -> int:
+        """mytimestampwatermark: min recv_ts over the connections this replica knows."""
+        w = None
+        for c in self.conns.values():
+            if c.known:
+                ts = c.rx.ts if c.rx is not None else 0
+                if c.rx_old is not None or c.ahead:
+                    ts = 0          # a gap in the stream: nothing may be collected yet
+                elif c.old_ts is not None:
+                    first = c.rx.first_offset if c.rx is not None else None
+                    if first is not None and c.delivered >= first:
+                        c.old_ts = None     # caught up with the new remote primary
+                    else:
+                        ts = min(ts, c.old_ts)
+                if w is None or ts < w:
+                    w = ts
+        return self.clock if w is None else w
+
+    def group_watermark(self) -> int:
+        """mygroupwatermark (the primary computes it; a backup repeats its primary's)."""
+        if not self.is_primary:
+            return self.gw
+        w = self.timestamp_watermark()
+        if self.backups:
+            d = self.digest()
+            for b in self.backups:
+                rep = self.reports.get(b)
+                if rep is None or rep[1] != d:
+                    return 0
+                if rep[0] < w:
+                    w = rep[0]
+        if w > self.gw:
+            self.gw = w
+            self._gw_rose = True
+        return w
+
+    def _digest_changed(self) -> None:
+        self._digest = None
+        if not self.is_primary:
+            self.gw = 0         # learned for another set of connections: not valid now
+
+    def digest(self) -> int:
+        """Digest of the known connections and their remote views (HEARTBEAT `ack`)."""
+        if self._digest is None:
+            items = sorted((c.remote, c.seq, int(c.role), c.rx.pvn if c.rx else -1)
+                           for c in self.conns.values() if c.known)
+            self._digest = zlib.crc32(repr(items).encode()) & 0x7FFFFFFF
+        return self._digest
+
+    def _gc_sent(self, c: _Conn) -> None:
+        gw = c.remote_gw
+        freed = False
+        while c.sent and c.sent[0].ts <= gw:
+            m = c.sent.popleft()
+            c.sent_bytes -= len(m.body["data"])
+            freed = True
+        if freed:
+            if c.remote_ack < (c.sent[0].msn - 1 if c.sent else c.last_msn):
+                c.remote_ack = c.sent[0].msn - 1 if c.sent else c.last_msn
+            if not any(m.msn > c.remote_ack for m in c.sent):
+                c.rto_due = None
+            self._flush(c)
+
+    def _gc_received(self, c: _Conn) -> None:
+        gw = self.gw if not self.is_primary else self.group_watermark()
+        while c.received and c.received[0].ts <= gw:
+            c.received.popleft()
+
+    def _gc_all_received(self) -> None:
+        gw = self.group_watermark()
+        for c in self.conns.values():
+            while c.received and c.received[0].ts <= gw:
+                c.received.popleft()
+
+    # =================================================================== helpers ===
+    def rank(self) -> int:
+        if self.is_primary:
+            return 1
+        try:
+            return 2 + self.backups.index(self.birth_id)
+        except ValueError:
+            return 0
+
+    def _conn(self, cid: ConnId) -> _Conn:
+        c = self.conns.get(cid)
+        if c is None:
+            if len(self.conns) >= self.cfg.max_connections:
+                raise BufferFull("too many connections")
+            c = _Conn(cid)
+            c.rto_us = self.cfg.retransmit_us
+            self.conns[cid] = c
+        return c
+
+    def _mark_known(self, c: _Conn) -> None:
+        if not c.known:
+            c.known = True
+            self._digest_changed()
+            if self.is_primary and c.ka_due is None:
+                self._arm_keepalive(c)
+
+    def _msg(self, c: _Conn, mtype: MsgType, body: dict, *, msn: int = 0,
+             ack: int | None = None) -> Message:
+        self.clock += 1
+        rx = c.rx
+        trailer = b""
+        if mtype != MsgType.SECOND_ACK:
+            own = None
+            # Order info rides on data messages only: they carry the output it protects
+            # (output commit). Copying it onto every ack and keep-alive as well multiplied
+            # a slow backup's backlog by the control traffic, fragments included.
+            if mtype in DATA_TYPES and self.backups and self.oi_log:
+                own = self._own_section(max(self.oi_reflected, self._oi_floor()))
+            refl, c.to_reflect = c.to_reflect, None
+            sent_upto = msn if msn else (c.last_msn if not c.resync else 0)
+            # sent-up-to of our other connections to the same group: an idle one then
+            # does not pin the remote watermark until its next keep-alive
+            others = [[x.seq, int(x.role), x.last_msn] for x in self.conns.values()
+                      if x.remote == c.remote and x is not c and x.known and not x.resync]
+            trailer = pack_trailer(sent_upto, own, refl, others, c.delivered)
+        return Message(type=mtype, src_group=self.group, dst_group=c.remote,
+                       conn_seq=c.seq, role=c.role, pvn=self.pvn,
+                       precedence=self.precedence, sender=self.birth_id, msn=msn,
+                       ack=(rx.upto if rx else 0) if ack is None else ack,
+                       back=self._back(c), ts=self.clock, body=body,
+                       order_info=trailer)
+
+    def _back(self, c: _Conn) -> int:
+        b = self.group_watermark()
+        if b > c.last_back:
+            c.last_back = b
+        return b
+
+    def _intra(self, mtype: MsgType, body: dict, *, back: int = 0, ack: int = 0,
+               order_info: bytes = b"") -> Message:
+        self.clock += 1
+        return Message(type=mtype, src_group=self.group, dst_group=self.group,
+                       conn_seq=INTRA_CONN_SEQ, role=Role.CLIENT, pvn=self.pvn,
+                       precedence=self.precedence, sender=self.birth_id, ack=ack,
+                       back=back, ts=self.clock, body=body, order_info=order_info)
+
+    def _emit(self, dst_group: str, msg: Message) -> None:
+        self._actions.append(Send(dst_group, msg))
+        if dst_group != self.group:
+            c = self.conns.get((msg.dst_group, msg.conn_seq, msg.role)) \
+                if msg.src_group == self.group else None
+            if c is not None:
+                c.last_send_us = self._now
+                if c.ka_due is not None or c.known:
+                    c.ka_due = self._now + self.cfg.keepalive_us
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self.stats[key] = self.stats.get(key, 0) + n
+
+    # ============================================================ introspection ===
+    def buffer_sizes(self) -> dict[str, int]:
+        """What the endpoint holds (the simulator asserts bounds at quiescence)."""
+        out = {"sent": 0, "queue": 0, "log": 0, "log_bytes": 0, "received": 0,
+               "placeholders": 0,
+               "ahead": 0, "order_info": len(self.oi_log),
+               "order_info_pending": len(self.oi_pending)}
+        for c in self.conns.values():
+            out["sent"] += len(c.sent)
+            out["queue"] += len(c.queue)
+            out["log"] += len(c.log)
+            out["log_bytes"] += c.log_bytes
+            out["received"] += len(c.received)
+            out["ahead"] += len(c.ahead)
+            for rx in (c.rx, c.rx_old):
+                if rx is not None:
+                    out["placeholders"] += len(rx.slots)
+        return out

@@ -1,0 +1,498 @@
+"""One replica of a group: the membership core and the messaging core, composed, sans-IO.
+
+Theory of operation
+-------------------
+A `ReplicaNode` owns one `membership.core.Membership` and one
+`llft.protocol.messaging.MessagingEndpoint` and follows the same sans-IO convention
+(docs/ARCHITECTURE.md): `handle_message`, `handle_timer`, `next_timer_us`,
+`take_actions`. The simulator kernel and the asyncio `Driver` therefore run whole
+replicas. After every event the node *settles*: it drains both cores' actions, turns
+each one into calls on the other core or into its own actions, and repeats until both
+are quiet (at most `MAX_SETTLE_ROUNDS`).
+
+Routing of received messages:
+
+    membership types (PROPOSE_*, ACCEPT_*, REMOVE_*, STATE*)    -> membership
+    HEARTBEAT                                                   -> membership; and
+                                         messaging, if it is messaging's own (ts > 0)
+    everything else (data, acks, NACK, ORDER_INFO, NEW_PRIMARY_VIEW*) -> messaging
+
+Membership's heartbeats carry ts = back = ack = 0; messaging's always carry a Lamport
+ts > 0. A primary's messaging reads `back`/`ack` of every backup HEARTBEAT as that
+backup's watermark report, so a membership heartbeat given to it would zero the report
+and pin the group watermark until the next messaging heartbeat: the node keeps them
+apart (see the report of this module's author; messaging should ignore ts == 0).
+
+Messaging is *live* only while this replica is a member holding the group's state: a
+founder from its BeginPhase2, a joiner from its StateRestored. Before that it gets no
+message and no view (the primary's watermark waits for the joiner's reports meanwhile,
+so nothing the joiner will need is collected).
+
+Wiring (membership action -> what the node does):
+
+    MembershipChanged  messaging.set_view(pvn, members[0], members, me)   (if live)
+    BeginPhase2        messaging.set_view(...): NEW_PRIMARY_VIEW on every connection;
+                       messaging's Phase2Done(pvn) -> membership.phase2_complete(pvn).
+                       A founder (messaging had no view, no connection) completes at once.
+    ViewStarted        messaging.add_order_info(view marker of pvn): the first order-info
+                       entry of the view; a backup that delivers it calls
+                       membership.view_entered(pvn) and emits ViewSwitch
+    StateRestored      the checkpoint is applied (below), messaging goes live, Restored
+    Reset              a fresh MessagingEndpoint under the new birth id, logs dropped,
+                       RestartApp (the runtime kills and restarts the application)
+
+Order-info chunks are framed by the node: one tag byte, then the payload.
+    0x00 + app chunk           the determinizer's (opaque here)
+    0x01 + pvn (8 bytes, BE)   the view marker (VIEW_MARKER_TAG)
+
+Application side. `open`, `send`, `send_space` pass through to messaging: at the
+primary `send` transmits, at a backup it logs (semi-active). `add_order_info` is the
+primary's, and only once its view started (PRIMARY status): in phase 2 it raises
+`NotReady` (the view marker must come first). Deliveries reach the application as
+`Deliver(conn, offset, data)`, exactly once and in offset order per connection;
+order info as `OrderInfo(pvn, pos, chunk)`, including, at a new primary, the old
+primary's entries that phase 2 recovered beyond what this replica had delivered
+(`RecoveredOrderInfo`, logged like any other: later joiners replay them).
+
+State (StateProvider, at the primary when an addition commits). The checkpoint is the
+group's log: every byte this node delivered on each connection since the start, every
+order-info entry since the start (as (pvn, pos, chunk)), a snapshot of each messaging
+connection (remote view and msn delivered up to, stream offsets, the unacknowledged tail
+of our own stream, which a backup would hold in its log) and the application's own part
+(`AppState`, filled by the determinizer later; empty by default). A joining backup
+restores the connections into its messaging endpoint, swallows the first `out_offset`
+bytes its replaying application writes on each connection (the group already sent
+them), and emits `Restored(streams, order_info, app_state)`: the application replays
+those inputs, then continues with ordinary deliveries.
+
+Bounds: MAX_SETTLE_ROUNDS, MAX_INPUT_LOG_BYTES (the checkpoint grows with the group's
+history until the determinizer trims it with application checkpoints),
+MAX_ORDER_INFO_LOG, MAX_HELD_ACTIONS. No clock, no I/O, no global randomness here.
+"""
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgpack
+
+from llft.protocol import messaging as mg
+from llft.protocol.messages import Message, MsgType, Role
+from membership import core as mb
+
+MAX_SETTLE_ROUNDS = 64           # cores feeding each other longer than this is a bug
+MAX_INPUT_LOG_BYTES = 64 << 20   # delivered bytes kept for checkpoints, all connections
+MAX_ORDER_INFO_LOG = 1 << 20     # order-info entries kept for checkpoints
+MAX_HELD_ACTIONS = 65_536        # node actions not yet taken by the runtime
+
+APP_TAG = 0x00
+VIEW_MARKER_TAG = 0x01
+CHECKPOINT_VERSION = 1
+
+MEMBERSHIP_TYPES = frozenset(t for t in MsgType if t >= 20) - {
+    MsgType.NEW_PRIMARY_VIEW, MsgType.NEW_PRIMARY_VIEW_ACK}
+
+
+class NotReady(Exception):
+    """The call does not fit this replica's role now (order info from a backup, or from
+    a primary whose view has not started)."""
+
+
+class AppState(Protocol):
+    """The application's part of a checkpoint (the determinizer provides it)."""
+
+    def checkpoint(self) -> bytes: ...
+
+    def restore(self, data: bytes) -> None: ...
+
+
+class _NoAppState:
+    def checkpoint(self) -> bytes:
+        return b""
+
+    def restore(self, data: bytes) -> None:
+        pass
+
+
+# ---- the node's own actions (sends of both cores pass through unchanged) ------------------
+# The node's deliveries are messaging's Deliver, emitted after the node's own
+# de-duplication and the trimming a joining backup needs (`_on_messaging`).
+Deliver = mg.Deliver
+
+
+@dataclass(frozen=True, slots=True)
+class OrderInfo:
+    pvn: int
+    pos: int
+    chunk: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ViewSwitch:
+    """The order-info entry that starts primary view `pvn` (position `pos`) was reached:
+    at the primary when its view starts, at a backup when it delivers the marker."""
+    pvn: int
+    pos: int
+    primary: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """A joining backup got the group's state: the application replays `streams`
+    (conn -> bytes delivered so far) and `order_info` ((pvn, pos, chunk) app entries),
+    then runs on ordinary deliveries."""
+    streams: tuple[tuple[mg.ConnId, bytes], ...]
+    order_info: tuple[tuple[int, int, bytes], ...]
+    app_state: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RestartApp:
+    """The replica was reset: kill the application; a new one starts after Restored."""
+    old_birth: int
+    new_birth: int
+    reason: str
+
+
+def encode_view_marker(pvn: int) -> bytes:
+    return bytes([VIEW_MARKER_TAG]) + pvn.to_bytes(8, "big")
+
+
+class ReplicaNode:
+    """One replica: membership + messaging (see the module docstring)."""
+
+    def __init__(self, group: str, rng: random.Random, *,
+                 membership_config: mb.Config | None = None,
+                 messaging_config: mg.MessagingConfig | None = None,
+                 app_state: AppState | None = None):
+        self.group = group
+        self.mcfg = messaging_config or mg.MessagingConfig()
+        self.app_state = app_state or _NoAppState()
+        self.membership = mb.Membership(membership_config or mb.Config(group=group), rng,
+                                        self)
+        self.stats: dict[str, int] = {}
+        self._actions: deque[Any] = deque()
+        self._now = 0
+        self._fresh_messaging()
+
+    def _fresh_messaging(self) -> None:
+        self.messaging = mg.MessagingEndpoint(self.group, self.membership.birth, self.mcfg)
+        self.live = False                       # messaging fed (member holding state)
+        self.streams: dict[mg.ConnId, bytearray] = {}
+        self.input_bytes = 0
+        self.order_info_log: deque[tuple[int, int, bytes]] = deque()   # (pvn, pos, chunk)
+        self.oi_upto: dict[int, int] = {}       # pvn -> highest position in the log
+        self.skip_out: dict[mg.ConnId, int] = {}
+        self._restore_blob: bytes | None = None
+
+    # ---- introspection -------------------------------------------------------------------
+    @property
+    def birth(self) -> int:
+        return self.membership.birth
+
+    @property
+    def status(self) -> mb.Status:
+        return self.membership.status
+
+    @property
+    def pvn(self) -> int:
+        return self.membership.pvn
+
+    @property
+    def is_primary(self) -> bool:
+        return self.membership.status in mb.PRIMARY_STATUSES
+
+    def app_may_run(self) -> bool:
+        """The application has (or replays) the group's state."""
+        return self.live
+
+    # ---- sans-IO surface -----------------------------------------------------------------
+    def start(self, now_us: int) -> None:
+        self._now = max(self._now, now_us)
+        self.membership.start(now_us)
+        # start() draws the birth id the member applies with (a new one)
+        self._fresh_messaging()
+        self._settle()
+
+    def handle_message(self, msg: Message, now_us: int) -> None:
+        self._now = max(self._now, now_us)
+        t = msg.type
+        if t in MEMBERSHIP_TYPES:
+            self.membership.handle_message(msg, now_us)
+        elif t == MsgType.HEARTBEAT:
+            self.membership.handle_message(msg, now_us)
+            if self.live and msg.ts > 0:
+                self.messaging.handle_message(msg, now_us)
+        elif self.live:
+            self.messaging.handle_message(msg, now_us)
+        self._settle()
+
+    def handle_timer(self, now_us: int) -> None:
+        self._now = max(self._now, now_us)
+        d = self.membership.next_timer_us()
+        if d is not None and d <= now_us:
+            self.membership.handle_timer(now_us)
+        if self.live:
+            d = self.messaging.next_timer_us()
+            if d is not None and d <= now_us:
+                self.messaging.handle_timer(now_us)
+        self._settle()
+
+    def next_timer_us(self) -> int | None:
+        ds = [self.membership.next_timer_us()]
+        if self.live:
+            ds.append(self.messaging.next_timer_us())
+        ds = [d for d in ds if d is not None]
+        return min(ds) if ds else None
+
+    def take_actions(self) -> list[Any]:
+        out = list(self._actions)
+        self._actions.clear()
+        return out
+
+    # ---- application ---------------------------------------------------------------------
+    def open(self, remote_group: str, conn_seq: int, role: Role = Role.CLIENT) -> mg.ConnId:
+        if not self.live:
+            raise NotReady("the replica holds no group state yet")
+        cid = self.messaging.open(remote_group, conn_seq, role)
+        self.streams.setdefault(cid, bytearray())
+        return cid
+
+    def send_space(self, conn: mg.ConnId) -> int:
+        return self.messaging.send_space(conn) + self.skip_out.get(conn, 0)
+
+    def send(self, conn: mg.ConnId, data: bytes, now_us: int) -> int:
+        """The application wrote `data` on `conn`; returns the bytes accepted. A restored
+        backup's replay re-writes what the group already sent: those are swallowed."""
+        if not self.live:
+            raise NotReady("the replica holds no group state yet")
+        self._now = max(self._now, now_us)
+        n = 0
+        skip = self.skip_out.get(conn, 0)
+        if skip:
+            n = min(skip, len(data))
+            self.skip_out[conn] = skip - n
+            data = data[n:]
+        if data:
+            n += self.messaging.send(conn, data, now_us)
+        self._settle()
+        return n
+
+    def add_order_info(self, chunk: bytes, now_us: int) -> int:
+        """The primary's order-info entry (the determinizer's chunk); its position."""
+        if self.membership.status is not mb.Status.PRIMARY or not self.live:
+            raise NotReady("order info comes from a primary whose view has started")
+        self._now = max(self._now, now_us)
+        pos = self.messaging.add_order_info(bytes([APP_TAG]) + chunk, now_us)
+        self._log_order_info(self.messaging.pvn, pos, chunk)
+        self._settle()
+        return pos
+
+    def stream(self, conn: mg.ConnId) -> bytes:
+        """Every byte this replica delivered on `conn` since the group started."""
+        return bytes(self.streams.get(conn, b""))
+
+    # ---- StateProvider (membership calls these) ------------------------------------------
+    def checkpoint(self) -> bytes:
+        e = self.messaging
+        conns = []
+        for cid, c in e.conns.items():
+            rx = c.rx
+            log = [[m.msn, m.body["offset"], m.body["data"]] for m in c.sent]
+            log += [[c.next_msn + i, off, d] for i, (off, d) in enumerate(c.queue)]
+            conns.append([cid[0], cid[1], int(cid[2]),
+                          [rx.pvn, rx.upto, rx.ts] if rx is not None else None,
+                          c.delivered, c.out_offset, c.next_msn + len(c.queue), log,
+                          getattr(c, "remote_delivered", 0)])
+        blob = {"v": CHECKPOINT_VERSION, "pvn": e.pvn, "oi_upto": e.oi_next - 1,
+                "streams": [[cid[0], cid[1], int(cid[2]), bytes(b)]
+                            for cid, b in self.streams.items()],
+                "oi": [list(x) for x in self.order_info_log],
+                "conns": conns, "app": self.app_state.checkpoint()}
+        self._count("checkpoints")
+        return msgpack.packb(blob, use_bin_type=True)
+
+    def restore(self, data: bytes) -> None:
+        self._restore_blob = data           # applied on StateRestored (after set_view)
+
+    # ---- settling --------------------------------------------------------------------------
+    def _settle(self) -> None:
+        for _ in range(MAX_SETTLE_ROUNDS):
+            busy = False
+            for a in self.membership.take_actions():
+                busy = True
+                self._on_membership(a)
+            if self.live:
+                for a in self.messaging.take_actions():
+                    busy = True
+                    self._on_messaging(a)
+            if not busy:
+                return
+        raise RuntimeError(f"cores kept feeding each other for {MAX_SETTLE_ROUNDS} rounds")
+
+    def _emit(self, action: Any) -> None:
+        if len(self._actions) >= MAX_HELD_ACTIONS:
+            raise RuntimeError(f"more than MAX_HELD_ACTIONS={MAX_HELD_ACTIONS} not taken")
+        self._actions.append(action)
+
+    def _set_view(self, pvn: int, members) -> None:
+        self.messaging.set_view(pvn, members[0].birth,
+                                [(k.birth, k.precedence) for k in members],
+                                self.birth, self._now)
+
+    def _on_membership(self, a: Any) -> None:
+        now = self._now
+        if isinstance(a, mb.Send):
+            self._emit(a)
+        elif isinstance(a, mb.MembershipChanged):
+            if self.live and a.birth == self.birth:
+                self._set_view(a.pvn, a.members)
+            self._emit(a)
+        elif isinstance(a, mb.BeginPhase2):
+            if not self.live:
+                # a founder: no view, no connection, nothing to resynchronise
+                self.live = True
+                self._set_view(a.pvn, a.members)
+                self.messaging.take_actions()           # nothing of a fresh endpoint
+                self.membership.phase2_complete(a.pvn, now)
+            else:
+                self._set_view(a.pvn, a.members)
+            self._emit(a)
+        elif isinstance(a, mb.ViewStarted):
+            if self.live and self.messaging.is_primary:
+                pos = self.messaging.add_order_info(encode_view_marker(a.pvn), now)
+                self._log_order_info(a.pvn, pos, None)
+                self._emit(ViewSwitch(a.pvn, pos, True))
+            self._emit(a)
+        elif isinstance(a, mb.StateRestored):
+            self._apply_restore()
+            self._emit(a)
+        elif isinstance(a, mb.Reset):
+            self._fresh_messaging()
+            self._count("resets")
+            self._emit(RestartApp(a.old_birth, a.new_birth, a.reason))
+            self._emit(a)
+        else:
+            self._emit(a)                               # ViewEntered: status only
+
+    def _on_messaging(self, a: Any) -> None:
+        if isinstance(a, mg.Send):
+            self._emit(a)
+        elif isinstance(a, mg.Deliver):
+            buf = self.streams.setdefault(a.conn, bytearray())
+            off, data = a.offset, a.data
+            if off + len(data) <= len(buf):
+                self._count("dup_delivery")
+                return
+            if off < len(buf):
+                data, off = data[len(buf) - off:], len(buf)
+            if off > len(buf):
+                self._count("gap_delivery")             # a messaging bug: the sim says so
+            self.input_bytes += len(data)
+            if self.input_bytes > MAX_INPUT_LOG_BYTES:
+                raise RuntimeError(f"input log beyond MAX_INPUT_LOG_BYTES={MAX_INPUT_LOG_BYTES}")
+            buf += data
+            self._emit(Deliver(a.conn, off, data))
+        elif isinstance(a, mg.DeliverOrderInfo):
+            ch = a.chunk
+            if ch[:1] == bytes([VIEW_MARKER_TAG]) and len(ch) == 9:
+                pvn = int.from_bytes(ch[1:], "big")
+                self._log_order_info(a.pvn, a.pos, None)
+                self.membership.view_entered(pvn, self._now)
+                self._emit(ViewSwitch(pvn, a.pos, False))
+            elif ch[:1] == bytes([APP_TAG]):
+                self._log_order_info(a.pvn, a.pos, ch[1:])
+                self._emit(OrderInfo(a.pvn, a.pos, ch[1:]))
+            else:
+                self._count("bad_order_info_tag")
+        elif isinstance(a, mg.Phase2Done):
+            self.membership.phase2_complete(a.pvn, self._now)
+            self._emit(a)
+        elif isinstance(a, mg.RecoveredOrderInfo):
+            self._recovered(a)
+            self._emit(a)
+        else:
+            self._emit(a)           # Opened, Resynced
+
+    def _recovered(self, a: mg.RecoveredOrderInfo) -> None:
+        """Phase 2 at a new primary: the old primary's last order info, reflected by a
+        remote primary. Entries beyond what this replica delivered are delivered now,
+        as ordinary `OrderInfo`, and logged (a backup that joins later replays them)."""
+        upto = self.oi_upto.get(a.pvn, 0)
+        for i, ch in enumerate(a.chunks):
+            pos = a.first_pos + i
+            if pos <= upto:
+                continue
+            if pos != upto + 1:
+                self._count("recovered_gap")    # entries missing: the app will stall
+                return
+            upto = pos
+            if ch[:1] == bytes([APP_TAG]):
+                self._count("recovered_entries")
+                self._log_order_info(a.pvn, pos, ch[1:])
+                self._emit(OrderInfo(a.pvn, pos, ch[1:]))
+            else:
+                self._log_order_info(a.pvn, pos, None)   # the old view's marker
+
+    def _log_order_info(self, pvn: int, pos: int, chunk: bytes | None) -> None:
+        if len(self.order_info_log) >= MAX_ORDER_INFO_LOG:
+            raise RuntimeError(f"order-info log beyond MAX_ORDER_INFO_LOG={MAX_ORDER_INFO_LOG}")
+        self.order_info_log.append((pvn, pos, chunk))
+        if pos > self.oi_upto.get(pvn, 0):
+            self.oi_upto[pvn] = pos
+
+    # ---- a joining backup applies the checkpoint ---------------------------------------
+    def _apply_restore(self) -> None:
+        blob = msgpack.unpackb(self._restore_blob or b"\x80", raw=False)
+        self._restore_blob = None
+        m = self.membership
+        self.live = True
+        self._set_view(m.pvn, m.members)
+        if not blob:
+            return
+        if blob.get("v") != CHECKPOINT_VERSION:
+            raise ValueError(f"checkpoint version {blob.get('v')} unknown")
+        e = self.messaging
+        for remote, seq, role, data in blob["streams"]:
+            self.streams[(remote, seq, Role(role))] = bytearray(data)
+            self.input_bytes += len(data)
+        for pvn, pos, chunk in blob["oi"]:
+            self._log_order_info(pvn, pos, chunk)
+        for remote, seq, role, rx, delivered, out_offset, next_msn, log, rdel in blob["conns"]:
+            cid = (remote, seq, Role(role))
+            _restore_connection(e, cid, rx, delivered, out_offset, next_msn, log, rdel)
+            self.skip_out[cid] = out_offset
+            self.streams.setdefault(cid, bytearray())
+        if blob["pvn"] == e.pvn:
+            e.oi_delivered = blob["oi_upto"]    # positions of this view already in the log
+        self.app_state.restore(blob["app"])
+        self._emit(Restored(tuple((cid, bytes(b)) for cid, b in self.streams.items()),
+                            tuple((p, q, c) for p, q, c in self.order_info_log
+                                  if c is not None),
+                            blob["app"]))
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self.stats[key] = self.stats.get(key, 0) + n
+
+
+def _restore_connection(e: mg.MessagingEndpoint, cid: mg.ConnId, rx, delivered: int,
+                        out_offset: int, next_msn: int, log: list,
+                        remote_delivered: int) -> None:
+    """Install a connection as the primary's checkpoint describes it, as if this backup
+    had followed it from the start. messaging.py has no API for this yet (see the
+    report): it writes the endpoint's connection state directly."""
+    c = e._conn(cid)
+    if rx is not None:
+        r = mg._Rx(rx[0])
+        r.upto, r.ts = rx[1], rx[2]
+        c.rx = r
+    c.delivered = delivered
+    c.out_offset = out_offset
+    c.next_msn = next_msn
+    c.log = deque((msn, off, data) for msn, off, data in log)
+    c.log_bytes = sum(len(d) for _, _, d in log)
+    c.remote_delivered = remote_delivered     # the remote primary has our stream up to
+    c.known = True
+    e._digest_changed()

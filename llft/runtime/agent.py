@@ -1,0 +1,651 @@
+"""`llft run`: one replica of a group — the agent and the unmodified application it runs.
+
+    llft run --config cluster.toml --group counter -- python examples/kv_counter.py 9000
+
+Theory of operation
+-------------------
+The agent is one asyncio process (DESIGN.md, "Processes of one replica"). It owns a
+`ReplicaNode` (membership + messaging, llft/replica/node.py) driven by `llft.runtime.driver.Driver`
+over real UDP multicast, and the application, started under the preload shim
+(determinizer/runner.py) with a shared-memory block (`determinizer.shm.Shm`).
+
+Group connections (DESIGN.md, "Three kinds of connection"). The app listens on the
+group's `service_port`; the shim binds that listener to an ephemeral loopback port and
+publishes it (`Shm.group_port`). Each LLFT connection from a remote group (a gateway
+client, another group) becomes one real loopback TCP connection from the agent to that
+port: the agent writes the bytes messaging delivers and reads what the app writes, which
+it gives to messaging (the primary transmits, a backup logs: semi-active). The shim
+orders accept/read/write on those sockets: a backup accepts the same connections, reads
+the same byte counts and checks that it writes the same bytes (divergence detector).
+
+Order information. The agent frames its own entries inside the node's application
+order-info chunks (the node adds its tag byte around them):
+
+    b"S" + shim entries      whole entries drained from the shim's ring (<= MAX_OI_PIECE)
+    b"C" + msgpack([k, remote_group, conn_seq, role])
+                             connection number k (0, 1, ...) is this messaging connection
+
+A primary registers a connection (a "C" entry) when messaging first delivers on it, then
+connects it to the app; every replica connects the connections in the order of the "C"
+entries, so every app accepts them in the same order. A backup feeds "S" entries to its
+shim (a thread: the feeder blocks while the app is behind) and connects on "C" entries.
+
+Output commit (DESIGN.md): before the primary hands the app's output to messaging it
+drains the shim's ring, so every order-info entry the output depends on is queued
+before the output (messaging piggybacks it on the data, the remote primary reflects it).
+The drain thread waits without taking (`Shm.wait`) and drains under `_oi_lock`, and the
+output path drains under the same lock: entries stay in the shim's order.
+
+Roles over time:
+  founder   first member: ViewSwitch(primary) -> app starts as PRIMARY
+  joiner    StateRestored -> Restored(streams, order_info, app_state): the app starts as a
+            BACKUP with the primary's environment, replays the group's whole log of inputs
+            and order info (the checkpoint, see llft/replica/node.py), then follows live
+  promoted  a backup whose view starts as primary: feeds what phase 2 recovered, waits
+            until its app has executed every entry it was given, then `Shm.promote()`:
+            the app continues live, and the agent starts draining
+  reset     RestartApp: the app is killed; a new one starts at the next Restored
+
+The agent and the app live and die together: the app gets SIGKILL when the agent dies
+(PR_SET_PDEATHSIG), and the agent exits with the app's status when the app ends.
+SIGTERM: a backup stops at once; a primary first waits (bounded) until its backups hold
+all its order info, so the backup that takes over is exactly where it was.
+
+Status: every STATUS_PERIOD_S and at each change the agent writes
+`<runtime_dir>/<group>/<birth>.json` (atomically), read by `llft status`.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import queue
+import random
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import msgpack
+
+from llft.runtime import config as config_mod
+from llft.runtime import keys
+from llft.protocol import messaging as mg
+from llft.replica import node as rp
+from llft.runtime import status as status_files
+from llft.runtime.driver import Driver
+from llft.protocol.messages import Role
+from llft.runtime.transport import Endpoint
+from membership import core as mb
+
+STATUS_PERIOD_S = 0.25
+MAX_OI_PIECE = 8 << 10           # order-info bytes per node chunk (entries kept whole)
+READ_BYTES = 64 << 10            # app output read at a time, per connection
+TERM_FLUSH_S = 1.0               # SIGTERM at a primary: wait this long for backups' acks
+PROMOTE_CHECK_S = 0.002          # how often a promoting agent checks the app's progress
+TAG_SHIM, TAG_CONN = b"S", b"C"
+NO_STALL_MS = 0x7FFF_FFFF
+# The app (and what it starts: a Spark JVM) runs below the agent's CPU priority: the
+# agent's heartbeats and acknowledgments are the group's fault detector, and an app
+# that keeps the cores busy must not get its own replica suspected.
+APP_NICE = 5
+PIGGYBACK_BYTES = 16 << 10       # order info a message may carry (output commit, above)
+APP_STATE_VERSION = 1
+
+
+def _close_after(shm, threads) -> None:
+    for t in threads:
+        t.join()
+    shm.close()
+
+
+def _log(msg: str) -> None:
+    print(f"llft run: {msg}", file=sys.stderr, flush=True)
+
+
+def split_entries(data: bytes, limit: int = MAX_OI_PIECE) -> list[bytes]:
+    """Cut whole shim entries (u32 length first) into pieces of at most `limit` bytes
+    (an entry larger than `limit` is a piece of its own)."""
+    out, start, off = [], 0, 0
+    while off + 4 <= len(data):
+        n = int.from_bytes(data[off:off + 4], "little")
+        if n <= 0:
+            raise ValueError(f"bad order-info entry length {n} at {off}")
+        if off + n - start > limit and off > start:
+            out.append(data[start:off])
+            start = off
+        off += n
+    if off != len(data):
+        raise ValueError("order info drained from the shim ends inside an entry")
+    if off > start:
+        out.append(data[start:off])
+    return out
+
+
+@dataclass
+class AppConn:
+    """One group connection as the app sees it: a loopback TCP connection from us."""
+    cid: mg.ConnId
+    index: int = -1                  # k of its "C" entry; -1 while unregistered
+    pending: bytearray = field(default_factory=bytearray)   # delivered, not yet written
+    writer: asyncio.StreamWriter | None = None
+    reader_task: asyncio.Task | None = None
+
+
+class Agent:
+    def __init__(self, cfg: config_mod.ClusterConfig, group: str, cmd: list[str]):
+        self.cfg = cfg
+        self.gcfg = cfg.group(group)
+        self.group = group
+        self.cmd = cmd
+        self.key = cfg.load_key()
+        hb = int(cfg.heartbeat_ms * 1000)
+        base = int(cfg.fault_timeout_ms * 1000)
+        self.mcfg = mb.Config(group=group, heartbeat_interval_us=hb, timeout_base_us=base,
+                              backup_timeout_us=2 * base, ack_timeout_us=2 * base,
+                              retransmit_us=hb, join_retry_us=2 * hb,
+                              found_timeout_us=4 * base, host=socket.gethostname(),
+                              pid=os.getpid())
+        self.rng = random.Random(os.getpid() ^ time.monotonic_ns())
+        self.node = rp.ReplicaNode(group, self.rng, membership_config=self.mcfg,
+                                   messaging_config=mg.MessagingConfig(
+                                       heartbeat_us=hb, max_piggyback_bytes=PIGGYBACK_BYTES),
+                                   app_state=self)
+        self.endpoint = Endpoint(self.key, [group], lambda m: None,
+                                 groups=cfg.group_map(), interface=cfg.interface,
+                                 ttl=cfg.ttl)
+        self.driver = Driver(self.endpoint, [self.node], on_action=self._on_action)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stop_event = asyncio.Event()
+        self.exit_code = 0
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("LLFT_")}
+        self.cwd = os.getcwd()
+        self._restored_app: dict | None = None
+        self._recovered_gaps = 0              # node's recovered_gap count already logged
+        self._reset_app_state()
+        self.counters: dict[str, int] = {}
+        self.events: list[dict] = []          # role changes etc. (status file, bounded)
+        self.started_mono = time.monotonic()
+        self._status_path: str | None = None
+
+    def _reset_app_state(self) -> None:
+        self.shm = None
+        self.proc = None
+        self.mode = "none"                    # none | primary | backup | promoting
+        self.conns: dict[mg.ConnId, AppConn] = {}
+        self.registered: list[AppConn] = []   # by index
+        self.unregistered: list[AppConn] = []  # primary: delivered on, no "C" yet
+        self._connect_queue: asyncio.Queue = asyncio.Queue()
+        self._oi_lock = threading.Lock()
+        self._oi_pending: list[bytes] = []    # drained, not yet accepted by messaging
+        self._drain_thread: threading.Thread | None = None
+        self._drain_stop = threading.Event()
+        self._feed_queue: queue.Queue = queue.Queue()
+        self._feeder = None
+        self._feed_thread: threading.Thread | None = None
+        self._feed_busy = [0]                 # chunks queued or being pushed (this app's)
+        self._feed_lock = threading.Lock()
+        self.divergence: dict | None = None
+
+    # ---- AppState (llft/replica/node.py): what a joining backup needs besides the log --------
+    def checkpoint(self) -> bytes:
+        return msgpack.packb({"v": APP_STATE_VERSION, "env": self.env, "cwd": self.cwd,
+                              "cmd": self.cmd}, use_bin_type=True)
+
+    def restore(self, data: bytes) -> None:
+        blob = msgpack.unpackb(data, raw=False) if data else {}
+        if blob and blob.get("v") != APP_STATE_VERSION:
+            raise ValueError(f"application state version {blob.get('v')} unknown")
+        self._restored_app = blob or None
+
+    # ---- life cycle ------------------------------------------------------------------
+    async def run(self) -> int:
+        self.loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.loop.add_signal_handler(sig, self.stop_event.set)
+        await self.endpoint.start()
+        self.node.start(self.driver.clock_us())
+        self.driver.start()
+        connector = asyncio.ensure_future(self._connector())
+        status = asyncio.ensure_future(self._status_loop())
+        _log(f"group {self.group}: birth {self.node.birth:x} joining "
+             f"({self.gcfg.address.mcast_addr}:{self.gcfg.address.port})")
+        await self.stop_event.wait()
+        if self.mode == "primary" and self.exit_code == 0:
+            await self._flush_before_exit()
+        connector.cancel()
+        status.cancel()
+        self._stop_app()
+        self.driver.stop()
+        self.endpoint.close()
+        self._remove_status(keep=self.divergence is not None)
+        return self.exit_code
+
+    def _stop_app(self) -> None:
+        self._drain_stop.set()
+        if self._feeder is not None:
+            self._feeder.stopped = True
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for c in self.conns.values():
+            if c.reader_task:
+                c.reader_task.cancel()
+            if c.writer:
+                c.writer.close()
+        if self._feed_thread is not None:
+            self._feed_queue.put(None)
+        # The drain and feeder threads may still be inside a (bounded) wait on this block:
+        # it is unmapped once they are gone, not under them (never join on the loop).
+        threads = [t for t in (self._drain_thread, self._feed_thread) if t is not None]
+        shm = self.shm
+        if shm is not None:
+            threading.Thread(target=_close_after, args=(shm, threads), daemon=True).start()
+
+    async def _flush_before_exit(self) -> None:
+        """A primary leaving on SIGTERM: its backups must hold every order-info entry
+        (and the app's output must be out) before it goes, so the next primary continues
+        exactly where this one stopped."""
+        self._drain_stop.set()
+        self._take_order_info()
+        e = self.node.messaging
+        await self.driver.wait_for(lambda: not self._oi_pending and not e.oi_log,
+                                   TERM_FLUSH_S)
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self.counters[key] = self.counters.get(key, 0) + n
+
+    def _event(self, what: str, **kw) -> None:
+        ev = {"t": round(time.monotonic() - self.started_mono, 4), "mono": time.monotonic(),
+              "event": what, **kw}
+        self.events.append(ev)
+        del self.events[:-50]
+        self._write_status()
+
+    # ---- node actions ------------------------------------------------------------------
+    def _on_action(self, a) -> None:
+        if isinstance(a, mg.Deliver):
+            self._deliver(a)
+        elif isinstance(a, rp.OrderInfo):
+            self._handle_entry(a.chunk)
+        elif isinstance(a, mg.Opened):
+            pass                                   # registered on its first delivery
+        elif isinstance(a, rp.ViewSwitch):
+            if a.primary:
+                self._become_primary(a.pvn)
+            self._event("view", pvn=a.pvn, primary=a.primary)
+        elif isinstance(a, rp.Restored):
+            self._start_backup(a)
+        elif isinstance(a, mg.RecoveredOrderInfo):
+            # the node delivered what it could as OrderInfo; a gap is fatal to the app
+            if self.node.stats.get("recovered_gap", 0) > self._recovered_gaps:
+                self._recovered_gaps = self.node.stats["recovered_gap"]
+                _log(f"order info of view {a.pvn} recovered from {a.first_pos}, beyond "
+                     f"what was delivered ({self.node.oi_upto.get(a.pvn, 0)}): "
+                     "entries are missing")
+        elif isinstance(a, rp.RestartApp):
+            _log(f"reset ({a.reason}): birth {a.old_birth:x} -> {a.new_birth:x}; "
+                 "the application restarts when the state arrives")
+            self._stop_app()
+            self._remove_status()
+            self._reset_app_state()
+            self._event("reset", reason=a.reason)
+        elif isinstance(a, (mb.MembershipChanged, mb.ViewEntered)):
+            self._write_status()
+
+    # -- deliveries --
+    def _deliver(self, a: mg.Deliver) -> None:
+        c = self.conns.get(a.conn)
+        if c is None:
+            c = self.conns[a.conn] = AppConn(a.conn)
+            if self.mode == "primary":
+                self.unregistered.append(c)
+        self._count("delivered_bytes", len(a.data))
+        if c.writer is not None:
+            c.writer.write(a.data)
+        else:
+            c.pending += a.data
+        if self.mode == "primary" and c.index < 0:
+            self._register_new()
+
+    def _register_new(self) -> None:
+        """Primary: give every connection delivered on a "C" entry, in delivery order."""
+        while self.unregistered:
+            c = self.unregistered[0]
+            k = len(self.registered)
+            entry = TAG_CONN + msgpack.packb([k, c.cid[0], c.cid[1], int(c.cid[2])])
+            try:
+                self.node.add_order_info(entry, self.driver.clock_us())
+            except (rp.NotReady, mg.BufferFull):
+                return                    # retried at the view start / on progress
+            self.unregistered.pop(0)
+            self._registered(c, k)
+
+    def _registered(self, c: AppConn, k: int) -> None:
+        if k != len(self.registered):
+            raise RuntimeError(f"connection {k} registered out of order "
+                               f"(expected {len(self.registered)})")
+        c.index = k
+        self.registered.append(c)
+        self._connect_queue.put_nowait(c)
+
+    # -- order info at a backup --
+    def _handle_entry(self, chunk: bytes) -> None:
+        tag, body = chunk[:1], chunk[1:]
+        if tag == TAG_SHIM:
+            if self.mode in ("backup", "promoting"):
+                with self._feed_lock:
+                    self._feed_busy[0] += 1
+                self._feed_queue.put(body)
+            self._count("oi_entries_in", 1)
+        elif tag == TAG_CONN:
+            k, remote, seq, role = msgpack.unpackb(body)
+            cid = (remote, seq, Role(role))
+            c = self.conns.get(cid)
+            if c is None:
+                c = self.conns[cid] = AppConn(cid)
+            if c.index < 0:
+                self._registered(c, k)
+        else:
+            self._count("bad_agent_entry")
+
+    # -- starting the app --
+    def _spawn(self, mode: int, env: dict[str, str]) -> None:
+        from determinizer.runner import shim_env, spawn
+        from determinizer.shm import Shm
+        # No stall detection: a backup whose app waits for order info that has not come
+        # is normal (an idle primary produces none); lag shows in `llft status`.
+        self.shm = Shm.create(mode, stall_ms=NO_STALL_MS)
+        senv = self.shm.env(service_port=self.gcfg.service_port)
+        self.proc = spawn(self.cmd, shim_env(env, senv), cwd=self.cwd,
+                          death_signal=signal.SIGKILL, nice=APP_NICE)
+        threading.Thread(target=self._wait_app, args=(self.proc,), daemon=True).start()
+
+    def _wait_app(self, proc) -> None:
+        rc = proc.wait()
+        self.loop.call_soon_threadsafe(self._app_exited, proc, rc)
+
+    def _app_exited(self, proc, rc: int) -> None:
+        if proc is not self.proc or self.stop_event.is_set():
+            return                              # a killed old app (reset) or shutdown
+        if self.shm is not None and self.shm.diverged:
+            self._diverged()
+            return
+        _log(f"the application exited with status {rc}: this replica stops")
+        self.exit_code = rc if rc > 0 else (128 - rc if rc < 0 else 0)
+        self._event("app_exit", status=rc)
+        self.stop_event.set()
+
+    def _become_primary(self, pvn: int) -> None:
+        if self.mode == "none":
+            from determinizer.shm import Shm
+            self._spawn(Shm.PRIMARY, self.env)
+            self.mode = "primary"
+            self._start_drain()
+            _log(f"primary of view {pvn} (founder); application pid {self.proc.pid}")
+        elif self.mode == "backup":
+            self.mode = "promoting"
+            asyncio.ensure_future(self._promote(pvn))
+
+    async def _promote(self, pvn: int) -> None:
+        t0 = time.monotonic()
+        f, shm = self._feeder, self.shm
+        while not (self._feed_busy[0] == 0 and f.consumed >= f.fed_entries):
+            if self.shm is not shm or shm.diverged or self.stop_event.is_set():
+                return                              # reset, diverged, or stopping
+            await asyncio.sleep(PROMOTE_CHECK_S)   # the app executes its last entries
+        shm.promote()
+        self.mode = "primary"
+        self._start_drain()
+        for c in self.conns.values():              # delivered on, never registered
+            if c.index < 0:
+                self.unregistered.append(c)
+        self._register_new()
+        ms = (time.monotonic() - t0) * 1000
+        _log(f"primary of view {pvn}: application promoted after {ms:.1f} ms "
+             f"({f.fed_entries} entries replayed)")
+        self._event("promoted", pvn=pvn, wait_ms=round(ms, 3))
+
+    def _start_backup(self, a: rp.Restored) -> None:
+        from determinizer.shm import Shm
+        app = self._restored_app or {}
+        env = dict(app.get("env") or self.env)
+        self._spawn(Shm.BACKUP, env)
+        self.mode = "backup"
+        self._feeder = self.shm.feeder()
+        self._feed_thread = threading.Thread(target=self._feed_loop, daemon=True)
+        self._feed_thread.start()
+        streams = dict(a.streams)
+        for cid, data in streams.items():
+            c = self.conns.setdefault(cid, AppConn(cid))
+            c.pending[:0] = data
+        for _, _, chunk in a.order_info:
+            self._handle_entry(chunk)
+        m = self.node.membership
+        _log(f"backup (rank {m.rank}) of view {m.pvn}: replaying {len(a.order_info)} "
+             f"order-info chunks and {sum(len(d) for d in streams.values())} input bytes; "
+             f"application pid {self.proc.pid}")
+        self._event("restored", chunks=len(a.order_info))
+
+    # -- the feeder thread (backup) --
+    def _feed_loop(self) -> None:
+        f, q, lock, busy = self._feeder, self._feed_queue, self._feed_lock, self._feed_busy
+        while True:
+            data = q.get()
+            if data is None:
+                return
+            try:
+                f.push(data)
+            except Exception as e:       # diverged, malformed: the loop decides
+                self.loop.call_soon_threadsafe(self._feed_failed, f, str(e))
+                return
+            finally:
+                with lock:
+                    busy[0] -= 1
+
+    def _feed_failed(self, feeder, why: str) -> None:
+        if feeder is not self._feeder:
+            return                                  # an app that was reset
+        if self.shm is not None and self.shm.diverged:
+            self._diverged()
+        elif not self.stop_event.is_set():
+            _log(f"feeding order info failed: {why}")
+            self.exit_code = 3
+            self.stop_event.set()
+
+    def _diverged(self) -> None:
+        if self.divergence is not None:
+            return
+        d = getattr(self.shm, "divergence", None)
+        self.divergence = {"report": self.shm.report,
+                           "conn": d[0] if d else None, "offset": d[1] if d else None}
+        _log("DIVERGENCE: the application did not do what the primary did: "
+             + self.shm.report.replace("\n", " | "))
+        self.exit_code = 86
+        self._event("diverged", **self.divergence)
+        self.stop_event.set()
+
+    # -- the drain thread (primary) --
+    def _start_drain(self) -> None:
+        self._drain_stop.clear()
+        self._drain_thread = threading.Thread(target=self._drain_loop, args=(self.shm,),
+                                              daemon=True)
+        self._drain_thread.start()
+
+    def _drain_loop(self, shm) -> None:
+        stop = self._drain_stop                     # this app's (a reset makes new ones)
+        while not stop.is_set():
+            if shm.wait(100):
+                self.loop.call_soon_threadsafe(self._take_order_info)
+
+    def _take_order_info(self) -> None:
+        """Move drained entries into messaging (loop thread). Output commit: called
+        before app output is handed to messaging."""
+        if self.shm is None or self.mode != "primary":
+            return
+        with self._oi_lock:
+            data = self.shm.drain(0)
+        if data:
+            self._oi_pending.extend(TAG_SHIM + p for p in split_entries(data))
+        now = self.driver.clock_us()
+        while self._oi_pending:
+            try:
+                self.node.add_order_info(self._oi_pending[0], now)
+            except (rp.NotReady, mg.BufferFull):
+                self._count("oi_backpressure")
+                break
+            self._count("oi_chunks_out")
+            self._oi_pending.pop(0)
+        self.driver.pump()
+
+    # ---- connections to the app ------------------------------------------------------
+    async def _connector(self) -> None:
+        """Connects registered connections to the app, one at a time, in index order
+        (the app's accept queue is FIFO: every replica's app accepts them in this order)."""
+        while True:
+            c: AppConn = await self._connect_queue.get()
+            where = None
+            while where is None:
+                shm = self.shm
+                where = shm.group_address if shm is not None else None
+                if where is None:
+                    await asyncio.sleep(0.005)     # the app has not listened yet
+            reader, writer = await asyncio.open_connection(*where)
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            c.writer = writer
+            if c.pending:
+                writer.write(bytes(c.pending))
+                c.pending.clear()
+            c.reader_task = asyncio.ensure_future(self._read_app(c, reader))
+            self._count("connections")
+
+    async def _read_app(self, c: AppConn, reader: asyncio.StreamReader) -> None:
+        while True:
+            data = await reader.read(READ_BYTES)
+            if not data:
+                self._count("app_closed")
+                return
+            if self.mode == "primary":
+                # Output commit: every order-info entry this output depends on is in the
+                # shim's ring now; it goes to messaging first, and the output waits until
+                # what the backups do not hold yet fits in the message's piggyback.
+                e = self.node.messaging
+                self._take_order_info()
+                while (self._oi_pending or e.order_info_unprotected_bytes()
+                       > self.node.mcfg.max_piggyback_bytes) and self.mode == "primary":
+                    self._count("output_commit_waits")
+                    await self._wait_progress()
+                    self._take_order_info()
+            view = memoryview(data)
+            while view:
+                try:
+                    n = self.driver.call(self.node.send, c.cid, view, self.driver.clock_us())
+                except rp.NotReady:
+                    n = 0
+                view = view[n:]
+                if view:
+                    await self._wait_progress()
+
+    async def _wait_progress(self) -> None:
+        self.driver.progress.clear()
+        await self.driver.progress.wait()
+
+    # ---- status --------------------------------------------------------------------------
+    async def _status_loop(self) -> None:
+        while True:
+            self._write_status()
+            if self.shm is not None and self.shm.diverged:
+                self._diverged()
+            t = time.monotonic()
+            await asyncio.sleep(STATUS_PERIOD_S)    # a reporting period
+            # how late the loop woke: a busy or starved agent misses heartbeats
+            lag_ms = int((time.monotonic() - t - STATUS_PERIOD_S) * 1000)
+            if lag_ms > self.counters.get("loop_lag_max_ms", 0):
+                self.counters["loop_lag_max_ms"] = lag_ms
+
+    def status(self) -> dict:
+        n = self.node
+        m = n.membership
+        e = n.messaging
+        members = [{"birth": k.birth, "precedence": k.precedence, "rank": i + 1}
+                   for i, k in enumerate(m.members)]
+        me = next((x for x in members if x["birth"] == n.birth), None)
+        st = m.status
+        role = ("primary" if st in mb.PRIMARY_STATUSES else
+                "backup" if st is mb.Status.BACKUP else st.value)
+        f = self._feeder
+        return {
+            "group": self.group, "birth": n.birth, "role": role, "status": st.value,
+            "rank": me["rank"] if me else None,
+            "precedence": me["precedence"] if me else None,
+            "pvn": m.pvn, "primary": m.members[0].birth if m.members else None,
+            "members": members, "host": socket.gethostname(),
+            "agent_pid": os.getpid(),
+            "app_pid": self.proc.pid if self.proc is not None and self.proc.poll() is None
+            else None,
+            "app_mode": self.mode,
+            "order_info": {
+                "produced": e.oi_next - 1 if e.is_primary else None,
+                "delivered": n.oi_upto.get(m.pvn, 0),
+                "fed_entries": f.fed_entries if f else None,
+                "consumed_entries": f.consumed if f and self.shm is not None else None,
+            },
+            "connections": len(self.registered),
+            "diverged": self.divergence,
+            "counters": {**self.counters, **{f"node_{k}": v for k, v in n.stats.items()}},
+            "transport": self.endpoint.stats() if not self.endpoint._closed else {},
+            "events": self.events[-20:],
+            "written_mono": time.monotonic(),
+        }
+
+    def _write_status(self) -> None:
+        try:
+            path = os.path.join(self.cfg.status_dir(self.group), f"{self.node.birth:x}.json")
+            status_files.write_file(path, self.status())
+            if self._status_path and self._status_path != path:
+                self._remove_status()
+            self._status_path = path
+        except OSError as e:
+            self._count("status_write_errors")
+            if self.counters["status_write_errors"] == 1:
+                _log(f"cannot write status under {self.cfg.runtime_dir}: {e}")
+
+    def _remove_status(self, keep: bool = False) -> None:
+        if self._status_path and not keep:
+            try:
+                os.unlink(self._status_path)
+            except FileNotFoundError:
+                pass
+            self._status_path = None
+
+
+# ---- command line ------------------------------------------------------------------------
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="cluster configuration (TOML)")
+    p.add_argument("--group", required=True, help="the group this replica belongs to")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...",
+                   help="the application to replicate")
+
+
+def run(args) -> int:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        print("llft run: no command: llft run --config F --group G -- CMD...", file=sys.stderr)
+        return 2
+    try:
+        cfg = config_mod.load(args.config)
+        config_mod.check_interface(cfg)
+        agent = Agent(cfg, args.group, cmd)
+    except (config_mod.ConfigError, keys.KeyFileError) as e:
+        print(f"llft run: {e}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(agent.run())
+    except OSError as e:
+        print(f"llft run: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,156 @@
+"""`llft status --config FILE --group NAME [--json]`: a group's members as its agents see them.
+
+Every agent (and gateway) of this host writes its status file under
+`<runtime_dir>/<group>/` (llft/runtime/agent.py). This command reads them, keeps those whose
+process is alive, takes the view (members, ranks, precedences, primary) from the member
+with the highest view number, and joins each member's own line: role, host, agent and
+application pids, order-info lag behind the primary, divergence, counters. A diverged
+replica leaves its file behind when it stops: it is listed under `departed`.
+
+Limit: only replicas of this host have status files; members on other hosts appear in
+the view with host "?" and no pids.
+
+JSON (`--json`):
+    {"group": G, "view": pvn, "primary": birth,
+     "members": [{"birth", "role", "rank", "precedence", "host", "agent_pid", "app_pid",
+                  "lag", "diverged", "counters", ...}, ...],
+     "gateways": [...], "departed": [...]}
+Exit status: 0 if the group has a primary, 1 if none was found, 2 on a configuration error.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+from llft.runtime import config as config_mod
+
+
+def write_file(path: str, status: dict) -> None:
+    """Write a status file atomically (a temporary file, then a rename): a reader sees
+    the previous version or this one, never a part. Agents and gateways use this."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(status, f, default=str)
+    os.replace(tmp, path)
+
+
+def _alive(pid) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie is dead for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def read_files(status_dir: str) -> tuple[list[dict], list[dict], list[dict]]:
+    """(live agents, live gateways, departed agents that left a report)."""
+    agents, gateways, departed = [], [], []
+    for path in sorted(glob.glob(os.path.join(status_dir, "*.json"))):
+        try:
+            with open(path) as f:
+                st = json.load(f)
+        except (OSError, ValueError):
+            continue            # being replaced, or not ours
+        name = os.path.basename(path)
+        if name.startswith("gateway-"):
+            if _alive(st.get("pid")):
+                gateways.append(st)
+            continue
+        if _alive(st.get("agent_pid")):
+            agents.append(st)
+        elif st.get("diverged"):
+            departed.append(st)
+    return agents, gateways, departed
+
+
+def group_status(cfg: config_mod.ClusterConfig, group: str) -> dict:
+    cfg.group(group)
+    agents, gateways, departed = read_files(cfg.status_dir(group))
+    by_birth = {a["birth"]: a for a in agents}
+    ref = max(agents, key=lambda a: (a.get("pvn", 0), a.get("role") == "primary"),
+              default=None)
+    members = []
+    if ref is not None:
+        prim = by_birth.get(ref.get("primary"), {})
+        produced = (prim.get("order_info") or {}).get("produced")
+        for m in ref.get("members", []):
+            a = by_birth.get(m["birth"], {})
+            oi = a.get("order_info") or {}
+            lag = None
+            if produced is not None and a and a.get("pvn") == prim.get("pvn"):
+                lag = max(0, produced - (oi.get("delivered") or 0))
+            app_lag = None
+            if oi.get("fed_entries") is not None and oi.get("consumed_entries") is not None:
+                app_lag = max(0, oi["fed_entries"] - oi["consumed_entries"])
+            members.append({
+                "birth": m["birth"], "birth_hex": f"{m['birth']:x}",
+                "role": a.get("role", "primary" if m["rank"] == 1 else "backup"),
+                "rank": m["rank"], "precedence": m["precedence"],
+                "host": a.get("host", "?"), "agent_pid": a.get("agent_pid"),
+                "app_pid": a.get("app_pid"), "app_mode": a.get("app_mode"),
+                "pvn": a.get("pvn"), "lag": lag, "app_lag_entries": app_lag,
+                "connections": a.get("connections"), "diverged": a.get("diverged"),
+                "counters": a.get("counters", {})})
+    in_view = {m["birth"] for m in members}
+    others = [{"birth": a["birth"], "birth_hex": f"{a['birth']:x}", "role": a.get("role"),
+               "status": a.get("status"), "host": a.get("host"),
+               "agent_pid": a.get("agent_pid"), "app_pid": a.get("app_pid")}
+              for a in agents if a["birth"] not in in_view]
+    return {"group": group, "view": ref.get("pvn") if ref else None,
+            "primary": ref.get("primary") if ref else None,
+            "members": members, "joining": others, "gateways": gateways,
+            "departed": [{"birth": d["birth"], "host": d.get("host"),
+                          "diverged": d.get("diverged")} for d in departed]}
+
+
+def render(st: dict) -> str:
+    lines = [f"group {st['group']}: view {st['view']}, primary "
+             + (f"{st['primary']:x}" if st["primary"] else "none")]
+    hdr = f"{'rank':>4} {'role':8} {'prec':>4} {'birth':16} {'host':12} {'agent':>7} " \
+          f"{'app':>7} {'lag':>5} {'conns':>5}  divergence"
+    lines.append(hdr)
+    for m in st["members"]:
+        d = m["diverged"]
+        div = "none" if not d else f"conn {d.get('conn')} offset {d.get('offset')}"
+        lines.append(f"{m['rank']:>4} {m['role']:8} {m['precedence']:>4} {m['birth_hex']:16} "
+                     f"{str(m['host'])[:12]:12} {str(m['agent_pid']):>7} "
+                     f"{str(m['app_pid']):>7} {str(m['lag']):>5} "
+                     f"{str(m['connections']):>5}  {div}")
+    for j in st["joining"]:
+        lines.append(f"   - {str(j['role']):8}      {j['birth_hex']:16} {str(j['host'])[:12]:12}"
+                     f" {str(j['agent_pid']):>7}  (not in the view yet)")
+    for g in st["gateways"]:
+        lines.append(f"gateway pid {g.get('pid')}: {json.dumps(g.get('counters', {}))}")
+    for d in st["departed"]:
+        lines.append(f"departed {d['birth']:x} on {d['host']}: diverged {d['diverged']}")
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="cluster configuration (TOML)")
+    p.add_argument("--group", required=True)
+    p.add_argument("--json", action="store_true", help="one JSON object (for scripts)")
+
+
+def run(args) -> int:
+    try:
+        cfg = config_mod.load(args.config)
+        st = group_status(cfg, args.group)
+    except config_mod.ConfigError as e:
+        print(f"llft status: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(st) if args.json else render(st))
+    return 0 if st["primary"] else 1

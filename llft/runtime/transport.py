@@ -1,0 +1,413 @@
+"""asyncio UDP multicast endpoints that carry llft datagrams.
+
+Theory of operation
+-------------------
+A group id maps (`GroupMap`) to a multicast address and a port: the paper's virtual
+port. All members of a group join its address on the configured interface (default
+127.0.0.1: loopback multicast works when the sender sets IP_MULTICAST_IF to 127.0.0.1 and
+receivers join on 127.0.0.1, SO_REUSEADDR, bound to the group's address and port). An
+`Endpoint` listens to one or more groups (a replica: its own group) and sends to any
+group in the map. Where multicast is not available a group may instead list its
+members' unicast addresses (`GroupAddress.peers`): sending to the group then sends the
+datagram to each peer, and each member listens on its own `unicast_bind` address.
+
+Receive path: socket -> optional fault injection -> `wire.Decoder.decode` -> the
+`on_message(Message)` callback. Nothing on it raises: bad datagrams are counted by the
+decoder (`rejections`), callback exceptions are counted (`callback_errors`) and logged.
+Send path: `wire.Encoder` (fragments to the MTU) -> optional fault injection -> socket.
+
+Fault injection (`Faults`: drop, duplicate and delay probabilities from a seeded
+`random.Random`) stands in for netem, which these machines lack; tests and demos put it
+on the send path, the receive path, or both.
+
+Multicast loss on one machine comes mostly from full socket buffers, so both buffers
+are raised (SO_RCVBUFFORCE/SO_SNDBUFFORCE when root, else up to the sysctl maximum).
+This is the I/O layer: it reads the monotonic clock and hands `now_us` to the decoder.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ipaddress
+import logging
+import random
+import socket
+import struct
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from llft.protocol import wire
+from llft.protocol.messages import Message
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERFACE = "127.0.0.1"
+DEFAULT_TTL = 1                       # stay on the local network segment
+DEFAULT_BUFFER_BYTES = 4 << 20        # SO_RCVBUF / SO_SNDBUF asked for
+# Default virtual ports: a group id hashes into this range and into 239.255.0.0/16
+# (administratively scoped multicast); `llft sniff` and the scapy layer look here.
+PORT_BASE = 47100
+PORT_SPAN = 800
+MCAST_PREFIX = "239.255"
+RECV_MAX_BYTES = 65536                # larger than any UDP/IPv4 datagram
+EXPIRE_INTERVAL_S = 0.5               # how often partial messages are checked for timeout
+
+# Linux: the FORCE variants ignore rmem_max/wmem_max for CAP_NET_ADMIN (root here).
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
+
+
+@dataclass(frozen=True)
+class GroupAddress:
+    """Where a group's datagrams go: a multicast address and port, or a peer list."""
+    mcast_addr: str
+    port: int
+    peers: tuple[tuple[str, int], ...] = ()   # unicast fallback: each member's address
+
+    def __post_init__(self):
+        if not ipaddress.IPv4Address(self.mcast_addr).is_multicast:
+            raise ValueError(f"{self.mcast_addr} is not an IPv4 multicast address")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"bad port {self.port}")
+
+
+def default_address(group: str, port_base: int = PORT_BASE,
+                    port_span: int = PORT_SPAN) -> GroupAddress:
+    """A stable address for `group` when the configuration names none."""
+    h = hashlib.sha256(group.encode("utf-8")).digest()
+    return GroupAddress(f"{MCAST_PREFIX}.{h[0]}.{max(h[1], 1)}",
+                        port_base + int.from_bytes(h[2:4], "big") % port_span)
+
+
+class GroupMap:
+    """group id -> GroupAddress; unconfigured groups get `default_address`."""
+
+    def __init__(self, addresses: dict[str, GroupAddress] | None = None, *,
+                 port_base: int = PORT_BASE, port_span: int = PORT_SPAN):
+        self._addresses = dict(addresses or {})
+        self.port_base, self.port_span = port_base, port_span
+
+    def set(self, group: str, address: GroupAddress) -> None:
+        self._addresses[group] = address
+
+    def address(self, group: str) -> GroupAddress:
+        addr = self._addresses.get(group)
+        return addr if addr is not None else default_address(group, self.port_base,
+                                                             self.port_span)
+
+    def groups(self) -> list[str]:
+        return list(self._addresses)
+
+    @classmethod
+    def parse(cls, text: str) -> "GroupMap":
+        """'GROUP=MCAST:PORT,...' (the command-line form of tools and tests)."""
+        gm = cls()
+        for item in filter(None, text.split(",")):
+            group, sep, where = item.partition("=")
+            host, _, port = where.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"bad group address {item!r}: expected GROUP=MCAST:PORT")
+            gm.set(group, GroupAddress(host, int(port)))
+        return gm
+
+
+@dataclass
+class Faults:
+    """Seeded per-datagram faults: each datagram is dropped, or sent once or twice
+    (duplicate), each copy possibly delayed by a uniform draw from `delay_us`."""
+    drop: float = 0.0
+    duplicate: float = 0.0
+    delay: float = 0.0
+    delay_us: tuple[int, int] = (100, 5_000)
+    seed: int = 0
+    rng: random.Random = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.rng = random.Random(self.seed)
+
+    def plan(self) -> list[float]:
+        """Delays (seconds) of the copies to deliver: [] drop, [0.0] as is, two: dup."""
+        if self.drop and self.rng.random() < self.drop:
+            return []
+        copies = 2 if self.duplicate and self.rng.random() < self.duplicate else 1
+        out = []
+        for _ in range(copies):
+            if self.delay and self.rng.random() < self.delay:
+                out.append(self.rng.uniform(*self.delay_us) / 1e6)
+            else:
+                out.append(0.0)
+        return out
+
+
+async def wait_for_event(event: asyncio.Event, predicate: Callable[[], bool],
+                         timeout_s: float) -> bool:
+    """Wait until `predicate()` holds, re-checking each time `event` is set (whoever
+    sets it: a received datagram, a driver's pump); False on timeout. No polling."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return False
+        event.clear()
+        try:
+            await asyncio.wait_for(event.wait(), remaining)
+        except asyncio.TimeoutError:
+            return predicate()
+    return True
+
+
+def _set_buffer(sock: socket.socket, force_opt: int, opt: int, nbytes: int) -> int:
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, force_opt, nbytes)
+    except OSError:                         # not root: the kernel caps it at *mem_max
+        sock.setsockopt(socket.SOL_SOCKET, opt, nbytes)
+    return sock.getsockopt(socket.SOL_SOCKET, opt)
+
+
+def multicast_receive_socket(addr: GroupAddress, interface: str,
+                             rcvbuf_bytes: int) -> socket.socket:
+    """A socket bound to the group's address and port, joined on `interface`."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        _set_buffer(s, SO_RCVBUFFORCE, socket.SO_RCVBUF, rcvbuf_bytes)
+        # Binding to the group address (not INADDR_ANY) keeps other groups that share
+        # the port out of this socket.
+        s.bind((addr.mcast_addr, addr.port))
+        mreq = struct.pack("4s4s", socket.inet_aton(addr.mcast_addr),
+                           socket.inet_aton(interface))
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreq)
+        s.setblocking(False)
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+def send_socket(interface: str, ttl: int, loop: bool, sndbuf_bytes: int,
+                bind: tuple[str, int] | None = None) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP)
+    try:
+        _set_buffer(s, SO_SNDBUFFORCE, socket.SO_SNDBUF, sndbuf_bytes)
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(interface))
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, ttl)
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, int(loop))
+        s.bind(bind or (interface, 0))
+        s.setblocking(False)
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+class _Protocol(asyncio.DatagramProtocol):
+    def __init__(self, endpoint: "Endpoint"):
+        self.endpoint = endpoint
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        self.endpoint._on_datagram(data)
+
+    def error_received(self, exc: Exception) -> None:
+        self.endpoint.counters["socket_errors"] += 1
+
+
+class Endpoint:
+    """One replica's network attachment: listens to `listen` groups, sends to any.
+
+    `on_message(msg)` is called from the event loop for each accepted message.
+    `counters`: sent_messages, sent_datagrams, send_errors, received_datagrams (off the
+    socket), processed_datagrams (given to the decoder, after receive faults),
+    accepted_messages, own_messages, callback_errors, socket_errors, and per side
+    (send/recv) dropped_*, duplicated_*, delayed_* from fault injection. Rejections by
+    reason are `rejections` (the decoder's Counter of wire.Reject); `stats()` has both.
+    """
+
+    def __init__(self, key: bytes, listen: str | Iterable[str],
+                 on_message: Callable[[Message], None], *,
+                 groups: GroupMap | None = None, interface: str = DEFAULT_INTERFACE,
+                 ttl: int = DEFAULT_TTL, multicast_loop: bool = True,
+                 mtu_bytes: int = wire.DEFAULT_MTU_BYTES,
+                 unicast_bind: tuple[str, int] | None = None,
+                 send_faults: Faults | None = None, recv_faults: Faults | None = None,
+                 rcvbuf_bytes: int = DEFAULT_BUFFER_BYTES,
+                 sndbuf_bytes: int = DEFAULT_BUFFER_BYTES,
+                 clock_us: Callable[[], int] | None = None, birth_id: int | None = None,
+                 decoder: wire.Decoder | None = None, encoder: wire.Encoder | None = None):
+        self.listen_groups = [listen] if isinstance(listen, str) else list(listen)
+        self.on_message = on_message
+        self.groups = groups or GroupMap()
+        self.interface, self.ttl, self.multicast_loop = interface, ttl, multicast_loop
+        self.unicast_bind = unicast_bind
+        self.send_faults, self.recv_faults = send_faults, recv_faults
+        self.rcvbuf_bytes, self.sndbuf_bytes = rcvbuf_bytes, sndbuf_bytes
+        self.clock_us = clock_us or (lambda: time.monotonic_ns() // 1000)
+        self.decoder = decoder or wire.Decoder(key, self.listen_groups)
+        self.encoder = encoder or wire.Encoder(key, mtu_bytes=mtu_bytes)
+        # With multicast loop on (needed for replicas sharing one host) a replica hears
+        # its own multicasts; given its birth id, the endpoint drops those echoes.
+        self.birth_id = birth_id
+        self.counters: Counter[str] = Counter()
+        self.rcvbuf_actual_bytes = 0
+        self._send_transport: asyncio.DatagramTransport | None = None
+        self._recv_transports: list[asyncio.DatagramTransport] = []
+        self._progress: asyncio.Event | None = None
+        self._expire_handle: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        for group in self.listen_groups:
+            if self.groups.address(group).peers and unicast_bind is None:
+                raise ValueError(f"group {group!r} uses unicast peers: "
+                                 "listening to it needs unicast_bind (this member's address)")
+
+    # -- life cycle ------------------------------------------------------------------
+    async def start(self) -> "Endpoint":
+        self._loop = asyncio.get_running_loop()
+        self._progress = asyncio.Event()
+        try:
+            socks = []
+            for group in self.listen_groups:
+                addr = self.groups.address(group)
+                if not addr.peers:
+                    socks.append(multicast_receive_socket(addr, self.interface,
+                                                          self.rcvbuf_bytes))
+            send_bind = None
+            if self.unicast_bind is not None:
+                # In unicast mode one socket both receives (peers send to it) and sends.
+                send_bind = self.unicast_bind
+            ssock = send_socket(self.interface, self.ttl, self.multicast_loop,
+                                self.sndbuf_bytes, send_bind)
+            if send_bind is not None:
+                _set_buffer(ssock, SO_RCVBUFFORCE, socket.SO_RCVBUF, self.rcvbuf_bytes)
+            self.rcvbuf_actual_bytes = min(
+                [s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) for s in socks]
+                or [0])
+            for s in socks:
+                t, _ = await self._loop.create_datagram_endpoint(lambda: _Protocol(self),
+                                                                 sock=s)
+                self._recv_transports.append(t)
+            self._send_transport, _ = await self._loop.create_datagram_endpoint(
+                lambda: _Protocol(self), sock=ssock)
+        except BaseException:
+            self.close()
+            raise
+        self._schedule_expire()
+        return self
+
+    @property
+    def local_address(self) -> tuple[str, int]:
+        """The sending socket's address (in unicast mode also where peers send to us)."""
+        return self._send_transport.get_extra_info("sockname")
+
+    def close(self) -> None:
+        self._closed = True
+        if self._expire_handle is not None:
+            self._expire_handle.cancel()
+        for t in self._recv_transports:
+            t.close()
+        self._recv_transports.clear()
+        if self._send_transport is not None:
+            self._send_transport.close()
+            self._send_transport = None
+
+    async def __aenter__(self) -> "Endpoint":
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()
+
+    # -- the runtime's view of the decoder ---------------------------------------------
+    def set_view(self, group: str, pvn: int) -> None:
+        self.decoder.set_view(group, pvn)
+
+    @property
+    def rejections(self) -> Counter:
+        return self.decoder.rejections
+
+    # -- sending ---------------------------------------------------------------------
+    def send(self, dst_group: str, msg: Message) -> int:
+        """Multicast `msg` to `dst_group`'s virtual port; returns datagrams sent.
+        Raises wire.WireError for a message the decoder would refuse (a local bug)."""
+        datagrams = self.encoder.encode(msg)
+        self.counters["sent_messages"] += 1
+        for d in datagrams:
+            self.send_datagram(dst_group, d)
+        return len(datagrams)
+
+    def send_datagram(self, dst_group: str, data: bytes) -> None:
+        """Send raw bytes to a group (fault injection applies); tests use it for fuzz."""
+        addr = self.groups.address(dst_group)
+        targets = addr.peers or ((addr.mcast_addr, addr.port),)
+        plan = self.send_faults.plan() if self.send_faults else [0.0]
+        if not plan:
+            self.counters["dropped_send"] += 1
+            return
+        self.counters["duplicated_send"] += len(plan) - 1
+        for delay_s in plan:
+            for target in targets:
+                if delay_s:
+                    self.counters["delayed_send"] += 1
+                    self._loop.call_later(delay_s, self._sendto, data, target)
+                else:
+                    self._sendto(data, target)
+
+    def _sendto(self, data: bytes, target: tuple[str, int]) -> None:
+        if self._send_transport is None:    # closed while a delayed copy waited
+            return
+        try:
+            self._send_transport.sendto(data, target)
+            self.counters["sent_datagrams"] += 1
+        except OSError:
+            self.counters["send_errors"] += 1
+
+    # -- receiving -------------------------------------------------------------------
+    def _on_datagram(self, data: bytes) -> None:
+        self.counters["received_datagrams"] += 1
+        plan = self.recv_faults.plan() if self.recv_faults else [0.0]
+        if not plan:
+            self.counters["dropped_recv"] += 1
+        self.counters["duplicated_recv"] += max(len(plan) - 1, 0)
+        for delay_s in plan:
+            if delay_s:
+                self.counters["delayed_recv"] += 1
+                self._loop.call_later(delay_s, self._process, data)
+            else:
+                self._process(data)
+        self._progress.set()
+
+    def _process(self, data: bytes) -> None:
+        if self._closed:                    # a delayed copy outlived the endpoint
+            return
+        self.counters["processed_datagrams"] += 1
+        msg = self.decoder.decode(data, self.clock_us())
+        if msg is not None and self.birth_id is not None and msg.sender == self.birth_id:
+            self.counters["own_messages"] += 1
+        elif msg is not None:
+            self.counters["accepted_messages"] += 1
+            try:
+                self.on_message(msg)
+            except Exception:   # noqa: BLE001 -- one bad handler must not stop the socket
+                self.counters["callback_errors"] += 1
+                log.exception("llft transport: on_message raised")
+        self._progress.set()
+
+    def _schedule_expire(self) -> None:
+        def tick():
+            self.decoder.expire(self.clock_us())
+            self._schedule_expire()
+        if self._loop is not None and not self._loop.is_closed():
+            self._expire_handle = self._loop.call_later(EXPIRE_INTERVAL_S, tick)
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait (without polling) until `predicate()` holds after some datagram was
+        handled; False on timeout. For tests, demos and `llft status`-style tools."""
+        return await wait_for_event(self._progress, predicate, timeout_s)
+
+    def stats(self) -> dict[str, int]:
+        """Counters and rejections by reason, flat, for status displays."""
+        out = dict(self.counters)
+        out.update({f"rejected_{r.value}": n for r, n in self.decoder.rejections.items()})
+        out["partial_messages"] = self.decoder.partial_messages
+        return out

@@ -1,0 +1,310 @@
+"""The example services, the load client, and `llft gateway` in front of a group.
+
+Real processes, loopback multicast only (random group addresses per run). The group
+behind the gateway is a static-view group of `llft.tools.streamdemo --echo` members (1 and 3
+members): every reply byte must reach each client exactly once and in order. Waiting is
+on the processes' ready lines and on conditions with deadlines, never on sleeps.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from llft import EXAMPLES_DIR
+from llft.runtime import keys
+from llft.tools.loadclient import run_load, wait_listening
+from llft.tools.procs import ProcGroup, random_group_addresses
+
+EXAMPLES = EXAMPLES_DIR
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start_service(pg: ProcGroup, name: str, script: str) -> int:
+    port = free_port()
+    pg.start(name, [sys.executable, os.path.join(EXAMPLES, script), str(port)])
+    assert wait_listening("127.0.0.1", port, 15), pg.stderr(name)
+    return port
+
+
+# -- the example services, plainly ------------------------------------------------------
+def test_kv_counter_plain_counter_load(tmp_path):
+    pg = ProcGroup(str(tmp_path))
+    try:
+        port = start_service(pg, "kv", "kv_counter.py")
+        r = run_load("127.0.0.1", port, clients=4, requests=300, mode="counter", timeout_s=10)
+        assert r.ok, r.errors
+        assert r.requests == r.replies == 1200 and r.global_repeats == 0
+        assert len(r.latencies) == 1200 and [len(t) for t in r.reply_times] == [300] * 4
+        assert 0 < r.max_gap_s <= r.elapsed_s and 0 <= r.max_gap_client < 4
+        # a second run against the same service: fresh keys, counts start at 1 again
+        r2 = run_load("127.0.0.1", port, clients=2, requests=50, mode="counter", timeout_s=10)
+        assert r2.ok, r2.errors
+        # the protocol's other requests
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"SET k 41\nINCR k\nGET k\nGET nope\nBOGUS\n")
+            f = s.makefile("rb")
+            lines = [f.readline() for _ in range(5)]
+        assert lines[0] == b"OK k 41\n"
+        assert lines[1].startswith(b"OK k 42 ")
+        assert lines[2] == b"OK k 42\n"
+        assert lines[3].startswith(b"ERR") and lines[4].startswith(b"ERR")
+        assert pg.procs["kv"].events == []          # nothing printed per request
+    finally:
+        pg.stop_all()
+
+
+def test_echo_plain_echo_load(tmp_path):
+    pg = ProcGroup(str(tmp_path))
+    try:
+        port = start_service(pg, "echo", "echo.py")
+        r = run_load("127.0.0.1", port, clients=4, requests=300, mode="echo", size=1024,
+                     timeout_s=10)
+        assert r.ok, r.errors
+        assert r.replies == 1200 and r.size == 1024
+    finally:
+        pg.stop_all()
+
+
+def test_loadclient_reports_failures_instead_of_hanging(tmp_path):
+    pg = ProcGroup(str(tmp_path))
+    try:
+        # wrong protocol: the echo service answers INCR with "INCR ..." -> errors, no hang
+        port = start_service(pg, "echo", "echo.py")
+        r = run_load("127.0.0.1", port, clients=2, requests=5, mode="counter", timeout_s=5)
+        assert not r.ok and r.error_count >= 2 and "unexpected reply" in r.errors[0]
+        # the service dies mid-run: every client ends with an error, promptly
+        kv = start_service(pg, "kv", "kv_counter.py")
+        some = threading.Event()
+        out = {}
+
+        def load():
+            out["r"] = run_load("127.0.0.1", kv, clients=4, requests=10**7, timeout_s=20,
+                                on_reply=lambda c, n: n >= 20 and some.set())
+        t = threading.Thread(target=load)
+        t.start()
+        assert some.wait(15)
+        pg.signal("kv", signal.SIGKILL)
+        t.join(25)
+        assert not t.is_alive()
+        r = out["r"]
+        assert not r.ok and 0 < r.replies < r.requests + 1
+        assert any("connection" in e for e in r.errors), r.errors
+        # nothing listening at all
+        r = run_load("127.0.0.1", free_port(), clients=2, requests=5, timeout_s=5)
+        assert not r.ok and all("cannot connect" in e for e in r.errors)
+    finally:
+        pg.stop_all()
+
+
+# -- the gateway in front of a static-view echo group ------------------------------------
+def write_cluster(tmp_path, group: str = "echo") -> tuple[str, str]:
+    """A key, a configuration and the matching streamdemo --addresses string."""
+    key = tmp_path / "cluster.key"
+    keys.write_key(str(key))
+    addrs = random_group_addresses([group, f"{group}.gateway"])
+    amap = dict(item.split("=") for item in addrs.split(","))
+    cfg = tmp_path / "cluster.toml"
+    cfg.write_text(f"""[cluster]
+key_file = "cluster.key"
+interface = "127.0.0.1"
+runtime_dir = "run"
+
+[group.{group}]
+address = "{amap[group]}"
+service_port = 9000
+gateway_address = "{amap[group + '.gateway']}"
+""")
+    return str(cfg), addrs
+
+
+def start_gateway(pg: ProcGroup, cfg: str, group: str = "echo") -> tuple[int, dict]:
+    gw = pg.python("gateway", "llft", "gateway", "--config", cfg, "--group", group,
+                   "--listen", "127.0.0.1:0")
+    assert pg.wait(lambda: gw.find("ready") or gw.popen.poll() is not None, 30), \
+        pg.stderr("gateway")
+    ready = gw.find("ready")
+    assert ready, pg.stderr("gateway")
+    assert ready["group"] == group and ready["listen"][0] == "127.0.0.1"
+    return ready["listen"][1], ready
+
+
+@pytest.mark.parametrize("members", [1, 3])
+def test_gateway_echo_group_exactly_once(tmp_path, members):
+    cfg, addrs = write_cluster(tmp_path)
+    pg = ProcGroup(str(tmp_path))
+    births = [str(100 + i) for i in range(members)]
+    try:
+        for b in births:
+            pg.python(f"m{b}", "llft.tools.streamdemo", "--echo", "--key", str(tmp_path / "cluster.key"),
+                      "--group", "echo", "--me", b, "--members", ",".join(births),
+                      "--addresses", addrs)
+        assert pg.wait(lambda: all(pg.procs[f"m{b}"].find("ready") for b in births), 30)
+        port, _ = start_gateway(pg, cfg)
+        status_dir = tmp_path / "run" / "echo"
+        gw_pid = pg.procs["gateway"].popen.pid
+        status_file = status_dir / f"gateway-{gw_pid}.json"
+        assert status_file.exists()            # written before the ready line
+
+        r = run_load("127.0.0.1", port, clients=4, requests=150, mode="echo", size=1024,
+                     timeout_s=20)
+        assert r.ok, r.errors
+        assert r.replies == 600 and all(len(t) == 150 for t in r.reply_times)
+
+        # the status file follows the counters (rewritten every 500 ms)
+        def status_caught_up():
+            try:
+                st = json.loads(status_file.read_text())
+            except (OSError, ValueError):
+                return False
+            return st["bytes_out"] >= 600 * 1024
+        assert pg.wait(status_caught_up, 10)
+        st = json.loads(status_file.read_text())
+        assert st["bytes_in"] == st["bytes_out"] == 600 * 1024
+        assert st["gaps"] == 0 and st["clients_total"] == 4
+        assert st["transport"]["accepted_messages"] > 0
+
+        # a client that leaves abruptly is dropped; the others go on being served
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"x" * 5000)
+        r = run_load("127.0.0.1", port, clients=2, requests=20, mode="echo", size=64,
+                     timeout_s=20)
+        assert r.ok, r.errors
+
+        def all_gone():
+            try:
+                st = json.loads(status_file.read_text())
+            except (OSError, ValueError):
+                return False
+            return st["clients"] == 0 and st["clients_total"] == 7
+        assert pg.wait(all_gone, 10)
+
+        pg.signal("gateway", signal.SIGTERM)
+        gw = pg.procs["gateway"].popen
+        assert pg.wait(lambda: gw.poll() is not None, 10)
+        assert gw.returncode == 0, pg.stderr("gateway")
+        assert not status_file.exists()
+        assert pg.stderr("gateway") == ""
+    finally:
+        pg.stop_all()
+
+
+# -- errors: one line, exit 2 -------------------------------------------------------------
+def gateway_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llft", "gateway", *args],
+                          capture_output=True, text=True, timeout=30)
+
+
+def assert_one_line_error(p: subprocess.CompletedProcess, *words: str) -> None:
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("llft gateway: "), p.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_gateway_errors_exit_2_with_one_line(tmp_path):
+    cfg, _ = write_cluster(tmp_path)
+    assert_one_line_error(gateway_cli("--config", str(tmp_path / "nope.toml"), "--group",
+                                      "echo", "--listen", "127.0.0.1:0"),
+                          "no such configuration file")
+    assert_one_line_error(gateway_cli("--config", cfg, "--group", "other",
+                                      "--listen", "127.0.0.1:0"), "[group.other]")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[cluster\n")
+    assert_one_line_error(gateway_cli("--config", str(bad), "--group", "echo",
+                                      "--listen", "127.0.0.1:0"), "not valid TOML")
+    assert_one_line_error(gateway_cli("--config", cfg, "--group", "echo",
+                                      "--listen", "nonsense"), "--listen")
+    # a port that is taken
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        assert_one_line_error(gateway_cli("--config", cfg, "--group", "echo", "--listen",
+                                          f"127.0.0.1:{taken.getsockname()[1]}"),
+                              "cannot listen")
+    finally:
+        taken.close()
+    # the key: unsafe mode, then missing
+    os.chmod(tmp_path / "cluster.key", 0o644)
+    assert_one_line_error(gateway_cli("--config", cfg, "--group", "echo",
+                                      "--listen", "127.0.0.1:0"), "key_file")
+    os.unlink(tmp_path / "cluster.key")
+    assert_one_line_error(gateway_cli("--config", cfg, "--group", "echo",
+                                      "--listen", "127.0.0.1:0"), "key_file")
+
+
+# -- de-duplication by stream offset (what a failover of the group's primary produces) ---
+class FakeTransport:
+    def __init__(self):
+        self.size = 0
+
+    def get_write_buffer_size(self):
+        return self.size
+
+
+class FakeWriter:
+    def __init__(self):
+        self.data = bytearray()
+        self.closed = False
+        self.transport = FakeTransport()
+
+    def write(self, b):
+        self.data += b
+
+    def is_closing(self):
+        return self.closed
+
+    def close(self):
+        self.closed = True
+
+
+def test_gateway_deduplicates_replies_by_offset(tmp_path):
+    from llft.runtime import config
+    from llft.runtime.gateway import Client, Gateway
+    from llft.protocol.messaging import Deliver
+    cfg = config.parse({"cluster": {"key_file": "k", "runtime_dir": str(tmp_path)},
+                        "group": {"g": {"address": "239.255.9.9:40000",
+                                        "service_port": 9000}}}, str(tmp_path / "c.toml"))
+    gw = Gateway(cfg, "g", b"k" * 32, ("127.0.0.1", 0))
+    assert gw.gcfg.gateway_group == "g.gateway" and 0 < gw.birth < 2 ** 63
+    w = FakeWriter()
+    conn = ("g", gw.conn_base + 1, 0)
+    gw.clients[conn] = Client(1, conn, w, "peer")
+    stream = bytes(range(256)) * 4
+    # the old primary delivers [0, 300); the new primary resends from 200 (phase 2)
+    gw._on_action(Deliver(conn, 0, stream[0:300]))
+    gw._on_action(Deliver(conn, 200, stream[200:500]))     # overlaps: 100 bytes dropped
+    gw._on_action(Deliver(conn, 250, stream[250:400]))     # wholly a duplicate
+    gw._on_action(Deliver(conn, 500, stream[500:1024]))
+    assert bytes(w.data) == stream
+    assert gw.counters["duplicate_bytes"] == 100 + 150
+    assert gw.counters["duplicate_deliveries"] == 2 and gw.counters["gaps"] == 0
+    # bytes of a client that left are counted and dropped
+    gw._on_action(Deliver(("g", gw.conn_base + 7, 0), 0, b"xyz"))
+    assert gw.counters["orphan_bytes"] == 3
+    # a gap is a bug: counted, and the client is disconnected (never a corrupt stream)
+    gw._on_action(Deliver(conn, 2000, b"late"))
+    assert gw.counters["gaps"] == 1 and w.closed and conn not in gw.clients
+    assert bytes(w.data) == stream
+    # a client that never reads its replies is dropped past the backlog bound
+    w2 = FakeWriter()
+    conn2 = ("g", gw.conn_base + 2, 0)
+    gw.clients[conn2] = Client(2, conn2, w2, "peer2")
+    w2.transport.size = 1 << 40
+    gw._on_action(Deliver(conn2, 0, b"reply"))
+    assert w2.closed and gw.counters["clients_dropped_slow"] == 1
+    gw.endpoint.close()

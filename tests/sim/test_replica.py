@@ -1,0 +1,171 @@
+"""ReplicaNode (llft/replica/node.py) and `llft simulate replica` (llft/sim/replica_check.py):
+routing, wiring of the two cores, checkpoint/restore, a campaign of whole-replica
+schedules, the regression seeds of tests/sim/regressions/replica_*.txt, and checks that the
+checker catches broken nodes."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from llft.replica import node as replica
+from llft.protocol.messages import Message, MsgType, Role
+from llft.replica.node import ReplicaNode
+from llft.sim import replica_check as rc
+from membership import core as mb
+
+REGRESSIONS = sorted((Path(__file__).parent / "regressions").glob("replica_*.txt"))
+
+
+def _regressions():
+    out = []
+    for path in REGRESSIONS:
+        for line in path.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                seed, *flags = line.split()
+                marks = [pytest.mark.xfail(strict=True, reason="messaging msn drift "
+                                           "(see the file)")] if "xfail" in flags else []
+                out.append(pytest.param(int(seed), "random-cuts" in flags, marks=marks,
+                                        id=f"{path.stem}-{seed}"))
+    return out
+
+
+def _campaign(n: int, seed: int) -> list[str]:
+    bad = []
+    for i in range(n):
+        s = rc.schedule_seed(seed, i)
+        v = rc.run_schedule(s)
+        if v:
+            bad.append(f"seed {s}: {v[0]}")
+    return bad
+
+
+# ---- the node ------------------------------------------------------------------------------
+
+def _founder(group="g") -> ReplicaNode:
+    node = ReplicaNode(group, random.Random(1))
+    node.start(0)
+    node.take_actions()
+    t = node.next_timer_us()
+    while node.status is not mb.Status.PRIMARY:
+        node.handle_timer(t)
+        t = node.next_timer_us()
+    return node
+
+
+def test_a_founder_starts_its_view_with_the_view_marker():
+    node = _founder()
+    assert node.live and node.messaging.is_primary and node.messaging.pvn == node.pvn
+    # position 1 of the view is the marker; app order info follows
+    assert node.order_info_log[0] == (node.pvn, 1, None)
+    assert node.add_order_info(b"x", 1) == 2
+    assert node.order_info_log[-1] == (node.pvn, 2, b"x")
+
+
+def test_order_info_from_a_joiner_or_backup_is_refused():
+    node = ReplicaNode("g", random.Random(2))
+    node.start(0)
+    with pytest.raises(replica.NotReady):
+        node.add_order_info(b"x", 1)
+    with pytest.raises(replica.NotReady):
+        node.open("h", 1, Role.CLIENT)
+
+
+def test_membership_heartbeats_do_not_reach_messaging():
+    """Membership's HEARTBEAT (ts 0, back 0) would zero a backup's watermark report."""
+    node = _founder()
+    seen = []
+    node.messaging.handle_message = lambda m, now: seen.append(m)
+    hb = Message(MsgType.HEARTBEAT, "g", "g", 0, Role.CLIENT, node.pvn, 2, 99,
+                 body={"rank": 2})
+    node.handle_message(hb, 10)
+    assert seen == []
+    hb.ts = 5
+    node.handle_message(hb, 11)
+    assert seen == [hb]
+
+
+def test_checkpoint_restores_streams_connections_and_skips_replayed_output():
+    a = _founder("s")
+    cid = a.open("c", 1, Role.SERVER)
+    a.messaging._conn(cid).delivered = 0
+    a.streams[cid] = bytearray(b"hello")
+    a.send(cid, b"HELLO", 5)
+    blob = a.checkpoint()
+    b = ReplicaNode("s", random.Random(3))
+    b.start(0)
+    b.membership.members = [mb.Key(1, a.birth), mb.Key(2, b.birth)]
+    b.membership.pvn = a.pvn
+    b.restore(blob)
+    b._apply_restore()
+    acts = b.take_actions()
+    restored = [x for x in acts if isinstance(x, replica.Restored)][0]
+    assert dict(restored.streams)[cid] == b"hello"
+    assert b.stream(cid) == b"hello"
+    c = b.messaging.conns[cid]
+    assert c.out_offset == 5 and [d for _, _, d in c.log] == [b"HELLO"]
+    # the replaying application writes HELLO again: swallowed; then new bytes are logged
+    assert b.send(cid, b"HELLO!", 6) == 6
+    assert c.out_offset == 6 and [d for _, _, d in c.log] == [b"HELLO", b"!"]
+
+
+def test_reset_gives_a_fresh_messaging_endpoint_and_restarts_the_app():
+    node = _founder()
+    old = node.birth
+    node.membership._reset(100, "test")
+    node._settle()
+    acts = node.take_actions()
+    r = [x for x in acts if isinstance(x, replica.RestartApp)]
+    assert r and r[0].old_birth == old and r[0].new_birth == node.birth != old
+    assert node.messaging.birth_id == node.birth and not node.live
+
+
+# ---- the simulation ------------------------------------------------------------------------
+
+def test_campaign():
+    assert _campaign(60, 1) == []
+
+
+@pytest.mark.parametrize("seed,random_cuts", _regressions())
+def test_regression_seed(seed, random_cuts):
+    assert rc.run_schedule(seed, random_cuts=random_cuts) == []
+
+
+def test_a_schedule_is_deterministic():
+    s1 = rc.Schedule(rc.schedule_seed(5, 0))
+    s2 = rc.Schedule(rc.schedule_seed(5, 0))
+    assert s1.run() == s2.run() == []
+    assert s1.sim.stats == s2.sim.stats and s1.sim.now_us == s2.sim.now_us
+
+
+def test_checker_catches_a_duplicate_delivery(monkeypatch):
+    orig = ReplicaNode._on_messaging
+
+    def twice(self, a):
+        orig(self, a)
+        if isinstance(a, replica.mg.Deliver) and a.offset > 0:
+            self._emit(replica.Deliver(a.conn, a.offset, a.data))
+    monkeypatch.setattr(ReplicaNode, "_on_messaging", twice)
+    v = rc.run_schedule(rc.schedule_seed(1, 0))
+    assert v and "exactly once" in v[0]
+
+
+def test_checker_catches_a_missing_view_marker(monkeypatch):
+    monkeypatch.setattr(replica, "encode_view_marker", lambda pvn: b"\x00junk")
+    bad = [rc.run_schedule(rc.schedule_seed(1, i)) for i in range(6)]
+    assert any(v for v in bad)
+
+
+def test_cli_output_contract(capsys):
+    from llft import cli
+    rc_ = cli.main(["simulate", "replica", "--schedules", "2", "--seed", "3"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == "2 schedules, 0 violations" and rc_ == 0
+
+
+@pytest.mark.slow
+def test_soak(soak):
+    n = 400 if soak == "small" else 3000
+    assert _campaign(n, 7) == []

@@ -1,0 +1,185 @@
+"""`llft simulate messaging` as tests: random schedules with faults, every regression
+seed in tests/sim/regressions/messaging.txt, determinism, and a check that the checker
+catches a broken core."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from llft.protocol import messaging
+from llft.sim import messaging_check as mc
+
+REGRESSIONS = Path(__file__).parent / "regressions" / "messaging.txt"
+
+
+def _regressions():
+    out = []
+    for line in REGRESSIONS.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            seed, loss, dup, reorder, *rest = line.split()
+            out.append((int(seed), float(loss), float(dup), float(reorder),
+                        float(rest[0]) if rest else 0.0))
+    return out
+
+
+def _campaign(n, seed, loss, dup, reorder, failover=0.0):
+    bad = []
+    for i in range(n):
+        s = mc.schedule_seed(seed, i)
+        v = mc.run_schedule(s, loss, dup, reorder, failover)
+        if v:
+            bad.append((s, v[0]))
+    return bad
+
+
+def test_schedules_with_faults():
+    assert _campaign(250, 1, 0.2, 0.05, 0.1) == []
+
+
+def test_schedules_without_faults():
+    assert _campaign(50, 2, 0.0, 0.0, 0.0) == []
+
+
+def test_schedules_with_changes_of_primary():
+    """The check plays membership (new primary view, phase 2 of messaging)."""
+    assert _campaign(100, 4, 0.2, 0.05, 0.1, failover=0.6) == []
+
+
+def test_schedules_with_harsh_faults():
+    assert _campaign(50, 3, 0.4, 0.2, 0.5) == []
+
+
+@pytest.mark.parametrize("seed,loss,dup,reorder,failover", _regressions())
+def test_regression_seed(seed, loss, dup, reorder, failover):
+    assert mc.run_schedule(seed, loss, dup, reorder, failover) == []
+
+
+def test_a_schedule_is_deterministic():
+    s1 = mc.Schedule(mc.schedule_seed(9, 0), 0.2, 0.05, 0.1)
+    s2 = mc.Schedule(mc.schedule_seed(9, 0), 0.2, 0.05, 0.1)
+    assert s1.run() == s2.run() == []
+    assert s1.sim.stats == s2.sim.stats and s1.sim.now_us == s2.sim.now_us
+
+
+def test_checker_catches_duplicate_delivery(monkeypatch):
+    orig = messaging.MessagingEndpoint._deliver
+
+    def twice(self, c, offset, data):
+        orig(self, c, offset, data)
+        self._actions.append(messaging.Deliver(c.cid, offset, data))
+
+    monkeypatch.setattr(messaging.MessagingEndpoint, "_deliver", twice)
+    assert _campaign(3, 1, 0.0, 0.0, 0.0)
+
+
+def test_checker_catches_missing_retransmission(monkeypatch):
+    monkeypatch.setattr(messaging.MessagingEndpoint, "_answer_remote_nack",
+                        lambda self, c, missing: None)
+    monkeypatch.setattr(messaging.MessagingEndpoint, "_retransmit",
+                        lambda self, c: setattr(c, "rto_due", None))
+    assert _campaign(5, 1, 0.3, 0.0, 0.0)
+
+
+def test_cli_last_line(capsys):
+    p = argparse.ArgumentParser()
+    mc.add_arguments(p)
+    rc = mc.run(p.parse_args(["--schedules", "3", "--seed", "5", "--loss", "0.1"]))
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0 and out[-1] == "3 schedules, 0 violations"
+
+
+@pytest.mark.slow
+def test_soak(soak):
+    n = 2000 if soak == "small" else 20000
+    assert _campaign(n, 7, 0.2, 0.05, 0.1) == []
+
+
+@pytest.mark.slow
+def test_soak_failover(soak):
+    n = 1000 if soak == "small" else 10000
+    assert _campaign(n, 8, 0.2, 0.05, 0.1, failover=0.5) == []
+
+
+# -- the kernel itself (membership reuses it) ---------------------------------------------
+from dataclasses import dataclass as _dc   # noqa: E402
+
+from llft.protocol.messages import Message, MsgType, Role   # noqa: E402
+from llft.sim.kernel import NetConfig, Sim   # noqa: E402
+
+
+@_dc(frozen=True)
+class _Send:
+    dst_group: str
+    msg: Message
+
+
+class _Echo:
+    """Sends one heartbeat to `peer` every 1 ms; records what it receives."""
+
+    def __init__(self, group, peer, bid):
+        self.group, self.peer, self.bid = group, peer, bid
+        self.got, self.out, self.t = [], [], 0
+
+    def handle_message(self, msg, now_us):
+        self.got.append((now_us, msg.sender, msg.body))
+
+    def handle_timer(self, now_us):
+        self.out.append(_Send(self.peer, Message(MsgType.HEARTBEAT, self.group, self.peer, 0,
+                                                 Role.CLIENT, 1, 1, self.bid,
+                                                 body={"rank": 1})))
+        self.t = now_us + 1000
+
+    def next_timer_us(self):
+        return self.t
+
+    def take_actions(self):
+        out, self.out = self.out, []
+        return out
+
+
+def _echo_sim(seed, net):
+    sim = Sim(seed, net)
+    a, b = _Echo("A", "B", 1), _Echo("B", "A", 2)
+    sim.add_node("a", a, ["A"])
+    sim.add_node("b", b, ["B"])
+    return sim, a, b
+
+
+def test_kernel_is_deterministic_and_faulty_as_configured():
+    net = NetConfig(loss=0.3, dup=0.2, reorder=0.3)
+    runs = []
+    for _ in range(2):
+        sim, a, b = _echo_sim(4, net)
+        sim.run_until(200_000)
+        runs.append((a.got, b.got, dict(sim.stats)))
+    assert runs[0] == runs[1]
+    got, stats = runs[0][0], runs[0][2]
+    assert stats["lost"] > 0 and 100 < len(got) < 400
+
+
+def test_kernel_crash_partition_and_forgery():
+    sim, a, b = _echo_sim(1, NetConfig())
+    sim.run_until(10_000)
+    n = len(b.got)
+    sim.partition(["a"], ["b"])
+    sim.run_until(20_000)
+    assert len(b.got) == n and sim.stats["partitioned"] > 0
+    sim.heal()
+    forged = Message(MsgType.HEARTBEAT, "A", "B", 0, Role.CLIENT, 1, 1, 99, body={"rank": 1})
+    for dg in sim.forge(forged):
+        sim.inject("B", dg)
+    sim.inject("B", b"LF\x01\x00garbage")
+    sim.run_until(30_000)
+    assert len(b.got) > n and all(s != 99 for _, s, _ in b.got)
+    assert sim.stats["rejected"] == 2
+    sim.crash("b")
+    before = len(b.got)
+    sim.run_until(40_000)
+    assert len(b.got) == before and not sim.alive("b")
+    b2 = _Echo("B", "A", 3)
+    sim.restart("b", b2)
+    sim.run_until(50_000)
+    assert b2.got and sim.core("b") is b2

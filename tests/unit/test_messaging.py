@@ -1,0 +1,505 @@
+"""Unit tests of the sans-IO messaging core (llft/protocol/messaging.py).
+
+Most tests wire endpoints by hand (a tiny router below) so each rule of the paper is
+exercised exactly; the phase-2 and GC tests use the simulator kernel.
+"""
+from __future__ import annotations
+
+import pytest
+
+from llft.protocol.messages import Message, MsgType, Role
+from llft.protocol.messaging import (RESPONDS_TO_FIRST_ACK, BufferFull, Deliver, DeliverOrderInfo,
+                            Duty, MessagingConfig, MessagingEndpoint, Opened, Phase2Done,
+                            ProtocolError, RecoveredOrderInfo, Resynced, Send,
+                            pack_trailer, unpack_trailer)
+from llft.sim.kernel import NetConfig, Sim
+
+CFG = MessagingConfig(max_payload_bytes=100)
+
+
+def ep(group, bid, members, primary, cfg=CFG):
+    e = MessagingEndpoint(group, bid, cfg)
+    e.set_view(1, primary, [(b, i + 1) for i, b in enumerate(members)], bid, now_us=0)
+    return e
+
+
+def sends(actions, mtype=None):
+    return [a.msg for a in actions if isinstance(a, Send)
+            and (mtype is None or a.msg.type == mtype)]
+
+
+def delivered(actions):
+    return b"".join(a.data for a in actions if isinstance(a, Deliver))
+
+
+def advance(e, until_us):
+    """Fire e's timers up to until_us; returns the actions (taken before too)."""
+    acts = e.take_actions()
+    while (t := e.next_timer_us()) is not None and t <= until_us:
+        e.handle_timer(t)
+        acts += e.take_actions()
+    return acts
+
+
+def pair(cfg=CFG, a_members=(1,), b_members=(2,)):
+    """Group A (client) and group B (server), one connection A->B."""
+    a = {b: ep("A", b, list(a_members), a_members[0], cfg) for b in a_members}
+    b = {x: ep("B", x, list(b_members), b_members[0], cfg) for x in b_members}
+    for e in a.values():
+        e.open("B", 1, Role.CLIENT)
+    for e in b.values():
+        e.open("A", 1, Role.SERVER)
+    return a, b
+
+
+CONN_A = ("B", 1, Role.CLIENT)
+CONN_B = ("A", 1, Role.SERVER)
+
+
+def test_config_bounds_are_checked():
+    with pytest.raises(ValueError):
+        MessagingConfig(window_msgs=64, max_placeholders=8)
+
+
+def test_first_ack_duty_table_matches_paper():
+    assert RESPONDS_TO_FIRST_ACK[(False, True)] is Duty.SECOND_ACK   # a backup
+    assert RESPONDS_TO_FIRST_ACK[(True, False)] is Duty.SECOND_ACK   # lone primary
+    assert RESPONDS_TO_FIRST_ACK[(True, True)] is Duty.NOTHING
+
+
+def test_data_is_cut_into_messages_with_msn_offset_and_ts():
+    a, _ = pair()
+    p = a[1]
+    assert p.send(CONN_A, b"x" * 250, now_us=0) == 250
+    msgs = sends(p.take_actions(), MsgType.REQUEST)
+    assert [m.msn for m in msgs] == [1, 2, 3]
+    assert [m.body["offset"] for m in msgs] == [0, 100, 200]
+    assert msgs[0].body["flags"] == 1 and msgs[1].body["flags"] == 0   # STREAM_OPEN
+    assert msgs[0].ts < msgs[1].ts < msgs[2].ts                         # Lamport
+    assert unpack_trailer(msgs[2].order_info)[0] == 3                   # sent-up-to
+
+
+def test_gap_creates_placeholders_and_a_remote_nack_then_in_order_delivery():
+    a, b = pair()
+    p, q = a[1], b[2]
+    p.send(CONN_A, b"0123456789" * 30, now_us=0)
+    m1, m2, m3 = sends(p.take_actions(), MsgType.REQUEST)
+    q.handle_message(m1, 10)
+    q.handle_message(m3, 20)
+    acts = q.take_actions()
+    assert delivered(acts) == m1.body["data"]
+    assert q.buffer_sizes()["placeholders"] == 2          # placeholder for 2, 3 held
+    assert any(isinstance(x, Opened) for x in acts) is False   # opened explicitly
+    nacks = sends(advance(q, 600), MsgType.NACK)
+    assert nacks and nacks[0].body["missing"] == [2] and nacks[0].dst_group == "A"
+    q.handle_message(m2, 2_000)
+    assert delivered(q.take_actions()) == m2.body["data"] + m3.body["data"]
+    assert q.buffer_sizes()["placeholders"] == 0
+    # the remote primary answers the nack from its sent list
+    p.handle_message(nacks[0], 3_000)
+    again = sends(p.take_actions(), MsgType.REQUEST)
+    assert [m.msn for m in again] == [2]
+    # a retransmission that fills nothing is discarded
+    q.handle_message(again[0], 3_100)
+    assert delivered(q.take_actions()) == b""
+
+
+def test_backup_nacks_on_the_local_connection_and_primary_remulticasts():
+    a, b = pair(b_members=(2, 3))
+    p, q, qb = a[1], b[2], b[3]
+    p.send(CONN_A, b"z" * 200, now_us=0)
+    m1, m2 = sends(p.take_actions(), MsgType.REQUEST)
+    for e in (q, qb):
+        e.handle_message(m1, 10)
+    q.handle_message(m2, 10)            # the backup loses m2
+    q.take_actions()
+    qb.take_actions()
+    # the remote primary's keep-alive states sent-up-to 2: the backup sees the gap
+    ka = p._msg(p.conns[CONN_A], MsgType.KEEP_ALIVE, {})
+    qb.handle_message(ka, 100)
+    local = [m for m in sends(advance(qb, 700), MsgType.NACK)]
+    assert local and local[0].dst_group == "B" and local[0].src_group == "B"
+    assert local[0].body["missing"] == [["A", 1, int(Role.SERVER), 1, 2]]
+    q.handle_message(local[0], 200)
+    resent = [a_ for a_ in q.take_actions() if isinstance(a_, Send) and a_.msg.type == MsgType.REQUEST]
+    assert resent and resent[0].dst_group == "B" and resent[0].msg.msn == 2
+    assert resent[0].msg.sender == 1            # the remote primary's original message
+    qb.handle_message(resent[0].msg, 300)
+    assert delivered(qb.take_actions()) == m2.body["data"]
+
+
+def test_secondack_from_remote_backup_reveals_missing_message():
+    a, b = pair(a_members=(1, 4), b_members=(2, 3))
+    p = a[1]
+    p.send(CONN_A, b"k" * 50, now_us=0)
+    (m1,) = sends(p.take_actions(), MsgType.REQUEST)
+    qb = b[3]
+    second = Message(MsgType.SECOND_ACK, "A", "B", 1, Role.CLIENT, 1, 2, 4, ack=1,
+                     ts=5)
+    qb.handle_message(second, 10)               # line 72: ack for a message it lacks
+    assert qb.buffer_sizes()["placeholders"] == 1
+    assert sends(advance(qb, 600), MsgType.NACK)
+
+
+def test_retransmission_until_acked_with_backoff():
+    a, b = pair()
+    p, q = a[1], b[2]
+    p.send(CONN_A, b"r" * 10, now_us=0)
+    (m1,) = sends(p.take_actions(), MsgType.REQUEST)
+    t1 = p.next_timer_us()
+    assert t1 is not None and t1 <= CFG.retransmit_us
+    p.handle_timer(CFG.retransmit_us)
+    (r1,) = sends(p.take_actions(), MsgType.REQUEST)
+    assert (r1.msn, r1.ts, r1.body) == (m1.msn, m1.ts, m1.body)
+    assert p.conns[CONN_A].rto_us == 2 * CFG.retransmit_us      # backoff
+    # the remote primary's FIRST_ACK acknowledges: no more retransmission
+    q.handle_message(r1, CFG.retransmit_us + 10)
+    q.take_actions()
+    (fa,) = sends(advance(q, CFG.retransmit_us + 1100), MsgType.FIRST_ACK)
+    assert fa.ack == 1 and fa.dst_group == "A"
+    p.handle_message(fa, 20_000)
+    p.take_actions()
+    assert p.conns[CONN_A].rto_due is None
+
+
+def test_first_ack_answered_only_by_backup_that_produced_the_message():
+    a, b = pair(a_members=(1, 4), b_members=(2,))
+    p, pb, q = a[1], a[4], b[2]
+    p.send(CONN_A, b"m" * 10, now_us=0)
+    (m1,) = sends(p.take_actions(), MsgType.REQUEST)
+    q.handle_message(m1, 100)
+    q.take_actions()
+    (fa,) = sends(advance(q, 3200), MsgType.FIRST_ACK)
+    # the backup's app has not produced message 1 yet: no SECOND_ACK
+    pb.handle_message(fa, 2_000)
+    assert not sends(pb.take_actions(), MsgType.SECOND_ACK)
+    # the primary with a backup does not answer either
+    p.handle_message(fa, 2_000)
+    assert not sends(p.take_actions(), MsgType.SECOND_ACK)
+    pb.send(CONN_A, b"m" * 10, now_us=2_100)        # backups log, never send
+    assert not sends(pb.take_actions(), MsgType.REQUEST)
+    pb.handle_message(fa, 2_200)
+    (sa,) = sends(pb.take_actions(), MsgType.SECOND_ACK)
+    assert sa.ack == 1 and sa.dst_group == "B"
+    # the SECOND_ACK stops FIRST_ACK retransmission, keep-alives follow
+    q.handle_message(sa, 2_300)
+    q.take_actions()
+    assert q.conns[CONN_B].fa_due is None and q.conns[CONN_B].ka_due is not None
+
+
+def test_lone_primary_answers_first_ack_itself():
+    a, b = pair()
+    p, q = a[1], b[2]
+    p.send(CONN_A, b"m", now_us=0)
+    (m1,) = sends(p.take_actions(), MsgType.REQUEST)
+    q.handle_message(m1, 10)
+    (fa,) = sends(advance(q, 1100), MsgType.FIRST_ACK)
+    p.handle_message(fa, 2_000)
+    assert sends(p.take_actions(), MsgType.SECOND_ACK)
+
+
+def test_too_many_first_acks_throttle_the_primary_until_keepalive():
+    a, b = pair(a_members=(1, 4))
+    p, q = a[1], b[2]
+    p.send(CONN_A, b"t" * 10, now_us=0)
+    (m1,) = sends(p.take_actions(), MsgType.REQUEST)
+    q.handle_message(m1, 10)
+    q.take_actions()
+    for i in range(CFG.first_ack_slowdown):
+        t = 10 + CFG.first_ack_delay_us + i * CFG.first_ack_retry_us + 50
+        (fa,) = sends(advance(q, t), MsgType.FIRST_ACK)
+        p.handle_message(fa, t + 1)
+        p.take_actions()
+    assert p.conns[CONN_A].throttled_until is not None
+    p.send(CONN_A, b"held", now_us=t + 2)
+    assert not sends(p.take_actions(), MsgType.REQUEST)     # slowed down
+    ka = q._msg(q.conns[CONN_B], MsgType.KEEP_ALIVE, {})
+    p.handle_message(ka, t + 3)
+    (m2,) = sends(p.take_actions(), MsgType.REQUEST)
+    assert m2.body["data"] == b"held"
+
+
+def test_flow_control_window_follows_the_remote_group_watermark():
+    cfg = MessagingConfig(max_payload_bytes=10, window_msgs=4, max_placeholders=4)
+    a, b = pair(cfg)
+    p, q = a[1], b[2]
+    p.send(CONN_A, b"w" * 100, now_us=0)
+    msgs = sends(p.take_actions(), MsgType.REQUEST)
+    assert len(msgs) == 4 and p.buffer_sizes()["queue"] == 6
+    # the remote primary received them all, but only a group watermark frees the window
+    for m in msgs:
+        q.handle_message(m, 10)
+    q.take_actions()
+    ack_only = Message(MsgType.KEEP_ALIVE, "B", "A", 1, Role.SERVER, 1, 1, 2, ack=4,
+                       back=0, ts=100)
+    p.handle_message(ack_only, 20)
+    assert not sends(p.take_actions(), MsgType.REQUEST)
+    covered = Message(MsgType.KEEP_ALIVE, "B", "A", 1, Role.SERVER, 1, 1, 2, ack=4,
+                      back=msgs[1].ts, ts=101)
+    p.handle_message(covered, 30)
+    nxt = sends(p.take_actions(), MsgType.REQUEST)
+    assert [m.msn for m in nxt] == [5, 6]        # two freed slots
+    assert p.buffer_sizes()["sent"] == 4
+
+
+def test_receiver_drops_beyond_placeholder_bound():
+    cfg = MessagingConfig(max_payload_bytes=1, window_msgs=4, max_placeholders=4)
+    a, b = pair(cfg)
+    p, q = a[1], b[2]
+    far = Message(MsgType.REQUEST, "A", "B", 1, Role.CLIENT, 1, 1, 1, msn=50, ts=3,
+                  body={"offset": 49, "data": b"x", "flags": 0})
+    q.handle_message(far, 10)
+    assert q.buffer_sizes()["placeholders"] == 0 and q.stats["beyond_window"] == 1
+
+
+def test_watermarks_and_digest_guard():
+    _, b = pair(b_members=(2, 3))
+    q, qb = b[2], b[3]
+    data = Message(MsgType.REQUEST, "A", "B", 1, Role.CLIENT, 1, 1, 1, msn=1, ts=7,
+                   body={"offset": 0, "data": b"d", "flags": 1})
+    for e in (q, qb):
+        e.handle_message(data, 10)
+        e.take_actions()
+    assert q.timestamp_watermark() == 7 == qb.timestamp_watermark()
+    assert q.group_watermark() == 0                 # no report from the backup yet
+    hb = qb._intra(MsgType.HEARTBEAT, {"rank": 2}, back=qb.timestamp_watermark(),
+                   ack=qb.digest())
+    q.handle_message(hb, 20)
+    assert q.group_watermark() == 7
+    assert q.buffer_sizes()["received"] == 0       # ts 7 <= mygroupwatermark: collected
+    # a report made with another set of connections does not count
+    stale = qb._intra(MsgType.HEARTBEAT, {"rank": 2}, back=99, ack=qb.digest() ^ 1)
+    q.handle_message(stale, 30)
+    assert q.group_watermark() == 0
+
+
+def test_order_info_piggybacked_reflected_and_delivered_once_in_order():
+    a, b = pair(a_members=(1, 4))
+    p, pb, q = a[1], a[4], b[2]
+    assert p.add_order_info(b"oi-1") == 1
+    assert p.add_order_info(b"oi-2") == 2
+    with pytest.raises(ProtocolError):
+        pb.add_order_info(b"x")
+    p.send(CONN_A, b"data", now_us=0)
+    (m1,) = sends(p.take_actions(), MsgType.REQUEST)
+    _, own, refl, _, _ = unpack_trailer(m1.order_info)
+    assert own == [1, 1, [b"oi-1", b"oi-2"]] and refl is None      # [pvn, first, chunks]
+    q.handle_message(m1, 10)
+    q.take_actions()
+    (fa,) = sends(advance(q, 1100), MsgType.FIRST_ACK)
+    assert unpack_trailer(fa.order_info)[2] == [1, 1, [b"oi-1", b"oi-2"]]    # reflected
+    for _ in range(2):                              # a duplicate changes nothing
+        pb.handle_message(fa, 20)
+    acts = pb.take_actions()
+    oi = [(x.pos, x.chunk) for x in acts if isinstance(x, DeliverOrderInfo)]
+    assert oi == [(1, b"oi-1"), (2, b"oi-2")]
+    p.handle_message(fa, 20)
+    assert p.oi_reflected == 2
+    p.send(CONN_A, b"more", now_us=30)
+    (m2,) = sends(p.take_actions(), MsgType.REQUEST)
+    assert unpack_trailer(m2.order_info)[1] is None     # reflected: no longer carried
+    # the backup acks; the primary's order-info buffer is collected
+    for m in sends(advance(pb, 600), MsgType.ORDER_INFO):
+        p.handle_message(m, 40)
+    assert p.buffer_sizes()["order_info"] == 0
+
+
+def test_order_info_intra_group_path_without_connections():
+    p = ep("A", 1, [1, 4], 1)
+    pb = ep("A", 4, [1, 4], 1)
+    p.add_order_info(b"alone", now_us=0)
+    p.handle_timer(CFG.order_info_intra_us)
+    (oi,) = sends(p.take_actions(), MsgType.ORDER_INFO)
+    assert oi.dst_group == "A" and oi.body["upto"] == 1
+    pb.handle_message(oi, CFG.order_info_intra_us + 10)
+    assert [x.chunk for x in pb.take_actions() if isinstance(x, DeliverOrderInfo)] == [b"alone"]
+
+
+def test_order_info_bound():
+    p = ep("A", 1, [1, 4], 1, MessagingConfig(max_order_info_bytes=10))
+    p.add_order_info(b"x" * 10)
+    with pytest.raises(BufferFull):
+        p.add_order_info(b"y")
+
+
+def test_send_space_bounds_the_application():
+    cfg = MessagingConfig(max_queue_bytes=50, max_log_bytes=30, max_payload_bytes=10,
+                          window_msgs=1, max_placeholders=1)
+    a, _ = pair(cfg, a_members=(1, 4))
+    p, pb = a[1], a[4]
+    assert p.send(CONN_A, b"a" * 100, now_us=0) == 50      # queue bound
+    assert p.send_space(CONN_A) == 10                       # one message went out
+    assert pb.send(CONN_A, b"a" * 100, now_us=0) == 30     # backup log bound
+    assert pb.send_space(CONN_A) == 0
+
+
+def test_change_of_primary_resets_msns_and_resends_exactly_the_missing_bytes():
+    """Phase 2, messaging side: A = {p, b}; p dies mid-stream; b becomes primary of
+    view 2, NEW_PRIMARY_VIEW / _ACK with B's primary, then b re-sends from its log the
+    bytes B lacks with msns from 1 and continuing offsets; B delivers every byte once."""
+    sim = Sim(5, NetConfig())
+    p = ep("A", 1, [1, 4, 6], 1)
+    b = ep("A", 4, [1, 4, 6], 1)
+    b2 = ep("A", 6, [1, 4, 6], 1)               # stays a backup
+    q = ep("B", 2, [2], 2)
+    got = bytearray()
+    events = []
+
+    def on_action(node, action, now):
+        events.append((node, action))
+        if node == "q" and isinstance(action, Deliver):
+            assert action.offset == len(got)
+            got.extend(action.data)
+
+    b_sent = []
+    b_take = b.take_actions
+
+    def b_take_recording():
+        acts = b_take()
+        b_sent.extend(a_.msg for a_ in acts if isinstance(a_, Send))
+        return acts
+
+    b.take_actions = b_take_recording
+    sim.add_node("p", p, ["A"], on_action)
+    sim.add_node("b", b, ["A"], on_action)
+    sim.add_node("b2", b2, ["A"], on_action)
+    sim.add_node("q", q, ["B"], on_action)
+    for e in (p, b, b2):
+        e.open("B", 1, Role.CLIENT)
+    q.open("A", 1, Role.SERVER)
+    data = bytes(range(256)) * 8                # 2048 bytes = 21 messages of 100
+    b.send(CONN_A, data, now_us=0)              # the backups' apps produced it all
+    b2.send(CONN_A, data, now_us=0)
+    p.add_order_info(b"oi-last", now_us=0)      # piggybacked to q, recovered in phase 2
+    p.send(CONN_A, data[:1000], now_us=0)       # the primary sent 10 messages, then dies
+    sim.pump("p")
+    sim.pump("b")
+    sim.run_until(300)                          # some arrive
+    sim.crash("p")
+    sim.run_until(5_000)
+    assert 0 < len(got) <= 1000
+    sent_before = len(got)
+    for e, n in ((b, "b"), (b2, "b2")):
+        e.set_view(2, 4, [(4, 2), (6, 3)], e.birth_id, now_us=sim.now_us)
+        sim.pump(n)
+    sim.run_until(200_000)
+    assert bytes(got) == data
+    resyncs = [a_ for n, a_ in events if n == "b" and isinstance(a_, Resynced)]
+    assert resyncs and resyncs[0].resend_from >= sent_before
+    assert any(isinstance(a_, Phase2Done) and a_.pvn == 2 for n, a_ in events if n == "b")
+    rec = [a_ for n, a_ in events if n == "b" and isinstance(a_, RecoveredOrderInfo)]
+    assert rec and rec[0].chunks == (b"oi-last",) and (rec[0].pvn, rec[0].first_pos) == (1, 1)
+    assert b.conns[CONN_A].next_msn - 1 <= len(data) // 100 + 1
+    assert q.conns[CONN_B].rx.pvn == 2
+    # the remaining backup renumbered its log as the new primary re-sent it
+    resent = {m.msn: m.body["offset"] for m in b_sent
+              if m.type == MsgType.REQUEST and m.pvn == 2}
+    assert min(resent) == 1 and resent[1] == resyncs[0].resend_from
+    # the remaining backup trimmed its log by stream offset (its own cuts do not matter)
+    c2 = b2.conns[CONN_A]
+    assert c2.log_bytes <= (CFG.window_msgs + 1) * CFG.max_payload_bytes
+    assert c2.remote_delivered == len(data)
+    # buffers shrink back once acknowledged
+    for e in (b, q):
+        sizes = e.buffer_sizes()
+        assert sizes["sent"] == sizes["queue"] == sizes["placeholders"] == 0, sizes
+
+
+def test_new_view_msns_restart_at_one_with_offsets_continuing():
+    p = ep("A", 1, [1, 4], 1)
+    b = ep("A", 4, [1, 4], 1)
+    b.open("B", 1, Role.CLIENT)
+    b.send(CONN_A, b"x" * 300, now_us=0)
+    b.set_view(2, 4, [(4, 2)], 4, now_us=10)
+    (npv,) = sends(b.take_actions() + (b.handle_timer(10) or b.take_actions()),
+                   MsgType.NEW_PRIMARY_VIEW)
+    assert npv.body == {"old_pvn": 1, "last_delivered": 0} and npv.pvn == 2
+    ack = Message(MsgType.NEW_PRIMARY_VIEW_ACK, "B", "A", 1, Role.SERVER, 1, 1, 2, ts=50,
+                  body={"last_delivered_from": 150, "last_sent_to": 0})
+    b.handle_message(ack, 20)
+    msgs = sends(b.take_actions(), MsgType.REQUEST)
+    assert [m.msn for m in msgs] == [1, 2, 3]           # msn 1: empty resend marker
+    assert [m.body["offset"] for m in msgs] == [150, 150, 200]
+    assert msgs[0].body["data"] == b""
+    assert b"".join(m.body["data"] for m in msgs) == b"x" * 150
+
+
+def test_stale_view_messages_are_ignored_and_new_view_flushes():
+    _, b = pair()
+    q = b[2]
+    m = lambda pvn, msn, off, data: Message(  # noqa: E731
+        MsgType.REQUEST, "A", "B", 1, Role.CLIENT, pvn, 1, 1, msn=msn, ts=msn,
+        body={"offset": off, "data": data, "flags": 0})
+    q.handle_message(m(1, 1, 0, b"ab"), 1)
+    q.handle_message(m(1, 3, 4, b"ef"), 2)          # gap at 2 in view 1
+    q.handle_message(m(2, 1, 2, b"cdef"), 3)        # new view re-sends from offset 2
+    q.handle_message(m(1, 2, 2, b"cd"), 4)          # old view: ignored
+    assert delivered(q.take_actions()) == b"abcdef"
+    assert q.stats["stale_view"] == 1
+
+
+def test_gc_and_exactly_once_over_a_lossy_simulated_network():
+    sim = Sim(11, NetConfig(loss=0.3, dup=0.2, reorder=0.3))
+    a, b = pair(a_members=(1, 4), b_members=(2, 3, 5))
+    got = {x: bytearray() for x in b}
+
+    def on_action(node, action, now):
+        if isinstance(action, Deliver) and node in got:
+            assert action.offset == len(got[node])
+            got[node].extend(action.data)
+
+    for x, e in {**a, **b}.items():
+        sim.add_node(x, e, ["A" if x in a else "B"], on_action)
+    data = bytes(range(256)) * 20
+    for x, e in a.items():
+        sim.at(0, lambda s, e=e: e.send(CONN_A, data, now_us=s.now_us), x)
+    sim.run_until(100_000)
+    sim.set_faults(NetConfig())
+    sim.run_until(400_000)
+    for x in b:
+        assert bytes(got[x]) == data
+    for e in list(a.values()) + list(b.values()):
+        sizes = e.buffer_sizes()
+        sizes.pop("log")
+        assert sizes.pop("log_bytes") <= (CFG.window_msgs + 1) * CFG.max_payload_bytes
+        assert all(v == 0 for v in sizes.values()), (e.birth_id, sizes)
+    assert a[4].buffer_sizes()["log"] > 0 and a[4].conns[CONN_A].log[0][1] > 0  # trimmed
+
+
+def test_remote_change_of_primary_caps_watermark_and_fills_gaps_by_offset():
+    """A backup that never heard of an old-view message must neither let the group
+    collect it nor stay stuck: its watermark stays at the old view's until it has the
+    bytes up to the new stream start, which it asks its primary for by offset."""
+    _, b = pair(b_members=(2, 3))
+    q, qb = b[2], b[3]
+
+    def data(pvn, msn, off, payload, ts):
+        return Message(MsgType.REQUEST, "A", "B", 1, Role.CLIENT, pvn, 1, 1, msn=msn, ts=ts,
+                       body={"offset": off, "data": payload, "flags": 0})
+
+    m1, m2 = data(1, 1, 0, b"a" * 100, 10), data(1, 2, 100, b"b" * 100, 11)
+    q.handle_message(m1, 1)
+    q.handle_message(m2, 2)
+    qb.handle_message(m1, 1)                    # qb never hears of m2
+    npv = Message(MsgType.NEW_PRIMARY_VIEW, "A", "B", 1, Role.CLIENT, 2, 2, 9, ts=50,
+                  body={"old_pvn": 1, "last_delivered": 0},
+                  order_info=pack_trailer(0, None, None))     # sent-up-to 0 in view 2
+    qb.handle_message(npv, 3)
+    assert qb.timestamp_watermark() == 10       # not 50: m2 (ts 11) may exist
+    q.handle_message(npv, 3)
+    (ack,) = sends(q.take_actions(), MsgType.NEW_PRIMARY_VIEW_ACK)
+    assert ack.body["last_delivered_from"] == 0     # lowest offset a member may lack
+    # the new primary's stream arrives at offset 200 (say): qb has a gap [100, 200)
+    qb.handle_message(data(2, 1, 200, b"c" * 10, 60), 4)
+    assert qb.timestamp_watermark() == 0
+    local = [m for m in sends(advance(qb, 1_000), MsgType.NACK) if m.dst_group == "B"]
+    assert local and [["A", 1, int(Role.SERVER), 0, 100, 200]] == [
+        e for e in local[-1].body["missing"] if len(e) == 6]
+    q.take_actions()
+    q.handle_message(local[-1], 1_100)
+    resent = [m for m in sends(q.take_actions(), MsgType.REQUEST)]
+    assert [m.msn for m in resent] == [2] and resent[0].pvn == 1
+    qb.take_actions()
+    qb.handle_message(resent[0], 1_200)
+    assert delivered(qb.take_actions()) == b"b" * 100 + b"c" * 10
+    assert qb.conns[CONN_B].delivered == 210 and qb.timestamp_watermark() == 60
