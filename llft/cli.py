@@ -51,14 +51,7 @@ def _add_kinds(sub, name: str, kinds: dict[str, str], help_: str) -> None:
 
 
 def _lazy_arguments(parser: argparse.ArgumentParser, module: str) -> None:
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name and module.startswith(e.name):
-            parser.set_defaults(_missing=module)
-            return
-        raise
-    mod.add_arguments(parser)
+    importlib.import_module(module).add_arguments(parser)
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -84,9 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
-    if getattr(args, "_missing", None):
-        print(f"llft: '{' '.join(argv[:2])}' is not built yet ({args._missing} missing)", file=sys.stderr)
-        return 2
     mod = importlib.import_module(args._module)
     try:
         return int(mod.run(args) or 0)

@@ -72,7 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="group sizes of the replicated service (empty: skip that part)")
     p.add_argument("--service-timeout-ms", type=float, default=100.0,
                    help="fault_timeout_ms of the replicated service's cluster (the agents "
-                   "and their applications share 2 cores here: 25 ms gives false suspicions)")
+                   "and their applications share 2 cores here: 25 ms gives false suspicions; "
+                   "100 ms is the configuration's default)")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 runs, 2 service kills")
     p.add_argument("--results", default=report.DEFAULT_RESULTS_DIR)
 

@@ -14,7 +14,8 @@ gateway, then one echo through it), measured interleaved with tcp and proxy, and
 stopped, so no idle group loads the machine (2 cores) while another is measured. llft
 ratios are to the tcp samples of the same phase; the tcp and proxy rows pool all phases.
 The llft clusters run with `--fault-timeout-ms` (default 200): this bench measures the
-failure-free path, and 25 ms (the default) gives false suspicions on 2 busy cores.
+failure-free path, and on 2 busy cores shorter detectors give false suspicions
+(the configuration's default is 100 ms).
 
 latency: this process is the client; one persistent TCP connection per configuration;
 for each size (`--sizes`), `--rounds` request/reply round trips per configuration, taken
@@ -72,7 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", default="1,2,3", help="llft group sizes to measure")
     p.add_argument("--fault-timeout-ms", type=float, default=200.0,
                    help="fault_timeout_ms of the llft clusters: this bench measures the "
-                   "failure-free path, and on 2 busy cores 25 ms gives false suspicions")
+                   "failure-free path, and on 2 busy cores shorter detectors give false "
+                   "suspicions (the configuration's default is 100 ms)")
     p.add_argument("--no-proxy", action="store_true", help="leave out the plain TCP proxy")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: sizes 64,1024, 50 rounds, clients 1,4, 0.5 s, 2 blocks")
