@@ -37,6 +37,7 @@ BENCHMARKS: dict[str, str] = {
     "throughput": "llft.bench.service",
     "ndlatency": "llft.bench.ndlatency",
     "spark": "llft.bench.spark",
+    "corpus": "llft.bench.corpus",
     "all": "llft.bench.all",
 }
 
