@@ -40,7 +40,7 @@ class MembershipDriver:
                                  **endpoint_kw)
         self._user_action = on_action or (lambda a: None)
         self._phase2 = phase2 or self._phase2_at_once
-        self.driver = Driver(self.endpoint, [self.core], on_action=self._on_action)
+        self.driver = Driver(self.endpoint, self.core, on_action=self._on_action)
         self.log: list[Any] = []            # actions other than sends, bounded below
         self.max_log = 1_000
 
