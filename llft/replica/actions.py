@@ -71,17 +71,20 @@ class RestartApp:
     reason: str
 
 
-# The node's own actions and those it passes through from its cores.
+# Passed through: the cores' own types, named here so that a runtime finds the whole
+# vocabulary in this module.
+MembershipChanged, ViewEntered = mb.MembershipChanged, mb.ViewEntered
+BeginPhase2, ViewStarted = mb.BeginPhase2, mb.ViewStarted
+StateRestored, Reset = mb.StateRestored, mb.Reset
+Opened, Resynced = mg.Opened, mg.Resynced
+Phase2Done, RecoveredOrderInfo = mg.Phase2Done, mg.RecoveredOrderInfo
+
 NODE_OWN = (Deliver, OrderInfo, ViewSwitch, Restored, RestartApp)
-FROM_MEMBERSHIP = (mb.MembershipChanged, mb.ViewEntered, mb.BeginPhase2, mb.ViewStarted,
-                   mb.StateRestored, mb.Reset)
-FROM_MESSAGING = (mg.Opened, mg.Resynced, mg.Phase2Done, mg.RecoveredOrderInfo)
+FROM_MEMBERSHIP = (MembershipChanged, ViewEntered, BeginPhase2, ViewStarted, StateRestored,
+                   Reset)
+FROM_MESSAGING = (Opened, Resynced, Phase2Done, RecoveredOrderInfo)
 ACTION_TYPES = (Send,) + NODE_OWN + FROM_MEMBERSHIP + FROM_MESSAGING
 
 NodeAction = (Send | Deliver | OrderInfo | ViewSwitch | Restored | RestartApp
-              | mb.MembershipChanged | mb.ViewEntered | mb.BeginPhase2 | mb.ViewStarted
-              | mb.StateRestored | mb.Reset
-              | mg.Opened | mg.Resynced | mg.Phase2Done | mg.RecoveredOrderInfo)
-
-__all__ = ["ACTION_TYPES", "Deliver", "FROM_MEMBERSHIP", "FROM_MESSAGING", "NODE_OWN",
-           "NodeAction", "OrderInfo", "RestartApp", "Restored", "Send", "ViewSwitch"]
+              | MembershipChanged | ViewEntered | BeginPhase2 | ViewStarted | StateRestored
+              | Reset | Opened | Resynced | Phase2Done | RecoveredOrderInfo)

@@ -265,16 +265,19 @@ class Agent:
             actions.ViewSwitch: self._view_switch,
             actions.Restored: self._start_backup,
             actions.RestartApp: self._restart_app,
-            mg.RecoveredOrderInfo: self._recovered_order_info,
-            mb.MembershipChanged: lambda a: self._write_status(),
-            mb.ViewEntered: lambda a: self._write_status(),
-            mg.Opened: ignore,          # registered on its first delivery
-            mg.Resynced: ignore, mg.Phase2Done: ignore,
-            mb.BeginPhase2: ignore, mb.ViewStarted: ignore, mb.StateRestored: ignore,
-            mb.Reset: ignore,           # RestartApp follows it
+            actions.RecoveredOrderInfo: self._recovered_order_info,
+            actions.MembershipChanged: lambda a: self._write_status(),
+            actions.ViewEntered: lambda a: self._write_status(),
+            actions.Opened: ignore,     # registered on its first delivery
+            actions.Resynced: ignore, actions.Phase2Done: ignore,
+            actions.BeginPhase2: ignore, actions.ViewStarted: ignore,
+            actions.StateRestored: ignore,
+            actions.Reset: ignore,      # RestartApp follows it
         }
         # every action the node emits but Send (the driver sends those) has a handler
-        assert set(handlers) == set(actions.ACTION_TYPES) - {actions.Send}
+        missing = set(actions.ACTION_TYPES) - {actions.Send} - set(handlers)
+        if missing:
+            raise RuntimeError(f"no handler for node actions {sorted(t.__name__ for t in missing)}")
         return handlers
 
     def _on_action(self, a: actions.NodeAction) -> None:
@@ -288,7 +291,7 @@ class Agent:
             self._become_primary(a.pvn)
         self._event("view", pvn=a.pvn, primary=a.primary)
 
-    def _recovered_order_info(self, a: mg.RecoveredOrderInfo) -> None:
+    def _recovered_order_info(self, a: actions.RecoveredOrderInfo) -> None:
         # the node delivered what it could as OrderInfo; a gap is fatal to the app
         if self.node.stats.get("recovered_gap", 0) > self._recovered_gaps:
             self._recovered_gaps = self.node.stats["recovered_gap"]
