@@ -104,7 +104,7 @@ async def rtt_llft(key: bytes, addresses: str, sizes: list[int], rounds: int,
             got["n"] += len(a.data)
     endpoint = Endpoint(key, "C", lambda m: None, groups=GroupMap.parse(addresses),
                         birth_id=CLIENT_BIRTH_ID)
-    driver = Driver(endpoint, [core], on_action=on_action)
+    driver = Driver(endpoint, core, on_action=on_action)
     await endpoint.start()
     core.set_view(1, CLIENT_BIRTH_ID, [(CLIENT_BIRTH_ID, 1)], CLIENT_BIRTH_ID, driver.clock_us())
     driver.start()

@@ -21,7 +21,7 @@ Membership's heartbeats carry ts = back = ack = 0; messaging's always carry a La
 ts > 0. A primary's messaging reads `back`/`ack` of every backup HEARTBEAT as that
 backup's watermark report, so a membership heartbeat given to it would zero the report
 and pin the group watermark until the next messaging heartbeat: the node keeps them
-apart (see the report of this module's author; messaging should ignore ts == 0).
+apart (messaging itself should ignore ts == 0).
 
 Messaging is *live* only while this replica is a member holding the group's state: a
 founder from its BeginPhase2, a joiner from its StateRestored. Before that it gets no
@@ -44,6 +44,10 @@ Wiring (membership action -> what the node does):
 Order-info chunks are framed by the node: one tag byte, then the payload.
     0x00 + app chunk           the determinizer's (opaque here)
     0x01 + pvn (8 bytes, BE)   the view marker (VIEW_MARKER_TAG)
+
+Actions: the node emits exactly the vocabulary of llft/replica/actions.py (its own
+actions, the cores' sends, and the core actions it passes through for status); the
+runtime reads the replica only through the public API block of `ReplicaNode`.
 
 Application side. `open`, `send`, `send_space` pass through to messaging: at the
 primary `send` transmits, at a backup it logs (semi-active). `add_order_info` is the
@@ -73,13 +77,14 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgpack
 
 from llft.protocol import messaging as mg
 from llft.protocol.messages import Message, MsgType, Role
+from llft.replica.actions import (ACTION_TYPES, Deliver, NodeAction, OrderInfo, RestartApp,
+                                  Restored, ViewSwitch)
 from membership import core as mb
 
 MAX_SETTLE_ROUNDS = 64           # cores feeding each other longer than this is a bug
@@ -116,46 +121,6 @@ class _NoAppState:
         pass
 
 
-# ---- the node's own actions (sends of both cores pass through unchanged) ------------------
-# The node's deliveries are messaging's Deliver, emitted after the node's own
-# de-duplication and the trimming a joining backup needs (`_on_messaging`).
-Deliver = mg.Deliver
-
-
-@dataclass(frozen=True, slots=True)
-class OrderInfo:
-    pvn: int
-    pos: int
-    chunk: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ViewSwitch:
-    """The order-info entry that starts primary view `pvn` (position `pos`) was reached:
-    at the primary when its view starts, at a backup when it delivers the marker."""
-    pvn: int
-    pos: int
-    primary: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Restored:
-    """A joining backup got the group's state: the application replays `streams`
-    (conn -> bytes delivered so far) and `order_info` ((pvn, pos, chunk) app entries),
-    then runs on ordinary deliveries."""
-    streams: tuple[tuple[mg.ConnId, bytes], ...]
-    order_info: tuple[tuple[int, int, bytes], ...]
-    app_state: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class RestartApp:
-    """The replica was reset: kill the application; a new one starts after Restored."""
-    old_birth: int
-    new_birth: int
-    reason: str
-
-
 def encode_view_marker(pvn: int) -> bytes:
     return bytes([VIEW_MARKER_TAG]) + pvn.to_bytes(8, "big")
 
@@ -168,17 +133,18 @@ class ReplicaNode:
                  messaging_config: mg.MessagingConfig | None = None,
                  app_state: AppState | None = None):
         self.group = group
-        self.mcfg = messaging_config or mg.MessagingConfig()
+        self.messaging_config = messaging_config or mg.MessagingConfig()
         self.app_state = app_state or _NoAppState()
         self.membership = mb.Membership(membership_config or mb.Config(group=group), rng,
                                         self)
         self.stats: dict[str, int] = {}
-        self._actions: deque[Any] = deque()
+        self._actions: deque[NodeAction] = deque()
         self._now = 0
         self._fresh_messaging()
 
     def _fresh_messaging(self) -> None:
-        self.messaging = mg.MessagingEndpoint(self.group, self.membership.birth, self.mcfg)
+        self.messaging = mg.MessagingEndpoint(self.group, self.membership.birth,
+                                              self.messaging_config)
         self.live = False                       # messaging fed (member holding state)
         self.streams: dict[mg.ConnId, bytearray] = {}
         self.input_bytes = 0
@@ -187,7 +153,9 @@ class ReplicaNode:
         self.skip_out: dict[mg.ConnId, int] = {}
         self._restore_blob: bytes | None = None
 
-    # ---- introspection -------------------------------------------------------------------
+    # ==== public API of the runtime =========================================================
+    # What an agent reads of its replica. It calls these, the sans-IO surface and the
+    # application calls below, and never reaches into `membership` or `messaging`.
     @property
     def birth(self) -> int:
         return self.membership.birth
@@ -201,12 +169,54 @@ class ReplicaNode:
         return self.membership.pvn
 
     @property
+    def rank(self) -> int:
+        return self.membership.rank
+
+    @property
     def is_primary(self) -> bool:
         return self.membership.status in mb.PRIMARY_STATUSES
 
-    def app_may_run(self) -> bool:
-        """The application has (or replays) the group's state."""
-        return self.live
+    @property
+    def max_piggyback_bytes(self) -> int:
+        """Order info one message may carry (output commit: the agent holds output back
+        while the unprotected order info exceeds this)."""
+        return self.messaging_config.max_piggyback_bytes
+
+    def order_info_unprotected_bytes(self) -> int:
+        """Order info of this primary that neither its backups' acknowledgments nor a
+        remote reflection covers yet (0 at a backup)."""
+        return self.messaging.order_info_unprotected_bytes()
+
+    def backups_hold_all_order_info(self) -> bool:
+        """Every order-info entry this primary produced is acknowledged by every backup
+        (nothing it would lose by leaving now)."""
+        return not self.messaging.oi_log
+
+    def order_info_delivered(self, pvn: int) -> int:
+        """The highest order-info position of view `pvn` this replica holds (0: none)."""
+        return self.oi_upto.get(pvn, 0)
+
+    def status_snapshot(self) -> dict:
+        """The replica as `llft status` shows it (the agent adds its own fields)."""
+        m = self.membership
+        members = [{"birth": k.birth, "precedence": k.precedence, "rank": i + 1}
+                   for i, k in enumerate(m.members)]
+        me = next((x for x in members if x["birth"] == self.birth), None)
+        st = m.status
+        role = ("primary" if st in mb.PRIMARY_STATUSES else
+                "backup" if st is mb.Status.BACKUP else st.value)
+        e = self.messaging
+        return {
+            "birth": self.birth, "role": role, "status": st.value,
+            "rank": me["rank"] if me else None,
+            "precedence": me["precedence"] if me else None,
+            "pvn": m.pvn, "primary": m.members[0].birth if m.members else None,
+            "members": members,
+            "order_info": {"produced": e.oi_next - 1 if e.is_primary else None,
+                           "delivered": self.order_info_delivered(m.pvn)},
+            "stats": dict(self.stats),
+        }
+    # ==== end of the public API of the runtime ==============================================
 
     # ---- sans-IO surface -----------------------------------------------------------------
     def start(self, now_us: int) -> None:
@@ -247,7 +257,7 @@ class ReplicaNode:
         ds = [d for d in ds if d is not None]
         return min(ds) if ds else None
 
-    def take_actions(self) -> list[Any]:
+    def take_actions(self) -> list[NodeAction]:
         out = list(self._actions)
         self._actions.clear()
         return out
@@ -332,7 +342,9 @@ class ReplicaNode:
                 return
         raise RuntimeError(f"cores kept feeding each other for {MAX_SETTLE_ROUNDS} rounds")
 
-    def _emit(self, action: Any) -> None:
+    def _emit(self, action: NodeAction) -> None:
+        if not isinstance(action, ACTION_TYPES):
+            raise TypeError(f"{action!r} is not a node action (llft/replica/actions.py)")
         if len(self._actions) >= MAX_HELD_ACTIONS:
             raise RuntimeError(f"more than MAX_HELD_ACTIONS={MAX_HELD_ACTIONS} not taken")
         self._actions.append(action)
@@ -342,7 +354,7 @@ class ReplicaNode:
                                 [(k.birth, k.precedence) for k in members],
                                 self.birth, self._now)
 
-    def _on_membership(self, a: Any) -> None:
+    def _on_membership(self, a: mb.Action) -> None:
         now = self._now
         if isinstance(a, mb.Send):
             self._emit(a)
@@ -374,8 +386,10 @@ class ReplicaNode:
             self._count("resets")
             self._emit(RestartApp(a.old_birth, a.new_birth, a.reason))
             self._emit(a)
+        elif isinstance(a, mb.ViewEntered):
+            self._emit(a)                               # status only
         else:
-            self._emit(a)                               # ViewEntered: status only
+            raise TypeError(f"unknown membership action {a!r}")
 
     def _on_messaging(self, a: Any) -> None:
         if isinstance(a, mg.Send):
@@ -413,8 +427,10 @@ class ReplicaNode:
         elif isinstance(a, mg.RecoveredOrderInfo):
             self._recovered(a)
             self._emit(a)
+        elif isinstance(a, (mg.Opened, mg.Resynced)):
+            self._emit(a)
         else:
-            self._emit(a)           # Opened, Resynced
+            raise TypeError(f"unknown messaging action {a!r}")
 
     def _recovered(self, a: mg.RecoveredOrderInfo) -> None:
         """Phase 2 at a new primary: the old primary's last order info, reflected by a

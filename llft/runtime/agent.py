@@ -4,12 +4,24 @@
 
 Theory of operation
 -------------------
-The agent is one asyncio process (DESIGN.md, "Processes of one replica"). It owns a
-`ReplicaNode` (membership + messaging, llft/replica/node.py) driven by `llft.runtime.driver.Driver`
-over real UDP multicast, and the application, started under the preload shim
-(determinizer/runner.py) with a shared-memory block (`determinizer.shm.Shm`).
+The agent is one asyncio process (docs/DESIGN.md, "Processes of one replica"). It owns
+a `ReplicaNode` (membership + messaging, llft/replica/node.py) driven by
+`llft.runtime.driver.Driver` over real UDP multicast, and the application, started under
+the preload shim (determinizer/runner.py) with a shared-memory block
+(`determinizer.shm.Shm`).
 
-Group connections (DESIGN.md, "Three kinds of connection"). The app listens on the
+Parts. The agent coordinates; each part is defined apart:
+  the replica        read only through `ReplicaNode`'s public API; its actions are the
+                     vocabulary of llft/replica/actions.py, dispatched by a table of
+                     handlers here (`_action_handlers`; anything else raises)
+  the application    `Application` (llft/runtime/application.py): spawn under the shim,
+                     the shm block, the drain and feeder threads, promotion, kill; its
+                     mode is an `AppMode` with written transitions
+  the status file    `status.StatusFile` (atomic rewrites, removed at exit)
+  here               group connections to the app, order-info framing, output commit,
+                     the process's life (signals, exit status)
+
+Group connections (docs/DESIGN.md, "Three kinds of connection"). The app listens on the
 group's `service_port`; the shim binds that listener to an ephemeral loopback port and
 publishes it (`Shm.group_port`). Each LLFT connection from a remote group (a gateway
 client, another group) becomes one real loopback TCP connection from the agent to that
@@ -30,21 +42,25 @@ connects it to the app; every replica connects the connections in the order of t
 entries, so every app accepts them in the same order. A backup feeds "S" entries to its
 shim (a thread: the feeder blocks while the app is behind) and connects on "C" entries.
 
-Output commit (DESIGN.md): before the primary hands the app's output to messaging it
-drains the shim's ring, so every order-info entry the output depends on is queued
-before the output (messaging piggybacks it on the data, the remote primary reflects it).
-The drain thread waits without taking (`Shm.wait`) and drains under `_oi_lock`, and the
-output path drains under the same lock: entries stay in the shim's order.
+Output commit (docs/DESIGN.md, "Output commit"): before the primary hands the app's
+output to messaging it drains the shim's ring, so every order-info entry the output
+depends on is queued before the output (messaging piggybacks it on the data, the remote
+primary reflects it). The drain thread waits without taking (`Shm.wait`) and the loop
+drains under the application's `_oi_lock`, as the output path does: entries stay in the
+shim's order.
 
-Roles over time:
-  founder   first member: ViewSwitch(primary) -> app starts as PRIMARY
+Roles over time (the application's `AppMode` in brackets):
+  founder   first member: ViewSwitch(primary) -> app starts as PRIMARY   [NONE -> PRIMARY]
   joiner    StateRestored -> Restored(streams, order_info, app_state): the app starts as a
             BACKUP with the primary's environment, replays the group's whole log of inputs
             and order info (the checkpoint, see llft/replica/node.py), then follows live
+                                                                        [NONE -> BACKUP]
   promoted  a backup whose view starts as primary: feeds what phase 2 recovered, waits
             until its app has executed every entry it was given, then `Shm.promote()`:
             the app continues live, and the agent starts draining
+                                                   [BACKUP -> PROMOTING -> PRIMARY]
   reset     RestartApp: the app is killed; a new one starts at the next Restored
+                                                   [a new Application, NONE]
 
 The agent and the app live and die together: the app gets SIGKILL when the agent dies
 (PR_SET_PDEATHSIG), and the agent exits with the app's status when the app ends.
@@ -59,24 +75,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import queue
 import random
 import signal
 import socket
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import msgpack
 
+from llft.protocol import messaging as mg
+from llft.protocol.messages import Role
+from llft.replica import actions
+from llft.replica import node as rp
 from llft.runtime import config as config_mod
 from llft.runtime import keys
-from llft.protocol import messaging as mg
-from llft.replica import node as rp
 from llft.runtime import status as status_files
+from llft.runtime.application import AppMode, Application
 from llft.runtime.driver import Driver
-from llft.protocol.messages import Role
 from llft.runtime.transport import Endpoint
 from membership import core as mb
 
@@ -86,19 +103,8 @@ READ_BYTES = 64 << 10            # app output read at a time, per connection
 TERM_FLUSH_S = 1.0               # SIGTERM at a primary: wait this long for backups' acks
 PROMOTE_CHECK_S = 0.002          # how often a promoting agent checks the app's progress
 TAG_SHIM, TAG_CONN = b"S", b"C"
-NO_STALL_MS = 0x7FFF_FFFF
-# The app (and what it starts: a Spark JVM) runs below the agent's CPU priority: the
-# agent's heartbeats and acknowledgments are the group's fault detector, and an app
-# that keeps the cores busy must not get its own replica suspected.
-APP_NICE = 5
 PIGGYBACK_BYTES = 16 << 10       # order info a message may carry (output commit, above)
 APP_STATE_VERSION = 1
-
-
-def _close_after(shm, threads) -> None:
-    for t in threads:
-        t.join()
-    shm.close()
 
 
 def _log(msg: str) -> None:
@@ -143,21 +149,21 @@ class Agent:
         self.key = cfg.load_key()
         hb = int(cfg.heartbeat_ms * 1000)
         base = int(cfg.fault_timeout_ms * 1000)
-        self.mcfg = mb.Config(group=group, heartbeat_interval_us=hb, timeout_base_us=base,
-                              backup_timeout_us=2 * base, ack_timeout_us=2 * base,
-                              retransmit_us=hb, join_retry_us=2 * hb,
-                              found_timeout_us=4 * base, host=socket.gethostname(),
-                              pid=os.getpid())
+        self.membership_config = mb.Config(
+            group=group, heartbeat_interval_us=hb, timeout_base_us=base,
+            backup_timeout_us=2 * base, ack_timeout_us=2 * base, retransmit_us=hb,
+            join_retry_us=2 * hb, found_timeout_us=4 * base, host=socket.gethostname(),
+            pid=os.getpid())
+        self.messaging_config = mg.MessagingConfig(heartbeat_us=hb,
+                                                   max_piggyback_bytes=PIGGYBACK_BYTES)
         self.rng = random.Random(os.getpid() ^ time.monotonic_ns())
-        self.node = rp.ReplicaNode(group, self.rng, membership_config=self.mcfg,
-                                   messaging_config=mg.MessagingConfig(
-                                       heartbeat_us=hb, max_piggyback_bytes=PIGGYBACK_BYTES),
-                                   app_state=self)
+        self.node = rp.ReplicaNode(group, self.rng, membership_config=self.membership_config,
+                                   messaging_config=self.messaging_config, app_state=self)
         self.endpoint = Endpoint(self.key, [group], lambda m: None,
                                  groups=cfg.group_map(), interface=cfg.interface,
                                  ttl=cfg.ttl)
-        self.driver = Driver(self.endpoint, [self.node], on_action=self._on_action)
-        self.loop: asyncio.AbstractEventLoop | None = None
+        self.driver = Driver(self.endpoint, self.node, on_action=self._on_action)
+        self._handlers = self._action_handlers()
         self.stop_event = asyncio.Event()
         self.exit_code = 0
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("LLFT_")}
@@ -168,26 +174,23 @@ class Agent:
         self.counters: dict[str, int] = {}
         self.events: list[dict] = []          # role changes etc. (status file, bounded)
         self.started_mono = time.monotonic()
-        self._status_path: str | None = None
+        self.status_file = status_files.StatusFile()
 
     def _reset_app_state(self) -> None:
-        self.shm = None
-        self.proc = None
-        self.mode = "none"                    # none | primary | backup | promoting
+        """A new (not yet started) application and no group connection to it."""
+        self.app = Application(self.cmd, self.cwd, self.gcfg.service_port,
+                               on_exit=self._app_exited,
+                               on_order_info=self._take_order_info,
+                               on_feed_failed=self._feed_failed)
         self.conns: dict[mg.ConnId, AppConn] = {}
         self.registered: list[AppConn] = []   # by index
         self.unregistered: list[AppConn] = []  # primary: delivered on, no "C" yet
         self._connect_queue: asyncio.Queue = asyncio.Queue()
-        self._oi_lock = threading.Lock()
         self._oi_pending: list[bytes] = []    # drained, not yet accepted by messaging
-        self._drain_thread: threading.Thread | None = None
-        self._drain_stop = threading.Event()
-        self._feed_queue: queue.Queue = queue.Queue()
-        self._feeder = None
-        self._feed_thread: threading.Thread | None = None
-        self._feed_busy = [0]                 # chunks queued or being pushed (this app's)
-        self._feed_lock = threading.Lock()
-        self.divergence: dict | None = None
+
+    @property
+    def mode(self) -> AppMode:
+        return self.app.mode
 
     # ---- AppState (llft/replica/node.py): what a joining backup needs besides the log --------
     def checkpoint(self) -> bytes:
@@ -202,9 +205,9 @@ class Agent:
 
     # ---- life cycle ------------------------------------------------------------------
     async def run(self) -> int:
-        self.loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            self.loop.add_signal_handler(sig, self.stop_event.set)
+            loop.add_signal_handler(sig, self.stop_event.set)
         await self.endpoint.start()
         self.node.start(self.driver.clock_us())
         self.driver.start()
@@ -213,46 +216,34 @@ class Agent:
         _log(f"group {self.group}: birth {self.node.birth:x} joining "
              f"({self.gcfg.address.mcast_addr}:{self.gcfg.address.port})")
         await self.stop_event.wait()
-        if self.mode == "primary" and self.exit_code == 0:
+        if self.mode is AppMode.PRIMARY and self.exit_code == 0:
             await self._flush_before_exit()
         connector.cancel()
         status.cancel()
         self._stop_app()
         self.driver.stop()
         self.endpoint.close()
-        self._remove_status(keep=self.divergence is not None)
+        if self.app.divergence is None:
+            self.status_file.remove()
         return self.exit_code
 
     def _stop_app(self) -> None:
-        self._drain_stop.set()
-        if self._feeder is not None:
-            self._feeder.stopped = True
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        self.app.stop()
         for c in self.conns.values():
             if c.reader_task:
                 c.reader_task.cancel()
             if c.writer:
                 c.writer.close()
-        if self._feed_thread is not None:
-            self._feed_queue.put(None)
-        # The drain and feeder threads may still be inside a (bounded) wait on this block:
-        # it is unmapped once they are gone, not under them (never join on the loop).
-        threads = [t for t in (self._drain_thread, self._feed_thread) if t is not None]
-        shm = self.shm
-        if shm is not None:
-            threading.Thread(target=_close_after, args=(shm, threads), daemon=True).start()
 
     async def _flush_before_exit(self) -> None:
         """A primary leaving on SIGTERM: its backups must hold every order-info entry
         (and the app's output must be out) before it goes, so the next primary continues
         exactly where this one stopped."""
-        self._drain_stop.set()
+        self.app.stop_draining()
         self._take_order_info()
-        e = self.node.messaging
-        await self.driver.wait_for(lambda: not self._oi_pending and not e.oi_log,
-                                   TERM_FLUSH_S)
+        await self.driver.wait_for(
+            lambda: not self._oi_pending and self.node.backups_hold_all_order_info(),
+            TERM_FLUSH_S)
 
     def _count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
@@ -264,50 +255,71 @@ class Agent:
         del self.events[:-50]
         self._write_status()
 
-    # ---- node actions ------------------------------------------------------------------
-    def _on_action(self, a) -> None:
-        if isinstance(a, mg.Deliver):
-            self._deliver(a)
-        elif isinstance(a, rp.OrderInfo):
-            self._handle_entry(a.chunk)
-        elif isinstance(a, mg.Opened):
-            pass                                   # registered on its first delivery
-        elif isinstance(a, rp.ViewSwitch):
-            if a.primary:
-                self._become_primary(a.pvn)
-            self._event("view", pvn=a.pvn, primary=a.primary)
-        elif isinstance(a, rp.Restored):
-            self._start_backup(a)
-        elif isinstance(a, mg.RecoveredOrderInfo):
-            # the node delivered what it could as OrderInfo; a gap is fatal to the app
-            if self.node.stats.get("recovered_gap", 0) > self._recovered_gaps:
-                self._recovered_gaps = self.node.stats["recovered_gap"]
-                _log(f"order info of view {a.pvn} recovered from {a.first_pos}, beyond "
-                     f"what was delivered ({self.node.oi_upto.get(a.pvn, 0)}): "
-                     "entries are missing")
-        elif isinstance(a, rp.RestartApp):
-            _log(f"reset ({a.reason}): birth {a.old_birth:x} -> {a.new_birth:x}; "
-                 "the application restarts when the state arrives")
-            self._stop_app()
-            self._remove_status()
-            self._reset_app_state()
-            self._event("reset", reason=a.reason)
-        elif isinstance(a, (mb.MembershipChanged, mb.ViewEntered)):
-            self._write_status()
+    # ---- node actions (the vocabulary of llft/replica/actions.py) ------------------------
+    def _action_handlers(self) -> dict[type, Callable[[Any], None]]:
+        def ignore(a) -> None:
+            pass                        # the node acted on it; nothing for the agent
+        handlers = {
+            actions.Deliver: self._deliver,
+            actions.OrderInfo: lambda a: self._handle_entry(a.chunk),
+            actions.ViewSwitch: self._view_switch,
+            actions.Restored: self._start_backup,
+            actions.RestartApp: self._restart_app,
+            actions.RecoveredOrderInfo: self._recovered_order_info,
+            actions.MembershipChanged: lambda a: self._write_status(),
+            actions.ViewEntered: lambda a: self._write_status(),
+            actions.Opened: ignore,     # registered on its first delivery
+            actions.Resynced: ignore, actions.Phase2Done: ignore,
+            actions.BeginPhase2: ignore, actions.ViewStarted: ignore,
+            actions.StateRestored: ignore,
+            actions.Reset: ignore,      # RestartApp follows it
+        }
+        # every action the node emits but Send (the driver sends those) has a handler
+        missing = set(actions.ACTION_TYPES) - {actions.Send} - set(handlers)
+        if missing:
+            raise RuntimeError(f"no handler for node actions {sorted(t.__name__ for t in missing)}")
+        return handlers
+
+    def _on_action(self, a: actions.NodeAction) -> None:
+        handler = self._handlers.get(type(a))
+        if handler is None:
+            raise TypeError(f"llft run: {a!r} is not a node action")
+        handler(a)
+
+    def _view_switch(self, a: actions.ViewSwitch) -> None:
+        if a.primary:
+            self._become_primary(a.pvn)
+        self._event("view", pvn=a.pvn, primary=a.primary)
+
+    def _recovered_order_info(self, a: actions.RecoveredOrderInfo) -> None:
+        # the node delivered what it could as OrderInfo; a gap is fatal to the app
+        if self.node.stats.get("recovered_gap", 0) > self._recovered_gaps:
+            self._recovered_gaps = self.node.stats["recovered_gap"]
+            _log(f"order info of view {a.pvn} recovered from {a.first_pos}, beyond "
+                 f"what was delivered ({self.node.order_info_delivered(a.pvn)}): "
+                 "entries are missing")
+
+    def _restart_app(self, a: actions.RestartApp) -> None:
+        _log(f"reset ({a.reason}): birth {a.old_birth:x} -> {a.new_birth:x}; "
+             "the application restarts when the state arrives")
+        self._stop_app()
+        self.status_file.remove()
+        self._reset_app_state()
+        self._event("reset", reason=a.reason)
 
     # -- deliveries --
-    def _deliver(self, a: mg.Deliver) -> None:
+    def _deliver(self, a: actions.Deliver) -> None:
         c = self.conns.get(a.conn)
         if c is None:
             c = self.conns[a.conn] = AppConn(a.conn)
-            if self.mode == "primary":
+            if self.mode is AppMode.PRIMARY:
                 self.unregistered.append(c)
         self._count("delivered_bytes", len(a.data))
         if c.writer is not None:
             c.writer.write(a.data)
         else:
             c.pending += a.data
-        if self.mode == "primary" and c.index < 0:
+        if self.mode is AppMode.PRIMARY and c.index < 0:
             self._register_new()
 
     def _register_new(self) -> None:
@@ -335,10 +347,7 @@ class Agent:
     def _handle_entry(self, chunk: bytes) -> None:
         tag, body = chunk[:1], chunk[1:]
         if tag == TAG_SHIM:
-            if self.mode in ("backup", "promoting"):
-                with self._feed_lock:
-                    self._feed_busy[0] += 1
-                self._feed_queue.put(body)
+            self.app.feed(body)
             self._count("oi_entries_in", 1)
         elif tag == TAG_CONN:
             k, remote, seq, role = msgpack.unpackb(body)
@@ -351,26 +360,11 @@ class Agent:
         else:
             self._count("bad_agent_entry")
 
-    # -- starting the app --
-    def _spawn(self, mode: int, env: dict[str, str]) -> None:
-        from determinizer.runner import shim_env, spawn
-        from determinizer.shm import Shm
-        # No stall detection: a backup whose app waits for order info that has not come
-        # is normal (an idle primary produces none); lag shows in `llft status`.
-        self.shm = Shm.create(mode, stall_ms=NO_STALL_MS)
-        senv = self.shm.env(service_port=self.gcfg.service_port)
-        self.proc = spawn(self.cmd, shim_env(env, senv), cwd=self.cwd,
-                          death_signal=signal.SIGKILL, nice=APP_NICE)
-        threading.Thread(target=self._wait_app, args=(self.proc,), daemon=True).start()
-
-    def _wait_app(self, proc) -> None:
-        rc = proc.wait()
-        self.loop.call_soon_threadsafe(self._app_exited, proc, rc)
-
-    def _app_exited(self, proc, rc: int) -> None:
-        if proc is not self.proc or self.stop_event.is_set():
+    # -- the application's life --
+    def _app_exited(self, app: Application, rc: int) -> None:
+        if app is not self.app or self.stop_event.is_set():
             return                              # a killed old app (reset) or shutdown
-        if self.shm is not None and self.shm.diverged:
+        if app.diverged:
             self._diverged()
             return
         _log(f"the application exited with status {rc}: this replica stops")
@@ -379,76 +373,50 @@ class Agent:
         self.stop_event.set()
 
     def _become_primary(self, pvn: int) -> None:
-        if self.mode == "none":
-            from determinizer.shm import Shm
-            self._spawn(Shm.PRIMARY, self.env)
-            self.mode = "primary"
-            self._start_drain()
-            _log(f"primary of view {pvn} (founder); application pid {self.proc.pid}")
-        elif self.mode == "backup":
-            self.mode = "promoting"
+        if self.mode is AppMode.NONE:
+            self.app.start_primary(self.env)
+            _log(f"primary of view {pvn} (founder); application pid {self.app.proc.pid}")
+        elif self.mode is AppMode.BACKUP:
+            self.app.begin_promotion()
             asyncio.ensure_future(self._promote(pvn))
 
     async def _promote(self, pvn: int) -> None:
         t0 = time.monotonic()
-        f, shm = self._feeder, self.shm
-        while not (self._feed_busy[0] == 0 and f.consumed >= f.fed_entries):
-            if self.shm is not shm or shm.diverged or self.stop_event.is_set():
+        app = self.app
+        while not app.caught_up():
+            if self.app is not app or app.diverged or self.stop_event.is_set():
                 return                              # reset, diverged, or stopping
             await asyncio.sleep(PROMOTE_CHECK_S)   # the app executes its last entries
-        shm.promote()
-        self.mode = "primary"
-        self._start_drain()
+        app.promote()
         for c in self.conns.values():              # delivered on, never registered
             if c.index < 0:
                 self.unregistered.append(c)
         self._register_new()
         ms = (time.monotonic() - t0) * 1000
         _log(f"primary of view {pvn}: application promoted after {ms:.1f} ms "
-             f"({f.fed_entries} entries replayed)")
+             f"({app.fed_entries} entries replayed)")
         self._event("promoted", pvn=pvn, wait_ms=round(ms, 3))
 
-    def _start_backup(self, a: rp.Restored) -> None:
-        from determinizer.shm import Shm
+    def _start_backup(self, a: actions.Restored) -> None:
         app = self._restored_app or {}
         env = dict(app.get("env") or self.env)
-        self._spawn(Shm.BACKUP, env)
-        self.mode = "backup"
-        self._feeder = self.shm.feeder()
-        self._feed_thread = threading.Thread(target=self._feed_loop, daemon=True)
-        self._feed_thread.start()
+        self.app.start_backup(env)
         streams = dict(a.streams)
         for cid, data in streams.items():
             c = self.conns.setdefault(cid, AppConn(cid))
             c.pending[:0] = data
         for _, _, chunk in a.order_info:
             self._handle_entry(chunk)
-        m = self.node.membership
-        _log(f"backup (rank {m.rank}) of view {m.pvn}: replaying {len(a.order_info)} "
-             f"order-info chunks and {sum(len(d) for d in streams.values())} input bytes; "
-             f"application pid {self.proc.pid}")
+        _log(f"backup (rank {self.node.rank}) of view {self.node.pvn}: replaying "
+             f"{len(a.order_info)} order-info chunks and "
+             f"{sum(len(d) for d in streams.values())} input bytes; "
+             f"application pid {self.app.proc.pid}")
         self._event("restored", chunks=len(a.order_info))
 
-    # -- the feeder thread (backup) --
-    def _feed_loop(self) -> None:
-        f, q, lock, busy = self._feeder, self._feed_queue, self._feed_lock, self._feed_busy
-        while True:
-            data = q.get()
-            if data is None:
-                return
-            try:
-                f.push(data)
-            except Exception as e:       # diverged, malformed: the loop decides
-                self.loop.call_soon_threadsafe(self._feed_failed, f, str(e))
-                return
-            finally:
-                with lock:
-                    busy[0] -= 1
-
-    def _feed_failed(self, feeder, why: str) -> None:
-        if feeder is not self._feeder:
+    def _feed_failed(self, app: Application, why: str) -> None:
+        if app is not self.app:
             return                                  # an app that was reset
-        if self.shm is not None and self.shm.diverged:
+        if app.diverged:
             self._diverged()
         elif not self.stop_event.is_set():
             _log(f"feeding order info failed: {why}")
@@ -456,37 +424,22 @@ class Agent:
             self.stop_event.set()
 
     def _diverged(self) -> None:
-        if self.divergence is not None:
+        if self.app.divergence is not None:
             return
-        d = getattr(self.shm, "divergence", None)
-        self.divergence = {"report": self.shm.report,
-                           "conn": d[0] if d else None, "offset": d[1] if d else None}
+        divergence = self.app.record_divergence()
         _log("DIVERGENCE: the application did not do what the primary did: "
-             + self.shm.report.replace("\n", " | "))
+             + divergence["report"].replace("\n", " | "))
         self.exit_code = 86
-        self._event("diverged", **self.divergence)
+        self._event("diverged", **divergence)
         self.stop_event.set()
 
-    # -- the drain thread (primary) --
-    def _start_drain(self) -> None:
-        self._drain_stop.clear()
-        self._drain_thread = threading.Thread(target=self._drain_loop, args=(self.shm,),
-                                              daemon=True)
-        self._drain_thread.start()
-
-    def _drain_loop(self, shm) -> None:
-        stop = self._drain_stop                     # this app's (a reset makes new ones)
-        while not stop.is_set():
-            if shm.wait(100):
-                self.loop.call_soon_threadsafe(self._take_order_info)
-
+    # -- order info at the primary --
     def _take_order_info(self) -> None:
         """Move drained entries into messaging (loop thread). Output commit: called
         before app output is handed to messaging."""
-        if self.shm is None or self.mode != "primary":
+        if self.app.shm is None or self.mode is not AppMode.PRIMARY:
             return
-        with self._oi_lock:
-            data = self.shm.drain(0)
+        data = self.app.drain()
         if data:
             self._oi_pending.extend(TAG_SHIM + p for p in split_entries(data))
         now = self.driver.clock_us()
@@ -508,8 +461,7 @@ class Agent:
             c: AppConn = await self._connect_queue.get()
             where = None
             while where is None:
-                shm = self.shm
-                where = shm.group_address if shm is not None else None
+                where = self.app.group_address
                 if where is None:
                     await asyncio.sleep(0.005)     # the app has not listened yet
             reader, writer = await asyncio.open_connection(*where)
@@ -528,14 +480,14 @@ class Agent:
             if not data:
                 self._count("app_closed")
                 return
-            if self.mode == "primary":
+            if self.mode is AppMode.PRIMARY:
                 # Output commit: every order-info entry this output depends on is in the
                 # shim's ring now; it goes to messaging first, and the output waits until
                 # what the backups do not hold yet fits in the message's piggyback.
-                e = self.node.messaging
+                node = self.node
                 self._take_order_info()
-                while (self._oi_pending or e.order_info_unprotected_bytes()
-                       > self.node.mcfg.max_piggyback_bytes) and self.mode == "primary":
+                while (self._oi_pending or node.order_info_unprotected_bytes()
+                       > node.max_piggyback_bytes) and self.mode is AppMode.PRIMARY:
                     self._count("output_commit_waits")
                     await self._wait_progress()
                     self._take_order_info()
@@ -557,7 +509,7 @@ class Agent:
     async def _status_loop(self) -> None:
         while True:
             self._write_status()
-            if self.shm is not None and self.shm.diverged:
+            if self.app.diverged:
                 self._diverged()
             t = time.monotonic()
             await asyncio.sleep(STATUS_PERIOD_S)    # a reporting period
@@ -567,36 +519,24 @@ class Agent:
                 self.counters["loop_lag_max_ms"] = lag_ms
 
     def status(self) -> dict:
-        n = self.node
-        m = n.membership
-        e = n.messaging
-        members = [{"birth": k.birth, "precedence": k.precedence, "rank": i + 1}
-                   for i, k in enumerate(m.members)]
-        me = next((x for x in members if x["birth"] == n.birth), None)
-        st = m.status
-        role = ("primary" if st in mb.PRIMARY_STATUSES else
-                "backup" if st is mb.Status.BACKUP else st.value)
-        f = self._feeder
+        replica = self.node.status_snapshot()
+        order_info = replica.pop("order_info")
+        node_stats = replica.pop("stats")
+        app = self.app
         return {
-            "group": self.group, "birth": n.birth, "role": role, "status": st.value,
-            "rank": me["rank"] if me else None,
-            "precedence": me["precedence"] if me else None,
-            "pvn": m.pvn, "primary": m.members[0].birth if m.members else None,
-            "members": members, "host": socket.gethostname(),
+            "group": self.group, **replica, "host": socket.gethostname(),
             "agent_pid": os.getpid(),
-            "app_pid": self.proc.pid if self.proc is not None and self.proc.poll() is None
-            else None,
-            "app_mode": self.mode,
+            "app_pid": app.pid,
+            "app_mode": app.mode.value,
             "order_info": {
-                "produced": e.oi_next - 1 if e.is_primary else None,
-                "delivered": n.oi_upto.get(m.pvn, 0),
-                "fed_entries": f.fed_entries if f else None,
-                "consumed_entries": f.consumed if f and self.shm is not None else None,
+                **order_info,
+                "fed_entries": app.fed_entries,
+                "consumed_entries": app.consumed_entries,
             },
             "connections": len(self.registered),
-            "diverged": self.divergence,
-            "counters": {**self.counters, **{f"node_{k}": v for k, v in n.stats.items()}},
-            "transport": self.endpoint.stats() if not self.endpoint._closed else {},
+            "diverged": app.divergence,
+            "counters": {**self.counters, **{f"node_{k}": v for k, v in node_stats.items()}},
+            "transport": self.endpoint.stats() if not self.endpoint.closed else {},
             "events": self.events[-20:],
             "written_mono": time.monotonic(),
         }
@@ -604,22 +544,11 @@ class Agent:
     def _write_status(self) -> None:
         try:
             path = os.path.join(self.cfg.status_dir(self.group), f"{self.node.birth:x}.json")
-            status_files.write_file(path, self.status())
-            if self._status_path and self._status_path != path:
-                self._remove_status()
-            self._status_path = path
+            self.status_file.write(path, self.status())
         except OSError as e:
             self._count("status_write_errors")
             if self.counters["status_write_errors"] == 1:
                 _log(f"cannot write status under {self.cfg.runtime_dir}: {e}")
-
-    def _remove_status(self, keep: bool = False) -> None:
-        if self._status_path and not keep:
-            try:
-                os.unlink(self._status_path)
-            except FileNotFoundError:
-                pass
-            self._status_path = None
 
 
 # ---- command line ------------------------------------------------------------------------

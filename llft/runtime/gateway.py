@@ -123,7 +123,7 @@ class Gateway:
         self.endpoint = Endpoint(key, self.gcfg.gateway_group, lambda m: None,
                                  groups=cfg.group_map(), interface=cfg.interface,
                                  ttl=cfg.ttl, birth_id=self.birth)
-        self.driver = Driver(self.endpoint, [self.core], on_action=self._on_action)
+        self.driver = Driver(self.endpoint, self.core, on_action=self._on_action)
         self.clients: dict[tuple, Client] = {}
         self.counters: Counter[str] = Counter()
         self.next_number = 0

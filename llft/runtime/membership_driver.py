@@ -2,9 +2,9 @@
 
 Theory of operation
 -------------------
-The generic `llft.runtime.driver.Driver` pumps sans-IO cores over a transport `Endpoint`: it
-feeds datagrams and timer expiries in and multicasts `Send` actions out. This module
-adds what membership alone needs from the runtime:
+The generic `llft.runtime.driver.Driver` pumps one sans-IO core over a transport
+`Endpoint`: it feeds datagrams and timer expiries in and multicasts `Send` actions out.
+This module adds what membership alone needs from the runtime:
 
   * phase 2 of a primary change: `BeginPhase2` is handed to `phase2` (the runtime wires
     the messaging layer's NewPrimaryView round there); without messaging, as in the
@@ -40,7 +40,7 @@ class MembershipDriver:
                                  **endpoint_kw)
         self._user_action = on_action or (lambda a: None)
         self._phase2 = phase2 or self._phase2_at_once
-        self.driver = Driver(self.endpoint, [self.core], on_action=self._on_action)
+        self.driver = Driver(self.endpoint, self.core, on_action=self._on_action)
         self.log: list[Any] = []            # actions other than sends, bounded below
         self.max_log = 1_000
 

@@ -38,6 +38,30 @@ def write_file(path: str, status: dict) -> None:
     os.replace(tmp, path)
 
 
+class StatusFile:
+    """One process's status file, rewritten whole at each `write`. Its path may change
+    (an agent's file is named by its birth id, which a reset changes): once the file
+    at the new path is written, the one at the old path is removed."""
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+
+    def write(self, path: str, status: dict) -> None:
+        """Raises OSError if the file cannot be written (the caller reports it)."""
+        write_file(path, status)
+        if self.path and self.path != path:
+            self.remove()
+        self.path = path
+
+    def remove(self) -> None:
+        if self.path:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            self.path = None
+
+
 def _alive(pid) -> bool:
     if not isinstance(pid, int) or pid <= 0:
         return False

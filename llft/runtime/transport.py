@@ -297,9 +297,8 @@ class Endpoint:
         return self
 
     @property
-    def local_address(self) -> tuple[str, int]:
-        """The sending socket's address (in unicast mode also where peers send to us)."""
-        return self._send_transport.get_extra_info("sockname")
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self) -> None:
         self._closed = True

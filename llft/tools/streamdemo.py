@@ -98,7 +98,7 @@ async def main_async(args) -> int:
                 return
             pending.pop(0)
 
-    driver = Driver(endpoint, [core], on_action=on_action)
+    driver = Driver(endpoint, core, on_action=on_action)
     await endpoint.start()
     core.set_view(1, primary, members, args.me, now_us=driver.clock_us())
     driver.start()

@@ -1,0 +1,248 @@
+"""The replicated application's life cycle: one unmodified process under the preload shim.
+
+Theory of operation
+-------------------
+An `Application` is one incarnation of the app an agent runs (llft/runtime/agent.py):
+started under the preload shim (determinizer/runner.py) with a shared-memory block
+(`determinizer.shm.Shm`), below the agent's CPU priority (APP_NICE). A reset discards
+it: the agent makes a new one, and whatever the old one's threads report afterwards
+names the old object, so the agent recognises it and drops it.
+
+Modes (`AppMode`, the string values are the status file's `app_mode`):
+
+    NONE       no application runs (the replica holds no group state yet, or was reset)
+    PRIMARY    the app runs live; the drain thread takes its order info
+    BACKUP     the app replays: the feeder thread gives it the primary's order info
+    PROMOTING  its view starts as primary: the app executes the entries it was given
+
+Allowed transitions (`TRANSITIONS`; anything else is a bug and raises):
+
+    NONE      -> PRIMARY     founder: the first member starts the app as the primary
+    NONE      -> BACKUP      joiner: the group's state arrived (Restored)
+    BACKUP    -> PROMOTING   its view starts as primary
+    PROMOTING -> PRIMARY     the app executed every entry it was fed: `Shm.promote()`,
+                             the app continues live and draining starts
+
+Threads (two per app, both daemons, both bounded in their waits on the block):
+  drain (primary)  waits without taking (`Shm.wait`) and asks the loop to take
+                   (`on_order_info`); the loop drains under `_oi_lock` (`drain()`), so
+                   entries stay in the shim's order
+  feeder (backup)  pushes queued chunks into the shim (`Feeder.push` blocks while the
+                   app is behind); a failure goes to the loop (`on_feed_failed`)
+  wait             one more, only to learn the app's exit status (`on_exit`)
+
+Every callback runs on the event loop (`call_soon_threadsafe`) and gets this object
+first. Never join a thread on the event loop: `stop()` kills the app and unmaps the
+block from a helper thread once the drain and feeder threads are gone.
+
+The app dies with its agent (PR_SET_PDEATHSIG: SIGKILL), so it is spawned from the
+agent's main thread, the loop's.
+"""
+from __future__ import annotations
+
+import asyncio
+import enum
+import queue
+import signal
+import threading
+from typing import Callable
+
+# No stall detection: a backup whose app waits for order info that has not come is
+# normal (an idle primary produces none); lag shows in `llft status`.
+NO_STALL_MS = 0x7FFF_FFFF
+# The app (and what it starts: a Spark JVM) runs below the agent's CPU priority: the
+# agent's heartbeats and acknowledgments are the group's fault detector, and an app
+# that keeps the cores busy must not get its own replica suspected.
+APP_NICE = 5
+DRAIN_WAIT_MS = 100              # the drain thread's bounded wait (checks its stop event)
+
+
+class AppMode(enum.Enum):
+    NONE = "none"
+    PRIMARY = "primary"
+    BACKUP = "backup"
+    PROMOTING = "promoting"
+
+
+TRANSITIONS: dict[AppMode, frozenset[AppMode]] = {
+    AppMode.NONE: frozenset({AppMode.PRIMARY, AppMode.BACKUP}),
+    AppMode.BACKUP: frozenset({AppMode.PROMOTING}),
+    AppMode.PROMOTING: frozenset({AppMode.PRIMARY}),
+    AppMode.PRIMARY: frozenset(),
+}
+FED_MODES = frozenset({AppMode.BACKUP, AppMode.PROMOTING})   # the feeder thread runs
+
+
+def _close_after(shm, threads) -> None:
+    for t in threads:
+        t.join()
+    shm.close()
+
+
+class Application:
+    """One incarnation of the app (see the module docstring)."""
+
+    def __init__(self, cmd: list[str], cwd: str, service_port: int, *,
+                 on_exit: Callable[["Application", int], None],
+                 on_order_info: Callable[[], None],
+                 on_feed_failed: Callable[["Application", str], None]):
+        self.loop: asyncio.AbstractEventLoop | None = None   # the one that spawns it
+        self.cmd, self.cwd, self.service_port = cmd, cwd, service_port
+        self._on_exit, self._on_order_info = on_exit, on_order_info
+        self._on_feed_failed = on_feed_failed
+        self.mode = AppMode.NONE
+        self.shm = None
+        self.proc = None
+        self.divergence: dict | None = None
+        self._oi_lock = threading.Lock()
+        self._drain_thread: threading.Thread | None = None
+        self._drain_stop = threading.Event()
+        self._feed_queue: queue.Queue = queue.Queue()
+        self._feeder = None
+        self._feed_thread: threading.Thread | None = None
+        self._feed_busy = [0]                 # chunks queued or being pushed
+        self._feed_lock = threading.Lock()
+
+    def _enter(self, mode: AppMode) -> None:
+        if mode not in TRANSITIONS[self.mode]:
+            raise RuntimeError(f"application mode {self.mode.value} -> {mode.value} "
+                               "is not a transition")
+        self.mode = mode
+
+    # ---- starting ------------------------------------------------------------------------
+    def start_primary(self, env: dict[str, str]) -> None:
+        """Founder: the app starts live."""
+        from determinizer.shm import Shm
+        self._spawn(Shm.PRIMARY, env)
+        self._enter(AppMode.PRIMARY)
+        self._start_drain()
+
+    def start_backup(self, env: dict[str, str]) -> None:
+        """Joiner: the app starts replaying; `feed()` gives it the order info."""
+        from determinizer.shm import Shm
+        self._spawn(Shm.BACKUP, env)
+        self._enter(AppMode.BACKUP)
+        self._feeder = self.shm.feeder()
+        self._feed_thread = threading.Thread(target=self._feed_loop, daemon=True)
+        self._feed_thread.start()
+
+    def _spawn(self, shm_mode: int, env: dict[str, str]) -> None:
+        from determinizer.runner import shim_env, spawn
+        from determinizer.shm import Shm
+        self.loop = asyncio.get_running_loop()
+        self.shm = Shm.create(shm_mode, stall_ms=NO_STALL_MS)
+        senv = self.shm.env(service_port=self.service_port)
+        self.proc = spawn(self.cmd, shim_env(env, senv), cwd=self.cwd,
+                          death_signal=signal.SIGKILL, nice=APP_NICE)
+        threading.Thread(target=self._wait, args=(self.proc,), daemon=True).start()
+
+    def _wait(self, proc) -> None:
+        rc = proc.wait()
+        self.loop.call_soon_threadsafe(self._on_exit, self, rc)
+
+    # ---- promotion (backup -> primary) -----------------------------------------------------
+    def begin_promotion(self) -> None:
+        self._enter(AppMode.PROMOTING)
+
+    def caught_up(self) -> bool:
+        """The app has executed every entry it was fed (none queued, none in a push)."""
+        f = self._feeder
+        return self._feed_busy[0] == 0 and f.consumed >= f.fed_entries
+
+    def promote(self) -> None:
+        self.shm.promote()
+        self._enter(AppMode.PRIMARY)
+        self._start_drain()
+
+    # ---- order info: the drain thread (primary) ---------------------------------------------
+    def _start_drain(self) -> None:
+        self._drain_stop.clear()
+        self._drain_thread = threading.Thread(target=self._drain_loop, args=(self.shm,),
+                                              daemon=True)
+        self._drain_thread.start()
+
+    def _drain_loop(self, shm) -> None:
+        stop = self._drain_stop
+        while not stop.is_set():
+            if shm.wait(DRAIN_WAIT_MS):
+                self.loop.call_soon_threadsafe(self._on_order_info)
+
+    def stop_draining(self) -> None:
+        self._drain_stop.set()
+
+    def drain(self) -> bytes:
+        """Whole entries the shim recorded since the last drain (loop thread)."""
+        with self._oi_lock:
+            return self.shm.drain(0)
+
+    # ---- order info: the feeder thread (backup) ---------------------------------------------
+    def feed(self, entries: bytes) -> None:
+        """Queue shim entries for a replaying app (a primary, or no app, takes none)."""
+        if self.mode in FED_MODES:
+            with self._feed_lock:
+                self._feed_busy[0] += 1
+            self._feed_queue.put(entries)
+
+    def _feed_loop(self) -> None:
+        f, q, lock, busy = self._feeder, self._feed_queue, self._feed_lock, self._feed_busy
+        while True:
+            data = q.get()
+            if data is None:
+                return
+            try:
+                f.push(data)
+            except Exception as e:       # diverged, malformed: the loop decides
+                self.loop.call_soon_threadsafe(self._on_feed_failed, self, str(e))
+                return
+            finally:
+                with lock:
+                    busy[0] -= 1
+
+    # ---- state ---------------------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        """The app's pid while it runs."""
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    @property
+    def diverged(self) -> bool:
+        return self.shm is not None and self.shm.diverged
+
+    @property
+    def group_address(self) -> tuple[str, int] | None:
+        """Where its group listener accepts connections; None before it listens."""
+        return self.shm.group_address if self.shm is not None else None
+
+    @property
+    def fed_entries(self) -> int | None:
+        return self._feeder.fed_entries if self._feeder else None
+
+    @property
+    def consumed_entries(self) -> int | None:
+        f = self._feeder
+        return f.consumed if f and self.shm is not None else None
+
+    def record_divergence(self) -> dict:
+        """What the shim reported of the divergence (kept in `divergence`)."""
+        d = getattr(self.shm, "divergence", None)
+        self.divergence = {"report": self.shm.report,
+                           "conn": d[0] if d else None, "offset": d[1] if d else None}
+        return self.divergence
+
+    # ---- stopping --------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Kill the app and end its threads; the block is unmapped once they are gone."""
+        self._drain_stop.set()
+        if self._feeder is not None:
+            self._feeder.stopped = True
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self._feed_thread is not None:
+            self._feed_queue.put(None)
+        # The drain and feeder threads may still be inside a (bounded) wait on this block:
+        # it is unmapped once they are gone, not under them (never join on the loop).
+        threads = [t for t in (self._drain_thread, self._feed_thread) if t is not None]
+        shm = self.shm
+        if shm is not None:
+            threading.Thread(target=_close_after, args=(shm, threads), daemon=True).start()

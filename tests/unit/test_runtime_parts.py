@@ -1,0 +1,107 @@
+"""The runtime's parts on their own: the application's mode transitions, the status-file
+writer, the driver's pump, and the node's action vocabulary."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from llft.protocol.messages import Message, MsgType, Role, Send
+from llft.replica import actions
+from llft.replica.node import ReplicaNode
+from llft.runtime.application import TRANSITIONS, AppMode, Application
+from llft.runtime.driver import Driver
+from llft.runtime.status import StatusFile
+
+
+def _app() -> Application:
+    return Application(["true"], "/", 0, on_exit=lambda app, rc: None,
+                       on_order_info=lambda: None, on_feed_failed=lambda app, why: None)
+
+
+def test_app_modes_follow_the_written_transitions():
+    assert set(TRANSITIONS) == set(AppMode)
+    app = _app()
+    assert app.mode is AppMode.NONE and app.pid is None and not app.diverged
+    for bad in (AppMode.PROMOTING, AppMode.NONE):
+        with pytest.raises(RuntimeError):
+            app._enter(bad)
+    for mode in (AppMode.BACKUP, AppMode.PROMOTING, AppMode.PRIMARY):
+        app._enter(mode)
+    with pytest.raises(RuntimeError):
+        app._enter(AppMode.BACKUP)          # a primary never goes back
+
+
+def test_app_without_process_feeds_nothing_and_stops():
+    app = _app()
+    app.feed(b"entries")                    # no app yet: nothing queued
+    assert app._feed_busy == [0] and app._feed_queue.empty()
+    assert app.fed_entries is None and app.consumed_entries is None
+    app.stop()                              # nothing started: nothing to kill
+
+
+def test_status_file_replaces_and_removes(tmp_path):
+    f = StatusFile()
+    a, b = tmp_path / "g" / "a.json", tmp_path / "g" / "b.json"
+    f.write(str(a), {"n": 1})
+    assert json.loads(a.read_text()) == {"n": 1}
+    f.write(str(b), {"n": 2})               # a new birth id: the old file goes
+    assert not a.exists() and json.loads(b.read_text()) == {"n": 2}
+    f.remove()
+    assert not b.exists() and f.path is None
+    f.remove()                              # twice is harmless
+
+
+class _Endpoint:
+    def __init__(self):
+        self.sent = []
+        self.on_message = None
+
+    def send(self, group, msg):
+        self.sent.append((group, msg))
+
+
+class _Core:
+    """Emits a send and a delivery, then (called again by the handler) one more."""
+
+    def __init__(self):
+        self.out = []
+
+    def take_actions(self):
+        out, self.out = self.out, []
+        return out
+
+    def next_timer_us(self):
+        return None
+
+    def handle_message(self, msg, now_us):
+        self.out += [Send("g", msg), "deliver"]
+
+
+def test_driver_sends_sends_and_hands_the_rest_to_on_action():
+    ep, core, seen = _Endpoint(), _Core(), []
+
+    def on_action(a):
+        seen.append(a)
+        if len(seen) == 1:
+            core.out.append("later")        # a handler feeding the core again
+
+    Driver(ep, core, on_action=on_action)
+    msg = Message(type=MsgType.HEARTBEAT, src_group="g", dst_group="g", conn_seq=0,
+                  role=Role.CLIENT, pvn=1, precedence=1, sender=1)
+    ep.on_message(msg)
+    assert ep.sent == [("g", msg)] and seen == ["deliver", "later"]
+
+
+def test_node_emits_only_its_vocabulary():
+    node = ReplicaNode("g", random.Random(1))
+    node.start(0)
+    assert node.take_actions()              # the membership core's first sends
+    with pytest.raises(TypeError):
+        node._emit("not an action")
+    for t in (actions.Deliver, actions.OrderInfo, actions.ViewSwitch, actions.Restored,
+              actions.RestartApp):
+        assert t in actions.ACTION_TYPES
+    snap = node.status_snapshot()
+    assert snap["birth"] == node.birth and snap["order_info"]["delivered"] == 0
