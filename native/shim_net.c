@@ -1,8 +1,11 @@
-/* shim_net.inc -- CSCS: sockets. Included by shim.c (one translation unit, shared statics).
+/* shim_net.c -- CSCS: sockets.
  *
- * Every socket the determinized process creates gets a logical id (creator thread,
+ * Intercepts socket, socketpair, bind, listen, connect, accept/accept4, close, the
+ * reads and writes of sockets (read/recv/recvfrom/recvmsg/readv, write/send/sendto/
+ * sendmsg/writev), getsockopt/getsockname/getpeername, shutdown, and readiness
+ * (poll, select, epoll_create/create1/ctl/wait/pwait). Every socket the determinized process creates gets a logical id (creator thread,
  * creation count), the operation identifier of its calls. Its KIND decides what is
- * ordered (DESIGN.md, "Three kinds of connection"):
+ * ordered (docs/DESIGN.md, "Three kinds of connection"):
  *   private   AF_UNIX, socketpair, and loopback peers inside the replica's process tree
  *             (py4j, asyncio's self-pipe): real at every replica, never recorded.
  *   external  anything else (and loopback ports named in LLFT_EXTERNAL_PORTS): real at
@@ -35,6 +38,31 @@
  * poll/select/epoll_wait are ordered when they watch at least one socket (group and
  * group listener included; only private ones are made true locally at a backup).
  */
+#include "shim_internal.h"
+
+struct fdent g_fd[MAX_FDS];
+
+/* Loopback ports that are external (a server outside the replica's process tree). */
+#define MAX_EXT_PORTS 32
+static uint16_t g_ext_ports[MAX_EXT_PORTS];
+static int g_n_ext_ports;
+/* LLFT_SERVICE_PORT: the group's service port (group listener, below); 0: none. */
+static uint16_t g_service_port;
+
+/* LLFT_EXTERNAL_PORTS=p,q,... and LLFT_SERVICE_PORT=p, read before the shim strips
+ * them from the environment. */
+void net_activate(void) {
+    const char *ports = getenv("LLFT_EXTERNAL_PORTS");
+    while (ports && *ports && g_n_ext_ports < MAX_EXT_PORTS) {
+        char *end;
+        long v = strtol(ports, &end, 10);
+        if (end == ports) break;
+        if (v > 0 && v < 65536) g_ext_ports[g_n_ext_ports++] = (uint16_t)v;
+        ports = *end ? end + 1 : end;
+    }
+    const char *svc = getenv("LLFT_SERVICE_PORT");
+    if (svc) { long v = atol(svc); if (v > 0 && v < 65536) g_service_port = (uint16_t)v; }
+}
 
 static int fd_ok(int fd) { return fd >= 0 && fd < MAX_FDS; }
 static inline int fd_kind(int fd) { return fd_ok(fd) ? g_fd[fd].kind : FDK_NONE; }
@@ -192,7 +220,6 @@ static uint32_t fnv1a(const void *p, size_t n, uint32_t h) {
     return h;
 }
 
-#define WRAP(expr) do { t_guard++; ssize_t _r = (expr); int _e = errno; t_guard--; errno = _e; return _r; } while (0)
 #define GROUP_ENTER(fd) (active_here() && fd_kind(fd) == FDK_GROUP)
 
 /* ---- group connections (the agent's side of the group's service port) ----
@@ -350,7 +377,7 @@ static int group_accept(int fd, struct sockaddr *a, socklen_t *alen, int flags, 
     struct sockaddr_storage ss;
     socklen_t sl = 0;
     memset(&ss, 0, sizeof ss);
-    if (backup_now() && bk_begin(&b, LLFT_C_ACCEPT, op, &ss, sizeof ss)) {
+    if (replaying(&b, LLFT_C_ACCEPT, op, &ss, sizeof ss)) {
         group_check(&b);
         r = (int)b.h.ret;
         e = b.h.err;
@@ -462,7 +489,7 @@ static ssize_t group_recv(int fd, struct msghdr *m, int flags) {
     ssize_t r;
     int e;
     struct bk b;
-    if (backup_now() && bk_begin(&b, LLFT_C_RECV, op, NULL, 0)) {
+    if (replaying(&b, LLFT_C_RECV, op, NULL, 0)) {
         group_check(&b);
         r = (ssize_t)b.h.ret;
         e = b.h.err;
@@ -513,7 +540,7 @@ static ssize_t group_send(int fd, const struct msghdr *m, int flags) {
     ssize_t r;
     int e;
     struct bk b;
-    if (backup_now() && bk_begin(&b, LLFT_C_SEND, op, NULL, 0)) {
+    if (replaying(&b, LLFT_C_SEND, op, NULL, 0)) {
         group_check(&b);
         r = (ssize_t)b.h.ret;
         e = b.h.err;
@@ -608,7 +635,7 @@ EXPORT int socketpair(int d, int t, int p, int sv[2]) {
 }
 EXPORT int bind(int fd, const struct sockaddr *a, socklen_t len) {
     if (active_here() && fd_kind(fd) == FDK_SOCK && is_service_addr(fd, a, len))
-        WRAP(group_bind(fd, a, len));
+        return GUARDED(group_bind(fd, a, len));
     int r = R(bind)(fd, a, len);
     if (active_here() && fd_kind(fd) == FDK_SOCK && addr_is_loopback(a)) {
         int e = errno;
@@ -654,13 +681,11 @@ EXPORT int close(int fd) {
 
 /* ---- connect / accept ---- */
 
-EXPORT int connect(int fd, const struct sockaddr *a, socklen_t len) {
-    if (!active_here() || fd_kind(fd) != FDK_SOCK) return R(connect)(fd, a, len);
-    t_guard++;
+static int connect_ordered(int fd, const struct sockaddr *a, socklen_t len) {
     uint64_t op = fd_op(fd);
     int r, e, kind;
     struct bk b;
-    if (backup_now() && bk_begin(&b, LLFT_C_CONNECT, op, NULL, 0)) {
+    if (replaying(&b, LLFT_C_CONNECT, op, NULL, 0)) {
         kind = b.h.flags;
         r = (int)b.h.ret;
         e = b.h.err;
@@ -688,13 +713,16 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t len) {
         R(getsockopt)(fd, SOL_SOCKET, SO_TYPE, &type, &tl);
         g_fd[fd].kind = type == SOCK_STREAM ? FDK_PRIVATE_STREAM : FDK_PRIVATE;
     }
-    t_guard--;
     errno = e ? e : errno;
     return r;
 }
+EXPORT int connect(int fd, const struct sockaddr *a, socklen_t len) {
+    HOOK(fd_kind(fd) == FDK_SOCK, R(connect)(fd, a, len), connect_ordered(fd, a, len));
+}
 
+static int external_accept(int fd, struct sockaddr *a, socklen_t *alen, int flags, int four);
 static int accept_common(int fd, struct sockaddr *a, socklen_t *alen, int flags, int four) {
-    if (active_here() && fd_kind(fd) == FDK_GROUP_LISTEN) WRAP(group_accept(fd, a, alen, flags, four));
+    if (active_here() && fd_kind(fd) == FDK_GROUP_LISTEN) return GUARDED(group_accept(fd, a, alen, flags, four));
     if (active_here() && fd_kind(fd) == FDK_PRIVATE) {
         /* a private server (py4j callback, PySpark's accumulator server): real, not
          * recorded; the connection is a private stream (read sizes hinted) */
@@ -702,14 +730,20 @@ static int accept_common(int fd, struct sockaddr *a, socklen_t *alen, int flags,
         if (r >= 0) { int e = errno; fd_set_kind(r, FDK_PRIVATE_STREAM, new_lid()); errno = e; }
         return r;
     }
-    if (!active_here() || fd_kind(fd) != FDK_SOCK)
-        return four ? R(accept4)(fd, a, alen, flags) : R(accept)(fd, a, alen);
-    t_guard++;
+    HOOK(fd_kind(fd) == FDK_SOCK, four ? R(accept4)(fd, a, alen, flags) : R(accept)(fd, a, alen),
+         external_accept(fd, a, alen, flags, four));
+}
+EXPORT int accept(int fd, struct sockaddr *a, socklen_t *alen) { return accept_common(fd, a, alen, 0, 0); }
+EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *alen, int fl) { return accept_common(fd, a, alen, fl, 1); }
+
+/* An accept on a listener of the app's own that is neither private nor the group's:
+ * its clients are external. */
+static int external_accept(int fd, struct sockaddr *a, socklen_t *alen, int flags, int four) {
     uint64_t op = fd_op(fd);
     int r, e;
     struct bk b;
     struct sockaddr_storage ss;
-    if (backup_now() && bk_begin(&b, LLFT_C_ACCEPT, op, &ss, sizeof ss)) {
+    if (replaying(&b, LLFT_C_ACCEPT, op, &ss, sizeof ss)) {
         r = (int)b.h.ret;
         e = b.h.err;
         if (r >= 0) {  /* an external client: a dummy socket stands for it */
@@ -735,12 +769,9 @@ static int accept_common(int fd, struct sockaddr *a, socklen_t *alen, int flags,
         pr_append(LLFT_C_ACCEPT, op, r, e, 0, 0, &ss, r >= 0 ? sl : 0);
     }
     if (r >= 0) fd_set_kind(r, FDK_EXTERNAL, new_lid());
-    t_guard--;
     errno = e ? e : errno;
     return r;
 }
-EXPORT int accept(int fd, struct sockaddr *a, socklen_t *alen) { return accept_common(fd, a, alen, 0, 0); }
-EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *alen, int fl) { return accept_common(fd, a, alen, fl, 1); }
 
 /* ---- data ---- */
 
@@ -754,7 +785,7 @@ static ssize_t ext_recv(int fd, void *buf, size_t n, int flags, struct sockaddr 
     int e;
     struct bk b;
     static TLS uint8_t scratch[LLFT_MAX_DATA_BYTES];
-    if (backup_now() && bk_begin(&b, LLFT_C_RECV, op, scratch, sizeof scratch)) {
+    if (replaying(&b, LLFT_C_RECV, op, scratch, sizeof scratch)) {
         r = (ssize_t)b.h.ret;
         e = b.h.err;
         uint32_t nd = b.h.dlen - b.h.aux;  /* aux = address bytes at the end */
@@ -796,7 +827,7 @@ static ssize_t ext_send(int fd, const void *buf, size_t n, int flags,
     ssize_t r;
     int e;
     struct bk b;
-    if (backup_now() && bk_begin(&b, LLFT_C_SEND, op, NULL, 0)) {
+    if (replaying(&b, LLFT_C_SEND, op, NULL, 0)) {
         r = (ssize_t)b.h.ret;
         e = b.h.err;
         if (r > 0 && ((size_t)r > n || fnv1a(buf, (size_t)r, 2166136261u) != b.h.aux))
@@ -875,10 +906,10 @@ static int dgram_external(int fd, const struct sockaddr *peer) {
 EXPORT ssize_t read(int fd, void *buf, size_t n) {
     if (!active_here() || !fd_ok(fd)) return R(read)(fd, buf, n);
     int k = g_fd[fd].kind;
-    if (k == FDK_RANDOM) WRAP(random_call(LLFT_C_READ_RANDOM, fd, buf, n, 0));
-    if (k == FDK_EXTERNAL) WRAP(ext_recv(fd, buf, n, 0, NULL, NULL, 1));
-    if (k == FDK_PRIVATE_STREAM) WRAP(priv_recv(fd, buf, n, 0, 1));
-    if (k == FDK_GROUP) WRAP(group_recv_buf(fd, buf, n, 0, NULL, NULL));
+    if (k == FDK_RANDOM) return GUARDED(random_call(LLFT_C_READ_RANDOM, fd, buf, n, 0));
+    if (k == FDK_EXTERNAL) return GUARDED(ext_recv(fd, buf, n, 0, NULL, NULL, 1));
+    if (k == FDK_PRIVATE_STREAM) return GUARDED(priv_recv(fd, buf, n, 0, 1));
+    if (k == FDK_GROUP) return GUARDED(group_recv_buf(fd, buf, n, 0, NULL, NULL));
     return R(read)(fd, buf, n);
 }
 /* LLFT_DEBUG=2: also log the sizes of private reads (pass-through, not recorded), to
@@ -897,47 +928,47 @@ EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags) {
         errno = e;
         return r;
     }
-    if (PRIV_ENTER(fd)) WRAP(priv_recv(fd, buf, n, flags, 0));
-    if (GROUP_ENTER(fd)) WRAP(group_recv_buf(fd, buf, n, flags, NULL, NULL));
+    if (PRIV_ENTER(fd)) return GUARDED(priv_recv(fd, buf, n, flags, 0));
+    if (GROUP_ENTER(fd)) return GUARDED(group_recv_buf(fd, buf, n, flags, NULL, NULL));
     if (!EXT_ENTER(fd)) return R(recv)(fd, buf, n, flags);
-    WRAP(ext_recv(fd, buf, n, flags, NULL, NULL, 0));
+    return GUARDED(ext_recv(fd, buf, n, flags, NULL, NULL, 0));
 }
 EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *src, socklen_t *sl) {
-    if (PRIV_ENTER(fd) && !src) WRAP(priv_recv(fd, buf, n, flags, 0));
-    if (GROUP_ENTER(fd)) WRAP(group_recv_buf(fd, buf, n, flags, src, sl));
+    if (PRIV_ENTER(fd) && !src) return GUARDED(priv_recv(fd, buf, n, flags, 0));
+    if (GROUP_ENTER(fd)) return GUARDED(group_recv_buf(fd, buf, n, flags, src, sl));
     if (active_here() && fd_kind(fd) == FDK_SOCK) dgram_external(fd, NULL);
     if (!EXT_ENTER(fd)) return R(recvfrom)(fd, buf, n, flags, src, sl);
-    WRAP(ext_recv(fd, buf, n, flags, src, sl, 2));
+    return GUARDED(ext_recv(fd, buf, n, flags, src, sl, 2));
 }
 EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags) {
-    if (GROUP_ENTER(fd)) WRAP(group_recv(fd, m, flags));
+    if (GROUP_ENTER(fd)) return GUARDED(group_recv(fd, m, flags));
     if (!EXT_ENTER(fd) || m->msg_iovlen < 1) return R(recvmsg)(fd, m, flags);
     /* the first iovec only (a short read is legal); no ancillary data */
     m->msg_controllen = 0;
     m->msg_flags = 0;
-    WRAP(ext_recv(fd, m->msg_iov[0].iov_base, m->msg_iov[0].iov_len, flags,
+    return GUARDED(ext_recv(fd, m->msg_iov[0].iov_base, m->msg_iov[0].iov_len, flags,
                   (struct sockaddr *)m->msg_name, m->msg_name ? &m->msg_namelen : NULL, 2));
 }
 EXPORT ssize_t write(int fd, const void *buf, size_t n) {
-    if (GROUP_ENTER(fd)) WRAP(group_send_buf(fd, buf, n, 0));
+    if (GROUP_ENTER(fd)) return GUARDED(group_send_buf(fd, buf, n, 0));
     if (!EXT_ENTER(fd)) return R(write)(fd, buf, n);
-    WRAP(ext_send(fd, buf, n, 0, NULL, 0, 1));
+    return GUARDED(ext_send(fd, buf, n, 0, NULL, 0, 1));
 }
 EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags) {
-    if (GROUP_ENTER(fd)) WRAP(group_send_buf(fd, buf, n, flags));
+    if (GROUP_ENTER(fd)) return GUARDED(group_send_buf(fd, buf, n, flags));
     if (!EXT_ENTER(fd)) return R(send)(fd, buf, n, flags);
-    WRAP(ext_send(fd, buf, n, flags, NULL, 0, 0));
+    return GUARDED(ext_send(fd, buf, n, flags, NULL, 0, 0));
 }
 EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockaddr *d, socklen_t dl) {
-    if (GROUP_ENTER(fd)) WRAP(group_send_buf(fd, buf, n, flags));   /* TCP: d is ignored */
+    if (GROUP_ENTER(fd)) return GUARDED(group_send_buf(fd, buf, n, flags));   /* TCP: d is ignored */
     if (active_here() && fd_kind(fd) == FDK_SOCK && d) dgram_external(fd, d);
     if (!EXT_ENTER(fd)) return R(sendto)(fd, buf, n, flags, d, dl);
-    WRAP(ext_send(fd, buf, n, flags, d, dl, 2));
+    return GUARDED(ext_send(fd, buf, n, flags, d, dl, 2));
 }
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags) {
-    if (GROUP_ENTER(fd)) WRAP(group_send(fd, m, flags));
+    if (GROUP_ENTER(fd)) return GUARDED(group_send(fd, m, flags));
     if (!EXT_ENTER(fd) || m->msg_iovlen < 1) return R(sendmsg)(fd, m, flags);
-    WRAP(ext_send(fd, m->msg_iov[0].iov_base, m->msg_iov[0].iov_len, flags,
+    return GUARDED(ext_send(fd, m->msg_iov[0].iov_base, m->msg_iov[0].iov_len, flags,
                   (const struct sockaddr *)m->msg_name, m->msg_namelen, 2));
 }
 
@@ -949,7 +980,7 @@ static int ext_query(unsigned call, int fd, void *out, socklen_t *outlen,
     int r, e;
     struct bk b;
     uint8_t tmp[256];
-    if (backup_now() && bk_begin(&b, call, op, tmp, sizeof tmp)) {
+    if (replaying(&b, call, op, tmp, sizeof tmp)) {
         r = (int)b.h.ret;
         e = b.h.err;
         if (r == 0 && out && outlen) {
@@ -978,14 +1009,14 @@ static int do_getpeername(int fd, void *o, socklen_t *l, int lvl, int name) { re
 
 EXPORT int getsockopt(int fd, int lvl, int name, void *v, socklen_t *l) {
     if (!EXT_ENTER(fd)) return R(getsockopt)(fd, lvl, name, v, l);
-    WRAP(ext_query(LLFT_C_GETSOCKOPT, fd, v, l, do_getsockopt, lvl, name));
+    return GUARDED(ext_query(LLFT_C_GETSOCKOPT, fd, v, l, do_getsockopt, lvl, name));
 }
 EXPORT ssize_t readv(int fd, const struct iovec *iov, int n) {
-    if (GROUP_ENTER(fd)) WRAP(group_recv_iov(fd, iov, n));
+    if (GROUP_ENTER(fd)) return GUARDED(group_recv_iov(fd, iov, n));
     return R(readv)(fd, iov, n);
 }
 EXPORT ssize_t writev(int fd, const struct iovec *iov, int n) {
-    if (GROUP_ENTER(fd)) WRAP(group_send_iov(fd, iov, n));
+    if (GROUP_ENTER(fd)) return GUARDED(group_send_iov(fd, iov, n));
     return R(writev)(fd, iov, n);
 }
 
@@ -1004,9 +1035,9 @@ static int group_sockname(int fd, struct sockaddr *a, socklen_t *l) {
 }
 EXPORT int getsockname(int fd, struct sockaddr *a, socklen_t *l) {
     if (active_here() && (fd_kind(fd) == FDK_GROUP || fd_kind(fd) == FDK_GROUP_LISTEN) && g_fd[fd].g)
-        WRAP(group_sockname(fd, a, l));
+        return GUARDED(group_sockname(fd, a, l));
     if (!EXT_ENTER(fd)) return R(getsockname)(fd, a, l);
-    WRAP(ext_query(LLFT_C_GETSOCKNAME, fd, a, l, do_getsockname, 0, 0));
+    return GUARDED(ext_query(LLFT_C_GETSOCKNAME, fd, a, l, do_getsockname, 0, 0));
 }
 EXPORT int getpeername(int fd, struct sockaddr *a, socklen_t *l) {
     if (GROUP_ENTER(fd) && g_fd[fd].g && a && l) {
@@ -1014,19 +1045,19 @@ EXPORT int getpeername(int fd, struct sockaddr *a, socklen_t *l) {
         return 0;
     }
     if (!EXT_ENTER(fd)) return R(getpeername)(fd, a, l);
-    WRAP(ext_query(LLFT_C_GETPEERNAME, fd, a, l, do_getpeername, 0, 0));
+    return GUARDED(ext_query(LLFT_C_GETPEERNAME, fd, a, l, do_getpeername, 0, 0));
 }
-EXPORT int shutdown(int fd, int how) {
-    if (!EXT_ENTER(fd)) return R(shutdown)(fd, how);
-    t_guard++;
+static int shutdown_ordered(int fd, int how) {
     uint64_t op = fd_op(fd);
     int r, e;
     struct bk b;
-    if (backup_now() && bk_begin(&b, LLFT_C_SHUTDOWN, op, NULL, 0)) { r = (int)b.h.ret; e = b.h.err; bk_end(&b); }
+    if (replaying(&b, LLFT_C_SHUTDOWN, op, NULL, 0)) { r = (int)b.h.ret; e = b.h.err; bk_end(&b); }
     else { r = R(shutdown)(fd, how); e = r ? errno : 0; pr_append(LLFT_C_SHUTDOWN, op, r, e, 0, 0, NULL, 0); }
-    t_guard--;
     errno = e ? e : errno;
     return r;
+}
+EXPORT int shutdown(int fd, int how) {
+    HOOK(fd_kind(fd) == FDK_EXTERNAL, R(shutdown)(fd, how), shutdown_ordered(fd, how));
 }
 
 /* ---- readiness ----
@@ -1052,17 +1083,17 @@ static void enforce_ready(struct pollfd *need, int k, struct bk *b) {
     }
 }
 
-EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout) {
-    int ext = 0;
-    if (active_here() && n <= 4096)
-        for (nfds_t i = 0; i < n; i++) if (fd_watched(fds[i].fd)) { ext = 1; break; }
-    if (!ext) return R(poll)(fds, n, timeout);
-    t_guard++;
-    uint64_t op = LLFT_OP(LLFT_OPC_THREAD, (uint64_t)t_tid);
+static int poll_watches_a_socket(const struct pollfd *fds, nfds_t n) {
+    if (n > 4096) return 0;
+    for (nfds_t i = 0; i < n; i++) if (fd_watched(fds[i].fd)) return 1;
+    return 0;
+}
+static int poll_ordered(struct pollfd *fds, nfds_t n, int timeout) {
+    uint64_t op = thread_op();
     int r, e;
     struct bk b;
     int16_t rev[4096];
-    if (backup_now() && bk_begin(&b, LLFT_C_POLL, op, rev, (uint32_t)(n * sizeof(int16_t)))) {
+    if (replaying(&b, LLFT_C_POLL, op, rev, (uint32_t)(n * sizeof(int16_t)))) {
         r = (int)b.h.ret;
         e = b.h.err;
         struct pollfd need[MAX_ENFORCE];
@@ -1084,25 +1115,27 @@ EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout) {
         for (nfds_t i = 0; i < n; i++) rev[i] = fds[i].revents;
         pr_append(LLFT_C_POLL, op, r, e, 0, 0, rev, r >= 0 ? (uint32_t)(n * sizeof(int16_t)) : 0);
     }
-    t_guard--;
     errno = e ? e : errno;
     return r;
 }
+EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout) {
+    HOOK(poll_watches_a_socket(fds, n), R(poll)(fds, n, timeout), poll_ordered(fds, n, timeout));
+}
 
-EXPORT int select(int nfds, fd_set *rs, fd_set *ws, fd_set *es, struct timeval *tv) {
-    int ext = 0;
-    if (active_here() && nfds <= FD_SETSIZE)
-        for (int fd = 0; fd < nfds && !ext; fd++)
-            if (fd_watched(fd) &&
-                ((rs && FD_ISSET(fd, rs)) || (ws && FD_ISSET(fd, ws)) || (es && FD_ISSET(fd, es))))
-                ext = 1;
-    if (!ext) return R(select)(nfds, rs, ws, es, tv);
-    t_guard++;
-    uint64_t op = LLFT_OP(LLFT_OPC_THREAD, (uint64_t)t_tid);
+static int select_watches_a_socket(int nfds, fd_set *rs, fd_set *ws, fd_set *es) {
+    if (nfds > FD_SETSIZE) return 0;
+    for (int fd = 0; fd < nfds; fd++)
+        if (fd_watched(fd) &&
+            ((rs && FD_ISSET(fd, rs)) || (ws && FD_ISSET(fd, ws)) || (es && FD_ISSET(fd, es))))
+            return 1;
+    return 0;
+}
+static int select_ordered(int nfds, fd_set *rs, fd_set *ws, fd_set *es, struct timeval *tv) {
+    uint64_t op = thread_op();
     int r, e;
     struct bk b;
     struct { fd_set s[3]; struct timeval tv; } out;
-    if (backup_now() && bk_begin(&b, LLFT_C_SELECT, op, &out, sizeof out)) {
+    if (replaying(&b, LLFT_C_SELECT, op, &out, sizeof out)) {
         r = (int)b.h.ret;
         e = b.h.err;
         if (b.h.dlen) {
@@ -1130,21 +1163,21 @@ EXPORT int select(int nfds, fd_set *rs, fd_set *ws, fd_set *es, struct timeval *
         if (tv) out.tv = *tv;
         pr_append(LLFT_C_SELECT, op, r, e, 0, 0, &out, r >= 0 ? sizeof out : 0);
     }
-    t_guard--;
     errno = e ? e : errno;
     return r;
 }
+EXPORT int select(int nfds, fd_set *rs, fd_set *ws, fd_set *es, struct timeval *tv) {
+    HOOK(select_watches_a_socket(nfds, rs, ws, es), R(select)(nfds, rs, ws, es, tv),
+         select_ordered(nfds, rs, ws, es, tv));
+}
 
-static int epoll_common(int ep, struct epoll_event *ev, int max, int timeout, const sigset_t *ss, int pw) {
-    if (!active_here() || fd_kind(ep) != FDK_EPOLL || !g_fd[ep].ext_watch || max <= 0)
-        return pw ? R(epoll_pwait)(ep, ev, max, timeout, ss) : R(epoll_wait)(ep, ev, max, timeout);
-    t_guard++;
+static int epoll_ordered(int ep, struct epoll_event *ev, int max, int timeout, const sigset_t *ss, int pw) {
     uint64_t op = fd_op(ep);
     int r, e;
     struct bk b;
     uint32_t cap = (uint32_t)max * sizeof *ev;
     if (cap > LLFT_MAX_DATA_BYTES) { max = LLFT_MAX_DATA_BYTES / sizeof *ev; cap = (uint32_t)max * sizeof *ev; }
-    if (backup_now() && bk_begin(&b, LLFT_C_EPOLL_WAIT, op, ev, cap)) {
+    if (replaying(&b, LLFT_C_EPOLL_WAIT, op, ev, cap)) {
         r = (int)b.h.ret;
         e = b.h.err;
         /* CPython's select.epoll keeps the fd in data.fd */
@@ -1164,9 +1197,14 @@ static int epoll_common(int ep, struct epoll_event *ev, int max, int timeout, co
         e = r < 0 ? errno : 0;
         pr_append(LLFT_C_EPOLL_WAIT, op, r, e, 0, 0, ev, r > 0 ? (uint32_t)r * sizeof *ev : 0);
     }
-    t_guard--;
     errno = e ? e : errno;
     return r;
+}
+/* Ordered when the epoll set watches a socket (ext_watch, kept by epoll_ctl). */
+static int epoll_common(int ep, struct epoll_event *ev, int max, int timeout, const sigset_t *ss, int pw) {
+    HOOK(fd_kind(ep) == FDK_EPOLL && g_fd[ep].ext_watch && max > 0,
+         pw ? R(epoll_pwait)(ep, ev, max, timeout, ss) : R(epoll_wait)(ep, ev, max, timeout),
+         epoll_ordered(ep, ev, max, timeout, ss, pw));
 }
 EXPORT int epoll_wait(int ep, struct epoll_event *ev, int max, int timeout) {
     return epoll_common(ep, ev, max, timeout, NULL, 0);
