@@ -8,10 +8,10 @@ is a concatenation of entries.
 
 Nothing about the record is written here: its layout (`HEADER`, `FIELDS`) is derived
 from the struct cffi read out of the header, and the names of calls (`Call`, the kinds
-of entry), operation classes (`OpClass`) and socket kinds (`SocketKind`) are the
-header's enums. The entry framing (a u32 length first, whole entries only) is walked
-in one place, `_spans`; `split`, `pieces` and `decode` are built on it. Decoding into
-`Entry` objects is for tools, reports and tests.
+of entry) and socket kinds (`SocketKind`) are the header's enums; operations are named
+by the shim's own `llft_op_name`. The entry framing (a u32 length first, whole entries
+only) is walked in one place, `_spans`; `split`, `pieces` and `decode` are built on
+it. Decoding into `Entry` objects is for tools, reports and tests.
 
 Operation identifiers `o` carry their class in the top byte (clock, lock, mutex,
 per-thread, socket); see `op_name`.
@@ -65,7 +65,6 @@ class _CallBase(enum.IntEnum):
 
 
 Call = c_enum("Call", "enum llft_call", "LLFT_C_", _CallBase, skip=("LLFT_C_NONE",))
-OpClass = c_enum("OpClass", "enum llft_op_class", "LLFT_OPC_")
 SocketKind = c_enum("SocketKind", "enum llft_sock_kind", "LLFT_SK_")
 
 # Calls by printed name, as tests and tools spell them: CALL_IDS["clock_gettime"].

@@ -28,8 +28,9 @@ import time
 from determinizer.orderinfo import split
 from determinizer.runner import shim_env, spawn
 from determinizer.shm import Shm
+from native import _llft_shm
 
-EXIT_DIVERGED = 86
+EXIT_DIVERGED = _llft_shm.lib.LLFT_EXIT_DIVERGED
 TRACE_FILE = "orderinfo.bin"
 META_FILE = "meta.json"
 FEED_CHUNK_BYTES = 1 << 20

@@ -57,6 +57,9 @@ enum llft_bound {
     LLFT_REPORT_BYTES    = 2048
 };
 
+/* The exit status of a process that diverged (or stalled) at a backup. */
+enum llft_exit { LLFT_EXIT_DIVERGED = 86 };
+
 /* ctl.mode */
 enum llft_mode { LLFT_MODE_OFF = 0, LLFT_MODE_PRIMARY = 1, LLFT_MODE_BACKUP = 2 };
 

@@ -52,7 +52,6 @@
 
 #define EXPORT __attribute__((visibility("default")))
 #define TLS __thread __attribute__((tls_model("initial-exec")))
-#define LLFT_EXIT_DIVERGED 86
 #define MAX_FDS 65536
 #define OPTAB_SIZE (1u << 20)     /* distinct operations per process lifetime (backup) */
 #define LOCKTAB_SIZE (1u << 16)   /* live registered locks */
