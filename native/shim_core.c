@@ -390,6 +390,7 @@ static void llft_init(void) {
     g_optab = ot;
     g_debug = getenv("LLFT_DEBUG") ? atoi(getenv("LLFT_DEBUG")) : 0;
     net_activate();
+    group_activate();
     py_is_initialized = (int (*)(void))dlsym(RTLD_DEFAULT, "Py_IsInitialized");
     py_tstate_current = (void *(*)(void))dlsym(RTLD_DEFAULT, "_PyThreadState_UncheckedGet");
     py_tstate_this = (void *(*)(void))dlsym(RTLD_DEFAULT, "PyGILState_GetThisThreadState");

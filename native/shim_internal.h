@@ -9,7 +9,9 @@
  *   shim_locks.c    semaphores and pthread mutexes (CMTS)
  *   shim_threads.c  pthread_create (logical thread ids)
  *   shim_process.c  stat and waitpid (the app's private companions)
- *   shim_net.c      sockets (CSCS: private, external and group connections)
+ *   shim_net.c      sockets (CSCS): the fd table, kinds, private and external sockets,
+ *                   readiness; every socket hook
+ *   shim_group.c    group connections (the agent's side of the service port), listen
  * Everything is compiled with -fvisibility=hidden: the names declared here link the
  * units together but are not exported; only hooks (EXPORT) interpose on libc.
  *
@@ -145,12 +147,16 @@ extern int (*py_is_initialized)(void);
 extern void *(*py_tstate_current)(void);     /* _PyThreadState_UncheckedGet */
 extern void *(*py_tstate_this)(void);        /* PyGILState_GetThisThreadState */
 
-/* The file-descriptor table (shim_net.c, and shim_random.c for /dev/urandom). */
+/* The file-descriptor table (shim_net.c, shim_group.c, and shim_random.c for
+ * /dev/urandom). */
 enum { FDK_NONE = 0, FDK_RANDOM, FDK_SOCK, FDK_PRIVATE, FDK_EXTERNAL, FDK_EPOLL, FDK_PRIVATE_STREAM,
        FDK_GROUP_LISTEN, FDK_GROUP };
-struct gconn;   /* group listener / connection state, shim_net.c */
+struct gconn;   /* group listener / connection state, shim_group.c */
 struct fdent { uint8_t kind; uint8_t pad; uint16_t ext_watch; int32_t epfd; uint64_t lid; struct gconn *g; };
 extern struct fdent g_fd[MAX_FDS];
+static inline int fd_ok(int fd) { return fd >= 0 && fd < MAX_FDS; }
+static inline int fd_kind(int fd) { return fd_ok(fd) ? g_fd[fd].kind : FDK_NONE; }
+static inline uint64_t fd_op(int fd) { return LLFT_OP(LLFT_OPC_FD, g_fd[fd].lid); }
 
 static inline int active_here(void) { return g_active && !t_guard && t_tid >= 0; }
 static inline uint32_t cur_mode(void) { return __atomic_load_n(&g_ctl->mode, __ATOMIC_ACQUIRE); }
@@ -234,10 +240,29 @@ void sleep_barrier(struct bk *b);                       /* shim_time.c */
 void gc_point(int may_collect);                         /* shim_gc.c */
 ssize_t random_call(unsigned call, int fd, void *buf, size_t n, unsigned flags);  /* shim_random.c */
 
+/* sockets: shim_net.c */
+void fd_set_kind(int fd, int kind, uint64_t lid);
+uint16_t addr_port(const struct sockaddr *a);
+uint32_t fnv1a(const void *p, size_t n, uint32_t h);
+/* group sockets: shim_group.c, called by the socket hooks of shim_net.c */
+int is_service_addr(int fd, const struct sockaddr *a, socklen_t len);
+int group_bind(int fd, const struct sockaddr *a, socklen_t len);
+void group_unpublish(int fd);
+int group_accept(int fd, struct sockaddr *a, socklen_t *alen, int flags, int four);
+ssize_t group_recv(int fd, struct msghdr *m, int flags);
+ssize_t group_send(int fd, const struct msghdr *m, int flags);
+ssize_t group_recv_buf(int fd, void *buf, size_t n, int flags, struct sockaddr *src, socklen_t *sl);
+ssize_t group_send_buf(int fd, const void *buf, size_t n, int flags);
+ssize_t group_recv_iov(int fd, const struct iovec *iov, int n);
+ssize_t group_send_iov(int fd, const struct iovec *iov, int n);
+int group_sockname(int fd, struct sockaddr *a, socklen_t *l);
+int group_peername(int fd, struct sockaddr *a, socklen_t *l);
+
 /* Activation steps of the units, called once by the constructor (shim_core.c), before
  * the shim strips its variables from the environment. */
 void time_activate(void);
 void gc_activate(void);
 void net_activate(void);
+void group_activate(void);
 
 #endif /* LLFT_SHIM_INTERNAL_H */

@@ -35,7 +35,7 @@ static int is_random_path(const char *p) {
     return p && (!strcmp(p, "/dev/urandom") || !strcmp(p, "/dev/random"));
 }
 static void note_open(int fd, const char *path) {
-    if (fd >= 0 && fd < MAX_FDS && g_active && is_random_path(path)) {
+    if (fd_ok(fd) && g_active && is_random_path(path)) {
         g_fd[fd].kind = FDK_RANDOM;
         g_fd[fd].lid = 0;
     }
