@@ -33,7 +33,7 @@
  * What is ordered, and why (docs/DESIGN.md "Known hazards"): each unit's opening
  * comment says it for its calls -- clocks (shim_time.c), locks (shim_locks.c),
  * threads (shim_threads.c), randomness (shim_random.c), files and children
- * (shim_process.c), sockets (shim_net.c), garbage collection (shim_gc.c).
+ * (shim_process.c), sockets (shim_net.c, shim_group.c), garbage collection (shim_gc.c).
  *
  * The GIL hazard: a backup thread that must wait for its turn may hold the GIL while
  * the thread that must go first needs it. The wait therefore releases the GIL
