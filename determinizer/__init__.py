@@ -9,5 +9,5 @@
 - `recordreplay` `llft record` / `llft replay`: a trace file is one source of order
                 information for a backup, the network is another; both go through the
                 same feeder.
-The interception itself is native/shim.c.
+The interception itself is the preload shim, native/shim_*.c (one unit per concern).
 """

@@ -1,44 +1,88 @@
 """Order information: the (t, o, n, d) entries of the generic algorithm, and their codec.
 
-An entry is `struct llft_rec` of native/llft_shm.h: a fixed 56-byte little-endian
-header followed by `dlen` payload bytes, padded to 8. The primary's shim writes
-entries in exactly this form into its ring, the agent drains them as bytes, and those
-bytes ARE the wire codec: `Message.order_info` carries a concatenation of entries, a
-trace file is a concatenation of entries. Decoding is only for tools and tests.
+An entry is `struct llft_rec` of native/llft_shm.h: a fixed little-endian header
+followed by `dlen` payload bytes, padded to 8. The primary's shim writes entries in
+exactly this form into its ring, the agent drains them as bytes, and those bytes ARE
+the wire codec: `Message.order_info` carries a concatenation of entries, a trace file
+is a concatenation of entries.
+
+Nothing about the record is written here: its layout (`HEADER`, `FIELDS`) is derived
+from the struct cffi read out of the header, and the names of calls (`Call`, the kinds
+of entry) and socket kinds (`SocketKind`) are the header's enums; operations are named
+by the shim's own `llft_op_name`. The entry framing (a u32 length first, whole entries
+only) is walked in one place, `_spans`; `split`, `pieces` and `decode` are built on
+it. Decoding into `Entry` objects is for tools, reports and tests.
 
 Operation identifiers `o` carry their class in the top byte (clock, lock, mutex,
 per-thread, socket); see `op_name`.
 """
 from __future__ import annotations
 
+import enum
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-HEADER = struct.Struct("<IHHIIQQqiIQ")
-assert HEADER.size == 56
-MAX_DATA_BYTES = 32 << 10
+from native import c_enum
+from native._llft_shm import ffi, lib
 
-CALLS = {
-    1: "clock_gettime", 2: "gettimeofday", 3: "time", 4: "clock_nanosleep", 5: "nanosleep",
-    10: "getrandom", 11: "read(/dev/urandom)",
-    20: "sem_wait", 21: "sem_trywait", 22: "sem_timedwait",
-    30: "pthread_mutex_lock", 31: "pthread_mutex_trylock", 32: "pthread_mutex_timedlock",
-    40: "pthread_create",
-    50: "connect", 51: "accept", 52: "recv", 53: "send", 54: "poll", 55: "select",
-    56: "epoll_wait", 57: "getsockopt", 58: "getsockname", 59: "getpeername", 60: "shutdown",
-    61: "stat", 62: "waitpid", 63: "recv(private)",
-}
-CALL_IDS = {v: k for k, v in CALLS.items()}
-OP_CLASSES = {1: "clock", 2: "lock", 3: "mutex", 4: "thread", 5: "socket"}
-SOCKET_KINDS = {1: "private", 2: "external", 3: "group"}
+MAX_DATA_BYTES = lib.LLFT_MAX_DATA_BYTES
+
+# struct module codes of the fixed-width types the record uses
+_STRUCT_CODES = {"uint16_t": "H", "uint32_t": "I", "uint64_t": "Q", "int32_t": "i", "int64_t": "q"}
+
+
+def _record_layout() -> tuple[struct.Struct, tuple[str, ...]]:
+    """A little-endian struct.Struct for `struct llft_rec`, field by field at cffi's
+    offsets (padding as pad bytes), and the field names in order."""
+    fmt, at, names = "<", 0, []
+    for name, field in ffi.typeof("struct llft_rec").fields:
+        if field.offset > at:
+            fmt += f"{field.offset - at}x"
+        fmt += _STRUCT_CODES[field.type.cname]
+        names.append(name)
+        at = field.offset + ffi.sizeof(field.type)
+    size = ffi.sizeof("struct llft_rec")
+    if size > at:
+        fmt += f"{size - at}x"
+    layout = struct.Struct(fmt)
+    if layout.size != size:
+        raise ImportError(f"struct llft_rec: derived layout {fmt} is {layout.size} bytes, C says {size}")
+    return layout, tuple(names)
+
+
+HEADER, FIELDS = _record_layout()
+_LEN = struct.Struct("<I")            # the first field, the entry's whole length
+if FIELDS[0] != "len" or ffi.typeof("struct llft_rec").fields[0][1].type.cname != "uint32_t":
+    raise ImportError("struct llft_rec must start with its u32 length (the framing)")
+
+
+class _CallBase(enum.IntEnum):
+    @property
+    def label(self) -> str:
+        """The name reports print: "clock_gettime", "read(/dev/urandom)", "recv(private)"."""
+        return ffi.string(lib.llft_call_name(self)).decode()
+
+
+Call = c_enum("Call", "enum llft_call", "LLFT_C_", _CallBase, skip=("LLFT_C_NONE",))
+SocketKind = c_enum("SocketKind", "enum llft_sock_kind", "LLFT_SK_")
+
+# Calls by printed name, as tests and tools spell them: CALL_IDS["clock_gettime"].
+CALL_IDS = {c.label: c for c in Call}
+
+
+def call_label(call: int) -> str:
+    try:
+        return Call(call).label
+    except ValueError:
+        return str(call)
 
 
 def op_name(op: int) -> str:
-    cls, low = op >> 56, op & ((1 << 56) - 1)
-    name = OP_CLASSES.get(cls, f"op{cls}")
-    if cls in (2, 3, 5):
-        return f"{name} {low >> 32}:{low & 0xffffffff}"
-    return f"{name} {low}"
+    """"lock 3:9", "clock 1", "socket 0:4": the shim's own naming (llft_op_name)."""
+    buf = ffi.new("char[]", 64)
+    lib.llft_op_name(op, buf, len(buf))
+    return ffi.string(buf).decode()
 
 
 @dataclass(frozen=True)
@@ -56,7 +100,7 @@ class Entry:
     oseq: int = 0
 
     def describe(self) -> str:
-        return (f"thread {self.tid} call #{self.n}: {CALLS.get(self.call, self.call)}"
+        return (f"thread {self.tid} call #{self.n}: {call_label(self.call)}"
                 f"({op_name(self.op)}) -> {self.ret}" + (f" errno {self.err}" if self.err else "")
                 + (f" [{len(self.data)} bytes]" if self.data else ""))
 
@@ -67,8 +111,10 @@ def encode(entries: list[Entry]) -> bytes:
         if len(e.data) > MAX_DATA_BYTES:
             raise ValueError(f"entry payload {len(e.data)} > {MAX_DATA_BYTES} bytes")
         length = (HEADER.size + len(e.data) + 7) & ~7
-        out += HEADER.pack(length, e.call, e.flags, e.tid, len(e.data), e.n, e.op, e.ret,
-                           e.err, e.aux, e.oseq)
+        values = {"len": length, "dlen": len(e.data), "call": e.call, "flags": e.flags,
+                  "tid": e.tid, "n": e.n, "op": e.op, "ret": e.ret, "err": e.err,
+                  "aux": e.aux, "oseq": e.oseq}
+        out += HEADER.pack(*(values[f] for f in FIELDS))
         out += e.data
         out += b"\0" * (length - HEADER.size - len(e.data))
     return bytes(out)
@@ -78,30 +124,57 @@ class CodecError(ValueError):
     """Malformed order information (the sender's fault)."""
 
 
-def split(buf: bytes) -> tuple[int, int]:
-    """(number of whole entries, bytes they span) at the start of buf."""
+def _spans(buf: bytes, max_entries: int | None = None) -> Iterator[tuple[int, int]]:
+    """(offset, length) of each whole entry at the start of buf, in order; stops at a
+    partial trailing entry (or after max_entries). The one walker of the framing."""
     off = count = 0
-    while off + HEADER.size <= len(buf):
-        length = struct.unpack_from("<I", buf, off)[0]
+    while off + HEADER.size <= len(buf) and (max_entries is None or count < max_entries):
+        length = _LEN.unpack_from(buf, off)[0]
         if length < HEADER.size or length % 8:
             raise CodecError(f"bad entry length {length} at offset {off}")
         if off + length > len(buf):
             break
+        yield off, length
         off += length
         count += 1
-    return count, off
+
+
+def split(buf: bytes, max_entries: int | None = None) -> tuple[int, int]:
+    """(number of whole entries, bytes they span) at the start of buf (at most
+    max_entries of them)."""
+    count = end = 0
+    for off, length in _spans(buf, max_entries):
+        count, end = count + 1, off + length
+    return count, end
+
+
+def pieces(buf: bytes, limit: int) -> list[bytes]:
+    """Whole entries cut into pieces of at most `limit` bytes (an entry larger than
+    `limit` is a piece of its own); buf must end at an entry's end."""
+    out, start, end = [], 0, 0
+    for off, length in _spans(buf):
+        if off + length - start > limit and off > start:
+            out.append(buf[start:off])
+            start = off
+        end = off + length
+    if end != len(buf):
+        raise CodecError(f"order information ends inside an entry (offset {end} of {len(buf)})")
+    if end > start:
+        out.append(buf[start:end])
+    return out
 
 
 def decode(buf: bytes) -> list[Entry]:
     out = []
-    off = 0
-    while off < len(buf):
-        if off + HEADER.size > len(buf):
-            raise CodecError(f"truncated header at offset {off}")
-        (length, call, flags, tid, dlen, n, op, ret, err, aux, oseq) = HEADER.unpack_from(buf, off)
-        if length < HEADER.size or length % 8 or dlen > length - HEADER.size or off + length > len(buf):
-            raise CodecError(f"bad entry at offset {off}: len={length} dlen={dlen}")
-        data = bytes(buf[off + HEADER.size: off + HEADER.size + dlen])
-        out.append(Entry(tid, call, op, n, ret, err, aux, flags, data, oseq))
-        off += length
+    end = 0
+    for off, length in _spans(buf):
+        f = dict(zip(FIELDS, HEADER.unpack_from(buf, off)))
+        if f["dlen"] > length - HEADER.size:
+            raise CodecError(f"bad entry at offset {off}: len={length} dlen={f['dlen']}")
+        data = bytes(buf[off + HEADER.size: off + HEADER.size + f["dlen"]])
+        out.append(Entry(f["tid"], f["call"], f["op"], f["n"], f["ret"], f["err"], f["aux"],
+                         f["flags"], data, f["oseq"]))
+        end = off + length
+    if end != len(buf):
+        raise CodecError(f"truncated entry at offset {end}")
     return out

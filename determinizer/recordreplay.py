@@ -25,10 +25,12 @@ import sys
 import threading
 import time
 
+from determinizer.orderinfo import split
 from determinizer.runner import shim_env, spawn
 from determinizer.shm import Shm
+from native import _llft_shm
 
-EXIT_DIVERGED = 86
+EXIT_DIVERGED = _llft_shm.lib.LLFT_EXIT_DIVERGED
 TRACE_FILE = "orderinfo.bin"
 META_FILE = "meta.json"
 FEED_CHUNK_BYTES = 1 << 20
@@ -117,14 +119,8 @@ def replay(cmd: list[str] | None, trace: str, stall_ms: int = 10000, promote: bo
         try:
             with open(os.path.join(trace, TRACE_FILE), "rb") as f:
                 if limit_entries is not None:
-                    import struct
                     buf = f.read()
-                    off = 0
-                    for _ in range(limit_entries):
-                        if off >= len(buf):
-                            break
-                        off += struct.unpack_from("<I", buf, off)[0]
-                    feeder.push(buf[:off])
+                    feeder.push(buf[:split(buf, max_entries=limit_entries)[1]])
                 else:
                     while (chunk := f.read(FEED_CHUNK_BYTES)) and not feeder.stopped:
                         feeder.push(chunk)

@@ -16,29 +16,37 @@ This is the API the replica runtime calls to pump order information:
                                          # wants more is reported as diverged
     shm.promote()                        # backup -> primary (the shim keeps its CTS offset)
     shm.diverged, shm.report, shm.stats()
-    # group connections (env LLFT_SERVICE_PORT=<service port>, see shim_net.inc)
+    # group connections (env LLFT_SERVICE_PORT=<service port>, see native/shim_net.c)
     shm.group_port                       # real loopback port of the app's group listener, 0 until
     shm.group_address                    # listen(); ("127.0.0.1"|"::1", port) or None
     shm.divergence                       # (connection index, stream offset) of a group write
                                          # divergence, or None
 
 All ring work is in C (native/shm_build.py, the same inline code as the shim); cffi
-drops the GIL during those calls.
+drops the GIL during those calls. The modes, the ctl words read here and the stats
+are the header's enums (`Mode`, `CtlWord`, `Stat`), never bare numbers.
 """
 from __future__ import annotations
 
 import mmap
 import os
 import secrets
+import socket
+import time
 
-from native import _llft_shm  # built by setup.py from native/shm_build.py
+from determinizer.orderinfo import split
+from native import _llft_shm, c_enum  # built by setup.py from native/shm_build.py
 
 ffi, lib = _llft_shm.ffi, _llft_shm.lib
 DRAIN_CHUNK_BYTES = 1 << 20
 
+Mode = c_enum("Mode", "enum llft_mode", "LLFT_MODE_")
+CtlWord = c_enum("CtlWord", "enum llft_ctl_word", "LLFT_CTL_")
+Stat = c_enum("Stat", "enum llft_stat", "LLFT_ST_")
+
 
 class Shm:
-    OFF, PRIMARY, BACKUP = 0, 1, 2
+    OFF, PRIMARY, BACKUP = Mode.OFF, Mode.PRIMARY, Mode.BACKUP
 
     def __init__(self, path: str, mm: mmap.mmap, owner: bool):
         self.path = path
@@ -86,32 +94,35 @@ class Shm:
         lib.llft_set_mode(self._base, self.PRIMARY)
 
     # ---- state
+    def _get(self, word: CtlWord) -> int:
+        return lib.llft_get(self._base, word)
+
     @property
-    def mode(self) -> int:
-        return lib.llft_get(self._base, 0)
+    def mode(self) -> Mode:
+        return Mode(self._get(CtlWord.MODE))
 
     @property
     def active_pid(self) -> int:
-        return lib.llft_get(self._base, 1)
+        return self._get(CtlWord.ACTIVE_PID)
 
     @property
     def diverged(self) -> bool:
-        return bool(lib.llft_get(self._base, 3))
+        return bool(self._get(CtlWord.DIVERGED))
 
     @property
     def group_port(self) -> int:
         """Real (ephemeral, loopback) port of the app's group listener; 0 until the app
         has called listen() on a socket bound to LLFT_SERVICE_PORT."""
-        return lib.llft_get(self._base, 6)
+        return self._get(CtlWord.GROUP_PORT)
 
     @property
     def group_address(self) -> tuple[str, int] | None:
         """Where the agent connects the group connections, or None before listen()."""
-        import socket
-        port = lib.llft_get(self._base, 6)
+        port = self._get(CtlWord.GROUP_PORT)
         if not port:
             return None
-        return ("::1" if lib.llft_get(self._base, 7) == socket.AF_INET6 else "127.0.0.1", port)
+        family = self._get(CtlWord.GROUP_FAMILY)
+        return ("::1" if family == socket.AF_INET6 else "127.0.0.1", port)
 
     @property
     def divergence(self) -> tuple[int, int] | None:
@@ -119,17 +130,17 @@ class Shm:
         primary's: the connection's 0-based order of acceptance on the group listener
         and the offset of the differing write's first byte. None otherwise (also for
         divergences of other kinds: see `diverged` and `report`)."""
-        if not lib.llft_get(self._base, 8):
+        if not self._get(CtlWord.DIV_SET):
             return None
-        return (lib.llft_get(self._base, 9), lib.llft_div_offset(self._base))
+        return (self._get(CtlWord.DIV_CONN), lib.llft_div_offset(self._base))
 
     @property
     def report(self) -> str:
         return ffi.string(lib.llft_report(self._base)).decode(errors="replace").strip()
 
     def stats(self) -> dict[str, int]:
-        names = ["records", "waits", "gil_drops", "ring_full"]
-        return {n: lib.llft_stat(self._base, i) for i, n in enumerate(names)}
+        """{"records": ..., "waits": ..., "gil_drops": ..., "ring_full": ...}"""
+        return {st.name.lower(): lib.llft_stat(self._base, st) for st in Stat}
 
     def close(self) -> None:
         self._base = None
@@ -162,7 +173,6 @@ class Feeder:
 
     def push(self, data: bytes, timeout_s: float | None = None) -> None:
         """Feed whole entries (a partial trailing entry is kept for the next call)."""
-        import time
         buf = self._pending + data
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         off = 0
@@ -172,14 +182,12 @@ class Feeder:
             if n < 0:
                 raise ValueError(f"malformed order information at offset {self.fed_bytes + off} ({n})")
             if n:
-                from determinizer.orderinfo import split
                 self.fed_entries += split(chunk[:n])[0]
             off += n
             if n == 0:
                 if self.stopped:
                     break
                 # a thread's ring is full (it is behind), or only a partial entry is left
-                from determinizer.orderinfo import split
                 if split(chunk)[0] == 0:
                     break
                 if self._shm.diverged:
@@ -192,7 +200,7 @@ class Feeder:
     @property
     def consumed(self) -> int:
         """Entries the shim has completed (a backup's progress)."""
-        return lib.llft_get(self._shm._base, 5)
+        return self._shm._get(CtlWord.PROGRESS)
 
     def done(self) -> None:
         lib.llft_feed_done(self._shm._base)

@@ -20,17 +20,19 @@
  * Rings are byte rings of 8-aligned records. A record's first word (len) is written
  * last with release semantics: non-zero means committed. The consumer zeroes what it
  * consumed before advancing `tail`, so a producer that waited for space finds zeros.
- * Every bound is a named constant below (TIGER_STYLE: put a limit on everything).
+ * Every bound is a named constant below (enum llft_bound).
  *
- * Header-only on purpose: the shim (native/shim.c) and the cffi module
- * (native/shm_build.py) compile the same inline ring code, so the two sides of the
- * boundary cannot drift apart.
+ * Header-only on purpose: the shim (native/shim_*.c) and the cffi module
+ * (native/shm_build.py) compile the same inline ring code and read the same
+ * declarations (the cdef region below), so the two sides of the boundary cannot drift
+ * apart.
  */
 #ifndef LLFT_SHM_H
 #define LLFT_SHM_H
 
 #include <stdint.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 #include <errno.h>
 #include <time.h>
@@ -40,27 +42,38 @@
 
 #define LLFT_SHM_MAGIC        0x314654464c4c0000ULL
 #define LLFT_SHM_VERSION      2u   /* 2: group connections (ctl.group_*, ctl.div_*) */
-#define LLFT_MAX_THREADS      1024u           /* logical threads per process lifetime */
-#define LLFT_OUT_CAP_BYTES    (16u << 20)     /* primary ring */
-#define LLFT_TRING_CAP_BYTES  (128u << 10)    /* backup ring, per logical thread */
-#define LLFT_MAX_DATA_BYTES   (32u << 10)     /* payload of one record (reads are clamped) */
-#define LLFT_REPORT_BYTES     2048u
 
-#define LLFT_MODE_OFF     0u
-#define LLFT_MODE_PRIMARY 1u
-#define LLFT_MODE_BACKUP  2u
+/* ==== cdef begin ====================================================================
+ * Everything up to cdef end is also read by cffi (native/shm_build.py): the Python
+ * side takes the record layout and every constant from here, so this is their one
+ * definition. Only what cffi's cdef parses: enums, structs, no macros with arguments. */
 
-/* Operation classes: the top byte of an operation identifier `o`. */
-#define LLFT_OPC_CLOCK   1ull   /* low bits: clockid                            */
-#define LLFT_OPC_SEM     2ull   /* low bits: logical lock id (creator<<32|count) */
-#define LLFT_OPC_MUTEX   3ull   /* idem, pthread mutexes of C extensions         */
-#define LLFT_OPC_THREAD  4ull   /* per-thread operations (random, sleep, create) */
-#define LLFT_OPC_FD      5ull   /* low bits: logical fd id (creator<<32|count)   */
-#define LLFT_OP(cls, low) (((uint64_t)(cls) << 56) | ((uint64_t)(low) & 0x00ffffffffffffffull))
-#define LLFT_OP_CLASS(op) ((unsigned)((op) >> 56))
-#define LLFT_OP_LOW(op)   ((op) & 0x00ffffffffffffffull)
+/* Bounds (TIGER_STYLE: put a limit on everything). */
+enum llft_bound {
+    LLFT_MAX_THREADS     = 1024,        /* logical threads per process lifetime */
+    LLFT_OUT_CAP_BYTES   = 16 << 20,    /* primary ring */
+    LLFT_TRING_CAP_BYTES = 128 << 10,   /* backup ring, per logical thread */
+    LLFT_MAX_DATA_BYTES  = 32 << 10,    /* payload of one record (reads are clamped) */
+    LLFT_REPORT_BYTES    = 2048
+};
 
-/* Calls (the `call` field). Names in llft_call_name() and determinizer/orderinfo.py. */
+/* The exit status of a process that diverged (or stalled) at a backup. */
+enum llft_exit { LLFT_EXIT_DIVERGED = 86 };
+
+/* ctl.mode */
+enum llft_mode { LLFT_MODE_OFF = 0, LLFT_MODE_PRIMARY = 1, LLFT_MODE_BACKUP = 2 };
+
+/* Operation classes: the top byte of an operation identifier `o` (LLFT_OP below). */
+enum llft_op_class {
+    LLFT_OPC_CLOCK  = 1,   /* low bits: clockid                            */
+    LLFT_OPC_SEM    = 2,   /* low bits: logical lock id (creator<<32|count) */
+    LLFT_OPC_MUTEX  = 3,   /* idem, pthread mutexes of C extensions         */
+    LLFT_OPC_THREAD = 4,   /* per-thread operations (random, sleep, create) */
+    LLFT_OPC_FD     = 5    /* low bits: logical fd id (creator<<32|count)   */
+};
+
+/* Calls (the record's `call` field): the kinds of entry. Printable names in
+ * llft_call_name() below. */
 enum llft_call {
     LLFT_C_NONE = 0,
     LLFT_C_CLOCK_GETTIME = 1, LLFT_C_GETTIMEOFDAY, LLFT_C_TIME,
@@ -72,18 +85,31 @@ enum llft_call {
     LLFT_C_CONNECT = 50, LLFT_C_ACCEPT, LLFT_C_RECV, LLFT_C_SEND, LLFT_C_POLL,
     LLFT_C_SELECT, LLFT_C_EPOLL_WAIT, LLFT_C_GETSOCKOPT, LLFT_C_GETSOCKNAME,
     LLFT_C_GETPEERNAME, LLFT_C_SHUTDOWN,
-    LLFT_C_STAT = 61, LLFT_C_WAITPID, LLFT_C_PRIVATE_RECV,
-    LLFT_C_MAX = 64
+    LLFT_C_STAT = 61, LLFT_C_WAITPID, LLFT_C_PRIVATE_RECV
 };
 
-/* Socket kinds (DESIGN.md "Three kinds of connection"), in record `flags` of CONNECT;
- * LLFT_SK_GROUP also in the flags of the accept/recv/send records of group connections
- * (same call ids as external ones, told apart by the flags). */
-#define LLFT_SK_PRIVATE  1u
-#define LLFT_SK_EXTERNAL 2u
-#define LLFT_SK_GROUP    3u
+/* Socket kinds (docs/DESIGN.md "Three kinds of connection"), in record `flags` of
+ * CONNECT; LLFT_SK_GROUP also in the flags of the accept/recv/send records of group
+ * connections (same call ids as external ones, told apart by the flags). */
+enum llft_sock_kind { LLFT_SK_PRIVATE = 1, LLFT_SK_EXTERNAL = 2, LLFT_SK_GROUP = 3 };
 
-/* One order-information entry (t, o, n, d). d = (ret, err, aux, payload). */
+/* ctl.stats[] indices */
+enum llft_stat {
+    LLFT_ST_RECORDS   = 0,   /* records appended (primary) or completed (backup) */
+    LLFT_ST_WAITS     = 1,   /* backup: waits that had to sleep */
+    LLFT_ST_GIL_DROPS = 2,   /* backup: waits done after releasing the GIL */
+    LLFT_ST_RING_FULL = 3    /* primary: appends that waited for the drainer */
+};
+
+/* The ctl words the agent reads (llft_get in native/shm_build.py). */
+enum llft_ctl_word {
+    LLFT_CTL_MODE = 0, LLFT_CTL_ACTIVE_PID, LLFT_CTL_FEED_DONE, LLFT_CTL_DIVERGED,
+    LLFT_CTL_NEXT_TID, LLFT_CTL_PROGRESS, LLFT_CTL_GROUP_PORT, LLFT_CTL_GROUP_FAMILY,
+    LLFT_CTL_DIV_SET, LLFT_CTL_DIV_CONN
+};
+
+/* One order-information entry (t, o, n, d). d = (ret, err, aux, payload). The wire
+ * codec: little-endian, 56 bytes, followed by `dlen` payload bytes padded to 8. */
 struct llft_rec {
     uint32_t len;    /* whole record incl. header and padding, multiple of 8; commit word */
     uint16_t call;   /* enum llft_call */
@@ -97,6 +123,11 @@ struct llft_rec {
     uint32_t aux;    /* call-specific (child tid, out length, write hash low bits...) */
     uint64_t oseq;   /* backup only: o's completed-record count this entry waits for */
 };
+/* ==== cdef end ====================================================================== */
+
+#define LLFT_OP(cls, low) (((uint64_t)(cls) << 56) | ((uint64_t)(low) & 0x00ffffffffffffffull))
+#define LLFT_OP_CLASS(op) ((unsigned)((op) >> 56))
+#define LLFT_OP_LOW(op)   ((op) & 0x00ffffffffffffffull)
 #define LLFT_REC_HDR ((uint32_t)sizeof(struct llft_rec))
 _Static_assert(sizeof(struct llft_rec) == 56, "wire layout of a record is fixed");
 
@@ -123,9 +154,9 @@ struct llft_ctl {
     uint32_t next_tid;      /* primary: logical thread ids handed out so far */
     uint32_t stall_ms;      /* backup: a wait with no progress this long is a stall */
     uint32_t progress;      /* backup: bumped on every completed record */
-    uint64_t stats[8];      /* see LLFT_ST_* */
+    uint64_t stats[8];      /* enum llft_stat */
     char     report[LLFT_REPORT_BYTES];
-    /* group connections (shim_net.inc): the group listener's real loopback port, set
+    /* group connections (shim_net.c): the group listener's real loopback port, set
      * by the shim after the app's listen() on LLFT_SERVICE_PORT (0 until then, and
      * again once that listener is closed: the next one publishes its port), and
      * its address family (AF_INET: 127.0.0.1, AF_INET6: ::1; a v4-mapped v6 listener
@@ -139,11 +170,6 @@ struct llft_ctl {
     uint32_t div_conn;
     uint64_t div_offset;
 };
-#define LLFT_ST_RECORDS   0   /* records appended (primary) or completed (backup) */
-#define LLFT_ST_WAITS     1   /* backup: waits that had to sleep */
-#define LLFT_ST_GIL_DROPS 2   /* backup: waits done after releasing the GIL */
-#define LLFT_ST_RING_FULL 3   /* primary: appends that waited for the drainer */
-
 struct llft_shm {
     struct llft_ctl  ctl;
     struct llft_ring out;
@@ -274,6 +300,20 @@ static inline const char *llft_call_name(unsigned c) {
     case LLFT_C_WAITPID: return "waitpid";
     case LLFT_C_PRIVATE_RECV: return "recv(private)";
     default: return "?";
+    }
+}
+
+/* "lock 3:9": an operation identifier as the divergence reports and the tools name it. */
+static inline void llft_op_name(uint64_t op, char *buf, size_t n) {
+    uint64_t low = LLFT_OP_LOW(op);
+    unsigned long long hi32 = (unsigned long long)(low >> 32), lo32 = (unsigned long long)(low & 0xffffffffu);
+    switch (LLFT_OP_CLASS(op)) {
+    case LLFT_OPC_CLOCK: snprintf(buf, n, "clock %llu", (unsigned long long)low); break;
+    case LLFT_OPC_SEM: snprintf(buf, n, "lock %llu:%llu", hi32, lo32); break;
+    case LLFT_OPC_MUTEX: snprintf(buf, n, "mutex %llu:%llu", hi32, lo32); break;
+    case LLFT_OPC_THREAD: snprintf(buf, n, "thread %llu", (unsigned long long)low); break;
+    case LLFT_OPC_FD: snprintf(buf, n, "socket %llu:%llu", hi32, lo32); break;
+    default: snprintf(buf, n, "op %#llx", (unsigned long long)op);
     }
 }
 

@@ -5,18 +5,32 @@ Python: the few loops that do (drain the primary ring, feed the per-thread backu
 rings) are C functions here, compiled from the same inline code the shim uses. cffi
 releases the GIL around each call, so a drainer or feeder thread that waits on a
 futex does not stop the agent's other threads.
+
+The declarations cffi sees are not written here: they are the header's cdef region
+(between its "cdef begin" and "cdef end" lines: the record, the bounds, the call, op
+class, socket kind, mode, stat and ctl-word enums), plus the prototypes of the
+functions defined below. So `lib.LLFT_C_RECV`, `ffi.sizeof("struct llft_rec")` and
+`ffi.typeof("enum llft_call")` come from the one definition the shim compiles.
 """
 import os
+import re
 
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+HEADER = os.path.join(HERE, "llft_shm.h")
 
-CDEF = """
-    struct llft_rec {
-        uint32_t len; uint16_t call; uint16_t flags; uint32_t tid; uint32_t dlen;
-        uint64_t n; uint64_t op; int64_t ret; int32_t err; uint32_t aux; uint64_t oseq;
-    };
+
+def header_cdef(path: str = HEADER) -> str:
+    """The part of the header between its "cdef begin" and "cdef end" lines."""
+    text = open(path).read()
+    m = re.search(r"^(/\* ==== cdef begin .*)^/\* ==== cdef end", text, re.S | re.M)
+    if not m:
+        raise RuntimeError(f"{path}: no cdef begin/end region")
+    return m.group(1)
+
+
+FUNCTIONS = """
     size_t llft_shm_size(void);
     void llft_shm_init(void *base, uint32_t mode, uint32_t stall_ms);
     int64_t llft_drain(void *base, uint8_t *out, size_t cap, int timeout_ms);
@@ -31,8 +45,7 @@ CDEF = """
     uint64_t llft_stat(void *base, int i);
     const char *llft_report(void *base);
     const char *llft_call_name(unsigned c);
-    uint32_t llft_max_threads(void);
-    uint32_t llft_max_data(void);
+    void llft_op_name(uint64_t op, char *buf, size_t n);
 """
 
 SOURCE = r"""
@@ -156,7 +169,7 @@ int64_t llft_feed(void *base, const uint8_t *buf, size_t len, void *seqtab, int 
         h.oseq = e->count++;
         /* A sleep at the primary let the other threads run: a backup thread ends its
          * sleep only when as many entries have completed as preceded the sleep's
-         * return in the primary's order (see shim.c, clock_nanosleep). */
+         * return in the primary's order (see shim_time.c, sleep_barrier). */
         if (h.call == LLFT_C_CLOCK_NANOSLEEP || h.call == LLFT_C_NANOSLEEP
             || ((h.call == LLFT_C_POLL || h.call == LLFT_C_SELECT || h.call == LLFT_C_EPOLL_WAIT)
                 && h.ret == 0))
@@ -181,21 +194,20 @@ void llft_feed_done(void *base) {
         }
 }
 
-/* 0 mode, 1 active_pid, 2 feed_done, 3 diverged, 4 next_tid, 5 progress,
- * 6 group_port, 7 group_family, 8 div_set, 9 div_conn */
+/* One ctl word (enum llft_ctl_word), read with acquire semantics. */
 uint32_t llft_get(void *base, int what) {
     struct llft_ctl *c = &((struct llft_shm *)base)->ctl;
     switch (what) {
-    case 0: return __atomic_load_n(&c->mode, __ATOMIC_ACQUIRE);
-    case 1: return __atomic_load_n(&c->active_pid, __ATOMIC_ACQUIRE);
-    case 2: return __atomic_load_n(&c->feed_done, __ATOMIC_ACQUIRE);
-    case 3: return __atomic_load_n(&c->diverged, __ATOMIC_ACQUIRE);
-    case 4: return __atomic_load_n(&c->next_tid, __ATOMIC_ACQUIRE);
-    case 5: return __atomic_load_n(&c->progress, __ATOMIC_ACQUIRE);
-    case 6: return __atomic_load_n(&c->group_port, __ATOMIC_ACQUIRE);
-    case 7: return __atomic_load_n(&c->group_family, __ATOMIC_ACQUIRE);
-    case 8: return __atomic_load_n(&c->div_set, __ATOMIC_ACQUIRE);
-    case 9: return __atomic_load_n(&c->div_conn, __ATOMIC_ACQUIRE);
+    case LLFT_CTL_MODE: return __atomic_load_n(&c->mode, __ATOMIC_ACQUIRE);
+    case LLFT_CTL_ACTIVE_PID: return __atomic_load_n(&c->active_pid, __ATOMIC_ACQUIRE);
+    case LLFT_CTL_FEED_DONE: return __atomic_load_n(&c->feed_done, __ATOMIC_ACQUIRE);
+    case LLFT_CTL_DIVERGED: return __atomic_load_n(&c->diverged, __ATOMIC_ACQUIRE);
+    case LLFT_CTL_NEXT_TID: return __atomic_load_n(&c->next_tid, __ATOMIC_ACQUIRE);
+    case LLFT_CTL_PROGRESS: return __atomic_load_n(&c->progress, __ATOMIC_ACQUIRE);
+    case LLFT_CTL_GROUP_PORT: return __atomic_load_n(&c->group_port, __ATOMIC_ACQUIRE);
+    case LLFT_CTL_GROUP_FAMILY: return __atomic_load_n(&c->group_family, __ATOMIC_ACQUIRE);
+    case LLFT_CTL_DIV_SET: return __atomic_load_n(&c->div_set, __ATOMIC_ACQUIRE);
+    case LLFT_CTL_DIV_CONN: return __atomic_load_n(&c->div_conn, __ATOMIC_ACQUIRE);
     }
     return 0;
 }
@@ -215,18 +227,16 @@ uint64_t llft_stat(void *base, int i) {
     return __atomic_load_n(&((struct llft_shm *)base)->ctl.stats[i & 7], __ATOMIC_RELAXED);
 }
 const char *llft_report(void *base) { return ((struct llft_shm *)base)->ctl.report; }
-uint32_t llft_max_threads(void) { return LLFT_MAX_THREADS; }
-uint32_t llft_max_data(void) { return LLFT_MAX_DATA_BYTES; }
 """
 
 ffibuilder = FFI()
-ffibuilder.cdef(CDEF)
+ffibuilder.cdef(header_cdef() + FUNCTIONS)
 ffibuilder.set_source(
     "native._llft_shm",
     SOURCE,
     include_dirs=[HERE],
     extra_compile_args=["-O2", "-D_GNU_SOURCE"],
-    depends=[os.path.join(HERE, "llft_shm.h")],
+    depends=[HEADER],
 )
 
 if __name__ == "__main__":

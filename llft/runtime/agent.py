@@ -85,6 +85,7 @@ from typing import Any, Callable
 
 import msgpack
 
+from determinizer import orderinfo
 from llft.protocol import messaging as mg
 from llft.protocol.messages import Role
 from llft.replica import actions
@@ -109,25 +110,6 @@ APP_STATE_VERSION = 1
 
 def _log(msg: str) -> None:
     print(f"llft run: {msg}", file=sys.stderr, flush=True)
-
-
-def split_entries(data: bytes, limit: int = MAX_OI_PIECE) -> list[bytes]:
-    """Cut whole shim entries (u32 length first) into pieces of at most `limit` bytes
-    (an entry larger than `limit` is a piece of its own)."""
-    out, start, off = [], 0, 0
-    while off + 4 <= len(data):
-        n = int.from_bytes(data[off:off + 4], "little")
-        if n <= 0:
-            raise ValueError(f"bad order-info entry length {n} at {off}")
-        if off + n - start > limit and off > start:
-            out.append(data[start:off])
-            start = off
-        off += n
-    if off != len(data):
-        raise ValueError("order info drained from the shim ends inside an entry")
-    if off > start:
-        out.append(data[start:off])
-    return out
 
 
 @dataclass
@@ -441,7 +423,7 @@ class Agent:
             return
         data = self.app.drain()
         if data:
-            self._oi_pending.extend(TAG_SHIM + p for p in split_entries(data))
+            self._oi_pending.extend(TAG_SHIM + p for p in orderinfo.pieces(data, MAX_OI_PIECE))
         now = self.driver.clock_us()
         while self._oi_pending:
             try:

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from determinizer.recordreplay import EXIT_DIVERGED
 from rr_helpers import PYTHON3, program, record, replay, run_plain, start_echo_server
 
 # name -> (argv after the interpreter, files written, needs the external server)
@@ -119,7 +120,7 @@ def test_changed_program_is_a_divergence(tmp_path):
     """An extra clock read in the middle is reported, naming the first differing call."""
     p, err = _replay_changed(tmp_path, "clocks.py", 'print("monotonic", time.monotonic())',
                              'time.time()\nprint("monotonic", time.monotonic())')
-    assert p.returncode == 86, err
+    assert p.returncode == EXIT_DIVERGED, err
     assert "divergence: thread 0 call #" in err
     assert "the trace has clock_gettime(clock 1)" in err and "the program made clock_gettime(clock 0)" in err
     assert p.elapsed < 2.0, f"divergence took {p.elapsed:.2f}s to report"
@@ -129,7 +130,7 @@ def test_changed_threaded_program_is_a_divergence(tmp_path):
     """A worker thread that takes an extra lock: reported with its logical thread id."""
     p, err = _replay_changed(tmp_path, "threads_locks.py", "        with rlock:\n            with rlock:",
                              "        with log_lock:\n            pass\n        with rlock:\n            with rlock:")
-    assert p.returncode == 86, err
+    assert p.returncode == EXIT_DIVERGED, err
     assert "divergence: thread " in err and "the program made sem_trywait(lock 0:" in err, err
     assert p.elapsed < 5.0
 
@@ -155,7 +156,7 @@ def test_replay_reports_a_stall_instead_of_hanging(tmp_path):
         "    with lock: time.time()", "    import os; os.read(os.pipe()[0], 1)\n    with lock: time.time()"))
     p, _ = replay(trace, str(work), cmd=[PYTHON3, str(changed)], stall_ms=800, check=False)
     err = p.stderr.decode()
-    assert p.returncode == 86, err
+    assert p.returncode == EXIT_DIVERGED, err
     assert "stall: thread 0" in err and "waited 800 ms" in err, err
     assert p.elapsed < 10
 

@@ -1,4 +1,4 @@
-"""The preload shim's hazards (DESIGN.md "Known hazards"), one test each."""
+"""The preload shim's hazards (docs/DESIGN.md "Known hazards"), one test each."""
 import json
 import os
 import subprocess

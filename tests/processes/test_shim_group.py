@@ -13,13 +13,13 @@ import time
 
 import pytest
 
-from determinizer.orderinfo import CALL_IDS, decode
+from determinizer.orderinfo import CALL_IDS, SocketKind, decode
+from determinizer.recordreplay import EXIT_DIVERGED
 from determinizer.runner import shim_env, spawn
 from determinizer.shm import Shm
 from rr_helpers import program
 
 TIMEOUT = 20.0
-EXIT_DIVERGED = 86
 
 
 def wait_for(cond, what, timeout=TIMEOUT):
@@ -174,7 +174,7 @@ def primary_then_backup(script, host, requests, tmp_path):
     finally:
         prim.close()
     entries = decode(info)
-    group = [e for e in entries if e.flags == 3]
+    group = [e for e in entries if e.flags == SocketKind.GROUP]
     assert {e.call for e in group} >= {CALL_IDS["accept"], CALL_IDS["recv"], CALL_IDS["send"]}
     assert all(not e.data for e in group if e.call in (CALL_IDS["recv"], CALL_IDS["send"]))
     return port, sent, got, out, info
@@ -280,7 +280,7 @@ def test_promoted_backup_serves_new_requests_live(tmp_path):
         replies = [read_line(s) for s in conns]
         # the order info of round 1 is complete once its three replies are recorded
         send = CALL_IDS["send"]
-        wait_for(lambda: sum(e.call == send and e.flags == 3 for e in decode(prim.orderinfo())) == 3,
+        wait_for(lambda: sum(e.call == send and e.flags == SocketKind.GROUP for e in decode(prim.orderinfo())) == 3,
                  "the primary's round-1 writes in its order info")
         prefix = prim.orderinfo()
     finally:

@@ -1,8 +1,9 @@
 """Order-information codec and the shared-memory Feeder/drain API (no app process)."""
 import pytest
 
-from determinizer.orderinfo import CALL_IDS, CodecError, Entry, decode, encode, op_name, split
-from determinizer.shm import Shm
+from determinizer.orderinfo import (CALL_IDS, HEADER, Call, CodecError, Entry, decode, encode,
+                                   op_name, pieces, split)
+from determinizer.shm import CtlWord, Shm, Stat
 
 
 def _entries():
@@ -23,6 +24,29 @@ def test_codec_round_trip_and_alignment():
     assert decode(buf) == es
     assert split(buf) == (4, len(buf))
     assert split(buf[:-3]) == (3, len(encode(es[:3])))
+
+
+def test_pieces_keep_entries_whole_within_the_limit():
+    es = _entries()
+    buf = encode(es)
+    sizes = [len(encode([e])) for e in es]            # 56, 64, 56, 56
+    assert pieces(buf, 1 << 20) == [buf]
+    assert pieces(buf, 120) == [encode(es[:2]), encode(es[2:])]
+    assert pieces(buf, 10) == [encode([e]) for e in es]   # a too-large entry is its own piece
+    assert [len(p) for p in pieces(buf, 10)] == sizes
+    assert pieces(b"", 100) == []
+    with pytest.raises(CodecError):
+        pieces(buf[:-8], 1 << 20)                    # ends inside an entry
+    assert split(buf, max_entries=2) == (2, len(encode(es[:2])))
+
+
+def test_names_come_from_the_header():
+    assert HEADER.size == 56
+    assert Call.CLOCK_GETTIME == 1 and Call.PRIVATE_RECV == 63
+    assert CALL_IDS["read(/dev/urandom)"] is Call.READ_RANDOM
+    assert CALL_IDS["recv(private)"] is Call.PRIVATE_RECV
+    assert [s.name for s in Stat] == ["RECORDS", "WAITS", "GIL_DROPS", "RING_FULL"]
+    assert CtlWord.DIV_CONN == 9
 
 
 def test_codec_rejects_malformed():

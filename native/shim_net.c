@@ -1,8 +1,13 @@
-/* shim_net.inc -- CSCS: sockets. Included by shim.c (one translation unit, shared statics).
+/* shim_net.c -- CSCS: sockets.
+ *
+ * Intercepts socket, socketpair, bind, connect, accept/accept4, close, the reads and
+ * writes of sockets (read/recv/recvfrom/recvmsg/readv, write/send/sendto/sendmsg/
+ * writev), getsockopt/getsockname/getpeername, shutdown, and readiness (poll, select,
+ * epoll_create/create1/ctl/wait/pwait); a group socket's calls go to shim_group.c.
  *
  * Every socket the determinized process creates gets a logical id (creator thread,
  * creation count), the operation identifier of its calls. Its KIND decides what is
- * ordered (DESIGN.md, "Three kinds of connection"):
+ * ordered (docs/DESIGN.md, "Three kinds of connection"):
  *   private   AF_UNIX, socketpair, and loopback peers inside the replica's process tree
  *             (py4j, asyncio's self-pipe): real at every replica, never recorded.
  *   external  anything else (and loopback ports named in LLFT_EXTERNAL_PORTS): real at
@@ -19,8 +24,7 @@
  *             counts + hashes; a backup makes each recorded read/accept true locally
  *             (waits for exactly those bytes / that connection, no time cap) and
  *             writes exactly the recorded bytes, a differing hash being a divergence
- *             that names the connection and stream offset. Details: "group
- *             connections" below.
+ *             that names the connection and stream offset. Details: shim_group.c.
  * One refinement of "private", learnt from PySpark's collect(): the app's behaviour
  * can depend on how a private TCP stream is CHUNKED, not only on its bytes --
  * CPython's BufferedReader takes its lock only when its buffer cannot serve a read,
@@ -35,10 +39,27 @@
  * poll/select/epoll_wait are ordered when they watch at least one socket (group and
  * group listener included; only private ones are made true locally at a backup).
  */
+#include "shim_internal.h"
 
-static int fd_ok(int fd) { return fd >= 0 && fd < MAX_FDS; }
-static inline int fd_kind(int fd) { return fd_ok(fd) ? g_fd[fd].kind : FDK_NONE; }
-static inline uint64_t fd_op(int fd) { return LLFT_OP(LLFT_OPC_FD, g_fd[fd].lid); }
+struct fdent g_fd[MAX_FDS];
+
+/* Loopback ports that are external (a server outside the replica's process tree). */
+#define MAX_EXT_PORTS 32
+static uint16_t g_ext_ports[MAX_EXT_PORTS];
+static int g_n_ext_ports;
+
+/* LLFT_EXTERNAL_PORTS=p,q,..., read before the shim strips it from the environment. */
+void net_activate(void) {
+    const char *ports = getenv("LLFT_EXTERNAL_PORTS");
+    while (ports && *ports && g_n_ext_ports < MAX_EXT_PORTS) {
+        char *end;
+        long v = strtol(ports, &end, 10);
+        if (end == ports) break;
+        if (v > 0 && v < 65536) g_ext_ports[g_n_ext_ports++] = (uint16_t)v;
+        ports = *end ? end + 1 : end;
+    }
+}
+
 /* Sockets whose readiness is ordered in poll/select/epoll_wait: every socket of the
  * process. Private ones are also real at a backup: see enforce_ready(). */
 static inline int fd_watched(int fd) {
@@ -48,7 +69,7 @@ static inline int fd_watched(int fd) {
 }
 static inline int fd_local(int fd) { int k = fd_kind(fd); return k == FDK_PRIVATE || k == FDK_PRIVATE_STREAM; }
 
-static void fd_set_kind(int fd, int kind, uint64_t lid) {
+void fd_set_kind(int fd, int kind, uint64_t lid) {
     if (!fd_ok(fd)) return;
     free(g_fd[fd].g);   /* a stale entry (the fd was closed behind our back) */
     g_fd[fd].g = NULL;
@@ -82,7 +103,7 @@ static int addr_is_loopback(const struct sockaddr *a) {
     }
     return 0;
 }
-static uint16_t addr_port(const struct sockaddr *a) {
+uint16_t addr_port(const struct sockaddr *a) {
     if (a->sa_family == AF_INET) return ntohs(((const struct sockaddr_in *)a)->sin_port);
     if (a->sa_family == AF_INET6) return ntohs(((const struct sockaddr_in6 *)a)->sin6_port);
     return 0;
@@ -186,407 +207,13 @@ static int classify_peer(const struct sockaddr *a) {
     return in_process_tree(p) ? LLFT_SK_PRIVATE : LLFT_SK_EXTERNAL;
 }
 
-static uint32_t fnv1a(const void *p, size_t n, uint32_t h) {
+uint32_t fnv1a(const void *p, size_t n, uint32_t h) {
     const uint8_t *b = p;
     for (size_t i = 0; i < n; i++) { h ^= b[i]; h *= 16777619u; }
     return h;
 }
 
-#define WRAP(expr) do { t_guard++; ssize_t _r = (expr); int _e = errno; t_guard--; errno = _e; return _r; } while (0)
 #define GROUP_ENTER(fd) (active_here() && fd_kind(fd) == FDK_GROUP)
-
-/* ---- group connections (the agent's side of the group's service port) ----
- * LLFT_SERVICE_PORT=<p>: a TCP socket the app binds to port p (any address) is the
- * GROUP LISTENER. It is real at every replica but bound to loopback port 0 (a
- * v4-mapped ::ffff:127.0.0.1 for AF_INET6, ::1 if that fails), so replicas on one
- * host never clash; listen() publishes the real port in ctl.group_port. Its only
- * peer is the agent, which connects the same group connections in the same order at
- * every replica and writes the same bytes into each. So, unlike external sockets,
- * group sockets are real at a backup too, and the order information carries no data:
- *   accept  primary: real, recorded (result/errno, peer address, connection index in
- *           aux). backup: recorded success -> waits (no GIL, stall-checked) for the
- *           agent's connection and really accepts it, returning the primary's peer
- *           address; recorded failure -> the same errno, nothing accepted.
- *   read    primary: real, recorded (count or errno, never the bytes). backup: waits
- *           until exactly that many bytes are there and reads exactly that many;
- *           EOF waits for EOF; an errno is returned without reading. A commitment,
- *           not a hint: no time cap, only the stall check.
- *   write   real at every replica. primary records the count + FNV-1a of the bytes;
- *           a backup writes exactly the recorded count (looping, blocking without
- *           the GIL) after checking the hash. A different hash is a DIVERGENCE:
- *           ctl.div_conn/div_offset name the connection (acceptance index) and the
- *           stream offset of the differing write's first byte, the report says the
- *           same, and -- as for every divergence -- the process exits at once with
- *           status 86 (the differing bytes are NOT written). A local write failure at
- *           a backup (its agent closed) keeps the primary's result for the app.
- *   names   getsockname: the listener answers the app's requested address (service
- *           port); an accepted connection answers its real loopback address with the
- *           service port (the same at every replica, nothing recorded). getpeername:
- *           the primary's peer address from the accept record.
- *   rest    readiness ordered like external sockets (no local enforcement: the read
- *           or accept that follows waits for the real bytes/connection); setsockopt,
- *           getsockopt, shutdown, fcntl, close: real at every replica, not recorded. */
-struct gconn {
-    uint32_t conn;                  /* connection: 0-based acceptance index */
-    uint64_t written;               /* connection: bytes the app wrote (stream offset) */
-    socklen_t alen;                 /* listener: app's address; connection: primary's peer */
-    struct sockaddr_storage addr;
-};
-static uint32_t g_group_accepted;  /* group connections accepted so far (next index) */
-#define GROUP_MAX_IOV 64
-
-static int sock_is_stream(int fd) {
-    int type = 0;
-    socklen_t tl = sizeof type;
-    return R(getsockopt)(fd, SOL_SOCKET, SO_TYPE, &type, &tl) == 0 && type == SOCK_STREAM;
-}
-static int is_service_addr(int fd, const struct sockaddr *a, socklen_t len) {
-    if (!g_service_port || !a) return 0;
-    if (!((a->sa_family == AF_INET && len >= sizeof(struct sockaddr_in))
-          || (a->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6))))
-        return 0;
-    return addr_port(a) == g_service_port && sock_is_stream(fd);
-}
-static void set_port(struct sockaddr *a, uint16_t port) {
-    if (a->sa_family == AF_INET) ((struct sockaddr_in *)a)->sin_port = htons(port);
-    else if (a->sa_family == AF_INET6) ((struct sockaddr_in6 *)a)->sin6_port = htons(port);
-}
-static void copy_addr(struct sockaddr *dst, socklen_t *dlen, const void *src, socklen_t slen) {
-    if (!dst || !dlen) return;
-    socklen_t k = slen < *dlen ? slen : *dlen;
-    memcpy(dst, src, k);
-    *dlen = slen;
-}
-
-static int group_bind(int fd, const struct sockaddr *a, socklen_t len) {
-    struct gconn *g = calloc(1, sizeof *g);
-    if (!g) { errno = ENOMEM; return -1; }
-    g->alen = len < sizeof g->addr ? len : (socklen_t)sizeof g->addr;
-    memcpy(&g->addr, a, g->alen);
-    int r;
-    if (a->sa_family == AF_INET) {
-        struct sockaddr_in lo;
-        memset(&lo, 0, sizeof lo);
-        lo.sin_family = AF_INET;
-        lo.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        r = R(bind)(fd, (struct sockaddr *)&lo, sizeof lo);
-    } else {
-        /* reachable at 127.0.0.1 (where the agent connects from): v4-mapped, dual stack */
-        int off = 0;
-        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
-        struct sockaddr_in6 lo;
-        memset(&lo, 0, sizeof lo);
-        lo.sin6_family = AF_INET6;
-        lo.sin6_addr.s6_addr[10] = 0xff;
-        lo.sin6_addr.s6_addr[11] = 0xff;
-        lo.sin6_addr.s6_addr[12] = 127;
-        lo.sin6_addr.s6_addr[15] = 1;
-        r = R(bind)(fd, (struct sockaddr *)&lo, sizeof lo);
-        if (r != 0) {
-            lo.sin6_addr = in6addr_loopback;
-            r = R(bind)(fd, (struct sockaddr *)&lo, sizeof lo);
-        }
-    }
-    if (r != 0) { int e = errno; free(g); errno = e; return r; }
-    g_fd[fd].kind = FDK_GROUP_LISTEN;
-    g_fd[fd].g = g;
-    return 0;
-}
-
-EXPORT int listen(int fd, int backlog) {
-    int r = R(listen)(fd, backlog);
-    if (r == 0 && active_here() && fd_kind(fd) == FDK_GROUP_LISTEN) {
-        int e = errno;
-        t_guard++;
-        struct sockaddr_storage ss;
-        socklen_t sl = sizeof ss;
-        if (R(getsockname)(fd, (struct sockaddr *)&ss, &sl) == 0 && addr_port((struct sockaddr *)&ss)) {
-            uint32_t fam = AF_INET;
-            if (ss.ss_family == AF_INET6) {
-                const uint8_t *b = ((struct sockaddr_in6 *)&ss)->sin6_addr.s6_addr;
-                if (!(b[10] == 0xff && b[11] == 0xff)) fam = AF_INET6;   /* ::1 */
-            }
-            if (!__atomic_load_n(&g_ctl->group_port, __ATOMIC_ACQUIRE)) {
-                __atomic_store_n(&g_ctl->group_family, fam, __ATOMIC_RELEASE);
-                uint32_t zero = 0;
-                __atomic_compare_exchange_n(&g_ctl->group_port, &zero,
-                                            (uint32_t)addr_port((struct sockaddr *)&ss), 0,
-                                            __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-            }
-        }
-        t_guard--;
-        errno = e;
-    }
-    return r;
-}
-
-/* The published listener is closed: clear ctl.group_port, the next listen() publishes. */
-static void group_unpublish(int fd) {
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    int e = errno;
-    t_guard++;
-    if (R(getsockname)(fd, (struct sockaddr *)&ss, &sl) == 0) {
-        uint32_t port = addr_port((struct sockaddr *)&ss);
-        if (port) __atomic_compare_exchange_n(&g_ctl->group_port, &port, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-    }
-    t_guard--;
-    errno = e;
-}
-
-/* The record must be a group one: else the replicas disagree on what this socket is. */
-static void group_check(struct bk *b) {
-    if (b->h.flags != LLFT_SK_GROUP)
-        diverge("divergence: thread %d call #%llu %s: a group connection here, the trace's "
-                "socket is of kind %u", t_tid, (unsigned long long)t_n, llft_call_name(b->h.call),
-                b->h.flags);
-}
-
-static int group_accept(int fd, struct sockaddr *a, socklen_t *alen, int flags, int four) {
-    uint64_t op = fd_op(fd);
-    int r, e;
-    uint32_t conn = 0;
-    struct bk b;
-    struct sockaddr_storage ss;
-    socklen_t sl = 0;
-    memset(&ss, 0, sizeof ss);
-    if (backup_now() && bk_begin(&b, LLFT_C_ACCEPT, op, &ss, sizeof ss)) {
-        group_check(&b);
-        r = (int)b.h.ret;
-        e = b.h.err;
-        conn = b.h.aux;
-        sl = b.h.dlen;
-        if (r >= 0) {
-            /* the agent connects here too, in the same order: take that connection */
-            struct stallw sw = {0, 0};
-            for (;;) {
-                struct pollfd pf = {fd, POLLIN, 0};
-                if (R(poll)(&pf, 1, 0) > 0) {
-                    r = R(accept4)(fd, NULL, NULL, four ? flags : 0);
-                    if (r >= 0) break;
-                    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
-                        diverge("divergence: thread %d call #%llu accept(group): accepted at the "
-                                "primary, fails here (errno %d)", t_tid, (unsigned long long)t_n, errno);
-                }
-                if (!b.gil) b.gil = gil_drop();
-                R(poll)(&pf, 1, WAIT_SLICE_MS);
-                stall_check(&sw, "the agent's group connection", LLFT_C_ACCEPT, op);
-            }
-            e = 0;
-            if (conn + 1 > g_group_accepted) g_group_accepted = conn + 1;  /* for a promotion */
-        }
-        bk_end(&b);
-    } else {
-        sl = sizeof ss;
-        r = four ? R(accept4)(fd, (struct sockaddr *)&ss, &sl, flags)
-                 : R(accept)(fd, (struct sockaddr *)&ss, &sl);
-        e = r < 0 ? errno : 0;
-        if (r >= 0) conn = __atomic_fetch_add(&g_group_accepted, 1, __ATOMIC_ACQ_REL);
-        if (sl > sizeof ss) sl = sizeof ss;
-        pr_append(LLFT_C_ACCEPT, op, r, e, conn, LLFT_SK_GROUP, &ss, r >= 0 ? sl : 0);
-    }
-    if (r >= 0) {
-        copy_addr(a, alen, &ss, sl);
-        fd_set_kind(r, FDK_GROUP, new_lid());
-        struct gconn *g = calloc(1, sizeof *g);
-        if (!g) diverge("out of memory for a group connection");
-        g->conn = conn;
-        g->alen = sl;
-        memcpy(&g->addr, &ss, sizeof ss);
-        g_fd[r].g = g;
-    }
-    errno = e ? e : errno;
-    return r;
-}
-
-static size_t iov_total(const struct iovec *iov, int n) {
-    size_t t = 0;
-    for (int i = 0; i < n; i++) t += iov[i].iov_len;
-    return t;
-}
-/* out = the part of iov in [skip, skip+len); returns its count */
-static int iov_window(const struct iovec *iov, int n, size_t skip, size_t len, struct iovec *out) {
-    int k = 0;
-    for (int i = 0; i < n && len && k < GROUP_MAX_IOV; i++) {
-        size_t l = iov[i].iov_len;
-        if (skip >= l) { skip -= l; continue; }
-        size_t take = l - skip < len ? l - skip : len;
-        out[k].iov_base = (uint8_t *)iov[i].iov_base + skip;
-        out[k++].iov_len = take;
-        skip = 0;
-        len -= take;
-    }
-    return k;
-}
-static uint32_t iov_hash(const struct iovec *iov, int n, size_t len) {
-    uint32_t h = 2166136261u;
-    for (int i = 0; i < n && len; i++) {
-        size_t take = iov[i].iov_len < len ? iov[i].iov_len : len;
-        h = fnv1a(iov[i].iov_base, take, h);
-        len -= take;
-    }
-    return h;
-}
-
-/* Backup: wait (no GIL, stall-checked) until `want` bytes are readable, or for EOF
- * when want == 0. */
-static void group_wait_bytes(int fd, size_t want, struct bk *b) {
-    struct stallw sw = {0, 0};
-    for (;;) {
-        int avail = 0;
-        if (ioctl(fd, FIONREAD, &avail) != 0) avail = 0;
-        if (want && (size_t)avail >= want) return;
-        struct pollfd pf = {fd, POLLIN | POLLRDHUP, 0};
-        R(poll)(&pf, 1, 0);
-        if (pf.revents & (POLLRDHUP | POLLHUP | POLLERR)) {
-            if (ioctl(fd, FIONREAD, &avail) != 0) avail = 0;
-            if (want && (size_t)avail >= want) return;
-            if (!want && avail == 0) return;
-            if (want)
-                diverge("divergence: thread %d call #%llu recv(group connection %u): the primary read "
-                        "%zu bytes, the agent closed here after %d", t_tid, (unsigned long long)t_n,
-                        g_fd[fd].g ? g_fd[fd].g->conn : 0, want, avail);
-            if (pf.revents & POLLERR) return;   /* the real read reports the error */
-        }
-        if (!b->gil) b->gil = gil_drop();
-        if (avail > 0 && want) { struct timespec ts = {0, 200000}; R(nanosleep)(&ts, NULL); }
-        else { pf.revents = 0; R(poll)(&pf, 1, WAIT_SLICE_MS); }
-        stall_check(&sw, want ? "the agent's bytes on a group connection" : "the agent's EOF on a group connection",
-                    LLFT_C_RECV, b->h.op);
-    }
-}
-
-/* Every read of a group socket, as recvmsg (read/recv/recvfrom/readv are special cases). */
-static ssize_t group_recv(int fd, struct msghdr *m, int flags) {
-    uint64_t op = fd_op(fd);
-    ssize_t r;
-    int e;
-    struct bk b;
-    if (backup_now() && bk_begin(&b, LLFT_C_RECV, op, NULL, 0)) {
-        group_check(&b);
-        r = (ssize_t)b.h.ret;
-        e = b.h.err;
-        size_t total = iov_total(m->msg_iov, (int)m->msg_iovlen);
-        if (r > 0 && (size_t)r > total)
-            diverge("divergence: thread %d call #%llu recv(group): the primary read %zd bytes, the "
-                    "program asked for %zu", t_tid, (unsigned long long)t_n, r, total);
-        if (r > 0 || (r == 0 && total > 0)) {
-            group_wait_bytes(fd, (size_t)r, &b);
-            struct iovec w[GROUP_MAX_IOV];
-            struct msghdr mm = *m;
-            size_t done = 0;
-            int peek = flags & MSG_PEEK;
-            do {   /* the bytes are there: never blocks; loops only on a short read */
-                mm.msg_iov = w;
-                mm.msg_iovlen = (size_t)iov_window(m->msg_iov, (int)m->msg_iovlen, done, (size_t)r - done, w);
-                ssize_t k = R(recvmsg)(fd, &mm, (flags & ~MSG_WAITALL) | MSG_DONTWAIT);
-                if (k <= 0) {
-                    if (r == 0 && k == 0) break;
-                    if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-                    diverge("divergence: thread %d call #%llu recv(group): the primary read %zd bytes, "
-                            "here the read returned %zd (errno %d)", t_tid, (unsigned long long)t_n,
-                            r, k, k < 0 ? errno : 0);
-                }
-                done += (size_t)k;
-            } while (!peek && done < (size_t)r);
-            m->msg_namelen = mm.msg_namelen;
-            m->msg_controllen = mm.msg_controllen;
-            m->msg_flags = mm.msg_flags;
-        } else {
-            m->msg_controllen = 0;
-            m->msg_flags = 0;
-        }
-        bk_end(&b);
-    } else {
-        r = R(recvmsg)(fd, m, flags);
-        e = r < 0 ? errno : 0;
-        pr_append(LLFT_C_RECV, op, r, e, 0, LLFT_SK_GROUP, NULL, 0);
-    }
-    errno = e ? e : errno;
-    return r;
-}
-
-/* Every write of a group socket, as sendmsg. */
-static ssize_t group_send(int fd, const struct msghdr *m, int flags) {
-    uint64_t op = fd_op(fd);
-    struct gconn *g = g_fd[fd].g;
-    ssize_t r;
-    int e;
-    struct bk b;
-    if (backup_now() && bk_begin(&b, LLFT_C_SEND, op, NULL, 0)) {
-        group_check(&b);
-        r = (ssize_t)b.h.ret;
-        e = b.h.err;
-        size_t total = iov_total(m->msg_iov, (int)m->msg_iovlen);
-        if (r > 0 && ((size_t)r > total || iov_hash(m->msg_iov, (int)m->msg_iovlen, (size_t)r) != b.h.aux))
-            diverge_group(g->conn, g->written,
-                          "divergence: thread %d call #%llu send(group): the program wrote different "
-                          "bytes than the primary on group connection %u at stream offset %llu (%zu "
-                          "asked, %zd recorded)", t_tid, (unsigned long long)t_n, g->conn,
-                          (unsigned long long)g->written, total, r);
-        size_t done = 0;
-        struct stallw sw = {0, 0};
-        while (r > 0 && done < (size_t)r) {
-            struct iovec w[GROUP_MAX_IOV];
-            struct msghdr mm;
-            memset(&mm, 0, sizeof mm);
-            mm.msg_iov = w;
-            mm.msg_iovlen = (size_t)iov_window(m->msg_iov, (int)m->msg_iovlen, done, (size_t)r - done, w);
-            ssize_t k = R(sendmsg)(fd, &mm, MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (k > 0) { done += (size_t)k; continue; }
-            if (k < 0 && errno == EINTR) continue;
-            if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) break;  /* the agent left */
-            if (!b.gil) b.gil = gil_drop();
-            struct pollfd pf = {fd, POLLOUT, 0};
-            R(poll)(&pf, 1, WAIT_SLICE_MS);
-            stall_check(&sw, "room to write on a group connection", LLFT_C_SEND, op);
-        }
-        bk_end(&b);
-    } else {
-        r = R(sendmsg)(fd, m, flags);
-        e = r < 0 ? errno : 0;
-        uint32_t h = r > 0 ? iov_hash(m->msg_iov, (int)m->msg_iovlen, (size_t)r) : 0;
-        pr_append(LLFT_C_SEND, op, r, e, h, LLFT_SK_GROUP, NULL, 0);
-    }
-    if (r > 0) __atomic_fetch_add(&g->written, (uint64_t)r, __ATOMIC_ACQ_REL);
-    errno = e ? e : errno;
-    return r;
-}
-
-/* recv/read/recvfrom/readv and send/write/sendto/writev as msghdrs */
-static ssize_t group_recv_buf(int fd, void *buf, size_t n, int flags, struct sockaddr *src, socklen_t *sl) {
-    struct iovec v = {buf, n};
-    struct msghdr m;
-    memset(&m, 0, sizeof m);
-    m.msg_iov = &v;
-    m.msg_iovlen = 1;
-    if (src && sl) { m.msg_name = src; m.msg_namelen = *sl; }
-    ssize_t r = group_recv(fd, &m, flags);
-    if (src && sl && r >= 0) *sl = m.msg_namelen;
-    return r;
-}
-static ssize_t group_send_buf(int fd, const void *buf, size_t n, int flags) {
-    struct iovec v = {(void *)buf, n};
-    struct msghdr m;
-    memset(&m, 0, sizeof m);
-    m.msg_iov = &v;
-    m.msg_iovlen = 1;
-    return group_send(fd, &m, flags);
-}
-static ssize_t group_recv_iov(int fd, const struct iovec *iov, int n) {
-    struct msghdr m;
-    memset(&m, 0, sizeof m);
-    m.msg_iov = (struct iovec *)iov;
-    m.msg_iovlen = (size_t)(n < 0 ? 0 : n);
-    return group_recv(fd, &m, 0);
-}
-static ssize_t group_send_iov(int fd, const struct iovec *iov, int n) {
-    struct msghdr m;
-    memset(&m, 0, sizeof m);
-    m.msg_iov = (struct iovec *)iov;
-    m.msg_iovlen = (size_t)(n < 0 ? 0 : n);
-    return group_send(fd, &m, 0);
-}
 
 /* ---- creation ---- */
 
@@ -608,7 +235,7 @@ EXPORT int socketpair(int d, int t, int p, int sv[2]) {
 }
 EXPORT int bind(int fd, const struct sockaddr *a, socklen_t len) {
     if (active_here() && fd_kind(fd) == FDK_SOCK && is_service_addr(fd, a, len))
-        WRAP(group_bind(fd, a, len));
+        return GUARDED(group_bind(fd, a, len));
     int r = R(bind)(fd, a, len);
     if (active_here() && fd_kind(fd) == FDK_SOCK && addr_is_loopback(a)) {
         int e = errno;
@@ -654,13 +281,11 @@ EXPORT int close(int fd) {
 
 /* ---- connect / accept ---- */
 
-EXPORT int connect(int fd, const struct sockaddr *a, socklen_t len) {
-    if (!active_here() || fd_kind(fd) != FDK_SOCK) return R(connect)(fd, a, len);
-    t_guard++;
+static int connect_ordered(int fd, const struct sockaddr *a, socklen_t len) {
     uint64_t op = fd_op(fd);
     int r, e, kind;
     struct bk b;
-    if (backup_now() && bk_begin(&b, LLFT_C_CONNECT, op, NULL, 0)) {
+    if (replaying(&b, LLFT_C_CONNECT, op, NULL, 0)) {
         kind = b.h.flags;
         r = (int)b.h.ret;
         e = b.h.err;
@@ -688,13 +313,16 @@ EXPORT int connect(int fd, const struct sockaddr *a, socklen_t len) {
         R(getsockopt)(fd, SOL_SOCKET, SO_TYPE, &type, &tl);
         g_fd[fd].kind = type == SOCK_STREAM ? FDK_PRIVATE_STREAM : FDK_PRIVATE;
     }
-    t_guard--;
     errno = e ? e : errno;
     return r;
 }
+EXPORT int connect(int fd, const struct sockaddr *a, socklen_t len) {
+    HOOK(fd_kind(fd) == FDK_SOCK, R(connect)(fd, a, len), connect_ordered(fd, a, len));
+}
 
+static int external_accept(int fd, struct sockaddr *a, socklen_t *alen, int flags, int four);
 static int accept_common(int fd, struct sockaddr *a, socklen_t *alen, int flags, int four) {
-    if (active_here() && fd_kind(fd) == FDK_GROUP_LISTEN) WRAP(group_accept(fd, a, alen, flags, four));
+    if (active_here() && fd_kind(fd) == FDK_GROUP_LISTEN) return GUARDED(group_accept(fd, a, alen, flags, four));
     if (active_here() && fd_kind(fd) == FDK_PRIVATE) {
         /* a private server (py4j callback, PySpark's accumulator server): real, not
          * recorded; the connection is a private stream (read sizes hinted) */
@@ -702,14 +330,20 @@ static int accept_common(int fd, struct sockaddr *a, socklen_t *alen, int flags,
         if (r >= 0) { int e = errno; fd_set_kind(r, FDK_PRIVATE_STREAM, new_lid()); errno = e; }
         return r;
     }
-    if (!active_here() || fd_kind(fd) != FDK_SOCK)
-        return four ? R(accept4)(fd, a, alen, flags) : R(accept)(fd, a, alen);
-    t_guard++;
+    HOOK(fd_kind(fd) == FDK_SOCK, four ? R(accept4)(fd, a, alen, flags) : R(accept)(fd, a, alen),
+         external_accept(fd, a, alen, flags, four));
+}
+EXPORT int accept(int fd, struct sockaddr *a, socklen_t *alen) { return accept_common(fd, a, alen, 0, 0); }
+EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *alen, int fl) { return accept_common(fd, a, alen, fl, 1); }
+
+/* An accept on a listener of the app's own that is neither private nor the group's:
+ * its clients are external. */
+static int external_accept(int fd, struct sockaddr *a, socklen_t *alen, int flags, int four) {
     uint64_t op = fd_op(fd);
     int r, e;
     struct bk b;
     struct sockaddr_storage ss;
-    if (backup_now() && bk_begin(&b, LLFT_C_ACCEPT, op, &ss, sizeof ss)) {
+    if (replaying(&b, LLFT_C_ACCEPT, op, &ss, sizeof ss)) {
         r = (int)b.h.ret;
         e = b.h.err;
         if (r >= 0) {  /* an external client: a dummy socket stands for it */
@@ -735,12 +369,9 @@ static int accept_common(int fd, struct sockaddr *a, socklen_t *alen, int flags,
         pr_append(LLFT_C_ACCEPT, op, r, e, 0, 0, &ss, r >= 0 ? sl : 0);
     }
     if (r >= 0) fd_set_kind(r, FDK_EXTERNAL, new_lid());
-    t_guard--;
     errno = e ? e : errno;
     return r;
 }
-EXPORT int accept(int fd, struct sockaddr *a, socklen_t *alen) { return accept_common(fd, a, alen, 0, 0); }
-EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *alen, int fl) { return accept_common(fd, a, alen, fl, 1); }
 
 /* ---- data ---- */
 
@@ -754,7 +385,7 @@ static ssize_t ext_recv(int fd, void *buf, size_t n, int flags, struct sockaddr 
     int e;
     struct bk b;
     static TLS uint8_t scratch[LLFT_MAX_DATA_BYTES];
-    if (backup_now() && bk_begin(&b, LLFT_C_RECV, op, scratch, sizeof scratch)) {
+    if (replaying(&b, LLFT_C_RECV, op, scratch, sizeof scratch)) {
         r = (ssize_t)b.h.ret;
         e = b.h.err;
         uint32_t nd = b.h.dlen - b.h.aux;  /* aux = address bytes at the end */
@@ -796,7 +427,7 @@ static ssize_t ext_send(int fd, const void *buf, size_t n, int flags,
     ssize_t r;
     int e;
     struct bk b;
-    if (backup_now() && bk_begin(&b, LLFT_C_SEND, op, NULL, 0)) {
+    if (replaying(&b, LLFT_C_SEND, op, NULL, 0)) {
         r = (ssize_t)b.h.ret;
         e = b.h.err;
         if (r > 0 && ((size_t)r > n || fnv1a(buf, (size_t)r, 2166136261u) != b.h.aux))
@@ -875,10 +506,10 @@ static int dgram_external(int fd, const struct sockaddr *peer) {
 EXPORT ssize_t read(int fd, void *buf, size_t n) {
     if (!active_here() || !fd_ok(fd)) return R(read)(fd, buf, n);
     int k = g_fd[fd].kind;
-    if (k == FDK_RANDOM) WRAP(random_call(LLFT_C_READ_RANDOM, fd, buf, n, 0));
-    if (k == FDK_EXTERNAL) WRAP(ext_recv(fd, buf, n, 0, NULL, NULL, 1));
-    if (k == FDK_PRIVATE_STREAM) WRAP(priv_recv(fd, buf, n, 0, 1));
-    if (k == FDK_GROUP) WRAP(group_recv_buf(fd, buf, n, 0, NULL, NULL));
+    if (k == FDK_RANDOM) return GUARDED(random_call(LLFT_C_READ_RANDOM, fd, buf, n, 0));
+    if (k == FDK_EXTERNAL) return GUARDED(ext_recv(fd, buf, n, 0, NULL, NULL, 1));
+    if (k == FDK_PRIVATE_STREAM) return GUARDED(priv_recv(fd, buf, n, 0, 1));
+    if (k == FDK_GROUP) return GUARDED(group_recv_buf(fd, buf, n, 0, NULL, NULL));
     return R(read)(fd, buf, n);
 }
 /* LLFT_DEBUG=2: also log the sizes of private reads (pass-through, not recorded), to
@@ -897,47 +528,47 @@ EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags) {
         errno = e;
         return r;
     }
-    if (PRIV_ENTER(fd)) WRAP(priv_recv(fd, buf, n, flags, 0));
-    if (GROUP_ENTER(fd)) WRAP(group_recv_buf(fd, buf, n, flags, NULL, NULL));
+    if (PRIV_ENTER(fd)) return GUARDED(priv_recv(fd, buf, n, flags, 0));
+    if (GROUP_ENTER(fd)) return GUARDED(group_recv_buf(fd, buf, n, flags, NULL, NULL));
     if (!EXT_ENTER(fd)) return R(recv)(fd, buf, n, flags);
-    WRAP(ext_recv(fd, buf, n, flags, NULL, NULL, 0));
+    return GUARDED(ext_recv(fd, buf, n, flags, NULL, NULL, 0));
 }
 EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *src, socklen_t *sl) {
-    if (PRIV_ENTER(fd) && !src) WRAP(priv_recv(fd, buf, n, flags, 0));
-    if (GROUP_ENTER(fd)) WRAP(group_recv_buf(fd, buf, n, flags, src, sl));
+    if (PRIV_ENTER(fd) && !src) return GUARDED(priv_recv(fd, buf, n, flags, 0));
+    if (GROUP_ENTER(fd)) return GUARDED(group_recv_buf(fd, buf, n, flags, src, sl));
     if (active_here() && fd_kind(fd) == FDK_SOCK) dgram_external(fd, NULL);
     if (!EXT_ENTER(fd)) return R(recvfrom)(fd, buf, n, flags, src, sl);
-    WRAP(ext_recv(fd, buf, n, flags, src, sl, 2));
+    return GUARDED(ext_recv(fd, buf, n, flags, src, sl, 2));
 }
 EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags) {
-    if (GROUP_ENTER(fd)) WRAP(group_recv(fd, m, flags));
+    if (GROUP_ENTER(fd)) return GUARDED(group_recv(fd, m, flags));
     if (!EXT_ENTER(fd) || m->msg_iovlen < 1) return R(recvmsg)(fd, m, flags);
     /* the first iovec only (a short read is legal); no ancillary data */
     m->msg_controllen = 0;
     m->msg_flags = 0;
-    WRAP(ext_recv(fd, m->msg_iov[0].iov_base, m->msg_iov[0].iov_len, flags,
+    return GUARDED(ext_recv(fd, m->msg_iov[0].iov_base, m->msg_iov[0].iov_len, flags,
                   (struct sockaddr *)m->msg_name, m->msg_name ? &m->msg_namelen : NULL, 2));
 }
 EXPORT ssize_t write(int fd, const void *buf, size_t n) {
-    if (GROUP_ENTER(fd)) WRAP(group_send_buf(fd, buf, n, 0));
+    if (GROUP_ENTER(fd)) return GUARDED(group_send_buf(fd, buf, n, 0));
     if (!EXT_ENTER(fd)) return R(write)(fd, buf, n);
-    WRAP(ext_send(fd, buf, n, 0, NULL, 0, 1));
+    return GUARDED(ext_send(fd, buf, n, 0, NULL, 0, 1));
 }
 EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags) {
-    if (GROUP_ENTER(fd)) WRAP(group_send_buf(fd, buf, n, flags));
+    if (GROUP_ENTER(fd)) return GUARDED(group_send_buf(fd, buf, n, flags));
     if (!EXT_ENTER(fd)) return R(send)(fd, buf, n, flags);
-    WRAP(ext_send(fd, buf, n, flags, NULL, 0, 0));
+    return GUARDED(ext_send(fd, buf, n, flags, NULL, 0, 0));
 }
 EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockaddr *d, socklen_t dl) {
-    if (GROUP_ENTER(fd)) WRAP(group_send_buf(fd, buf, n, flags));   /* TCP: d is ignored */
+    if (GROUP_ENTER(fd)) return GUARDED(group_send_buf(fd, buf, n, flags));   /* TCP: d is ignored */
     if (active_here() && fd_kind(fd) == FDK_SOCK && d) dgram_external(fd, d);
     if (!EXT_ENTER(fd)) return R(sendto)(fd, buf, n, flags, d, dl);
-    WRAP(ext_send(fd, buf, n, flags, d, dl, 2));
+    return GUARDED(ext_send(fd, buf, n, flags, d, dl, 2));
 }
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags) {
-    if (GROUP_ENTER(fd)) WRAP(group_send(fd, m, flags));
+    if (GROUP_ENTER(fd)) return GUARDED(group_send(fd, m, flags));
     if (!EXT_ENTER(fd) || m->msg_iovlen < 1) return R(sendmsg)(fd, m, flags);
-    WRAP(ext_send(fd, m->msg_iov[0].iov_base, m->msg_iov[0].iov_len, flags,
+    return GUARDED(ext_send(fd, m->msg_iov[0].iov_base, m->msg_iov[0].iov_len, flags,
                   (const struct sockaddr *)m->msg_name, m->msg_namelen, 2));
 }
 
@@ -949,7 +580,7 @@ static int ext_query(unsigned call, int fd, void *out, socklen_t *outlen,
     int r, e;
     struct bk b;
     uint8_t tmp[256];
-    if (backup_now() && bk_begin(&b, call, op, tmp, sizeof tmp)) {
+    if (replaying(&b, call, op, tmp, sizeof tmp)) {
         r = (int)b.h.ret;
         e = b.h.err;
         if (r == 0 && out && outlen) {
@@ -978,55 +609,39 @@ static int do_getpeername(int fd, void *o, socklen_t *l, int lvl, int name) { re
 
 EXPORT int getsockopt(int fd, int lvl, int name, void *v, socklen_t *l) {
     if (!EXT_ENTER(fd)) return R(getsockopt)(fd, lvl, name, v, l);
-    WRAP(ext_query(LLFT_C_GETSOCKOPT, fd, v, l, do_getsockopt, lvl, name));
+    return GUARDED(ext_query(LLFT_C_GETSOCKOPT, fd, v, l, do_getsockopt, lvl, name));
 }
 EXPORT ssize_t readv(int fd, const struct iovec *iov, int n) {
-    if (GROUP_ENTER(fd)) WRAP(group_recv_iov(fd, iov, n));
+    if (GROUP_ENTER(fd)) return GUARDED(group_recv_iov(fd, iov, n));
     return R(readv)(fd, iov, n);
 }
 EXPORT ssize_t writev(int fd, const struct iovec *iov, int n) {
-    if (GROUP_ENTER(fd)) WRAP(group_send_iov(fd, iov, n));
+    if (GROUP_ENTER(fd)) return GUARDED(group_send_iov(fd, iov, n));
     return R(writev)(fd, iov, n);
 }
 
-/* Group sockets: names every replica agrees on, nothing recorded (see the group section). */
-static int group_sockname(int fd, struct sockaddr *a, socklen_t *l) {
-    struct gconn *g = g_fd[fd].g;
-    if (!a || !l) { errno = EFAULT; return -1; }
-    if (fd_kind(fd) == FDK_GROUP_LISTEN) { copy_addr(a, l, &g->addr, g->alen); return 0; }
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    int r = R(getsockname)(fd, (struct sockaddr *)&ss, &sl);
-    if (r) return r;
-    set_port((struct sockaddr *)&ss, g_service_port);
-    copy_addr(a, l, &ss, sl);
-    return 0;
-}
 EXPORT int getsockname(int fd, struct sockaddr *a, socklen_t *l) {
     if (active_here() && (fd_kind(fd) == FDK_GROUP || fd_kind(fd) == FDK_GROUP_LISTEN) && g_fd[fd].g)
-        WRAP(group_sockname(fd, a, l));
+        return GUARDED(group_sockname(fd, a, l));
     if (!EXT_ENTER(fd)) return R(getsockname)(fd, a, l);
-    WRAP(ext_query(LLFT_C_GETSOCKNAME, fd, a, l, do_getsockname, 0, 0));
+    return GUARDED(ext_query(LLFT_C_GETSOCKNAME, fd, a, l, do_getsockname, 0, 0));
 }
 EXPORT int getpeername(int fd, struct sockaddr *a, socklen_t *l) {
-    if (GROUP_ENTER(fd) && g_fd[fd].g && a && l) {
-        copy_addr(a, l, &g_fd[fd].g->addr, g_fd[fd].g->alen);   /* the primary's peer */
-        return 0;
-    }
+    if (GROUP_ENTER(fd) && g_fd[fd].g && a && l) return group_peername(fd, a, l);
     if (!EXT_ENTER(fd)) return R(getpeername)(fd, a, l);
-    WRAP(ext_query(LLFT_C_GETPEERNAME, fd, a, l, do_getpeername, 0, 0));
+    return GUARDED(ext_query(LLFT_C_GETPEERNAME, fd, a, l, do_getpeername, 0, 0));
 }
-EXPORT int shutdown(int fd, int how) {
-    if (!EXT_ENTER(fd)) return R(shutdown)(fd, how);
-    t_guard++;
+static int shutdown_ordered(int fd, int how) {
     uint64_t op = fd_op(fd);
     int r, e;
     struct bk b;
-    if (backup_now() && bk_begin(&b, LLFT_C_SHUTDOWN, op, NULL, 0)) { r = (int)b.h.ret; e = b.h.err; bk_end(&b); }
+    if (replaying(&b, LLFT_C_SHUTDOWN, op, NULL, 0)) { r = (int)b.h.ret; e = b.h.err; bk_end(&b); }
     else { r = R(shutdown)(fd, how); e = r ? errno : 0; pr_append(LLFT_C_SHUTDOWN, op, r, e, 0, 0, NULL, 0); }
-    t_guard--;
     errno = e ? e : errno;
     return r;
+}
+EXPORT int shutdown(int fd, int how) {
+    HOOK(fd_kind(fd) == FDK_EXTERNAL, R(shutdown)(fd, how), shutdown_ordered(fd, how));
 }
 
 /* ---- readiness ----
@@ -1052,17 +667,17 @@ static void enforce_ready(struct pollfd *need, int k, struct bk *b) {
     }
 }
 
-EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout) {
-    int ext = 0;
-    if (active_here() && n <= 4096)
-        for (nfds_t i = 0; i < n; i++) if (fd_watched(fds[i].fd)) { ext = 1; break; }
-    if (!ext) return R(poll)(fds, n, timeout);
-    t_guard++;
-    uint64_t op = LLFT_OP(LLFT_OPC_THREAD, (uint64_t)t_tid);
+static int poll_watches_a_socket(const struct pollfd *fds, nfds_t n) {
+    if (n > 4096) return 0;
+    for (nfds_t i = 0; i < n; i++) if (fd_watched(fds[i].fd)) return 1;
+    return 0;
+}
+static int poll_ordered(struct pollfd *fds, nfds_t n, int timeout) {
+    uint64_t op = thread_op();
     int r, e;
     struct bk b;
     int16_t rev[4096];
-    if (backup_now() && bk_begin(&b, LLFT_C_POLL, op, rev, (uint32_t)(n * sizeof(int16_t)))) {
+    if (replaying(&b, LLFT_C_POLL, op, rev, (uint32_t)(n * sizeof(int16_t)))) {
         r = (int)b.h.ret;
         e = b.h.err;
         struct pollfd need[MAX_ENFORCE];
@@ -1084,25 +699,27 @@ EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout) {
         for (nfds_t i = 0; i < n; i++) rev[i] = fds[i].revents;
         pr_append(LLFT_C_POLL, op, r, e, 0, 0, rev, r >= 0 ? (uint32_t)(n * sizeof(int16_t)) : 0);
     }
-    t_guard--;
     errno = e ? e : errno;
     return r;
 }
+EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout) {
+    HOOK(poll_watches_a_socket(fds, n), R(poll)(fds, n, timeout), poll_ordered(fds, n, timeout));
+}
 
-EXPORT int select(int nfds, fd_set *rs, fd_set *ws, fd_set *es, struct timeval *tv) {
-    int ext = 0;
-    if (active_here() && nfds <= FD_SETSIZE)
-        for (int fd = 0; fd < nfds && !ext; fd++)
-            if (fd_watched(fd) &&
-                ((rs && FD_ISSET(fd, rs)) || (ws && FD_ISSET(fd, ws)) || (es && FD_ISSET(fd, es))))
-                ext = 1;
-    if (!ext) return R(select)(nfds, rs, ws, es, tv);
-    t_guard++;
-    uint64_t op = LLFT_OP(LLFT_OPC_THREAD, (uint64_t)t_tid);
+static int select_watches_a_socket(int nfds, fd_set *rs, fd_set *ws, fd_set *es) {
+    if (nfds > FD_SETSIZE) return 0;
+    for (int fd = 0; fd < nfds; fd++)
+        if (fd_watched(fd) &&
+            ((rs && FD_ISSET(fd, rs)) || (ws && FD_ISSET(fd, ws)) || (es && FD_ISSET(fd, es))))
+            return 1;
+    return 0;
+}
+static int select_ordered(int nfds, fd_set *rs, fd_set *ws, fd_set *es, struct timeval *tv) {
+    uint64_t op = thread_op();
     int r, e;
     struct bk b;
     struct { fd_set s[3]; struct timeval tv; } out;
-    if (backup_now() && bk_begin(&b, LLFT_C_SELECT, op, &out, sizeof out)) {
+    if (replaying(&b, LLFT_C_SELECT, op, &out, sizeof out)) {
         r = (int)b.h.ret;
         e = b.h.err;
         if (b.h.dlen) {
@@ -1130,21 +747,21 @@ EXPORT int select(int nfds, fd_set *rs, fd_set *ws, fd_set *es, struct timeval *
         if (tv) out.tv = *tv;
         pr_append(LLFT_C_SELECT, op, r, e, 0, 0, &out, r >= 0 ? sizeof out : 0);
     }
-    t_guard--;
     errno = e ? e : errno;
     return r;
 }
+EXPORT int select(int nfds, fd_set *rs, fd_set *ws, fd_set *es, struct timeval *tv) {
+    HOOK(select_watches_a_socket(nfds, rs, ws, es), R(select)(nfds, rs, ws, es, tv),
+         select_ordered(nfds, rs, ws, es, tv));
+}
 
-static int epoll_common(int ep, struct epoll_event *ev, int max, int timeout, const sigset_t *ss, int pw) {
-    if (!active_here() || fd_kind(ep) != FDK_EPOLL || !g_fd[ep].ext_watch || max <= 0)
-        return pw ? R(epoll_pwait)(ep, ev, max, timeout, ss) : R(epoll_wait)(ep, ev, max, timeout);
-    t_guard++;
+static int epoll_ordered(int ep, struct epoll_event *ev, int max, int timeout, const sigset_t *ss, int pw) {
     uint64_t op = fd_op(ep);
     int r, e;
     struct bk b;
     uint32_t cap = (uint32_t)max * sizeof *ev;
     if (cap > LLFT_MAX_DATA_BYTES) { max = LLFT_MAX_DATA_BYTES / sizeof *ev; cap = (uint32_t)max * sizeof *ev; }
-    if (backup_now() && bk_begin(&b, LLFT_C_EPOLL_WAIT, op, ev, cap)) {
+    if (replaying(&b, LLFT_C_EPOLL_WAIT, op, ev, cap)) {
         r = (int)b.h.ret;
         e = b.h.err;
         /* CPython's select.epoll keeps the fd in data.fd */
@@ -1164,9 +781,14 @@ static int epoll_common(int ep, struct epoll_event *ev, int max, int timeout, co
         e = r < 0 ? errno : 0;
         pr_append(LLFT_C_EPOLL_WAIT, op, r, e, 0, 0, ev, r > 0 ? (uint32_t)r * sizeof *ev : 0);
     }
-    t_guard--;
     errno = e ? e : errno;
     return r;
+}
+/* Ordered when the epoll set watches a socket (ext_watch, kept by epoll_ctl). */
+static int epoll_common(int ep, struct epoll_event *ev, int max, int timeout, const sigset_t *ss, int pw) {
+    HOOK(fd_kind(ep) == FDK_EPOLL && g_fd[ep].ext_watch && max > 0,
+         pw ? R(epoll_pwait)(ep, ev, max, timeout, ss) : R(epoll_wait)(ep, ev, max, timeout),
+         epoll_ordered(ep, ev, max, timeout, ss, pw));
 }
 EXPORT int epoll_wait(int ep, struct epoll_event *ev, int max, int timeout) {
     return epoll_common(ep, ev, max, timeout, NULL, 0);

@@ -1,0 +1,425 @@
+/* shim_group.c -- CSCS: group connections, the agent's side of the group's service port.
+ *
+ * Intercepts listen, and serves the socket hooks of shim_net.c for group sockets
+ * (bind, accept, reads, writes, names, close: group_* below).
+ *
+ * LLFT_SERVICE_PORT=<p>: a TCP socket the app binds to port p (any address) is the
+ * GROUP LISTENER. It is real at every replica but bound to loopback port 0 (a
+ * v4-mapped ::ffff:127.0.0.1 for AF_INET6, ::1 if that fails), so replicas on one
+ * host never clash; listen() publishes the real port in ctl.group_port. Its only
+ * peer is the agent, which connects the same group connections in the same order at
+ * every replica and writes the same bytes into each. So, unlike external sockets,
+ * group sockets are real at a backup too, and the order information carries no data:
+ *   accept  primary: real, recorded (result/errno, peer address, connection index in
+ *           aux). backup: recorded success -> waits (no GIL, stall-checked) for the
+ *           agent's connection and really accepts it, returning the primary's peer
+ *           address; recorded failure -> the same errno, nothing accepted.
+ *   read    primary: real, recorded (count or errno, never the bytes). backup: waits
+ *           until exactly that many bytes are there and reads exactly that many;
+ *           EOF waits for EOF; an errno is returned without reading. A commitment,
+ *           not a hint: no time cap, only the stall check.
+ *   write   real at every replica. primary records the count + FNV-1a of the bytes;
+ *           a backup writes exactly the recorded count (looping, blocking without
+ *           the GIL) after checking the hash. A different hash is a DIVERGENCE:
+ *           ctl.div_conn/div_offset name the connection (acceptance index) and the
+ *           stream offset of the differing write's first byte, the report says the
+ *           same, and -- as for every divergence -- the process exits at once with
+ *           status 86 (the differing bytes are NOT written). A local write failure at
+ *           a backup (its agent closed) keeps the primary's result for the app.
+ *   names   getsockname: the listener answers the app's requested address (service
+ *           port); an accepted connection answers its real loopback address with the
+ *           service port (the same at every replica, nothing recorded). getpeername:
+ *           the primary's peer address from the accept record.
+ *   rest    readiness ordered like external sockets (no local enforcement: the read
+ *           or accept that follows waits for the real bytes/connection); setsockopt,
+ *           getsockopt, shutdown, fcntl, close: real at every replica, not recorded.
+ */
+#include "shim_internal.h"
+
+/* LLFT_SERVICE_PORT: the group's service port; 0: none. */
+static uint16_t g_service_port;
+
+void group_activate(void) {
+    const char *svc = getenv("LLFT_SERVICE_PORT");
+    if (svc) { long v = atol(svc); if (v > 0 && v < 65536) g_service_port = (uint16_t)v; }
+}
+
+struct gconn {
+    uint32_t conn;                  /* connection: 0-based acceptance index */
+    uint64_t written;               /* connection: bytes the app wrote (stream offset) */
+    socklen_t alen;                 /* listener: app's address; connection: primary's peer */
+    struct sockaddr_storage addr;
+};
+static uint32_t g_group_accepted;  /* group connections accepted so far (next index) */
+#define GROUP_MAX_IOV 64
+
+static int sock_is_stream(int fd) {
+    int type = 0;
+    socklen_t tl = sizeof type;
+    return R(getsockopt)(fd, SOL_SOCKET, SO_TYPE, &type, &tl) == 0 && type == SOCK_STREAM;
+}
+int is_service_addr(int fd, const struct sockaddr *a, socklen_t len) {
+    if (!g_service_port || !a) return 0;
+    if (!((a->sa_family == AF_INET && len >= sizeof(struct sockaddr_in))
+          || (a->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6))))
+        return 0;
+    return addr_port(a) == g_service_port && sock_is_stream(fd);
+}
+static void set_port(struct sockaddr *a, uint16_t port) {
+    if (a->sa_family == AF_INET) ((struct sockaddr_in *)a)->sin_port = htons(port);
+    else if (a->sa_family == AF_INET6) ((struct sockaddr_in6 *)a)->sin6_port = htons(port);
+}
+static void copy_addr(struct sockaddr *dst, socklen_t *dlen, const void *src, socklen_t slen) {
+    if (!dst || !dlen) return;
+    socklen_t k = slen < *dlen ? slen : *dlen;
+    memcpy(dst, src, k);
+    *dlen = slen;
+}
+
+int group_bind(int fd, const struct sockaddr *a, socklen_t len) {
+    struct gconn *g = calloc(1, sizeof *g);
+    if (!g) { errno = ENOMEM; return -1; }
+    g->alen = len < sizeof g->addr ? len : (socklen_t)sizeof g->addr;
+    memcpy(&g->addr, a, g->alen);
+    int r;
+    if (a->sa_family == AF_INET) {
+        struct sockaddr_in lo;
+        memset(&lo, 0, sizeof lo);
+        lo.sin_family = AF_INET;
+        lo.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        r = R(bind)(fd, (struct sockaddr *)&lo, sizeof lo);
+    } else {
+        /* reachable at 127.0.0.1 (where the agent connects from): v4-mapped, dual stack */
+        int off = 0;
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
+        struct sockaddr_in6 lo;
+        memset(&lo, 0, sizeof lo);
+        lo.sin6_family = AF_INET6;
+        lo.sin6_addr.s6_addr[10] = 0xff;
+        lo.sin6_addr.s6_addr[11] = 0xff;
+        lo.sin6_addr.s6_addr[12] = 127;
+        lo.sin6_addr.s6_addr[15] = 1;
+        r = R(bind)(fd, (struct sockaddr *)&lo, sizeof lo);
+        if (r != 0) {
+            lo.sin6_addr = in6addr_loopback;
+            r = R(bind)(fd, (struct sockaddr *)&lo, sizeof lo);
+        }
+    }
+    if (r != 0) { int e = errno; free(g); errno = e; return r; }
+    g_fd[fd].kind = FDK_GROUP_LISTEN;
+    g_fd[fd].g = g;
+    return 0;
+}
+
+EXPORT int listen(int fd, int backlog) {
+    int r = R(listen)(fd, backlog);
+    if (r == 0 && active_here() && fd_kind(fd) == FDK_GROUP_LISTEN) {
+        int e = errno;
+        t_guard++;
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        if (R(getsockname)(fd, (struct sockaddr *)&ss, &sl) == 0 && addr_port((struct sockaddr *)&ss)) {
+            uint32_t fam = AF_INET;
+            if (ss.ss_family == AF_INET6) {
+                const uint8_t *b = ((struct sockaddr_in6 *)&ss)->sin6_addr.s6_addr;
+                if (!(b[10] == 0xff && b[11] == 0xff)) fam = AF_INET6;   /* ::1 */
+            }
+            if (!__atomic_load_n(&g_ctl->group_port, __ATOMIC_ACQUIRE)) {
+                __atomic_store_n(&g_ctl->group_family, fam, __ATOMIC_RELEASE);
+                uint32_t zero = 0;
+                __atomic_compare_exchange_n(&g_ctl->group_port, &zero,
+                                            (uint32_t)addr_port((struct sockaddr *)&ss), 0,
+                                            __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+            }
+        }
+        t_guard--;
+        errno = e;
+    }
+    return r;
+}
+
+/* The published listener is closed: clear ctl.group_port, the next listen() publishes. */
+void group_unpublish(int fd) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    int e = errno;
+    t_guard++;
+    if (R(getsockname)(fd, (struct sockaddr *)&ss, &sl) == 0) {
+        uint32_t port = addr_port((struct sockaddr *)&ss);
+        if (port) __atomic_compare_exchange_n(&g_ctl->group_port, &port, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    }
+    t_guard--;
+    errno = e;
+}
+
+/* The record must be a group one: else the replicas disagree on what this socket is. */
+static void group_check(struct bk *b) {
+    if (b->h.flags != LLFT_SK_GROUP)
+        diverge("divergence: thread %d call #%llu %s: a group connection here, the trace's "
+                "socket is of kind %u", t_tid, (unsigned long long)t_n, llft_call_name(b->h.call),
+                b->h.flags);
+}
+
+int group_accept(int fd, struct sockaddr *a, socklen_t *alen, int flags, int four) {
+    uint64_t op = fd_op(fd);
+    int r, e;
+    uint32_t conn = 0;
+    struct bk b;
+    struct sockaddr_storage ss;
+    socklen_t sl = 0;
+    memset(&ss, 0, sizeof ss);
+    if (replaying(&b, LLFT_C_ACCEPT, op, &ss, sizeof ss)) {
+        group_check(&b);
+        r = (int)b.h.ret;
+        e = b.h.err;
+        conn = b.h.aux;
+        sl = b.h.dlen;
+        if (r >= 0) {
+            /* the agent connects here too, in the same order: take that connection */
+            struct stallw sw = {0, 0};
+            for (;;) {
+                struct pollfd pf = {fd, POLLIN, 0};
+                if (R(poll)(&pf, 1, 0) > 0) {
+                    r = R(accept4)(fd, NULL, NULL, four ? flags : 0);
+                    if (r >= 0) break;
+                    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
+                        diverge("divergence: thread %d call #%llu accept(group): accepted at the "
+                                "primary, fails here (errno %d)", t_tid, (unsigned long long)t_n, errno);
+                }
+                if (!b.gil) b.gil = gil_drop();
+                R(poll)(&pf, 1, WAIT_SLICE_MS);
+                stall_check(&sw, "the agent's group connection", LLFT_C_ACCEPT, op);
+            }
+            e = 0;
+            if (conn + 1 > g_group_accepted) g_group_accepted = conn + 1;  /* for a promotion */
+        }
+        bk_end(&b);
+    } else {
+        sl = sizeof ss;
+        r = four ? R(accept4)(fd, (struct sockaddr *)&ss, &sl, flags)
+                 : R(accept)(fd, (struct sockaddr *)&ss, &sl);
+        e = r < 0 ? errno : 0;
+        if (r >= 0) conn = __atomic_fetch_add(&g_group_accepted, 1, __ATOMIC_ACQ_REL);
+        if (sl > sizeof ss) sl = sizeof ss;
+        pr_append(LLFT_C_ACCEPT, op, r, e, conn, LLFT_SK_GROUP, &ss, r >= 0 ? sl : 0);
+    }
+    if (r >= 0) {
+        copy_addr(a, alen, &ss, sl);
+        fd_set_kind(r, FDK_GROUP, new_lid());
+        struct gconn *g = calloc(1, sizeof *g);
+        if (!g) diverge("out of memory for a group connection");
+        g->conn = conn;
+        g->alen = sl;
+        memcpy(&g->addr, &ss, sizeof ss);
+        g_fd[r].g = g;
+    }
+    errno = e ? e : errno;
+    return r;
+}
+
+static size_t iov_total(const struct iovec *iov, int n) {
+    size_t t = 0;
+    for (int i = 0; i < n; i++) t += iov[i].iov_len;
+    return t;
+}
+/* out = the part of iov in [skip, skip+len); returns its count */
+static int iov_window(const struct iovec *iov, int n, size_t skip, size_t len, struct iovec *out) {
+    int k = 0;
+    for (int i = 0; i < n && len && k < GROUP_MAX_IOV; i++) {
+        size_t l = iov[i].iov_len;
+        if (skip >= l) { skip -= l; continue; }
+        size_t take = l - skip < len ? l - skip : len;
+        out[k].iov_base = (uint8_t *)iov[i].iov_base + skip;
+        out[k++].iov_len = take;
+        skip = 0;
+        len -= take;
+    }
+    return k;
+}
+static uint32_t iov_hash(const struct iovec *iov, int n, size_t len) {
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < n && len; i++) {
+        size_t take = iov[i].iov_len < len ? iov[i].iov_len : len;
+        h = fnv1a(iov[i].iov_base, take, h);
+        len -= take;
+    }
+    return h;
+}
+
+/* Backup: wait (no GIL, stall-checked) until `want` bytes are readable, or for EOF
+ * when want == 0. */
+static void group_wait_bytes(int fd, size_t want, struct bk *b) {
+    struct stallw sw = {0, 0};
+    for (;;) {
+        int avail = 0;
+        if (ioctl(fd, FIONREAD, &avail) != 0) avail = 0;
+        if (want && (size_t)avail >= want) return;
+        struct pollfd pf = {fd, POLLIN | POLLRDHUP, 0};
+        R(poll)(&pf, 1, 0);
+        if (pf.revents & (POLLRDHUP | POLLHUP | POLLERR)) {
+            if (ioctl(fd, FIONREAD, &avail) != 0) avail = 0;
+            if (want && (size_t)avail >= want) return;
+            if (!want && avail == 0) return;
+            if (want)
+                diverge("divergence: thread %d call #%llu recv(group connection %u): the primary read "
+                        "%zu bytes, the agent closed here after %d", t_tid, (unsigned long long)t_n,
+                        g_fd[fd].g ? g_fd[fd].g->conn : 0, want, avail);
+            if (pf.revents & POLLERR) return;   /* the real read reports the error */
+        }
+        if (!b->gil) b->gil = gil_drop();
+        if (avail > 0 && want) { struct timespec ts = {0, 200000}; R(nanosleep)(&ts, NULL); }
+        else { pf.revents = 0; R(poll)(&pf, 1, WAIT_SLICE_MS); }
+        stall_check(&sw, want ? "the agent's bytes on a group connection" : "the agent's EOF on a group connection",
+                    LLFT_C_RECV, b->h.op);
+    }
+}
+
+/* Every read of a group socket, as recvmsg (read/recv/recvfrom/readv are special cases). */
+ssize_t group_recv(int fd, struct msghdr *m, int flags) {
+    uint64_t op = fd_op(fd);
+    ssize_t r;
+    int e;
+    struct bk b;
+    if (replaying(&b, LLFT_C_RECV, op, NULL, 0)) {
+        group_check(&b);
+        r = (ssize_t)b.h.ret;
+        e = b.h.err;
+        size_t total = iov_total(m->msg_iov, (int)m->msg_iovlen);
+        if (r > 0 && (size_t)r > total)
+            diverge("divergence: thread %d call #%llu recv(group): the primary read %zd bytes, the "
+                    "program asked for %zu", t_tid, (unsigned long long)t_n, r, total);
+        if (r > 0 || (r == 0 && total > 0)) {
+            group_wait_bytes(fd, (size_t)r, &b);
+            struct iovec w[GROUP_MAX_IOV];
+            struct msghdr mm = *m;
+            size_t done = 0;
+            int peek = flags & MSG_PEEK;
+            do {   /* the bytes are there: never blocks; loops only on a short read */
+                mm.msg_iov = w;
+                mm.msg_iovlen = (size_t)iov_window(m->msg_iov, (int)m->msg_iovlen, done, (size_t)r - done, w);
+                ssize_t k = R(recvmsg)(fd, &mm, (flags & ~MSG_WAITALL) | MSG_DONTWAIT);
+                if (k <= 0) {
+                    if (r == 0 && k == 0) break;
+                    if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+                    diverge("divergence: thread %d call #%llu recv(group): the primary read %zd bytes, "
+                            "here the read returned %zd (errno %d)", t_tid, (unsigned long long)t_n,
+                            r, k, k < 0 ? errno : 0);
+                }
+                done += (size_t)k;
+            } while (!peek && done < (size_t)r);
+            m->msg_namelen = mm.msg_namelen;
+            m->msg_controllen = mm.msg_controllen;
+            m->msg_flags = mm.msg_flags;
+        } else {
+            m->msg_controllen = 0;
+            m->msg_flags = 0;
+        }
+        bk_end(&b);
+    } else {
+        r = R(recvmsg)(fd, m, flags);
+        e = r < 0 ? errno : 0;
+        pr_append(LLFT_C_RECV, op, r, e, 0, LLFT_SK_GROUP, NULL, 0);
+    }
+    errno = e ? e : errno;
+    return r;
+}
+
+/* Every write of a group socket, as sendmsg. */
+ssize_t group_send(int fd, const struct msghdr *m, int flags) {
+    uint64_t op = fd_op(fd);
+    struct gconn *g = g_fd[fd].g;
+    ssize_t r;
+    int e;
+    struct bk b;
+    if (replaying(&b, LLFT_C_SEND, op, NULL, 0)) {
+        group_check(&b);
+        r = (ssize_t)b.h.ret;
+        e = b.h.err;
+        size_t total = iov_total(m->msg_iov, (int)m->msg_iovlen);
+        if (r > 0 && ((size_t)r > total || iov_hash(m->msg_iov, (int)m->msg_iovlen, (size_t)r) != b.h.aux))
+            diverge_group(g->conn, g->written,
+                          "divergence: thread %d call #%llu send(group): the program wrote different "
+                          "bytes than the primary on group connection %u at stream offset %llu (%zu "
+                          "asked, %zd recorded)", t_tid, (unsigned long long)t_n, g->conn,
+                          (unsigned long long)g->written, total, r);
+        size_t done = 0;
+        struct stallw sw = {0, 0};
+        while (r > 0 && done < (size_t)r) {
+            struct iovec w[GROUP_MAX_IOV];
+            struct msghdr mm;
+            memset(&mm, 0, sizeof mm);
+            mm.msg_iov = w;
+            mm.msg_iovlen = (size_t)iov_window(m->msg_iov, (int)m->msg_iovlen, done, (size_t)r - done, w);
+            ssize_t k = R(sendmsg)(fd, &mm, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (k > 0) { done += (size_t)k; continue; }
+            if (k < 0 && errno == EINTR) continue;
+            if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) break;  /* the agent left */
+            if (!b.gil) b.gil = gil_drop();
+            struct pollfd pf = {fd, POLLOUT, 0};
+            R(poll)(&pf, 1, WAIT_SLICE_MS);
+            stall_check(&sw, "room to write on a group connection", LLFT_C_SEND, op);
+        }
+        bk_end(&b);
+    } else {
+        r = R(sendmsg)(fd, m, flags);
+        e = r < 0 ? errno : 0;
+        uint32_t h = r > 0 ? iov_hash(m->msg_iov, (int)m->msg_iovlen, (size_t)r) : 0;
+        pr_append(LLFT_C_SEND, op, r, e, h, LLFT_SK_GROUP, NULL, 0);
+    }
+    if (r > 0) __atomic_fetch_add(&g->written, (uint64_t)r, __ATOMIC_ACQ_REL);
+    errno = e ? e : errno;
+    return r;
+}
+
+/* recv/read/recvfrom/readv and send/write/sendto/writev as msghdrs */
+ssize_t group_recv_buf(int fd, void *buf, size_t n, int flags, struct sockaddr *src, socklen_t *sl) {
+    struct iovec v = {buf, n};
+    struct msghdr m;
+    memset(&m, 0, sizeof m);
+    m.msg_iov = &v;
+    m.msg_iovlen = 1;
+    if (src && sl) { m.msg_name = src; m.msg_namelen = *sl; }
+    ssize_t r = group_recv(fd, &m, flags);
+    if (src && sl && r >= 0) *sl = m.msg_namelen;
+    return r;
+}
+ssize_t group_send_buf(int fd, const void *buf, size_t n, int flags) {
+    struct iovec v = {(void *)buf, n};
+    struct msghdr m;
+    memset(&m, 0, sizeof m);
+    m.msg_iov = &v;
+    m.msg_iovlen = 1;
+    return group_send(fd, &m, flags);
+}
+ssize_t group_recv_iov(int fd, const struct iovec *iov, int n) {
+    struct msghdr m;
+    memset(&m, 0, sizeof m);
+    m.msg_iov = (struct iovec *)iov;
+    m.msg_iovlen = (size_t)(n < 0 ? 0 : n);
+    return group_recv(fd, &m, 0);
+}
+ssize_t group_send_iov(int fd, const struct iovec *iov, int n) {
+    struct msghdr m;
+    memset(&m, 0, sizeof m);
+    m.msg_iov = (struct iovec *)iov;
+    m.msg_iovlen = (size_t)(n < 0 ? 0 : n);
+    return group_send(fd, &m, 0);
+}
+
+/* Group sockets: names every replica agrees on, nothing recorded (see the top). */
+int group_sockname(int fd, struct sockaddr *a, socklen_t *l) {
+    struct gconn *g = g_fd[fd].g;
+    if (!a || !l) { errno = EFAULT; return -1; }
+    if (fd_kind(fd) == FDK_GROUP_LISTEN) { copy_addr(a, l, &g->addr, g->alen); return 0; }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    int r = R(getsockname)(fd, (struct sockaddr *)&ss, &sl);
+    if (r) return r;
+    set_port((struct sockaddr *)&ss, g_service_port);
+    copy_addr(a, l, &ss, sl);
+    return 0;
+}
+int group_peername(int fd, struct sockaddr *a, socklen_t *l) {
+    copy_addr(a, l, &g_fd[fd].g->addr, g_fd[fd].g->alen);   /* the primary's peer */
+    return 0;
+}

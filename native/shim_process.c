@@ -1,0 +1,79 @@
+/* shim_process.c -- files and children: the app's private companions.
+ *
+ * Intercepts stat64 and waitpid, made by the application once the interpreter is up.
+ * The app also observes its private companions (the Spark JVM) through the file
+ * system and its children's exit: PySpark polls `os.path.isfile(conn_info_file)` and
+ * `proc.poll()` every 0.1 s until the JVM is up, so the number of loop turns -- and of
+ * the clock reads and sleeps in them -- depends on the JVM's speed. The outcome is
+ * ordered like a lock grant: a backup returns "not there yet / still running" when
+ * the primary saw that, without looking; and when the primary saw the file or the
+ * exit, the backup waits (bounded, stall-checked) until it is true locally too, then
+ * returns the local facts. Calls after start-up count (os.stat and os.waitpid drop the
+ * GIL around the call; the interpreter's own import stats are synchronous with Python
+ * code, so their number is deterministic too).
+ */
+#include "shim_internal.h"
+
+static int stat64_ordered(const char *path, struct stat64 *st) {
+    uint64_t op = thread_op();
+    int r, e;
+    struct bk b;
+    if (replaying(&b, LLFT_C_STAT, op, NULL, 0)) {
+        if (b.h.ret == 0) {
+            struct stallw sw = {0, 0};
+            while ((r = R(stat64)(path, st)) != 0) {
+                if (!b.gil) b.gil = gil_drop();
+                struct timespec ms = {0, 1000000};
+                R(nanosleep)(&ms, NULL);
+                stall_check(&sw, "a file the primary saw", LLFT_C_STAT, op);
+            }
+            e = 0;
+        } else {
+            r = -1;
+            e = b.h.err;
+        }
+        bk_end(&b);
+    } else {
+        r = R(stat64)(path, st);
+        e = r ? errno : 0;
+        pr_append(LLFT_C_STAT, op, r, e, 0, 0, NULL, 0);
+    }
+    errno = e ? e : errno;
+    return r;
+}
+
+EXPORT int stat64(const char *path, struct stat64 *st) {
+    HOOK(app_started(), R(stat64)(path, st), stat64_ordered(path, st));
+}
+
+static pid_t waitpid_ordered(pid_t pid, int *status, int options) {
+    uint64_t op = thread_op();
+    pid_t r;
+    int e, st = 0;
+    struct bk b;
+    if (replaying(&b, LLFT_C_WAITPID, op, NULL, 0)) {
+        r = (pid_t)b.h.ret;
+        e = b.h.err;
+        if (r > 0) {   /* the child had changed state at the primary: wait for it here */
+            struct stallw sw = {0, 0};
+            if (!b.gil) b.gil = gil_drop();
+            while ((r = R(waitpid)(pid, &st, options | WNOHANG)) == 0) {
+                struct timespec ms = {0, 1000000};
+                R(nanosleep)(&ms, NULL);
+                stall_check(&sw, "a child the primary saw change state", LLFT_C_WAITPID, op);
+            }
+            if (r > 0) st = (int)b.h.aux;   /* the primary's status */
+        }
+        bk_end(&b);
+    } else {
+        r = R(waitpid)(pid, &st, options);
+        e = r < 0 ? errno : 0;
+        pr_append(LLFT_C_WAITPID, op, r, e, (uint32_t)st, 0, NULL, 0);
+    }
+    if (status && r > 0) *status = st;
+    errno = e ? e : errno;
+    return r;
+}
+EXPORT pid_t waitpid(pid_t pid, int *status, int options) {
+    HOOK(app_started(), R(waitpid)(pid, status, options), waitpid_ordered(pid, status, options));
+}
