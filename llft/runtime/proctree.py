@@ -91,7 +91,7 @@ def _getsid(pid: int) -> int | None:
 
 
 def session_members(sids) -> list[psutil.Process]:
-    """Every live process whose session is one of `sids`."""
+    """Every live process (not a zombie) whose session is one of `sids`."""
     sids = set(sids)
     out = []
     if not sids:
@@ -99,9 +99,11 @@ def session_members(sids) -> list[psutil.Process]:
     for pid in psutil.pids():
         if _getsid(pid) in sids:
             try:
-                out.append(psutil.Process(pid))
+                p = psutil.Process(pid)
             except psutil.Error:
-                pass
+                continue
+            if not _gone(p):
+                out.append(p)
     return out
 
 
