@@ -234,7 +234,7 @@ class Agent:
 
     # ---- life cycle ------------------------------------------------------------------
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
+        loop = self.loop = asyncio.get_running_loop()
         logs.install_loop_handler(loop, log)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
@@ -299,9 +299,9 @@ class Agent:
         if self.watchdog is not None:
             self.watchdog.untrack_session(sid)
         try:
-            self.app.loop.call_soon_threadsafe(self._sessions.discard, sid)
-        except (RuntimeError, AttributeError):
-            pass                        # the loop is gone: the agent is leaving anyway
+            self.loop.call_soon_threadsafe(self._sessions.discard, sid)
+        except RuntimeError:
+            pass                        # the loop is closed: the agent has left
 
     def _task_failed(self, name: str, exc: BaseException) -> None:
         if not self.stop_event.is_set():

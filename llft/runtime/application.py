@@ -90,14 +90,17 @@ FED_MODES = frozenset({AppMode.BACKUP, AppMode.PROMOTING})   # the feeder thread
 def _finish(victims, sid, shm, threads, done: Callable[[int | None], None]) -> None:
     """Helper thread of `stop()`: kill the tree, then unmap the block once the threads
     that wait on it are gone."""
+    left = victims
     try:
-        proctree.kill_tree(victims, [sid] if sid else [])
+        left = proctree.kill_tree(victims, [sid] if sid else [])
     finally:
-        for t in threads:
-            t.join()
-        if shm is not None:
-            shm.close()
-        done(sid)
+        try:
+            for t in threads:
+                t.join()
+            if shm is not None:
+                shm.close()
+        finally:
+            done(None if left else sid)       # a session still populated stays watched
 
 
 class Application:
@@ -305,8 +308,10 @@ class Application:
         stopped = self.stopped
 
         def done(sid):
-            self._on_stopped(sid)
-            stopped.set()
+            try:
+                self._on_stopped(sid)
+            finally:
+                stopped.set()
         threading.Thread(target=_finish, args=(victims, self.session, self.shm, threads, done),
                          daemon=True).start()
         return stopped
