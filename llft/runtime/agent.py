@@ -305,7 +305,7 @@ class Agent:
 
     def _task_failed(self, name: str, exc: BaseException) -> None:
         if not self.stop_event.is_set():
-            _log(f"this replica stops: its {name} task failed")
+            log.error(f"this replica stops: its {name} task failed")
             self.exit_code = EXIT_TASK_FAILED
             self.stop_event.set()
 
