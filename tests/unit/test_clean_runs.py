@@ -141,6 +141,22 @@ def test_task_set_logs_and_hands_over_failures(caplog):
     assert "task boom failed: ValueError: bad" in caplog.text
 
 
+def test_loop_handler_logs_what_asyncio_would_print(caplog):
+    def boom():
+        raise KeyError("lost")
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        logs.install_loop_handler(loop, logging.getLogger("llft.test"))
+        loop.call_soon(boom)
+        await asyncio.sleep(0.01)
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(scenario())
+    rec = next(r for r in caplog.records if r.name == "llft.test")
+    assert "Exception in callback" in rec.getMessage() and "boom" in rec.getMessage()
+    assert rec.exc_info and rec.exc_info[0] is KeyError
+
+
 def test_log_lines_carry_utc_time_and_name():
     out = io.StringIO()
     logs.setup("counter/3fa2c1", stream=out)
