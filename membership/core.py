@@ -161,6 +161,7 @@ class MembershipChanged:
     change: int
     members: tuple[Key, ...]     # primary first, then backups by precedence (= rank order)
     my_rank: int
+    reason: str = ""             # why, for people reading logs (not part of the protocol)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +210,22 @@ Action = (Send | MembershipChanged | ViewEntered | BeginPhase2 | ViewStarted | S
           | Reset)
 
 
+def short_id(birth: int) -> str:
+    """A birth id as logs show it: its first 6 hex digits."""
+    return f"{birth:x}"[:6]
+
+
+def describe_change(old: list[Key], new: list[Key]) -> str:
+    """'admitted a1b2c3; removed d4e5f6' (the backups that came and went)."""
+    before, after = {k.birth for k in old}, {k.birth for k in new}
+    parts = []
+    if after - before:
+        parts.append("admitted " + ", ".join(short_id(b) for b in sorted(after - before)))
+    if before - after:
+        parts.append("removed " + ", ".join(short_id(b) for b in sorted(before - after)))
+    return "; ".join(parts) or "changed nothing"
+
+
 # ---- internal records ------------------------------------------------------------------
 
 @dataclass
@@ -221,6 +238,7 @@ class _Proposal:                 # phase 1 at the self-appointed new primary
     drop_check_us: int = 0       # next time non-acknowledging members may be dropped
     acked: set[int] = field(default_factory=set)
     sent_us: int = 0
+    why: str = ""                # the suspicion that started it (MembershipChanged.reason)
 
 
 @dataclass
@@ -450,7 +468,7 @@ class Membership:
         self._send_propose_backup(now_us)
 
     def _install(self, pvn: int, change: int, members: list[Key], max_prec: int,
-                 now_us: int) -> None:
+                 now_us: int, reason: str = "") -> None:
         self.pvn, self.change, self.members = pvn, change, list(members)
         me = next(k for k in members if k.birth == self.birth)
         self.precedence = me.precedence
@@ -460,7 +478,8 @@ class Membership:
             del self._acked_pp[t]
         for t in [t for t in self._seen_pp if t < pvn]:
             del self._seen_pp[t]
-        self._emit(MembershipChanged(self.birth, pvn, change, tuple(members), self.rank))
+        self._emit(MembershipChanged(self.birth, pvn, change, tuple(members), self.rank,
+                                     reason))
 
     def _enter_view(self) -> None:
         if self._accepted_by_proposal:
@@ -537,7 +556,9 @@ class Membership:
         prec = self.max_seen_precedence + 1
         self.status = Status.PRIMARY_PHASE2
         self._hb_sent_us = now_us - self.cfg.heartbeat_interval_us
-        self._install(self.max_seen_pvn + 1, 0, [Key(prec, self.birth)], prec, now_us)
+        self._install(self.max_seen_pvn + 1, 0, [Key(prec, self.birth)], prec, now_us,
+                      f"founded the group: no member heard for "
+                      f"{self.cfg.found_timeout_us // 1000} ms")
         self._emit(ViewEntered(self.birth, self.pvn, self.birth))
         self._emit(BeginPhase2(self.pvn, tuple(self.members)))
 
@@ -558,9 +579,12 @@ class Membership:
             return
         members = proposal_members(self.members, self.primary, self.key)
         self._generated_target = target
+        heard = self._last_heard.get(self.primary.birth, self._hb_sent_us)
+        why = (f"primary {short_id(self.primary.birth)} of view {self.pvn} silent for "
+               f"{(now_us - heard) // 1000} ms")
         self._proposal = _Proposal(target, 0, members, (self.pvn, self.primary.birth),
                                    version_us=now_us,
-                                   drop_check_us=now_us + self.cfg.ack_timeout_us)
+                                   drop_check_us=now_us + self.cfg.ack_timeout_us, why=why)
         self.status = Status.PROPOSING
         for k in members:
             self._last_heard.setdefault(k.birth, now_us)
@@ -653,7 +677,9 @@ class Membership:
                 self._acked_pp[target] = (proposer, body["change"])
                 self._accepted_by_proposal = True
                 self._view_parent = parent
-                self._install(target, body["change"], members, body["max_precedence"], now_us)
+                self._install(target, body["change"], members, body["max_precedence"], now_us,
+                              f"{short_id(proposer.birth)} proposed itself as primary, "
+                              f"replacing {short_id(parent[1])} of view {parent[0]}")
                 self._last_heard[proposer.birth] = now_us
             # our max_precedence may exceed the proposer's (it was cut off while the old
             # primary admitted someone): the new primary continues above both
@@ -682,7 +708,8 @@ class Membership:
         self._view_parent = p.parent
         self.status = Status.PRIMARY_PHASE2
         self._accepted_by_proposal = False
-        self._install(p.target, p.change, p.members, self.max_precedence, now_us)
+        self._install(p.target, p.change, p.members, self.max_precedence, now_us,
+                      f"took over: {p.why}; every member acknowledged")
         for k in p.members:
             self._last_heard[k.birth] = now_us
         self._hb_sent_us = now_us - self.cfg.heartbeat_interval_us   # announce at once
@@ -704,7 +731,8 @@ class Membership:
                 self.status = Status.AWAITING_STATE
                 self._incoming = None
                 self._hb_sent_us = now_us
-                self._install(msg.pvn, body["change"], members, body["max_precedence"], now_us)
+                self._install(msg.pvn, body["change"], members, body["max_precedence"], now_us,
+                              f"admitted as a backup by primary {short_id(msg.sender)}")
                 self._last_heard[msg.sender] = now_us
                 self._emit(ViewEntered(self.birth, self.pvn, msg.sender))
                 self._send(ack, {"change": body["change"]})
@@ -720,7 +748,8 @@ class Membership:
         if not included:
             self._reset(now_us, f"removed from the membership (change {body['change']})")
             return
-        self._install(self.pvn, body["change"], members, body["max_precedence"], now_us)
+        self._install(self.pvn, body["change"], members, body["max_precedence"], now_us,
+                      "the primary " + describe_change(self.members, members))
         self._send(ack, {"change": body["change"]})
 
     def _on_state(self, msg: Message, now_us: int) -> None:
@@ -773,9 +802,11 @@ class Membership:
         return {"members": _encode_members(members), "old_members": _encode_members(old),
                 "change": change, "max_precedence": self.max_precedence}
 
-    def _begin_change(self, mtype: MsgType, members: list[Key], now_us: int) -> None:
+    def _begin_change(self, mtype: MsgType, members: list[Key], now_us: int,
+                      why: str = "") -> None:
         old = self.members
-        self._install(self.pvn, self.change + 1, members, self.max_precedence, now_us)
+        self._install(self.pvn, self.change + 1, members, self.max_precedence, now_us,
+                      describe_change(old, members) + (f" ({why})" if why else ""))
         self._pending = _Change(mtype, self.change, list(members), list(old), now_us)
         for k in members:
             self._last_heard.setdefault(k.birth, now_us)
@@ -840,7 +871,8 @@ class Membership:
         if self._outgoing is not None and self._outgoing.to in births:
             self._outgoing = None
         self._begin_change(MsgType.REMOVE_BACKUP,
-                           [k for k in self.members if k.birth not in births], now_us)
+                           [k for k in self.members if k.birth not in births], now_us,
+                           "silent or not acknowledging")
 
     def _admit(self, now_us: int) -> None:
         """Line 23: the next precedences, above every precedence ever assigned."""

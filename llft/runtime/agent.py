@@ -67,6 +67,22 @@ The agent and the app live and die together: the app gets SIGKILL when the agent
 SIGTERM: a backup stops at once; a primary first waits (bounded) until its backups hold
 all its order info, so the backup that takes over is exactly where it was.
 
+No process left behind (llft/runtime/proctree.py): each app runs in a session of its
+own; the agent is a child subreaper (orphaned descendants come back to it, and it reaps
+them every ORPHAN_CHECK_S); a reset kills the old app's whole tree (a JVM, its workers);
+leaving, the agent kills every descendant it has and waits until they are gone; and a
+watchdog process, told each app's session (and every descendant that left it), kills
+them when the agent dies without running any code (SIGKILL).
+
+Background tasks (the connector, the status loop, a promotion, one reader per group
+connection) belong to a `TaskSet`: a failure is logged with its traceback and stops the
+replica (exit status 70), never "Task exception was never retrieved"; the loop's
+exception handler logs anything else asyncio would print, with its context.
+
+Logs (llft/runtime/logs.py): every line on stderr carries the UTC time and the replica's
+short name, `<group>/<first 6 hex of the birth id>` (a reset changes it); view
+changes, resets and promotions say why.
+
 Status: every STATUS_PERIOD_S and at each change the agent writes
 `<runtime_dir>/<group>/<birth>.json` (atomically), read by `llft status`.
 """
@@ -74,6 +90,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import random
 import signal
@@ -92,9 +109,11 @@ from llft.replica import actions
 from llft.replica import node as rp
 from llft.runtime import config as config_mod
 from llft.runtime import keys
+from llft.runtime import logs, proctree
 from llft.runtime import status as status_files
 from llft.runtime.application import AppMode, Application
 from llft.runtime.driver import Driver
+from llft.runtime.tasks import TaskSet
 from llft.runtime.transport import Endpoint
 from membership import core as mb
 
@@ -106,10 +125,13 @@ PROMOTE_CHECK_S = 0.002          # how often a promoting agent checks the app's 
 TAG_SHIM, TAG_CONN = b"S", b"C"
 PIGGYBACK_BYTES = 16 << 10       # order info a message may carry (output commit, above)
 APP_STATE_VERSION = 1
+EXIT_TASK_FAILED = 70            # a background task of the agent failed (EX_SOFTWARE)
+
+log = logging.getLogger("llft.run")
 
 
 def _log(msg: str) -> None:
-    print(f"llft run: {msg}", file=sys.stderr, flush=True)
+    log.info(msg)
 
 
 @dataclass
@@ -151,6 +173,11 @@ class Agent:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("LLFT_")}
         self.cwd = os.getcwd()
         self._restored_app: dict | None = None
+        self.tasks = TaskSet(log, self._task_failed)
+        self.watchdog: proctree.Watchdog | None = None
+        self._sessions: set[int] = set()      # app sessions whose trees are not gone yet
+        self._connector_task: asyncio.Task | None = None
+        self._view_reason: tuple[int, str] = (0, "")   # the last view formed as primary
         self._recovered_gaps = 0              # node's recovered_gap count already logged
         self._reset_app_state()
         self.counters: dict[str, int] = {}
@@ -163,7 +190,9 @@ class Agent:
         self.app = Application(self.cmd, self.cwd, self.gcfg.service_port,
                                on_exit=self._app_exited,
                                on_order_info=self._take_order_info,
-                               on_feed_failed=self._feed_failed)
+                               on_feed_failed=self._feed_failed,
+                               on_spawn=self._app_spawned,
+                               on_stopped=self._app_tree_gone)
         self.conns: dict[mg.ConnId, AppConn] = {}
         self.registered: list[AppConn] = []   # by index
         self.unregistered: list[AppConn] = []  # primary: delivered on, no "C" yet
@@ -187,35 +216,88 @@ class Agent:
 
     # ---- life cycle ------------------------------------------------------------------
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
+        loop = self.loop = asyncio.get_running_loop()
+        logs.install_loop_handler(loop, log)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
-        await self.endpoint.start()
-        self.node.start(self.driver.clock_us())
-        self.driver.start()
-        connector = asyncio.ensure_future(self._connector())
-        status = asyncio.ensure_future(self._status_loop())
-        _log(f"group {self.group}: birth {self.node.birth:x} joining "
-             f"({self.gcfg.address.mcast_addr}:{self.gcfg.address.port})")
-        await self.stop_event.wait()
-        if self.mode is AppMode.PRIMARY and self.exit_code == 0:
-            await self._flush_before_exit()
-        connector.cancel()
-        status.cancel()
-        self._stop_app()
-        self.driver.stop()
-        self.endpoint.close()
+        proctree.become_subreaper()
+        self.watchdog = proctree.Watchdog()
+        try:
+            await self.endpoint.start()
+            self.node.start(self.driver.clock_us())
+            logs.set_name(logs.replica_name(self.group, self.node.birth))   # drawn at start
+            self.driver.start()
+            self._start_connector()
+            self.tasks.spawn(self._status_loop(), "status")
+            _log(f"group {self.group}: birth {self.node.birth:x} joining "
+                 f"({self.gcfg.address.mcast_addr}:{self.gcfg.address.port})")
+            await self.stop_event.wait()
+            if self.mode is AppMode.PRIMARY and self.exit_code == 0:
+                await self._flush_before_exit()
+        finally:
+            self.tasks.cancel_all()
+            stopped = self._stop_app()
+            self.driver.stop()
+            self.endpoint.close()       # the group moves on while the tree dies
+            await asyncio.to_thread(self._leave_no_process, stopped)
         if self.app.divergence is None:
             self.status_file.remove()
         return self.exit_code
 
-    def _stop_app(self) -> None:
-        self.app.stop()
+    def _leave_no_process(self, stopped) -> None:
+        """Leaving (a helper thread): the app's tree is killed, then every other
+        descendant of the agent (trees of apps reset earlier, orphans); the watchdog
+        goes last."""
+        stopped.wait()
+        wd = self.watchdog.pid
+        proctree.kill_tree(
+            [p for p in proctree.descendants(os.getpid()) if p.pid != wd],
+            list(self._sessions), exclude=[wd])
+        self.watchdog.close()
+
+    def _stop_app(self):
+        # Every descendant of the agent but the watchdog belongs to this app's tree: one
+        # app lives at a time, and a reset stops the old one before the new one starts
+        # (a daemon of the app that left its session is an orphan of ours by now).
+        exclude = [self.watchdog.pid] if self.watchdog else []
+        stopped = self.app.stop(exclude=exclude, also=proctree.descendants(os.getpid()))
         for c in self.conns.values():
             if c.reader_task:
                 c.reader_task.cancel()
             if c.writer:
                 c.writer.close()
+        return stopped
+
+    def _app_spawned(self, app: Application) -> None:
+        self._sessions.add(app.session)
+        if self.watchdog is not None:
+            self.watchdog.track_session(app.session)
+
+    def _app_tree_gone(self, sid: int | None) -> None:
+        """An app's tree is gone (a helper thread calls this): its session needs no
+        watching."""
+        if sid is None:
+            return
+        if self.watchdog is not None:
+            self.watchdog.untrack_session(sid)
+        try:
+            self.loop.call_soon_threadsafe(self._sessions.discard, sid)
+        except RuntimeError:
+            pass                        # the loop is closed: the agent has left
+
+    def _task_failed(self, name: str, exc: BaseException) -> None:
+        if not self.stop_event.is_set():
+            log.error(f"this replica stops: its {name} task failed")
+            self.exit_code = EXIT_TASK_FAILED
+            self.stop_event.set()
+
+    def _start_connector(self) -> None:
+        """One connector per application: a reset starts a new one, so no connection of
+        the old app is connected to the new one."""
+        if self._connector_task is not None:
+            self._connector_task.cancel()
+        self._connector_task = self.tasks.spawn(self._connector(self.app, self._connect_queue),
+                                                "connector")
 
     async def _flush_before_exit(self) -> None:
         """A primary leaving on SIGTERM: its backups must hold every order-info entry
@@ -248,7 +330,7 @@ class Agent:
             actions.Restored: self._start_backup,
             actions.RestartApp: self._restart_app,
             actions.RecoveredOrderInfo: self._recovered_order_info,
-            actions.MembershipChanged: lambda a: self._write_status(),
+            actions.MembershipChanged: self._membership_changed,
             actions.ViewEntered: lambda a: self._write_status(),
             actions.Opened: ignore,     # registered on its first delivery
             actions.Resynced: ignore, actions.Phase2Done: ignore,
@@ -273,6 +355,20 @@ class Agent:
             self._become_primary(a.pvn)
         self._event("view", pvn=a.pvn, primary=a.primary)
 
+    def _membership_changed(self, a: actions.MembershipChanged) -> None:
+        role = "primary" if a.my_rank == 1 else f"backup rank {a.my_rank}"
+        _log(f"view {a.pvn}.{a.change}: {role} of {len(a.members)} "
+             f"[{' '.join(mb.short_id(k.birth) for k in a.members)}]: "
+             f"{a.reason or 'membership changed'}")
+        if a.my_rank == 1 and a.pvn != self._view_reason[0]:
+            self._view_reason = (a.pvn, a.reason)
+        self._write_status()
+
+    def _why_primary(self, pvn: int) -> str:
+        """Why this replica became the primary of view `pvn` (what formed the view)."""
+        v, reason = self._view_reason
+        return reason if v == pvn and reason else "the view formed with it as primary"
+
     def _recovered_order_info(self, a: actions.RecoveredOrderInfo) -> None:
         # the node delivered what it could as OrderInfo; a gap is fatal to the app
         if self.node.stats.get("recovered_gap", 0) > self._recovered_gaps:
@@ -283,10 +379,13 @@ class Agent:
 
     def _restart_app(self, a: actions.RestartApp) -> None:
         _log(f"reset ({a.reason}): birth {a.old_birth:x} -> {a.new_birth:x}; "
-             "the application restarts when the state arrives")
+             "the application's process tree is killed; a new one starts when the "
+             "state arrives")
+        logs.set_name(logs.replica_name(self.group, a.new_birth))
         self._stop_app()
         self.status_file.remove()
         self._reset_app_state()
+        self._start_connector()
         self._event("reset", reason=a.reason)
 
     # -- deliveries --
@@ -357,17 +456,24 @@ class Agent:
     def _become_primary(self, pvn: int) -> None:
         if self.mode is AppMode.NONE:
             self.app.start_primary(self.env)
-            _log(f"primary of view {pvn} (founder); application pid {self.app.proc.pid}")
+            _log(f"primary of view {pvn} (founder); application pid {self.app.proc.pid}: "
+                 f"{self._why_primary(pvn)}")
         elif self.mode is AppMode.BACKUP:
             self.app.begin_promotion()
-            asyncio.ensure_future(self._promote(pvn))
+            self.tasks.spawn(self._promote(pvn, self.app), f"promote-view-{pvn}")
 
-    async def _promote(self, pvn: int) -> None:
+    async def _promote(self, pvn: int, app: Application) -> None:
+        """`app` executes its last entries, then continues live. A reset (or the agent
+        stopping) meanwhile closes `app`: the promotion is then a no-op, and the app
+        is never touched again (its block is unmapped)."""
         t0 = time.monotonic()
-        app = self.app
-        while not app.caught_up():
-            if self.app is not app or app.diverged or self.stop_event.is_set():
-                return                              # reset, diverged, or stopping
+        while True:
+            if self.app is not app or app.closed or self.stop_event.is_set():
+                return                              # reset or stopping
+            if app.diverged:
+                return                              # the status loop reports it
+            if app.caught_up():
+                break
             await asyncio.sleep(PROMOTE_CHECK_S)   # the app executes its last entries
         app.promote()
         for c in self.conns.values():              # delivered on, never registered
@@ -376,7 +482,7 @@ class Agent:
         self._register_new()
         ms = (time.monotonic() - t0) * 1000
         _log(f"primary of view {pvn}: application promoted after {ms:.1f} ms "
-             f"({app.fed_entries} entries replayed)")
+             f"({app.fed_entries} entries replayed): {self._why_primary(pvn)}")
         self._event("promoted", pvn=pvn, wait_ms=round(ms, 3))
 
     def _start_backup(self, a: actions.Restored) -> None:
@@ -401,7 +507,7 @@ class Agent:
         if app.diverged:
             self._diverged()
         elif not self.stop_event.is_set():
-            _log(f"feeding order info failed: {why}")
+            log.error(f"feeding order info failed: {why}")
             self.exit_code = 3
             self.stop_event.set()
 
@@ -409,7 +515,7 @@ class Agent:
         if self.app.divergence is not None:
             return
         divergence = self.app.record_divergence()
-        _log("DIVERGENCE: the application did not do what the primary did: "
+        log.error("DIVERGENCE: the application did not do what the primary did: "
              + divergence["report"].replace("\n", " | "))
         self.exit_code = 86
         self._event("diverged", **divergence)
@@ -436,14 +542,14 @@ class Agent:
         self.driver.pump()
 
     # ---- connections to the app ------------------------------------------------------
-    async def _connector(self) -> None:
-        """Connects registered connections to the app, one at a time, in index order
+    async def _connector(self, app: Application, queue: asyncio.Queue) -> None:
+        """Connects registered connections to `app`, one at a time, in index order
         (the app's accept queue is FIFO: every replica's app accepts them in this order)."""
         while True:
-            c: AppConn = await self._connect_queue.get()
+            c: AppConn = await queue.get()
             where = None
             while where is None:
-                where = self.app.group_address
+                where = app.group_address
                 if where is None:
                     await asyncio.sleep(0.005)     # the app has not listened yet
             reader, writer = await asyncio.open_connection(*where)
@@ -453,12 +559,15 @@ class Agent:
             if c.pending:
                 writer.write(bytes(c.pending))
                 c.pending.clear()
-            c.reader_task = asyncio.ensure_future(self._read_app(c, reader))
+            c.reader_task = self.tasks.spawn(self._read_app(c, reader), f"read-conn-{c.index}")
             self._count("connections")
 
     async def _read_app(self, c: AppConn, reader: asyncio.StreamReader) -> None:
         while True:
-            data = await reader.read(READ_BYTES)
+            try:
+                data = await reader.read(READ_BYTES)
+            except ConnectionError:
+                data = b""                  # the app was killed (a reset) or reset it
             if not data:
                 self._count("app_closed")
                 return
@@ -489,10 +598,18 @@ class Agent:
 
     # ---- status --------------------------------------------------------------------------
     async def _status_loop(self) -> None:
+        next_orphan_check = 0.0
         while True:
             self._write_status()
             if self.app.diverged:
                 self._diverged()
+            if time.monotonic() >= next_orphan_check:
+                # orphans reparented to us (subreaper) are reaped; descendants that left
+                # their app's session are named to the watchdog
+                next_orphan_check = time.monotonic() + proctree.ORPHAN_CHECK_S
+                proctree.reap_orphans()
+                self.watchdog.report_escapees(self._sessions)
+                self.counters["escapees_watched"] = len(self.watchdog.reported)
             t = time.monotonic()
             await asyncio.sleep(STATUS_PERIOD_S)    # a reporting period
             # how late the loop woke: a busy or starved agent misses heartbeats
@@ -555,8 +672,9 @@ def run(args) -> int:
     except (config_mod.ConfigError, keys.KeyFileError) as e:
         print(f"llft run: {e}", file=sys.stderr)
         return 2
+    logs.setup(args.group)              # the birth id joins the name once drawn (run)
     try:
         return asyncio.run(agent.run())
     except OSError as e:
-        print(f"llft run: {e}", file=sys.stderr)
+        log.error(f"{e}")
         return 2

@@ -26,17 +26,29 @@ Allowed transitions (`TRANSITIONS`; anything else is a bug and raises):
 Threads (two per app, both daemons, both bounded in their waits on the block):
   drain (primary)  waits without taking (`Shm.wait`) and asks the loop to take
                    (`on_order_info`); the loop drains under `_oi_lock` (`drain()`), so
-                   entries stay in the shim's order
+                   entries stay in the shim's order. One request at a time: the thread
+                   waits (bounded) until the loop has drained before it asks again; a
+                   thread that asked in a loop while the ring stays full fills the
+                   loop's self-pipe, and a signal arriving then (SIGTERM) is lost
   feeder (backup)  pushes queued chunks into the shim (`Feeder.push` blocks while the
                    app is behind); a failure goes to the loop (`on_feed_failed`)
   wait             one more, only to learn the app's exit status (`on_exit`)
 
 Every callback runs on the event loop (`call_soon_threadsafe`) and gets this object
-first. Never join a thread on the event loop: `stop()` kills the app and unmaps the
-block from a helper thread once the drain and feeder threads are gone.
+first. Never join a thread on the event loop: `stop()` marks the object closed, reads
+the app's process tree, and leaves the rest to a helper thread: kill the tree, wait
+until the drain and feeder threads are gone, unmap the block.
 
-The app dies with its agent (PR_SET_PDEATHSIG: SIGKILL), so it is spawned from the
-agent's main thread, the loop's.
+Closed. After `stop()` the object answers without touching the block (it is unmapped
+under it soon): `caught_up()` is False, `promote()`, `feed()` and `drain()` do nothing,
+the state properties read as if no app ran. A coroutine that held on to it across a
+reset (a promotion) sees `closed` and gives up; nothing raises.
+
+Process tree (llft/runtime/proctree.py). The app runs in a session of its own; `stop()`
+kills its whole tree (SIGTERM, a grace, SIGKILL): the app, a JVM it started, that JVM's
+workers. The app dies with its agent (PR_SET_PDEATHSIG: SIGKILL), so it is spawned from
+the agent's main thread, the loop's; the rest of the tree dies by the agent's watchdog
+(`on_spawn` tells the agent the new session).
 """
 from __future__ import annotations
 
@@ -46,6 +58,8 @@ import queue
 import signal
 import threading
 from typing import Callable
+
+from llft.runtime import proctree
 
 # No stall detection: a backup whose app waits for order info that has not come is
 # normal (an idle primary produces none); lag shows in `llft status`.
@@ -73,10 +87,20 @@ TRANSITIONS: dict[AppMode, frozenset[AppMode]] = {
 FED_MODES = frozenset({AppMode.BACKUP, AppMode.PROMOTING})   # the feeder thread runs
 
 
-def _close_after(shm, threads) -> None:
-    for t in threads:
-        t.join()
-    shm.close()
+def _finish(victims, sid, shm, threads, done: Callable[[int | None], None]) -> None:
+    """Helper thread of `stop()`: kill the tree, then unmap the block once the threads
+    that wait on it are gone."""
+    left = victims
+    try:
+        left = proctree.kill_tree(victims, [sid] if sid else [])
+    finally:
+        try:
+            for t in threads:
+                t.join()
+            if shm is not None:
+                shm.close()
+        finally:
+            done(None if left else sid)       # a session still populated stays watched
 
 
 class Application:
@@ -85,18 +109,24 @@ class Application:
     def __init__(self, cmd: list[str], cwd: str, service_port: int, *,
                  on_exit: Callable[["Application", int], None],
                  on_order_info: Callable[[], None],
-                 on_feed_failed: Callable[["Application", str], None]):
+                 on_feed_failed: Callable[["Application", str], None],
+                 on_spawn: Callable[["Application"], None] = lambda app: None,
+                 on_stopped: Callable[[int | None], None] = lambda sid: None):
         self.loop: asyncio.AbstractEventLoop | None = None   # the one that spawns it
         self.cmd, self.cwd, self.service_port = cmd, cwd, service_port
         self._on_exit, self._on_order_info = on_exit, on_order_info
         self._on_feed_failed = on_feed_failed
+        self._on_spawn, self._on_stopped = on_spawn, on_stopped
         self.mode = AppMode.NONE
+        self.closed = False                   # stop() was called (see the docstring)
+        self.stopped: threading.Event = threading.Event()   # the tree is gone
         self.shm = None
         self.proc = None
         self.divergence: dict | None = None
         self._oi_lock = threading.Lock()
         self._drain_thread: threading.Thread | None = None
         self._drain_stop = threading.Event()
+        self._drained = threading.Event()     # the loop took what the thread asked for
         self._feed_queue: queue.Queue = queue.Queue()
         self._feeder = None
         self._feed_thread: threading.Thread | None = None
@@ -133,11 +163,20 @@ class Application:
         self.shm = Shm.create(shm_mode, stall_ms=NO_STALL_MS)
         senv = self.shm.env(service_port=self.service_port)
         self.proc = spawn(self.cmd, shim_env(env, senv), cwd=self.cwd,
-                          death_signal=signal.SIGKILL, nice=APP_NICE)
+                          death_signal=signal.SIGKILL, nice=APP_NICE,
+                          start_new_session=True)
+        proctree.own(self.proc.pid)           # its exit status is _wait's
+        self._on_spawn(self)
         threading.Thread(target=self._wait, args=(self.proc,), daemon=True).start()
+
+    @property
+    def session(self) -> int | None:
+        """The app's session id (its pid: it was spawned as a session leader)."""
+        return self.proc.pid if self.proc is not None else None
 
     def _wait(self, proc) -> None:
         rc = proc.wait()
+        proctree.disown(proc.pid)
         self.loop.call_soon_threadsafe(self._on_exit, self, rc)
 
     # ---- promotion (backup -> primary) -----------------------------------------------------
@@ -145,11 +184,16 @@ class Application:
         self._enter(AppMode.PROMOTING)
 
     def caught_up(self) -> bool:
-        """The app has executed every entry it was fed (none queued, none in a push)."""
+        """The app has executed every entry it was fed (none queued, none in a push);
+        never once closed."""
         f = self._feeder
+        if self.closed or f is None:
+            return False
         return self._feed_busy[0] == 0 and f.consumed >= f.fed_entries
 
     def promote(self) -> None:
+        if self.closed:
+            return                            # reset or stopped meanwhile: nothing to do
         self.shm.promote()
         self._enter(AppMode.PRIMARY)
         self._start_drain()
@@ -162,10 +206,12 @@ class Application:
         self._drain_thread.start()
 
     def _drain_loop(self, shm) -> None:
-        stop = self._drain_stop
+        stop, drained = self._drain_stop, self._drained
         while not stop.is_set():
             if shm.wait(DRAIN_WAIT_MS):
+                drained.clear()
                 self.loop.call_soon_threadsafe(self._on_order_info)
+                drained.wait(DRAIN_WAIT_MS / 1000)    # one request at a time
 
     def stop_draining(self) -> None:
         self._drain_stop.set()
@@ -173,12 +219,14 @@ class Application:
     def drain(self) -> bytes:
         """Whole entries the shim recorded since the last drain (loop thread)."""
         with self._oi_lock:
-            return self.shm.drain(0)
+            data = self.shm.drain(0) if not self.closed else b""
+        self._drained.set()
+        return data
 
     # ---- order info: the feeder thread (backup) ---------------------------------------------
     def feed(self, entries: bytes) -> None:
         """Queue shim entries for a replaying app (a primary, or no app, takes none)."""
-        if self.mode in FED_MODES:
+        if self.mode in FED_MODES and not self.closed:
             with self._feed_lock:
                 self._feed_busy[0] += 1
             self._feed_queue.put(entries)
@@ -205,13 +253,17 @@ class Application:
         return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
 
     @property
+    def _mapped(self) -> bool:
+        return self.shm is not None and not self.closed
+
+    @property
     def diverged(self) -> bool:
-        return self.shm is not None and self.shm.diverged
+        return self._mapped and self.shm.diverged
 
     @property
     def group_address(self) -> tuple[str, int] | None:
         """Where its group listener accepts connections; None before it listens."""
-        return self.shm.group_address if self.shm is not None else None
+        return self.shm.group_address if self._mapped else None
 
     @property
     def fed_entries(self) -> int | None:
@@ -220,7 +272,7 @@ class Application:
     @property
     def consumed_entries(self) -> int | None:
         f = self._feeder
-        return f.consumed if f and self.shm is not None else None
+        return f.consumed if f and self._mapped else None
 
     def record_divergence(self) -> dict:
         """What the shim reported of the divergence (kept in `divergence`)."""
@@ -230,19 +282,36 @@ class Application:
         return self.divergence
 
     # ---- stopping --------------------------------------------------------------------------
-    def stop(self) -> None:
-        """Kill the app and end its threads; the block is unmapped once they are gone."""
+    def stop(self, exclude=(), also=()) -> threading.Event:
+        """Close this object, kill the app's whole process tree and end its threads (a
+        helper thread does: the block is unmapped once they are gone). Returns `stopped`,
+        set when all that is done. `exclude`: pids never to kill (the watchdog); `also`:
+        more processes to kill with the tree (the agent's orphans: one app lives at a
+        time, so they were this app's)."""
+        if self.closed:
+            return self.stopped
+        self.closed = True
         self._drain_stop.set()
         if self._feeder is not None:
             self._feeder.stopped = True
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
         if self._feed_thread is not None:
             self._feed_queue.put(None)
+        # Read the tree before killing anything: a killed process's children are
+        # reparented at once and would no longer descend from it.
+        victims = (proctree.tree(self.proc.pid, self.session, exclude)
+                   if self.proc is not None else [])
+        victims += [p for p in also if p.pid not in exclude
+                    and p.pid not in {v.pid for v in victims}]
         # The drain and feeder threads may still be inside a (bounded) wait on this block:
         # it is unmapped once they are gone, not under them (never join on the loop).
         threads = [t for t in (self._drain_thread, self._feed_thread) if t is not None]
-        shm = self.shm
-        if shm is not None:
-            threading.Thread(target=_close_after, args=(shm, threads), daemon=True).start()
+        stopped = self.stopped
+
+        def done(sid):
+            try:
+                self._on_stopped(sid)
+            finally:
+                stopped.set()
+        threading.Thread(target=_finish, args=(victims, self.session, self.shm, threads, done),
+                         daemon=True).start()
+        return stopped

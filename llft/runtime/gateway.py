@@ -37,6 +37,14 @@ file (JSON, written atomically every 500 ms) at `<runtime_dir>/<NAME>/gateway-<p
 holds the counters; it is removed at exit. Configuration, key and bind errors print one
 line `llft gateway: ...` on stderr and exit 2; SIGTERM/SIGINT exit 0.
 
+Logs: warnings and errors (and with --verbose, more) on stderr, each line with the UTC
+time and the name `gw:<group>` (llft/runtime/logs.py, the same set-up as `llft run`).
+The status loop is a task with an owner (llft/runtime/tasks.py: its failure is logged and
+the gateway exits 70); a client's handler logs an unexpected error and drops that client;
+the loop's exception handler logs whatever else asyncio would print, with its context.
+
+Processes: the gateway starts none (no child process to clean up).
+
 Known limits
 ------------
 - There is no stream close in the messaging protocol yet: when a client disconnects the
@@ -70,8 +78,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 from llft.runtime import config as cluster_config
+from llft.runtime import logs
 from llft.runtime import status as status_files
 from llft.runtime.driver import Driver
+from llft.runtime.tasks import TaskSet
 from llft.protocol.messages import Role
 from llft.protocol.messaging import BufferFull, Deliver, MessagingConfig, MessagingEndpoint, Opened
 from llft.runtime.transport import Endpoint
@@ -83,6 +93,7 @@ READ_BYTES = 64 << 10
 MAX_CONNECTIONS = 4096                  # messaging connections (clients ever accepted)
 MAX_CLIENT_BACKLOG_BYTES = 32 << 20     # unread replies before a client is dropped
 CONN_SEQ_BITS = 40
+EXIT_TASK_FAILED = 70                   # a background task failed (EX_SOFTWARE)
 
 
 class GatewayError(Exception):
@@ -131,6 +142,9 @@ class Gateway:
         self.server: asyncio.AbstractServer | None = None
         self.bound: tuple[str, int] | None = None
         self.status_path = os.path.join(cfg.status_dir(group), f"gateway-{os.getpid()}.json")
+        self.background = TaskSet(log, self._task_failed)
+        self.stop_event: asyncio.Event | None = None
+        self.exit_code = 0
         self.started = time.time()
         self._status_warned = False
 
@@ -157,7 +171,7 @@ class Gateway:
             return
         if d.offset > cl.next_offset:
             self.counters["gaps"] += 1
-            log.error("llft gateway: client %d (%s): reply bytes %d..%d arrived but %d "
+            log.error("client %d (%s): reply bytes %d..%d arrived but %d "
                       "was expected next (a gap: a bug); disconnecting the client",
                       cl.number, cl.peer, d.offset, end, cl.next_offset)
             self._drop(cl, "gap")
@@ -172,7 +186,7 @@ class Gateway:
         self.counters["bytes_out"] += len(data)
         transport = cl.writer.transport
         if transport is not None and transport.get_write_buffer_size() > MAX_CLIENT_BACKLOG_BYTES:
-            log.warning("llft gateway: client %d (%s) does not read its replies "
+            log.warning("client %d (%s) does not read its replies "
                         "(%d bytes pending): disconnecting it", cl.number, cl.peer,
                         transport.get_write_buffer_size())
             self._drop(cl, "slow")
@@ -202,7 +216,7 @@ class Gateway:
                                    Role.CLIENT)
         except BufferFull:
             self.counters["clients_refused"] += 1
-            log.warning("llft gateway: refusing client %s: %d connections in use "
+            log.warning("refusing client %s: %d connections in use "
                         "(no stream close yet)", peer_s, len(self.core.conns))
             writer.close()
             self.tasks.discard(task)
@@ -229,6 +243,10 @@ class Gateway:
             pass
         except asyncio.CancelledError:
             pass
+        except Exception:   # noqa: BLE001 -- a bug: this client goes, the others stay
+            self.counters["client_handler_errors"] += 1
+            log.exception("client %d (%s): unexpected error; disconnecting the client",
+                          number, peer_s)
         finally:
             self._drop(cl, "disconnected")
             self.tasks.discard(task)
@@ -257,7 +275,7 @@ class Gateway:
         except OSError as e:
             if not self._status_warned:
                 self._status_warned = True
-                log.warning("llft gateway: cannot write status file %s: %s",
+                log.warning("cannot write status file %s: %s",
                             self.status_path, e)
 
     def remove_status(self) -> None:
@@ -272,11 +290,17 @@ class Gateway:
             self.write_status()
             await asyncio.sleep(STATUS_INTERVAL_S)   # a reporting period, not a sync
 
+    def _task_failed(self, name: str, exc: BaseException) -> None:
+        self.exit_code = EXIT_TASK_FAILED
+        if self.stop_event is not None:
+            self.stop_event.set()
+
     # -- life cycle ---------------------------------------------------------------------
     async def serve(self, out=None) -> int:
         out = out or sys.stdout
         loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
+        logs.install_loop_handler(loop, log)
+        stop = self.stop_event = asyncio.Event()
         host, port = self.listen
         try:
             await self.endpoint.start()
@@ -299,7 +323,7 @@ class Gateway:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
             self.write_status()
-            status_task = asyncio.ensure_future(self._status_loop())
+            status_task = self.background.spawn(self._status_loop(), "status")
             print(json.dumps({"event": "ready", "listen": list(self.bound),
                               "group": self.group}), file=out, flush=True)
             await stop.wait()
@@ -311,7 +335,7 @@ class Gateway:
                 t.cancel()
             if self.tasks:
                 await asyncio.wait(list(self.tasks), timeout=2.0)
-            return 0
+            return self.exit_code
         finally:
             self.driver.stop()
             self.endpoint.close()
@@ -327,8 +351,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(message)s", stream=sys.stderr)
+    logs.setup(f"gw:{args.group}", logging.INFO if args.verbose else logging.WARNING)
     try:
         cfg = cluster_config.load(args.config)
         cfg.group(args.group)

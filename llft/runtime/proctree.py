@@ -1,0 +1,299 @@
+"""The application's whole process tree: found, reaped and killed, also when the agent dies.
+
+Theory of operation
+-------------------
+An app may start processes of its own: PySpark's driver starts a JVM, the JVM starts
+Python worker daemons, those fork workers. When a replica is reset or stops, all of
+them must go, and none may outlive `llft run`. Four Linux facts make that work:
+
+  sessions      the app is spawned in a new session (setsid): its session id is its
+                pid, and everything it starts stays in that session unless it calls
+                setsid itself (changing only the process group does not leave it:
+                PySpark's worker daemon calls setpgid, so killing the process group
+                would miss it, a session scan does not)
+  subreaper     the agent is a child subreaper (PR_SET_CHILD_SUBREAPER): a process
+                whose parent dies is reparented to the agent, not to pid 1, so it is
+                still among the agent's descendants (a daemon that double-forked into
+                a new session included); the agent reaps those orphans (`reap_orphans`)
+  snapshot      a killed parent's children are reparented at once, so the tree is
+                read before anything is killed (`tree`)
+  watchdog      SIGKILL of the agent runs no code of the agent's; the app itself dies
+                by PR_SET_PDEATHSIG, and its descendants are orphaned to pid 1. A tiny
+                process (`Watchdog`, `python -m llft.runtime.proctree`), in a session of
+                its own so a terminal's signals miss it, reads commands on a pipe from
+                the agent; when the pipe closes (the agent is gone, however) it kills
+                every process of the sessions it was told about, and the processes it
+                was told about one by one (escapees: descendants in other sessions,
+                identified by pid and start time so a reused pid is never killed)
+
+Killing a tree (`kill_tree`): SIGTERM to every process of it, a grace of up to
+KILL_GRACE_S for them to exit (a JVM runs its shutdown hooks), then SIGKILL to what is
+left, then the sessions are read again and killed until empty (a fork between the
+snapshot and the kill leaves a child in the session). Runs in a helper thread, never on
+the agent's event loop.
+
+Covered: descendants in the app's session (JVMs, worker daemons, shells, whatever keeps
+the session); descendants that left the session while their parent still lived or were
+orphaned to the agent (at a reset or shutdown: the snapshot and the agent's own
+descendants; at SIGKILL of the agent: those the agent reported to the watchdog, which
+it does every ORPHAN_CHECK_S). Not covered: a process that leaves the session and is
+orphaned within one ORPHAN_CHECK_S before the agent is SIGKILLed; a process that
+escapes through something other than fork (a systemd-run or at job, a container);
+SIGKILL of the agent and the watchdog together (a process group kill that includes the
+watchdog, an OOM kill of both).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+
+PR_SET_CHILD_SUBREAPER = 36
+KILL_GRACE_S = 1.0            # SIGTERM -> SIGKILL
+KILL_POLL_S = 0.01            # how often a kill checks which processes are gone
+SESSION_SWEEPS = 20           # rounds of session re-reads after the kill (forks)
+ORPHAN_CHECK_S = 1.0          # the agent reaps orphans and reports escapees this often
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_owned: set[int] = set()      # children a Popen object waits for: never reaped here
+_owned_lock = threading.Lock()
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants are reparented to this process instead of pid 1."""
+    if _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(e)}")
+
+
+def own(pid: int) -> None:
+    """`pid` is a child some Popen waits for: `reap_orphans` leaves its status alone."""
+    with _owned_lock:
+        _owned.add(pid)
+
+
+def disown(pid: int) -> None:
+    with _owned_lock:
+        _owned.discard(pid)
+
+
+def _getsid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def session_members(sids) -> list[psutil.Process]:
+    """Every live process (not a zombie) whose session is one of `sids`."""
+    sids = set(sids)
+    out = []
+    if not sids:
+        return out
+    for pid in psutil.pids():
+        if _getsid(pid) in sids:
+            try:
+                p = psutil.Process(pid)
+            except psutil.Error:
+                continue
+            if not _gone(p):
+                out.append(p)
+    return out
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def tree(root: int | None, sid: int | None, exclude=()) -> list[psutil.Process]:
+    """A snapshot of an app's tree: its root, its descendants and its session."""
+    found: dict[int, psutil.Process] = {}
+    if root is not None:
+        try:
+            found[root] = psutil.Process(root)
+        except psutil.Error:
+            pass
+        for p in descendants(root):
+            found[p.pid] = p
+    for p in session_members([sid] if sid else []):
+        found.setdefault(p.pid, p)
+    for pid in exclude:
+        found.pop(pid, None)
+    found.pop(os.getpid(), None)
+    return list(found.values())
+
+
+def _gone(p: psutil.Process) -> bool:
+    try:
+        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+def _signal(procs, sig: int) -> None:
+    for p in procs:
+        try:
+            p.send_signal(sig)      # checks the start time: a reused pid is left alone
+        except psutil.Error:
+            pass
+
+
+def kill_tree(procs: list[psutil.Process], sids=(), grace_s: float = KILL_GRACE_S,
+              exclude=()) -> list[psutil.Process]:
+    """SIGTERM, up to `grace_s` for them to exit, SIGKILL; then the sessions until empty.
+    Blocks (a helper thread's job). Returns what is still alive (should be nothing)."""
+    procs = [p for p in procs if not _gone(p)]
+    _signal(procs, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while procs:
+        reap_orphans()
+        procs = [p for p in procs if not _gone(p)]
+        if not procs or time.monotonic() >= deadline:
+            break
+        time.sleep(KILL_POLL_S)     # polling exits, with a deadline
+    _signal(procs, signal.SIGKILL)
+    skip = set(exclude) | {os.getpid()}
+    for _ in range(SESSION_SWEEPS):
+        late = [p for p in session_members(sids) if p.pid not in skip and not _gone(p)]
+        _signal(late, signal.SIGKILL)
+        procs = [p for p in procs + late if not _gone(p)]
+        reap_orphans()
+        if not procs:
+            break
+        time.sleep(KILL_POLL_S)     # SIGKILLed processes disappear within a few ms
+    return procs
+
+
+def reap_orphans() -> int:
+    """Collect the exit status of this process's dead children that no Popen waits for
+    (orphans reparented here as subreaper). Returns how many were reaped."""
+    n = 0
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return 0
+    for p in children:
+        with _owned_lock:
+            if p.pid in _owned:
+                continue
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                continue
+            if os.waitpid(p.pid, os.WNOHANG)[0] == p.pid:
+                n += 1
+        except (psutil.Error, ChildProcessError):
+            pass
+    return n
+
+
+# ---- the watchdog ---------------------------------------------------------------------------
+class Watchdog:
+    """The agent's side: start the watchdog, tell it what to kill if the agent dies."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "llft.runtime.proctree"], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, start_new_session=True)
+        own(self.proc.pid)
+        self._lock = threading.Lock()      # the loop and helper threads both write
+        self.reported: dict[int, float] = {}   # escapee pid -> start time
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            try:
+                self.proc.stdin.write(line.encode() + b"\n")
+                self.proc.stdin.flush()
+            except (OSError, ValueError):
+                pass                       # the watchdog is gone: nothing to tell
+
+    def track_session(self, sid: int) -> None:
+        self._send(f"s {sid}")
+
+    def untrack_session(self, sid: int) -> None:
+        self._send(f"u {sid}")
+
+    def track_process(self, p: psutil.Process) -> None:
+        try:
+            ct = p.create_time()
+        except psutil.Error:
+            return
+        if self.reported.get(p.pid) != ct:
+            self.reported[p.pid] = ct
+            self._send(f"p {p.pid} {ct!r}")
+
+    def report_escapees(self, sids) -> None:
+        """Descendants of the agent outside the tracked sessions (daemons that called
+        setsid): the watchdog kills them by pid if the agent dies."""
+        sids = set(sids)
+        for p in descendants(os.getpid()):
+            if p.pid != self.proc.pid and _getsid(p.pid) not in sids:
+                self.track_process(p)
+        for pid in [pid for pid in self.reported if not psutil.pid_exists(pid)]:
+            del self.reported[pid]
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Normal exit: the pipe closes, the watchdog sweeps what it knows and exits."""
+        with self._lock:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        disown(self.proc.pid)
+
+
+def watch(stream) -> None:
+    """The watchdog process: read commands until EOF, then kill what it was told about."""
+    sids: set[int] = set()
+    pids: dict[int, float] = {}
+    for raw in stream:
+        parts = raw.split()
+        try:
+            if parts[0] == b"s":
+                sids.add(int(parts[1]))
+            elif parts[0] == b"u":
+                sids.discard(int(parts[1]))
+            elif parts[0] == b"p":
+                pids[int(parts[1])] = float(parts[2])
+        except (IndexError, ValueError):
+            continue
+    procs = []
+    for pid, ct in pids.items():
+        try:
+            p = psutil.Process(pid)
+            if p.create_time() == ct:
+                procs.append(p)
+        except psutil.Error:
+            pass
+    procs += session_members(sids)
+    _signal(procs, signal.SIGKILL)
+    kill_tree([], sids, grace_s=0)
+
+
+def main() -> None:
+    # The watchdog outlives the agent only to do its job; a terminal's ^C must not end
+    # it early (it is in a session of its own, but a direct signal is ignored too).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    watch(sys.stdin.buffer)
+
+
+if __name__ == "__main__":
+    main()

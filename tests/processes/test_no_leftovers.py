@@ -1,0 +1,159 @@
+"""`llft run` leaves no process behind: the application's whole tree dies with it.
+
+The application (tests/processes/tree_app.py) starts `sleep 1000` as its child and a
+daemon that leaves its session and is orphaned at once (`setsid sleep 1001`, reparented
+to the agent, a child subreaper). Each test reads the tree (every descendant of the
+agent: the app, both sleeps, the agent's watchdog), ends it one way, and checks, with a
+bounded wait, that no process of it remains (a zombie counts as gone: it no longer
+runs):
+
+  SIGTERM of the agent      the agent kills the tree, then exits
+  SIGKILL of the agent      no code of the agent runs: the app dies by PR_SET_PDEATHSIG,
+                            the rest by the watchdog (the escaped daemon once the agent
+                            has named it to the watchdog: `escapees_watched`)
+  the app exits by itself   the agent stops and kills what the app left
+  a reset                   a backup frozen (SIGSTOP) until the primary removed it, then
+                            thawed: it learns it was removed, resets, and the old app's
+                            tree dies while the replica rejoins with a new one
+
+Default configuration; every wait is on a condition with a deadline.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import psutil
+
+from llft.tools.cluster import LocalCluster
+
+TREE_APP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tree_app.py")
+POLL_S = 0.02
+
+
+def app_cmd(*extra: str) -> list[str]:
+    return [sys.executable, TREE_APP, "9000", *extra]
+
+
+def wait_until(pred, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        v = pred()
+        if v:
+            return v
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s: {what}"
+        time.sleep(POLL_S)          # polling a condition, with a deadline
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def tree(agent_pid: int) -> list[psutil.Process]:
+    try:
+        return [p for p in psutil.Process(agent_pid).children(recursive=True) if _running(p)]
+    except psutil.Error:
+        return []
+
+
+def cmdline(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return "?"
+
+
+def full_tree(agent_pid: int, timeout_s: float = 60) -> list[psutil.Process]:
+    """The agent's descendants once the app has started both sleeps."""
+    def ready():
+        t = tree(agent_pid)
+        lines = [cmdline(p) for p in t]
+        return t if ("sleep 1000" in lines and "sleep 1001" in lines
+                     and any("llft.runtime.proctree" in s for s in lines)) else None
+    return wait_until(ready, timeout_s, f"the app's tree under agent {agent_pid}")
+
+
+def assert_all_gone(procs: list[psutil.Process], timeout_s: float = 15) -> None:
+    def gone():
+        return not any(_running(p) for p in procs)
+    deadline = time.monotonic() + timeout_s
+    while not gone():
+        if time.monotonic() > deadline:
+            left = [(p.pid, cmdline(p), p.status()) for p in procs if _running(p)]
+            for p in procs:                      # do not leave them to the next test
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+            raise AssertionError(f"processes left behind: {left}")
+        time.sleep(POLL_S)
+
+
+def test_sigterm_of_the_agent_leaves_no_process(tmp_path):
+    with LocalCluster(str(tmp_path)) as lc:
+        agent = lc.start_replica("r1", app_cmd())
+        lc.wait_members(1)
+        procs = full_tree(agent.pid)
+        lc.kill("r1", signal.SIGTERM)
+        assert agent.returncode == 0, lc.log_tail("r1")
+        assert_all_gone(procs)
+
+
+def test_sigkill_of_the_agent_leaves_no_process(tmp_path):
+    with LocalCluster(str(tmp_path)) as lc:
+        agent = lc.start_replica("r1", app_cmd())
+        lc.wait_members(1)
+        procs = full_tree(agent.pid)
+        # the daemon left the app's session: the watchdog kills it by pid once told
+        lc.wait_status(lambda st: st["members"] and st["members"][0]["counters"].get(
+            "escapees_watched", 0) >= 1, 30, "the escaped daemon named to the watchdog")
+        lc.kill("r1", signal.SIGKILL)
+        assert_all_gone(procs)
+
+
+def test_app_exit_leaves_no_process(tmp_path):
+    trigger = tmp_path / "exit-now"
+    with LocalCluster(str(tmp_path)) as lc:
+        agent = lc.start_replica("r1", app_cmd(str(trigger)))
+        lc.wait_members(1)
+        procs = full_tree(agent.pid)
+        trigger.write_text("")
+        assert agent.wait(timeout=30) == 0, lc.log_tail("r1")
+        assert_all_gone(procs)
+
+
+def test_reset_kills_the_old_tree(tmp_path):
+    with LocalCluster(str(tmp_path)) as lc:
+        lc.start_replica("r1", app_cmd())
+        lc.wait_members(1)
+        r2 = lc.start_replica("r2", app_cmd())
+        st = lc.wait_members(2)
+        old_birth = next(m["birth"] for m in st["members"] if m["agent_pid"] == r2.pid)
+        old = [p for p in full_tree(r2.pid) if "llft.runtime.proctree" not in cmdline(p)]
+        watchdog = [p for p in tree(r2.pid) if "llft.runtime.proctree" in cmdline(p)]
+        os.kill(r2.pid, signal.SIGSTOP)           # r2's agent falls silent
+        try:
+            lc.wait_status(lambda st: [m["birth"] for m in st["members"]]
+                           and old_birth not in [m["birth"] for m in st["members"]],
+                           30, "the primary removed the silent backup")
+        finally:
+            os.kill(r2.pid, signal.SIGCONT)
+        # thawed, r2 learns it was removed: a reset kills its app's tree ...
+        assert_all_gone(old)
+        # ... and it rejoins under a new birth id with a new application
+        st = lc.wait_status(lambda st: len(st["members"]) == 2 and all(
+            m["app_pid"] and m["app_mode"] in ("primary", "backup") for m in st["members"]),
+            60, "the reset replica rejoined with a running application")
+        new = next(m for m in st["members"] if m["agent_pid"] == r2.pid)
+        assert new["birth"] != old_birth
+        assert psutil.pid_exists(new["app_pid"])
+        assert all(_running(p) for p in watchdog)  # one watchdog per agent, for its life
+        assert "reset (" in lc.log_tail("r2", 100_000)
+        procs = full_tree(r2.pid)
+        lc.kill("r2", signal.SIGTERM)
+        assert_all_gone(procs)
