@@ -122,241 +122,19 @@ Bounds are in `MessagingConfig`; rules are in the tables `RESPONDS_TO_FIRST_ACK`
 """
 from __future__ import annotations
 
-import enum
 import zlib
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
-import msgpack
-
-from llft.protocol.messages import DATA_TYPES, STREAM_OPEN, Message, MsgType, Role, Send
-
-ConnId = tuple[str, int, Role]          # (remote_group, conn_seq, my_role)
-
-INTRA_CONN_SEQ = 0                      # conn_seq of the intra-group connection
-
-
-@dataclass(frozen=True, slots=True)
-class MessagingConfig:
-    window_msgs: int = 32               # sent, not yet covered by the remote group watermark
-    max_payload_bytes: int = 1024       # data bytes per message
-    max_queue_bytes: int = 64 << 10     # app bytes accepted, not yet sent (primary) per conn
-    max_log_bytes: int = 256 << 10      # app bytes logged, not yet acked (backup) per conn
-    max_placeholders: int = 32          # receive gap bound (== window_msgs: nothing beyond)
-    max_connections: int = 256
-    retransmit_us: int = 4_000
-    retransmit_max_us: int = 32_000
-    first_ack_delay_us: int = 1_000
-    first_ack_retry_us: int = 4_000
-    first_ack_max_tries: int = 8
-    first_ack_slowdown: int = 3         # FIRST_ACKs of our last message before throttling
-    throttle_us: int = 20_000
-    keepalive_us: int = 15_000
-    heartbeat_us: int = 5_000
-    watermark_report_us: int = 1_000    # a backup whose watermark rose reports this soon
-    nack_delay_us: int = 500
-    nack_retry_us: int = 3_000
-    max_nack_msns: int = 64             # msns per NACK
-    npv_retry_us: int = 5_000
-    max_order_info_bytes: int = 256 << 10   # order info held at the primary
-    max_order_info_pending: int = 1024  # out-of-order chunks held at a backup
-    max_piggyback_bytes: int = 4096     # order info per message
-    order_info_intra_us: int = 3_000    # order info not acked by a backup this long -> ORDER_INFO
-    order_info_ack_us: int = 500        # a backup acks delivered order info this promptly
-
-
-    def __post_init__(self) -> None:
-        # a member can be at most a window behind the sender: its gaps must fit
-        if self.max_placeholders < self.window_msgs:
-            raise ValueError("max_placeholders must be >= window_msgs")
-        # a backup keeps a window of acked messages: its log must hold more than that
-        if self.max_log_bytes < 2 * self.window_msgs * self.max_payload_bytes:
-            raise ValueError("max_log_bytes must be >= 2 * window_msgs * max_payload_bytes")
-        if min(self.window_msgs, self.max_payload_bytes, self.max_nack_msns) < 1:
-            raise ValueError("window, payload and nack bounds must be positive")
-
-
-class BufferFull(Exception):
-    """The application produced more than a bound allows (the caller must wait)."""
-
-
-class ProtocolError(Exception):
-    """A local misuse of the endpoint (e.g. order info from a backup)."""
-
-
-# --- actions ---------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Deliver:
-    conn: ConnId
-    offset: int
-    data: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class DeliverOrderInfo:
-    pos: int                # 1, 2, ... within the primary view `pvn`
-    chunk: bytes
-    pvn: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Opened:
-    conn: ConnId
-
-
-@dataclass(frozen=True, slots=True)
-class Resynced:
-    """Phase 2 done on a connection: the remote end had `resend_from` bytes of ours."""
-    conn: ConnId
-    resend_from: int
-    remote_sent_to: int
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveredOrderInfo:
-    """Phase 2: the last order info of the old primary that the remote primary holds
-    (reflected in NEW_PRIMARY_VIEW_ACK), for membership/determinizer to catch up."""
-    conn: ConnId
-    pvn: int                # the old primary's view
-    first_pos: int
-    chunks: tuple[bytes, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Phase2Done:
-    pvn: int
-
-
-# --- rules as tables -------------------------------------------------------------------
-class Duty(enum.Enum):
-    SECOND_ACK = "second_ack"
-    NOTHING = "nothing"
-
-
-# Who answers a FIRST_ACK (lines 60-68): (am_primary, group_has_backups) -> duty
-RESPONDS_TO_FIRST_ACK: dict[tuple[bool, bool], Duty] = {
-    (False, True): Duty.SECOND_ACK,     # a backup, if its app produced the acked message
-    (True, False): Duty.SECOND_ACK,     # no backup: the primary carries the duty
-    (True, True): Duty.NOTHING,
-    (False, False): Duty.NOTHING,       # impossible (a backup implies backups)
-}
-
-# Inter-group messages only a remote *primary* sends; their ts/sent-up-to advance recv_ts.
-PRIMARY_ONLY_TYPES = frozenset({MsgType.REQUEST, MsgType.REPLY, MsgType.FIRST_ACK,
-                                MsgType.KEEP_ALIVE, MsgType.NACK, MsgType.NEW_PRIMARY_VIEW,
-                                MsgType.NEW_PRIMARY_VIEW_ACK})
-
-
-def pack_trailer(sent_upto: int, own: list | None, refl: list | None,
-                 others: list | None = None, delivered: int | None = None) -> bytes:
-    t = [sent_upto, own, refl]
-    if others or delivered is not None:
-        t.append(others or [])
-    if delivered is not None:
-        t.append(delivered)
-    return msgpack.packb(t, use_bin_type=True)
-
-
-def unpack_trailer(raw: bytes) -> tuple[int, list | None, list | None, list, int | None] | None:
-    """The trailer, or None when absent or malformed (a remote bug: ignored)."""
-    if not raw:
-        return None
-    try:
-        t = msgpack.unpackb(raw, raw=False, use_list=True)
-    except Exception:   # noqa: BLE001 -- authenticated but malformed: ignore
-        return None
-    if type(t) is not list or len(t) not in (3, 4, 5) or type(t[0]) is not int:
-        return None
-    own, refl = (_section(s) for s in t[1:3])
-    others: list = []
-    if len(t) >= 4 and type(t[3]) is list:
-        others = [e for e in t[3] if type(e) is list and len(e) == 3
-                  and all(type(x) is int for x in e) and e[1] in (0, 1)]
-    delivered = t[4] if len(t) == 5 and type(t[4]) is int and t[4] >= 0 else None
-    return t[0], own, refl, others, delivered
-
-
-def _section(s: Any) -> list | None:
-    """An order-info section [pvn, first_pos, [chunk, ...]], or None."""
-    if (type(s) is list and len(s) == 3 and type(s[0]) is int and type(s[1]) is int
-            and s[1] > 0 and type(s[2]) is list and all(type(c) is bytes for c in s[2])):
-        return s
-    return None
-
-
-def _sec_end(s: list) -> tuple[int, int]:
-    """(pvn, last position) of a section: newer sections compare greater."""
-    return s[0], s[1] + len(s[2]) - 1
-
-
-# --- per-connection state --------------------------------------------------------------
-class _Rx:
-    """Receive sequence of one remote primary view on one connection."""
-    __slots__ = ("pvn", "upto", "ts", "slots", "nacks", "first_offset", "after_change")
-
-    def __init__(self, pvn: int):
-        self.pvn = pvn
-        self.upto = 0                       # receiveduptomsn
-        self.ts = 0                         # recv_ts (see theory)
-        self.slots: dict[int, Message | None] = {}   # msn > upto: message or placeholder
-        self.nacks: set[int] = set()
-        self.first_offset: int | None = None
-        self.after_change = False           # follows a remote change of primary
-
-
-class _Conn:
-    def __init__(self, cid: ConnId):
-        self.cid = cid
-        self.remote, self.seq, self.role = cid
-        self.known = False                  # counted in the watermark and digest
-        # sending side
-        self.out_offset = 0                 # end of the bytes our app produced
-        self.queue: deque[tuple[int, bytes]] = deque()    # primary: cut, not yet sent
-        self.queue_bytes = 0
-        self.next_msn = 1
-        self.sent: deque[Message] = deque() # primary: sent list (msn order)
-        self.sent_bytes = 0
-        self.log: deque[tuple[int, int, bytes]] = deque()  # backup: (msn, offset, data)
-        self.log_bytes = 0
-        self.remote_ack = 0
-        self.remote_gw = 0                  # remotegroupwatermark
-        self.rto_us = 0
-        self.rto_due: int | None = None
-        self.fa_count = 0                   # FIRST_ACKs seen for our last msn
-        self.throttled_until: int | None = None
-        self.last_send_us = 0
-        self.sent_open = False
-        self.resync = False                 # new primary: waiting NEW_PRIMARY_VIEW_ACK
-        self.npv_answer: tuple[int, int, int] | None = None   # (remote pvn, low, sent_to)
-        self.old_ts: int | None = None      # recv_ts frozen at a remote change of primary
-        self.solicit_due: int | None = None # primary: ask the remote primary for news
-        self.solicit_after = 0              # not again before this time
-        self.npv_due: int | None = None
-        self.old_pvn = 0
-        # receiving side
-        self.rx: _Rx | None = None
-        self.rx_old: _Rx | None = None
-        self.delivered = 0                  # stream offset delivered
-        self.received: deque[Message] = deque()   # delivered, kept until ts <= GW
-        self.ahead: dict[int, bytes] = {}   # offset -> data beyond `delivered` (view change)
-        self.nack_due: int | None = None
-        self.fa_pending = 0                 # FIRST_ACK ack value awaiting SECOND_ACK
-        self.fa_due: int | None = None
-        self.fa_tries = 0
-        self.ka_due: int | None = None
-        self.declared: tuple[int, int] = (0, 0)   # remote primary's (sent_upto, ts)
-        self.to_reflect: list | None = None
-        self.last_remote_oi: list | None = None   # newest order info the remote carried
-        self.max_data_ts = 0                # highest ts of data received on this conn
-        self.ka_urgent = False              # group watermark news for the remote sender
-        self.last_back = 0                  # `back` in the last message we sent on it
-        self.remote_delivered = 0           # remote primary's delivered offset of our stream
-
-    @property
-    def last_msn(self) -> int:
-        return self.next_msn - 1
-
+from llft.protocol.messages import (DATA_TYPES, MEMBERSHIP_CORE_TYPES, MEMBERSHIP_TYPES,
+                                    STREAM_OPEN, Message, MsgType, Role, Send)
+from llft.protocol.messaging.actions import (Deliver, DeliverOrderInfo, Opened, Phase2Done,
+                                             RecoveredOrderInfo, Resynced)
+from llft.protocol.messaging.config import (INTRA_CONN_SEQ, BufferFull, ConnId,
+                                            MessagingConfig, ProtocolError)
+from llft.protocol.messaging.connection import Connection, ReceiveSequence
+from llft.protocol.messaging.rules import PRIMARY_ONLY_TYPES, RESPONDS_TO_FIRST_ACK, Duty
+from llft.protocol.messaging.trailer import pack_trailer, section_end, unpack_trailer
 
 class MessagingEndpoint:
     """The messaging core of one replica of `group` (see the module docstring)."""
@@ -372,7 +150,7 @@ class MessagingEndpoint:
         self.backups: list[int] = []
         self.clock = 0                      # Lamport clock
         self.gw = 0                         # mygroupwatermark (backups: as told by primary)
-        self.conns: dict[ConnId, _Conn] = {}
+        self.conns: dict[ConnId, Connection] = {}
         self.reports: dict[int, tuple[int, int]] = {}   # backup -> (watermark, digest)
         self.last_heard_us: dict[int, int] = {}
         self._digest: int | None = None
@@ -526,8 +304,51 @@ class MessagingEndpoint:
         lim = max(self.oi_reflected, self._oi_floor())
         return sum(len(ch) for pos, ch in self.oi_log if pos > lim)
 
-    def order_info_space(self) -> int:
-        return max(0, self.cfg.max_order_info_bytes - self.oi_bytes)
+    # =========================================================== snapshot/restore ===
+    def snapshot(self) -> dict:
+        """This endpoint's connections as a joining backup must install them (plain data,
+        msgpack-able): for each, the remote view and msn received up to (with its
+        recv_ts), the stream offset delivered, our own stream's end and the unacknowledged
+        tail of it (sent list and queue: what a backup would hold in its log, numbered as
+        this primary numbered it), and how far the remote primary delivered our stream;
+        plus the order-info position `oi_upto` this primary reached in view `pvn`."""
+        conns = []
+        for (remote, seq, role), c in self.conns.items():
+            rx = c.rx
+            log = [[m.msn, m.body["offset"], m.body["data"]] for m in c.sent]
+            log += [[c.next_msn + i, off, d] for i, (off, d) in enumerate(c.queue)]
+            conns.append({"remote": remote, "seq": seq, "role": int(role),
+                          "rx": [rx.pvn, rx.upto, rx.ts] if rx is not None else None,
+                          "delivered": c.delivered, "out_offset": c.out_offset,
+                          "next_msn": c.next_msn + len(c.queue), "log": log,
+                          "remote_delivered": c.remote_delivered})
+        return {"pvn": self.pvn, "oi_upto": self.oi_next - 1, "conns": conns}
+
+    def restore(self, snapshot: dict) -> dict[ConnId, int]:
+        """Install a primary's `snapshot()` at a joining backup, after `set_view`, as if
+        this backup had followed every connection from the start. Returns, per restored
+        connection, the end of our own stream there (bytes the group already produced:
+        the replaying application will write them again)."""
+        produced: dict[ConnId, int] = {}
+        for s in snapshot["conns"]:
+            cid = (s["remote"], s["seq"], Role(s["role"]))
+            c = self._conn(cid)
+            if s["rx"] is not None:
+                pvn, upto, ts = s["rx"]
+                c.rx = ReceiveSequence(pvn)
+                c.rx.upto, c.rx.ts = upto, ts
+            c.delivered = s["delivered"]
+            c.out_offset = s["out_offset"]
+            c.next_msn = s["next_msn"]
+            c.log = deque((msn, off, data) for msn, off, data in s["log"])
+            c.log_bytes = sum(len(d) for _, _, d in s["log"])
+            c.remote_delivered = s["remote_delivered"]
+            c.known = True
+            self._digest_changed()
+            produced[cid] = c.out_offset
+        if snapshot["pvn"] == self.pvn:
+            self.oi_delivered = snapshot["oi_upto"]   # positions of this view the log holds
+        return produced
 
     # ============================================================ sans-IO surface ===
     def take_actions(self) -> list[Any]:
@@ -640,9 +461,8 @@ class MessagingEndpoint:
             return
         if msg.dst_group != self.group:
             return
-        if msg.type >= 20 and msg.type not in (MsgType.NEW_PRIMARY_VIEW,
-                                               MsgType.NEW_PRIMARY_VIEW_ACK):
-            return      # membership messages are not ours
+        if msg.type in MEMBERSHIP_CORE_TYPES:
+            return      # membership's
         cid = (msg.src_group, msg.conn_seq, Role(1 - msg.role))
         c = self.conns.get(cid)
         if c is None:
@@ -657,7 +477,7 @@ class MessagingEndpoint:
         self._after_event()
 
     # ================================================================= inter-group ===
-    def _handle_inter(self, c: _Conn, msg: Message) -> None:
+    def _handle_inter(self, c: Connection, msg: Message) -> None:
         t = msg.type
         from_primary = t in PRIMARY_ONLY_TYPES
         if from_primary:
@@ -738,7 +558,7 @@ class MessagingEndpoint:
         if trailer is not None:
             self._on_trailer(c, msg, trailer, from_primary)
 
-    def _on_trailer(self, c: _Conn, msg: Message, trailer, from_primary: bool) -> None:
+    def _on_trailer(self, c: Connection, msg: Message, trailer, from_primary: bool) -> None:
         sent_upto, own, refl, others, _ = trailer
         rx = c.rx
         if from_primary and rx is not None and msg.pvn == rx.pvn:
@@ -749,11 +569,11 @@ class MessagingEndpoint:
                 if c2 is not None and c2.rx is not None and c2.rx.pvn == msg.pvn:
                     self._declared(c2, c2.rx, upto, msg.ts)
             if own is not None and self.is_primary:
-                last = _sec_end(own)
+                last = section_end(own)
                 lr = c.last_remote_oi
-                if lr is None or last >= _sec_end(lr):
+                if lr is None or last >= section_end(lr):
                     c.last_remote_oi = own
-                if c.to_reflect is None or last > _sec_end(c.to_reflect):
+                if c.to_reflect is None or last > section_end(c.to_reflect):
                     c.to_reflect = own
                     self._want_first_ack(c, self.cfg.first_ack_delay_us, reflect=True)
         if refl is not None:
@@ -762,20 +582,20 @@ class MessagingEndpoint:
                     self._actions.append(RecoveredOrderInfo(c.cid, refl[0], refl[1],
                                                             tuple(refl[2])))
                     return
-                pvn, last = _sec_end(refl)
+                pvn, last = section_end(refl)
                 if pvn == self.pvn and last > self.oi_reflected:
                     self.oi_reflected = min(last, self.oi_next - 1)
             else:
                 self._oi_accept(refl, "oi_via_reflection")
 
-    def _declared(self, c: _Conn, rx: _Rx, sent_upto: int, ts: int) -> None:
+    def _declared(self, c: Connection, rx: ReceiveSequence, sent_upto: int, ts: int) -> None:
         """The remote primary had sent msns up to `sent_upto` on `c` when it stamped `ts`."""
         if sent_upto >= c.declared[0] or ts > c.declared[1]:
             c.declared = (max(sent_upto, c.declared[0]), max(ts, c.declared[1]))
         self._expect(c, rx, sent_upto)
         self._advance_ts(c, rx)
 
-    def _on_remote_ack(self, c: _Conn, msg: Message) -> None:
+    def _on_remote_ack(self, c: Connection, msg: Message) -> None:
         a = msg.ack
         if msg.type != MsgType.FIRST_ACK and a != c.last_msn:
             c.fa_count = 0
@@ -785,7 +605,7 @@ class MessagingEndpoint:
                 c.rto_us = self.cfg.retransmit_us
                 c.rto_due = (self._now + c.rto_us) if a < c.last_msn else None
 
-    def _trim_log(self, c: _Conn) -> None:
+    def _trim_log(self, c: Connection) -> None:
         """A backup does not know the timestamps its primary gave its messages, so it
         cannot compare them with the remote group watermark. But the primary's sent list
         never holds more than window_msgs messages (window_bytes) past that watermark, so
@@ -795,9 +615,9 @@ class MessagingEndpoint:
             _, _, d = c.log.popleft()
             c.log_bytes -= len(d)
 
-    def _new_remote_view(self, c: _Conn, pvn: int, flush: bool) -> None:
+    def _new_remote_view(self, c: Connection, pvn: int, flush: bool) -> None:
         old = c.rx
-        c.rx = _Rx(pvn)
+        c.rx = ReceiveSequence(pvn)
         c.rx.after_change = old is not None or pvn > 1
         c.declared = (0, 0)
         if old is not None:
@@ -816,7 +636,7 @@ class MessagingEndpoint:
             c.rx_old = None
 
     # ------------------------------------------------------------------ receiving ---
-    def _rx_data(self, c: _Conn, rx: _Rx, msg: Message) -> None:
+    def _rx_data(self, c: Connection, rx: ReceiveSequence, msg: Message) -> None:
         m = msg.msn
         if m <= rx.upto or rx.slots.get(m) is not None:
             self._count("dup_data")
@@ -833,7 +653,7 @@ class MessagingEndpoint:
         rx.nacks.discard(m)
         self._advance(c, rx)
 
-    def _expect(self, c: _Conn, rx: _Rx, upto: int) -> None:
+    def _expect(self, c: Connection, rx: ReceiveSequence, upto: int) -> None:
         """The remote primary sent everything up to msn `upto`: placeholders + nacks."""
         top = min(upto, rx.upto + self.cfg.max_placeholders)
         hi = max(rx.slots) if rx.slots else rx.upto
@@ -848,7 +668,7 @@ class MessagingEndpoint:
         if new and c.nack_due is None:
             c.nack_due = self._now + self.cfg.nack_delay_us
 
-    def _advance(self, c: _Conn, rx: _Rx) -> None:
+    def _advance(self, c: Connection, rx: ReceiveSequence) -> None:
         slots = rx.slots
         while True:
             nxt = slots.get(rx.upto + 1)
@@ -870,11 +690,11 @@ class MessagingEndpoint:
                 c.rx_old = None
         self._gc_received(c)
 
-    def _advance_ts(self, c: _Conn, rx: _Rx) -> None:
+    def _advance_ts(self, c: Connection, rx: ReceiveSequence) -> None:
         if rx is c.rx and not rx.slots and rx.upto >= c.declared[0] and c.declared[1] > rx.ts:
             rx.ts = c.declared[1]
 
-    def _deliver(self, c: _Conn, offset: int, data: bytes) -> None:
+    def _deliver(self, c: Connection, offset: int, data: bytes) -> None:
         end = offset + len(data)
         if end <= c.delivered:
             self._count("dup_bytes")
@@ -900,7 +720,7 @@ class MessagingEndpoint:
                     self._deliver(c, o, d)
 
     # ------------------------------------------------------------------- sending ---
-    def _flush(self, c: _Conn) -> None:
+    def _flush(self, c: Connection) -> None:
         """Send queued segments while the window, byte bound and throttle allow."""
         if not self.is_primary or c.resync or c.throttled_until is not None:
             return
@@ -927,7 +747,7 @@ class MessagingEndpoint:
             c.fa_due = None
             c.fa_tries = 0
 
-    def _retransmit(self, c: _Conn) -> None:
+    def _retransmit(self, c: Connection) -> None:
         if not self.is_primary:
             c.rto_due = None
             return
@@ -941,7 +761,7 @@ class MessagingEndpoint:
         c.rto_us = min(max(c.rto_us, self.cfg.retransmit_us) * 2, self.cfg.retransmit_max_us)
         c.rto_due = self._now + c.rto_us
 
-    def _refresh(self, c: _Conn, m: Message) -> Message:
+    def _refresh(self, c: Connection, m: Message) -> Message:
         """A retransmission: same msn, ts and data; fresh ack/back."""
         rx = c.rx
         return Message(type=m.type, src_group=m.src_group, dst_group=m.dst_group,
@@ -950,7 +770,7 @@ class MessagingEndpoint:
                        ack=rx.upto if rx else 0, back=self._back(c), ts=m.ts,
                        body=m.body, order_info=m.order_info)
 
-    def _want_first_ack(self, c: _Conn, delay_us: int, reflect: bool = False) -> None:
+    def _want_first_ack(self, c: Connection, delay_us: int, reflect: bool = False) -> None:
         rx = c.rx
         if rx is None or not self.is_primary:
             return
@@ -960,7 +780,7 @@ class MessagingEndpoint:
                 c.fa_due = due
             c.fa_tries = 0
 
-    def _first_ack(self, c: _Conn) -> None:
+    def _first_ack(self, c: Connection) -> None:
         rx = c.rx
         if not self.is_primary or rx is None:
             c.fa_due = None
@@ -976,13 +796,13 @@ class MessagingEndpoint:
             c.fa_tries = 0
             self._arm_keepalive(c)
 
-    def _arm_keepalive(self, c: _Conn) -> None:
+    def _arm_keepalive(self, c: Connection) -> None:
         if self.is_primary:
             c.ka_due = c.last_send_us + self.cfg.keepalive_us
             if c.ka_due <= self._now:
                 c.ka_due = self._now + self.cfg.keepalive_us
 
-    def _keepalive(self, c: _Conn) -> None:
+    def _keepalive(self, c: Connection) -> None:
         if not self.is_primary or not c.known or c.resync:
             c.ka_due = None
             return
@@ -991,7 +811,7 @@ class MessagingEndpoint:
             self._emit(c.remote, self._msg(c, MsgType.KEEP_ALIVE, {}))
         c.ka_due = c.last_send_us + self.cfg.keepalive_us
 
-    def _nack(self, c: _Conn) -> list[list]:
+    def _nack(self, c: Connection) -> list[list]:
         """Nack gaps: the primary on the remote connection, a backup on the local one
         (returns the local entries, batched by the caller into one NACK)."""
         cfg = self.cfg
@@ -1016,7 +836,7 @@ class MessagingEndpoint:
                 entries.append([c.remote, c.seq, int(c.role), rx.pvn, *missing])
         return entries
 
-    def _answer_remote_nack(self, c: _Conn, missing: list) -> None:
+    def _answer_remote_nack(self, c: Connection, missing: list) -> None:
         if not missing:                         # "where are you?": a fresh keep-alive
             self._emit(c.remote, self._msg(c, MsgType.KEEP_ALIVE, {}))
             return
@@ -1054,7 +874,7 @@ class MessagingEndpoint:
                             self._emit(self.group, m)
 
     # ----------------------------------------------------------- phase 2 (messaging) ---
-    def _send_npv(self, c: _Conn) -> None:
+    def _send_npv(self, c: Connection) -> None:
         if not (self.is_primary and c.resync):
             c.npv_due = None
             return
@@ -1062,7 +882,7 @@ class MessagingEndpoint:
                                        {"old_pvn": c.old_pvn, "last_delivered": c.delivered}))
         c.npv_due = self._now + self.cfg.npv_retry_us
 
-    def _answer_npv(self, c: _Conn, msg: Message) -> None:
+    def _answer_npv(self, c: Connection, msg: Message) -> None:
         """Remote side of phase 2 (line 38-41): flushed (see _new_remote_view); report
         the last byte delivered from, and the last byte sent to, the old primary's group."""
         c.to_reflect = c.last_remote_oi     # the old primary's last order info
@@ -1085,7 +905,7 @@ class MessagingEndpoint:
         if c.sent and c.rto_due is None:
             c.rto_due = self._now
 
-    def _resync(self, c: _Conn, resend_from: int, remote_sent_to: int) -> None:
+    def _resync(self, c: Connection, resend_from: int, remote_sent_to: int) -> None:
         """New primary: re-send from the log exactly the bytes the remote end lacks."""
         c.resync = False
         c.npv_due = None
@@ -1105,7 +925,7 @@ class MessagingEndpoint:
             self.phase2_pvn = None
 
     @staticmethod
-    def _cut_log(c: _Conn, resend_from: int) -> deque[tuple[int, bytes]]:
+    def _cut_log(c: Connection, resend_from: int) -> deque[tuple[int, bytes]]:
         """The logged (offset, data) from stream offset `resend_from` on; the rest is
         dropped. The new primary re-sends exactly these, one message each."""
         # msn 1 of the new view is always an empty message at the resend point: it tells
@@ -1124,8 +944,8 @@ class MessagingEndpoint:
     # ================================================================= intra-group ===
     def _handle_intra(self, msg: Message) -> None:
         t = msg.type
-        if t >= 20:
-            return          # membership's
+        if t in MEMBERSHIP_TYPES:
+            return          # membership's (phase 2 never travels intra-group)
         self.last_heard_us[msg.sender] = self._now
         if self.is_primary:
             if msg.sender not in self.backups:
@@ -1226,7 +1046,7 @@ class MessagingEndpoint:
         sec = self._own_section(floor)
         if sec is not None:
             self._emit(self.group, self._intra(
-                MsgType.ORDER_INFO, {"upto": _sec_end(sec)[1]},
+                MsgType.ORDER_INFO, {"upto": section_end(sec)[1]},
                 order_info=pack_trailer(0, sec, None)))
         self.oi_intra_due = self._now + self.cfg.order_info_intra_us
 
@@ -1288,7 +1108,7 @@ class MessagingEndpoint:
             self._digest = zlib.crc32(repr(items).encode()) & 0x7FFFFFFF
         return self._digest
 
-    def _gc_sent(self, c: _Conn) -> None:
+    def _gc_sent(self, c: Connection) -> None:
         gw = c.remote_gw
         freed = False
         while c.sent and c.sent[0].ts <= gw:
@@ -1302,7 +1122,7 @@ class MessagingEndpoint:
                 c.rto_due = None
             self._flush(c)
 
-    def _gc_received(self, c: _Conn) -> None:
+    def _gc_received(self, c: Connection) -> None:
         gw = self.gw if not self.is_primary else self.group_watermark()
         while c.received and c.received[0].ts <= gw:
             c.received.popleft()
@@ -1322,24 +1142,24 @@ class MessagingEndpoint:
         except ValueError:
             return 0
 
-    def _conn(self, cid: ConnId) -> _Conn:
+    def _conn(self, cid: ConnId) -> Connection:
         c = self.conns.get(cid)
         if c is None:
             if len(self.conns) >= self.cfg.max_connections:
                 raise BufferFull("too many connections")
-            c = _Conn(cid)
+            c = Connection(cid)
             c.rto_us = self.cfg.retransmit_us
             self.conns[cid] = c
         return c
 
-    def _mark_known(self, c: _Conn) -> None:
+    def _mark_known(self, c: Connection) -> None:
         if not c.known:
             c.known = True
             self._digest_changed()
             if self.is_primary and c.ka_due is None:
                 self._arm_keepalive(c)
 
-    def _msg(self, c: _Conn, mtype: MsgType, body: dict, *, msn: int = 0,
+    def _msg(self, c: Connection, mtype: MsgType, body: dict, *, msn: int = 0,
              ack: int | None = None) -> Message:
         self.clock += 1
         rx = c.rx
@@ -1365,7 +1185,7 @@ class MessagingEndpoint:
                        back=self._back(c), ts=self.clock, body=body,
                        order_info=trailer)
 
-    def _back(self, c: _Conn) -> int:
+    def _back(self, c: Connection) -> int:
         b = self.group_watermark()
         if b > c.last_back:
             c.last_back = b
