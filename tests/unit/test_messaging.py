@@ -1,4 +1,4 @@
-"""Unit tests of the sans-IO messaging core (llft/protocol/messaging.py).
+"""Unit tests of the sans-IO messaging core (llft/protocol/messaging/).
 
 Most tests wire endpoints by hand (a tiny router below) so each rule of the paper is
 exercised exactly; the phase-2 and GC tests use the simulator kernel.
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from llft.protocol.messages import Message, MsgType, Role
-from llft.protocol.messaging import (RESPONDS_TO_FIRST_ACK, BufferFull, Deliver, DeliverOrderInfo,
-                            Duty, MessagingConfig, MessagingEndpoint, Opened, Phase2Done,
-                            ProtocolError, RecoveredOrderInfo, Resynced, Send,
-                            pack_trailer, unpack_trailer)
+from llft.protocol.messaging import (RESPONDS_TO_FIRST_ACK, BufferFull, Deliver,
+                                    DeliverOrderInfo, Duty, MessagingConfig, MessagingEndpoint,
+                                    Opened, Phase2Done, ProtocolError, RecoveredOrderInfo,
+                                    Resynced, Send, Timer, pack_trailer, unpack_trailer)
 from llft.sim.kernel import NetConfig, Sim
 
 CFG = MessagingConfig(max_payload_bytes=100)
@@ -159,7 +159,7 @@ def test_retransmission_until_acked_with_backoff():
     assert fa.ack == 1 and fa.dst_group == "A"
     p.handle_message(fa, 20_000)
     p.take_actions()
-    assert p.conns[CONN_A].rto_due is None
+    assert p.timers.due(Timer.RETRANSMIT, CONN_A) is None
 
 
 def test_first_ack_answered_only_by_backup_that_produced_the_message():
@@ -184,7 +184,8 @@ def test_first_ack_answered_only_by_backup_that_produced_the_message():
     # the SECOND_ACK stops FIRST_ACK retransmission, keep-alives follow
     q.handle_message(sa, 2_300)
     q.take_actions()
-    assert q.conns[CONN_B].fa_due is None and q.conns[CONN_B].ka_due is not None
+    assert (q.timers.due(Timer.FIRST_ACK, CONN_B) is None
+            and q.timers.due(Timer.KEEPALIVE, CONN_B) is not None)
 
 
 def test_lone_primary_answers_first_ack_itself():
@@ -210,7 +211,7 @@ def test_too_many_first_acks_throttle_the_primary_until_keepalive():
         (fa,) = sends(advance(q, t), MsgType.FIRST_ACK)
         p.handle_message(fa, t + 1)
         p.take_actions()
-    assert p.conns[CONN_A].throttled_until is not None
+    assert p.timers.due(Timer.THROTTLE_END, CONN_A) is not None
     p.send(CONN_A, b"held", now_us=t + 2)
     assert not sends(p.take_actions(), MsgType.REQUEST)     # slowed down
     ka = q._msg(q.conns[CONN_B], MsgType.KEEP_ALIVE, {})

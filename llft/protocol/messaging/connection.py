@@ -38,17 +38,13 @@ class Connection:
         self.remote_ack = 0
         self.remote_gw = 0                  # remotegroupwatermark
         self.rto_us = 0
-        self.rto_due: int | None = None
         self.fa_count = 0                   # FIRST_ACKs seen for our last msn
-        self.throttled_until: int | None = None
         self.last_send_us = 0
         self.sent_open = False
         self.resync = False                 # new primary: waiting NEW_PRIMARY_VIEW_ACK
         self.npv_answer: tuple[int, int, int] | None = None   # (remote pvn, low, sent_to)
         self.old_ts: int | None = None      # recv_ts frozen at a remote change of primary
-        self.solicit_due: int | None = None # primary: ask the remote primary for news
         self.solicit_after = 0              # not again before this time
-        self.npv_due: int | None = None
         self.old_pvn = 0
         # receiving side
         self.rx: ReceiveSequence | None = None
@@ -56,11 +52,8 @@ class Connection:
         self.delivered = 0                  # stream offset delivered
         self.received: deque[Message] = deque()   # delivered, kept until ts <= GW
         self.ahead: dict[int, bytes] = {}   # offset -> data beyond `delivered` (view change)
-        self.nack_due: int | None = None
         self.fa_pending = 0                 # FIRST_ACK ack value awaiting SECOND_ACK
-        self.fa_due: int | None = None
         self.fa_tries = 0
-        self.ka_due: int | None = None
         self.declared: tuple[int, int] = (0, 0)   # remote primary's (sent_upto, ts)
         self.to_reflect: list | None = None
         self.last_remote_oi: list | None = None   # newest order info the remote carried

@@ -133,6 +133,7 @@ from llft.protocol.messaging.actions import (Deliver, DeliverOrderInfo, Opened, 
 from llft.protocol.messaging.config import (INTRA_CONN_SEQ, BufferFull, ConnId,
                                             MessagingConfig, ProtocolError)
 from llft.protocol.messaging.connection import Connection, ReceiveSequence
+from llft.protocol.messaging.timers import CONNECTION_TIMERS, ENDPOINT_TIMERS, Timer, Timers
 from llft.protocol.messaging.rules import PRIMARY_ONLY_TYPES, RESPONDS_TO_FIRST_ACK, Duty
 from llft.protocol.messaging.trailer import pack_trailer, section_end, unpack_trailer
 
@@ -156,8 +157,7 @@ class MessagingEndpoint:
         self._digest: int | None = None
         self._actions: list[Any] = []
         self._now = 0
-        self.hb_due: int | None = None
-        self.report_due: int | None = None  # backup: early watermark report
+        self.timers = Timers()
         self.reported_w = 0
         self._gw_rose = False
         # order info, primary side
@@ -166,11 +166,9 @@ class MessagingEndpoint:
         self.oi_bytes = 0
         self.oi_reflected = 0
         self.oi_acks: dict[int, int] = {}
-        self.oi_intra_due: int | None = None
         # order info, backup side
         self.oi_delivered = 0
         self.oi_pending: dict[int, bytes] = {}
-        self.oi_ack_due: int | None = None
         self.oi_acked = 0
         self.phase2_pvn: int | None = None
         self.stats: dict[str, int] = {}
@@ -207,12 +205,11 @@ class MessagingEndpoint:
             self.oi_delivered = 0
             self.oi_pending.clear()
             self.oi_acked = 0
-            self.oi_ack_due = None
+            self.timers.clear(Timer.ORDER_INFO_ACK)
             if self.is_primary and not was_primary and old_pvn > 0:
                 self._become_primary(old_pvn)
         self._gc_order_info()
-        if self.hb_due is None:
-            self.hb_due = self._now
+        self.timers.arm(Timer.HEARTBEAT, None, self._now)
 
     def _become_primary(self, old_pvn: int) -> None:
         now = self._now
@@ -229,12 +226,12 @@ class MessagingEndpoint:
             c.sent.clear()
             c.sent_bytes = 0
             c.remote_ack = 0
-            c.rto_due = None
+            self.timers.clear(Timer.RETRANSMIT, c.cid)
             c.fa_count = 0
-            c.throttled_until = None
+            self.timers.clear(Timer.THROTTLE_END, c.cid)
             c.resync = True
             c.old_pvn = old_pvn
-            c.npv_due = now
+            self.timers.set(Timer.NEW_PRIMARY_VIEW, c.cid, now)
         if not self.conns:
             self._actions.append(Phase2Done(self.pvn))
             self.phase2_pvn = None
@@ -290,8 +287,8 @@ class MessagingEndpoint:
         if self.backups:
             self.oi_log.append((pos, bytes(chunk)))
             self.oi_bytes += len(chunk)
-            if self.oi_intra_due is None:
-                self.oi_intra_due = self._now + self.cfg.order_info_intra_us
+            self.timers.arm(Timer.ORDER_INFO_INTRA, None,
+                            self._now + self.cfg.order_info_intra_us)
         return pos
 
     def order_info_unprotected_bytes(self) -> int:
@@ -356,57 +353,53 @@ class MessagingEndpoint:
         return a
 
     def next_timer_us(self) -> int | None:
-        best = self.hb_due
-        for d in (self.oi_intra_due, self.oi_ack_due, self.report_due):
-            if d is not None and (best is None or d < best):
-                best = d
-        for c in self.conns.values():
-            for d in (c.rto_due, c.fa_due, c.ka_due, c.nack_due, c.npv_due,
-                      c.throttled_until, c.solicit_due):
-                if d is not None and (best is None or d < best):
-                    best = d
-        return best
+        return self.timers.next_us()
 
     def handle_timer(self, now_us: int) -> None:
+        """Fire every due timer, in the order of `Timer` (endpoint's, then per connection
+        in connection order); the backups' local nacks go out as one NACK."""
         self._now = now = max(self._now, now_us)
-        cfg = self.cfg
-        if self.hb_due is not None and self.hb_due <= now:
-            self._heartbeat()
-            self.hb_due = now + cfg.heartbeat_us if self.backups else None
-        if self.report_due is not None and self.report_due <= now:
-            self.report_due = None
-            if not self.is_primary and self.timestamp_watermark() > self.reported_w:
-                self._heartbeat()
-        if self.oi_intra_due is not None and self.oi_intra_due <= now:
-            self._order_info_intra()
-        if self.oi_ack_due is not None and self.oi_ack_due <= now:
-            self.oi_ack_due = None
-            self._order_info_ack()
+        for kind in ENDPOINT_TIMERS:
+            if self.timers.expired(kind, None, now):
+                getattr(self, _ENDPOINT_TIMER_HANDLERS[kind])()
         local_nacks: list[list] = []
         for c in self.conns.values():
-            if c.throttled_until is not None and c.throttled_until <= now:
-                c.throttled_until = None
-                c.fa_count = 0
-                self._flush(c)
-            if c.npv_due is not None and c.npv_due <= now:
-                self._send_npv(c)
-            if c.rto_due is not None and c.rto_due <= now:
-                self._retransmit(c)
-            if c.nack_due is not None and c.nack_due <= now:
-                local_nacks.extend(self._nack(c))
-            if c.fa_due is not None and c.fa_due <= now:
-                self._first_ack(c)
-            if c.ka_due is not None and c.ka_due <= now:
-                self._keepalive(c)
-            if c.solicit_due is not None and c.solicit_due <= now:
-                c.solicit_due = None
-                if self.is_primary and c.rx is not None and not c.resync:
-                    # an empty NACK: "where are you?" -- answered by a KEEP_ALIVE
-                    self._emit(c.remote, self._msg(c, MsgType.NACK, {"missing": []}))
-                    c.solicit_after = now + self.cfg.first_ack_retry_us
+            for kind in CONNECTION_TIMERS:
+                if self.timers.expired(kind, c.cid, now):
+                    if kind is Timer.NACK:
+                        local_nacks.extend(self._nack(c))
+                    else:
+                        getattr(self, _CONNECTION_TIMER_HANDLERS[kind])(c)
         if local_nacks:
             self._emit(self.group, self._intra(MsgType.NACK, {"missing": local_nacks}))
         self._after_event()
+
+    # ---- timer handlers (named in the tables at the end of this module) ----
+    def _heartbeat_due(self) -> None:
+        self._heartbeat()
+        self.timers.set(Timer.HEARTBEAT, None,
+                        self._now + self.cfg.heartbeat_us if self.backups else None)
+
+    def _watermark_report_due(self) -> None:
+        self.timers.clear(Timer.WATERMARK_REPORT)
+        if not self.is_primary and self.timestamp_watermark() > self.reported_w:
+            self._heartbeat()
+
+    def _order_info_ack_due(self) -> None:
+        self.timers.clear(Timer.ORDER_INFO_ACK)
+        self._order_info_ack()
+
+    def _throttle_end_due(self, c: Connection) -> None:
+        self.timers.clear(Timer.THROTTLE_END, c.cid)
+        c.fa_count = 0
+        self._flush(c)
+
+    def _solicit_due(self, c: Connection) -> None:
+        self.timers.clear(Timer.SOLICIT, c.cid)
+        if self.is_primary and c.rx is not None and not c.resync:
+            # an empty NACK: "where are you?" -- answered by a KEEP_ALIVE
+            self._emit(c.remote, self._msg(c, MsgType.NACK, {"missing": []}))
+            c.solicit_after = self._now + self.cfg.first_ack_retry_us
 
     def _after_event(self) -> None:
         """Watermark news: a backup reports a risen watermark soon; a primary whose group
@@ -420,12 +413,12 @@ class MessagingEndpoint:
                 soon = self._now + self.cfg.first_ack_delay_us
                 for c in self.conns.values():
                     if c.max_data_ts > c.last_back and gw > c.last_back and not c.resync:
-                        if c.ka_due is None or c.ka_due > soon:
-                            c.ka_due = soon
+                        self.timers.arm_earlier(Timer.KEEPALIVE, c.cid, soon)
                         c.ka_urgent = True
-        elif self.report_due is None and self.backups:
+        elif self.timers.due(Timer.WATERMARK_REPORT) is None and self.backups:
             if self.timestamp_watermark() > self.reported_w:
-                self.report_due = self._now + self.cfg.watermark_report_us
+                self.timers.set(Timer.WATERMARK_REPORT, None,
+                                self._now + self.cfg.watermark_report_us)
 
     def _solicit_pinning(self) -> None:
         """Received data our group watermark does not cover yet, because an idle
@@ -442,9 +435,9 @@ class MessagingEndpoint:
         for c in self.conns.values():
             rx = c.rx
             if (c.known and rx is not None and rx.ts < need and not rx.slots
-                    and c.solicit_due is None and self._now >= c.solicit_after
+                    and self.timers.due(Timer.SOLICIT, c.cid) is None and self._now >= c.solicit_after
                     and c.max_data_ts < rx.ts):     # idle: nothing of its own in flight
-                c.solicit_due = soon
+                self.timers.set(Timer.SOLICIT, c.cid, soon)
 
     def handle_message(self, msg: Message, now_us: int) -> None:
         self._now = max(self._now, now_us)
@@ -516,8 +509,8 @@ class MessagingEndpoint:
             if msg.ack > 0 and msg.ack == c.last_msn:
                 c.fa_count += 1
                 if (c.fa_count >= self.cfg.first_ack_slowdown and self.is_primary
-                        and self.backups and c.throttled_until is None):
-                    c.throttled_until = self._now + self.cfg.throttle_us
+                        and self.backups and self.timers.due(Timer.THROTTLE_END, c.cid) is None):
+                    self.timers.set(Timer.THROTTLE_END, c.cid, self._now + self.cfg.throttle_us)
                     self._count("throttled")
             duty = RESPONDS_TO_FIRST_ACK[(self.is_primary, bool(self.backups))]
             # "has our application produced the acked message?" -- by stream offset: the
@@ -530,7 +523,7 @@ class MessagingEndpoint:
             if self.is_primary:
                 if c.fa_pending and msg.ack >= c.fa_pending:
                     c.fa_pending = 0
-                    c.fa_due = None
+                    self.timers.clear(Timer.FIRST_ACK, c.cid)
                     c.fa_tries = 0
                     self._arm_keepalive(c)
             else:
@@ -543,8 +536,8 @@ class MessagingEndpoint:
                     self._expect(c, c.rx, msg.ack)
         elif t == MsgType.KEEP_ALIVE:
             c.fa_count = 0
-            if c.throttled_until is not None:
-                c.throttled_until = None
+            if self.timers.due(Timer.THROTTLE_END, c.cid) is not None:
+                self.timers.clear(Timer.THROTTLE_END, c.cid)
                 self._flush(c)
         elif t == MsgType.NACK:
             if self.is_primary:
@@ -603,7 +596,8 @@ class MessagingEndpoint:
             if a > c.remote_ack and a <= c.last_msn:
                 c.remote_ack = a
                 c.rto_us = self.cfg.retransmit_us
-                c.rto_due = (self._now + c.rto_us) if a < c.last_msn else None
+                self.timers.set(Timer.RETRANSMIT, c.cid,
+                                (self._now + c.rto_us) if a < c.last_msn else None)
 
     def _trim_log(self, c: Connection) -> None:
         """A backup does not know the timestamps its primary gave its messages, so it
@@ -665,8 +659,8 @@ class MessagingEndpoint:
                 rx.slots[k] = None
                 rx.nacks.add(k)
                 new = True
-        if new and c.nack_due is None:
-            c.nack_due = self._now + self.cfg.nack_delay_us
+        if new:
+            self.timers.arm(Timer.NACK, c.cid, self._now + self.cfg.nack_delay_us)
 
     def _advance(self, c: Connection, rx: ReceiveSequence) -> None:
         slots = rx.slots
@@ -703,8 +697,7 @@ class MessagingEndpoint:
             # only after a change of primary: bytes ahead of a gap wait (bounded)
             if len(c.ahead) < self.cfg.max_placeholders:
                 c.ahead[offset] = data
-            if c.nack_due is None:
-                c.nack_due = self._now + self.cfg.nack_delay_us
+            self.timers.arm(Timer.NACK, c.cid, self._now + self.cfg.nack_delay_us)
             return
         if offset < c.delivered:
             data = data[c.delivered - offset:]
@@ -722,7 +715,7 @@ class MessagingEndpoint:
     # ------------------------------------------------------------------- sending ---
     def _flush(self, c: Connection) -> None:
         """Send queued segments while the window, byte bound and throttle allow."""
-        if not self.is_primary or c.resync or c.throttled_until is not None:
+        if not self.is_primary or c.resync or self.timers.due(Timer.THROTTLE_END, c.cid) is not None:
             return
         cfg = self.cfg
         while c.queue and len(c.sent) < cfg.window_msgs:
@@ -739,27 +732,27 @@ class MessagingEndpoint:
             c.sent.append(msg)
             c.sent_bytes += len(data)
             self._emit(c.remote, msg)
-            if c.rto_due is None:
+            if self.timers.due(Timer.RETRANSMIT, c.cid) is None:
                 c.rto_us = cfg.retransmit_us
-                c.rto_due = self._now + c.rto_us
+                self.timers.set(Timer.RETRANSMIT, c.cid, self._now + c.rto_us)
             # data carries our ack: a pending FIRST_ACK is superseded
             c.fa_pending = 0
-            c.fa_due = None
+            self.timers.clear(Timer.FIRST_ACK, c.cid)
             c.fa_tries = 0
 
     def _retransmit(self, c: Connection) -> None:
         if not self.is_primary:
-            c.rto_due = None
+            self.timers.clear(Timer.RETRANSMIT, c.cid)
             return
         unacked = [m for m in c.sent if m.msn > c.remote_ack]
         if not unacked:
-            c.rto_due = None
+            self.timers.clear(Timer.RETRANSMIT, c.cid)
             return
         for m in unacked[: self.cfg.window_msgs]:
             self._emit(c.remote, self._refresh(c, m))
         self._count("retransmit", len(unacked))
         c.rto_us = min(max(c.rto_us, self.cfg.retransmit_us) * 2, self.cfg.retransmit_max_us)
-        c.rto_due = self._now + c.rto_us
+        self.timers.set(Timer.RETRANSMIT, c.cid, self._now + c.rto_us)
 
     def _refresh(self, c: Connection, m: Message) -> Message:
         """A retransmission: same msn, ts and data; fresh ack/back."""
@@ -776,40 +769,40 @@ class MessagingEndpoint:
             return
         if reflect or rx.upto > c.fa_pending or c.fa_pending == 0:
             due = self._now + delay_us
-            if c.fa_due is None or due < c.fa_due:
-                c.fa_due = due
+            self.timers.arm_earlier(Timer.FIRST_ACK, c.cid, due)
             c.fa_tries = 0
 
     def _first_ack(self, c: Connection) -> None:
         rx = c.rx
         if not self.is_primary or rx is None:
-            c.fa_due = None
+            self.timers.clear(Timer.FIRST_ACK, c.cid)
             return
         c.fa_pending = max(rx.upto, 1) if rx.upto else 0
         self._emit(c.remote, self._msg(c, MsgType.FIRST_ACK, {}))
         c.fa_tries += 1
         if c.fa_pending and c.fa_tries < self.cfg.first_ack_max_tries:
-            c.fa_due = self._now + self.cfg.first_ack_retry_us
+            self.timers.set(Timer.FIRST_ACK, c.cid, self._now + self.cfg.first_ack_retry_us)
         else:
-            c.fa_due = None
+            self.timers.clear(Timer.FIRST_ACK, c.cid)
             c.fa_pending = 0
             c.fa_tries = 0
             self._arm_keepalive(c)
 
     def _arm_keepalive(self, c: Connection) -> None:
         if self.is_primary:
-            c.ka_due = c.last_send_us + self.cfg.keepalive_us
-            if c.ka_due <= self._now:
-                c.ka_due = self._now + self.cfg.keepalive_us
+            due = c.last_send_us + self.cfg.keepalive_us
+            if due <= self._now:
+                due = self._now + self.cfg.keepalive_us
+            self.timers.set(Timer.KEEPALIVE, c.cid, due)
 
     def _keepalive(self, c: Connection) -> None:
         if not self.is_primary or not c.known or c.resync:
-            c.ka_due = None
+            self.timers.clear(Timer.KEEPALIVE, c.cid)
             return
         if c.ka_urgent or self._now - c.last_send_us >= self.cfg.keepalive_us:
             c.ka_urgent = False
             self._emit(c.remote, self._msg(c, MsgType.KEEP_ALIVE, {}))
-        c.ka_due = c.last_send_us + self.cfg.keepalive_us
+        self.timers.set(Timer.KEEPALIVE, c.cid, c.last_send_us + self.cfg.keepalive_us)
 
     def _nack(self, c: Connection) -> list[list]:
         """Nack gaps: the primary on the remote connection, a backup on the local one
@@ -820,12 +813,12 @@ class MessagingEndpoint:
         if not self.is_primary and c.ahead:
             # bytes of an old remote primary we never heard of: ask by stream offset
             entries.append([c.remote, c.seq, int(c.role), 0, c.delivered, min(c.ahead)])
-            c.nack_due = self._now + cfg.nack_retry_us
+            self.timers.set(Timer.NACK, c.cid, self._now + cfg.nack_retry_us)
         if not rxs:
             if not entries:
-                c.nack_due = None
+                self.timers.clear(Timer.NACK, c.cid)
             return entries
-        c.nack_due = self._now + cfg.nack_retry_us
+        self.timers.set(Timer.NACK, c.cid, self._now + cfg.nack_retry_us)
         for rx in rxs:
             missing = sorted(rx.nacks)[: cfg.max_nack_msns]
             self._count("nack_msns", len(missing))
@@ -876,11 +869,11 @@ class MessagingEndpoint:
     # ----------------------------------------------------------- phase 2 (messaging) ---
     def _send_npv(self, c: Connection) -> None:
         if not (self.is_primary and c.resync):
-            c.npv_due = None
+            self.timers.clear(Timer.NEW_PRIMARY_VIEW, c.cid)
             return
         self._emit(c.remote, self._msg(c, MsgType.NEW_PRIMARY_VIEW,
                                        {"old_pvn": c.old_pvn, "last_delivered": c.delivered}))
-        c.npv_due = self._now + self.cfg.npv_retry_us
+        self.timers.set(Timer.NEW_PRIMARY_VIEW, c.cid, self._now + self.cfg.npv_retry_us)
 
     def _answer_npv(self, c: Connection, msg: Message) -> None:
         """Remote side of phase 2 (line 38-41): flushed (see _new_remote_view); report
@@ -902,13 +895,13 @@ class MessagingEndpoint:
                                        {"last_delivered_from": low,
                                         "last_sent_to": sent_to}))
         # the new primary may lack our tail: make our unacked data go out again
-        if c.sent and c.rto_due is None:
-            c.rto_due = self._now
+        if c.sent and self.timers.due(Timer.RETRANSMIT, c.cid) is None:
+            self.timers.set(Timer.RETRANSMIT, c.cid, self._now)
 
     def _resync(self, c: Connection, resend_from: int, remote_sent_to: int) -> None:
         """New primary: re-send from the log exactly the bytes the remote end lacks."""
         c.resync = False
-        c.npv_due = None
+        self.timers.clear(Timer.NEW_PRIMARY_VIEW, c.cid)
         keep = self._cut_log(c, resend_from)
         if c.log and c.log[0][1] > resend_from:
             self._count("resync_gap")       # the log lost bytes the remote lacks
@@ -973,8 +966,8 @@ class MessagingEndpoint:
             tr = unpack_trailer(msg.order_info)
             if tr is not None and tr[1] is not None:
                 self._oi_accept(tr[1], "oi_via_intra")
-            if self.oi_ack_due is None:     # (re-)ack: the primary is still waiting
-                self.oi_ack_due = self._now + self.cfg.order_info_ack_us
+            # (re-)ack: the primary is still waiting
+            self.timers.arm(Timer.ORDER_INFO_ACK, None, self._now + self.cfg.order_info_ack_us)
 
     def _heartbeat(self) -> None:
         if not self.backups and self.is_primary:
@@ -1008,8 +1001,7 @@ class MessagingEndpoint:
             self._actions.append(DeliverOrderInfo(self.oi_delivered,
                                                   self.oi_pending.pop(self.oi_delivered),
                                                   self.pvn))
-            if self.oi_ack_due is None:
-                self.oi_ack_due = self._now + self.cfg.order_info_ack_us
+            self.timers.arm(Timer.ORDER_INFO_ACK, None, self._now + self.cfg.order_info_ack_us)
 
     def _order_info_ack(self) -> None:
         if self.is_primary:
@@ -1041,14 +1033,14 @@ class MessagingEndpoint:
     def _order_info_intra(self) -> None:
         floor = self._oi_floor()
         if not self.is_primary or floor >= self.oi_next - 1:
-            self.oi_intra_due = None
+            self.timers.clear(Timer.ORDER_INFO_INTRA)
             return
         sec = self._own_section(floor)
         if sec is not None:
             self._emit(self.group, self._intra(
                 MsgType.ORDER_INFO, {"upto": section_end(sec)[1]},
                 order_info=pack_trailer(0, sec, None)))
-        self.oi_intra_due = self._now + self.cfg.order_info_intra_us
+        self.timers.set(Timer.ORDER_INFO_INTRA, None, self._now + self.cfg.order_info_intra_us)
 
     def _gc_order_info(self) -> None:
         floor = self._oi_floor()
@@ -1056,7 +1048,7 @@ class MessagingEndpoint:
             _, ch = self.oi_log.popleft()
             self.oi_bytes -= len(ch)
         if not self.oi_log:
-            self.oi_intra_due = None
+            self.timers.clear(Timer.ORDER_INFO_INTRA)
 
     # ================================================================= watermarks ===
     def timestamp_watermark(self) -> int:
@@ -1119,7 +1111,7 @@ class MessagingEndpoint:
             if c.remote_ack < (c.sent[0].msn - 1 if c.sent else c.last_msn):
                 c.remote_ack = c.sent[0].msn - 1 if c.sent else c.last_msn
             if not any(m.msn > c.remote_ack for m in c.sent):
-                c.rto_due = None
+                self.timers.clear(Timer.RETRANSMIT, c.cid)
             self._flush(c)
 
     def _gc_received(self, c: Connection) -> None:
@@ -1156,7 +1148,7 @@ class MessagingEndpoint:
         if not c.known:
             c.known = True
             self._digest_changed()
-            if self.is_primary and c.ka_due is None:
+            if self.is_primary and self.timers.due(Timer.KEEPALIVE, c.cid) is None:
                 self._arm_keepalive(c)
 
     def _msg(self, c: Connection, mtype: MsgType, body: dict, *, msn: int = 0,
@@ -1206,8 +1198,8 @@ class MessagingEndpoint:
                 if msg.src_group == self.group else None
             if c is not None:
                 c.last_send_us = self._now
-                if c.ka_due is not None or c.known:
-                    c.ka_due = self._now + self.cfg.keepalive_us
+                if self.timers.due(Timer.KEEPALIVE, c.cid) is not None or c.known:
+                    self.timers.set(Timer.KEEPALIVE, c.cid, self._now + self.cfg.keepalive_us)
 
     def _count(self, key: str, n: int = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + n
@@ -1230,3 +1222,23 @@ class MessagingEndpoint:
                 if rx is not None:
                     out["placeholders"] += len(rx.slots)
         return out
+
+
+# What fires when a timer is due: method names (looked up at call time).
+_ENDPOINT_TIMER_HANDLERS = {
+    Timer.HEARTBEAT: "_heartbeat_due",
+    Timer.WATERMARK_REPORT: "_watermark_report_due",
+    Timer.ORDER_INFO_INTRA: "_order_info_intra",
+    Timer.ORDER_INFO_ACK: "_order_info_ack_due",
+}
+_CONNECTION_TIMER_HANDLERS = {
+    Timer.THROTTLE_END: "_throttle_end_due",
+    Timer.NEW_PRIMARY_VIEW: "_send_npv",
+    Timer.RETRANSMIT: "_retransmit",
+    Timer.NACK: "_nack",                # its local entries are batched by handle_timer
+    Timer.FIRST_ACK: "_first_ack",
+    Timer.KEEPALIVE: "_keepalive",
+    Timer.SOLICIT: "_solicit_due",
+}
+assert set(_ENDPOINT_TIMER_HANDLERS) == set(ENDPOINT_TIMERS)
+assert set(_CONNECTION_TIMER_HANDLERS) == set(CONNECTION_TIMERS)
