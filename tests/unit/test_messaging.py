@@ -151,7 +151,7 @@ def test_retransmission_until_acked_with_backoff():
     p.handle_timer(CFG.retransmit_us)
     (r1,) = sends(p.take_actions(), MsgType.REQUEST)
     assert (r1.msn, r1.ts, r1.body) == (m1.msn, m1.ts, m1.body)
-    assert p.conns[CONN_A].rto_us == 2 * CFG.retransmit_us      # backoff
+    assert p.conns[CONN_A].send.rto_us == 2 * CFG.retransmit_us      # backoff
     # the remote primary's FIRST_ACK acknowledges: no more retransmission
     q.handle_message(r1, CFG.retransmit_us + 10)
     q.take_actions()
@@ -390,16 +390,16 @@ def test_change_of_primary_resets_msns_and_resends_exactly_the_missing_bytes():
     assert any(isinstance(a_, Phase2Done) and a_.pvn == 2 for n, a_ in events if n == "b")
     rec = [a_ for n, a_ in events if n == "b" and isinstance(a_, RecoveredOrderInfo)]
     assert rec and rec[0].chunks == (b"oi-last",) and (rec[0].pvn, rec[0].first_pos) == (1, 1)
-    assert b.conns[CONN_A].next_msn - 1 <= len(data) // 100 + 1
-    assert q.conns[CONN_B].rx.pvn == 2
+    assert b.conns[CONN_A].send.next_msn - 1 <= len(data) // 100 + 1
+    assert q.conns[CONN_B].recv.view.pvn == 2
     # the remaining backup renumbered its log as the new primary re-sent it
     resent = {m.msn: m.body["offset"] for m in b_sent
               if m.type == MsgType.REQUEST and m.pvn == 2}
     assert min(resent) == 1 and resent[1] == resyncs[0].resend_from
     # the remaining backup trimmed its log by stream offset (its own cuts do not matter)
     c2 = b2.conns[CONN_A]
-    assert c2.log_bytes <= (CFG.window_msgs + 1) * CFG.max_payload_bytes
-    assert c2.remote_delivered == len(data)
+    assert c2.send.log_bytes <= (CFG.window_msgs + 1) * CFG.max_payload_bytes
+    assert c2.remote_view.delivered == len(data)
     # buffers shrink back once acknowledged
     for e in (b, q):
         sizes = e.buffer_sizes()
@@ -464,7 +464,7 @@ def test_gc_and_exactly_once_over_a_lossy_simulated_network():
         sizes.pop("log")
         assert sizes.pop("log_bytes") <= (CFG.window_msgs + 1) * CFG.max_payload_bytes
         assert all(v == 0 for v in sizes.values()), (e.birth_id, sizes)
-    assert a[4].buffer_sizes()["log"] > 0 and a[4].conns[CONN_A].log[0][1] > 0  # trimmed
+    assert a[4].buffer_sizes()["log"] > 0 and a[4].conns[CONN_A].send.log[0][1] > 0  # trimmed
 
 
 def test_remote_change_of_primary_caps_watermark_and_fills_gaps_by_offset():
@@ -503,4 +503,60 @@ def test_remote_change_of_primary_caps_watermark_and_fills_gaps_by_offset():
     qb.take_actions()
     qb.handle_message(resent[0], 1_200)
     assert delivered(qb.take_actions()) == b"b" * 100 + b"c" * 10
-    assert qb.conns[CONN_B].delivered == 210 and qb.timestamp_watermark() == 60
+    assert qb.conns[CONN_B].recv.delivered == 210 and qb.timestamp_watermark() == 60
+
+
+# --- the connection state machine, its invariants, snapshot/restore -----------------------
+def test_connection_transitions_are_the_written_ones():
+    from llft.protocol.messaging.connection import Connection, SendState
+    c = Connection(CONN_A, CFG.retransmit_us)
+    assert c.state is SendState.STREAMING and c.mark_known() and not c.mark_known()
+    c.throttle()
+    assert c.state is SendState.THROTTLED
+    with pytest.raises(AssertionError):
+        c.throttle()                                # THROTTLED -> THROTTLED is not one
+    c.unthrottle()
+    c.send.log.extend([(1, 0, b"ab"), (2, 2, b"cd")])
+    c.send.log_bytes = 4
+    c.begin_resync(old_pvn=1)
+    assert c.resyncing and c.send.next_msn == 1 and c.send.old_pvn == 1
+    c.check()
+    assert not c.end_resync(resend_from=3)          # the log had byte 3: no gap
+    assert c.state is SendState.STREAMING and list(c.send.queue) == [(3, b""), (3, b"d")]
+    c.check()
+
+
+def test_invariants_hold_after_every_event_of_a_lossy_failover_schedule(monkeypatch):
+    from llft.sim import messaging_check as mc
+    checked = [0]
+    for name in ("handle_message", "handle_timer", "send", "set_view", "add_order_info"):
+        orig = getattr(MessagingEndpoint, name)
+
+        def wrapped(self, *args, _orig=orig, **kw):
+            out = _orig(self, *args, **kw)
+            self.check()
+            checked[0] += 1
+            return out
+        monkeypatch.setattr(MessagingEndpoint, name, wrapped)
+    for i in range(3):
+        assert mc.Schedule(mc.schedule_seed(7, i), 0.2, 0.05, 0.1, 1.0).run() == []
+    assert checked[0] > 1000
+
+
+def test_snapshot_restores_connections_at_a_joining_backup():
+    p = ep("A", 1, [1], 1)
+    p.open("B", 1, Role.CLIENT)
+    p.send(CONN_A, b"x" * 250, 0)                   # three messages sent (window allows)
+    snap = p.snapshot()
+    assert snap["pvn"] == p.pvn and snap["oi_upto"] == 0
+    (s,) = snap["conns"]
+    assert (s["remote"], s["seq"], s["role"]) == ("B", 1, int(Role.CLIENT))
+    assert [m[:2] for m in s["log"]] == [[1, 0], [2, 100], [3, 200]]
+    assert s["out_offset"] == 250 and s["next_msn"] == 4
+    j = ep("A", 2, [1, 2], 1)
+    produced = j.restore(snap)
+    assert produced == {CONN_A: 250}
+    c = j.conns[CONN_A]
+    assert c.known and c.send.next_msn == 4 and c.send.log_bytes == 250
+    assert [d for _, _, d in c.send.log] == [b"x" * 100, b"x" * 100, b"x" * 50]
+    c.check()

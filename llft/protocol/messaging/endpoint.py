@@ -132,7 +132,7 @@ from llft.protocol.messaging.actions import (Deliver, DeliverOrderInfo, Opened, 
                                              RecoveredOrderInfo, Resynced)
 from llft.protocol.messaging.config import (INTRA_CONN_SEQ, BufferFull, ConnId,
                                             MessagingConfig, ProtocolError)
-from llft.protocol.messaging.connection import Connection, ReceiveSequence
+from llft.protocol.messaging.connection import Connection, ReceiveSequence, SendState
 from llft.protocol.messaging.timers import CONNECTION_TIMERS, ENDPOINT_TIMERS, Timer, Timers
 from llft.protocol.messaging.rules import PRIMARY_ONLY_TYPES, RESPONDS_TO_FIRST_ACK, Duty
 from llft.protocol.messaging.trailer import pack_trailer, section_end, unpack_trailer
@@ -222,15 +222,9 @@ class MessagingEndpoint:
         self.oi_pending.clear()
         self.phase2_pvn = self.pvn
         for c in self.conns.values():
-            c.next_msn = 1
-            c.sent.clear()
-            c.sent_bytes = 0
-            c.remote_ack = 0
+            c.begin_resync(old_pvn)
             self.timers.clear(Timer.RETRANSMIT, c.cid)
-            c.fa_count = 0
             self.timers.clear(Timer.THROTTLE_END, c.cid)
-            c.resync = True
-            c.old_pvn = old_pvn
             self.timers.set(Timer.NEW_PRIMARY_VIEW, c.cid, now)
         if not self.conns:
             self._actions.append(Phase2Done(self.pvn))
@@ -245,8 +239,8 @@ class MessagingEndpoint:
     def send_space(self, conn: ConnId) -> int:
         c = self.conns[conn]
         if self.is_primary:
-            return max(0, self.cfg.max_queue_bytes - c.queue_bytes)
-        return max(0, self.cfg.max_log_bytes - c.log_bytes)
+            return max(0, self.cfg.max_queue_bytes - c.send.queue_bytes)
+        return max(0, self.cfg.max_log_bytes - c.send.log_bytes)
 
     def send(self, conn: ConnId, data: bytes, now_us: int | None = None) -> int:
         """Accept up to send_space() bytes of the application's stream; returns how many.
@@ -259,13 +253,13 @@ class MessagingEndpoint:
         for i in range(0, n, step):
             seg = bytes(data[i:min(n, i + step)])
             if self.is_primary:
-                c.queue.append((c.out_offset, seg))
-                c.queue_bytes += len(seg)
+                c.send.queue.append((c.send.out_offset, seg))
+                c.send.queue_bytes += len(seg)
             else:
-                c.log.append((c.next_msn, c.out_offset, seg))
-                c.log_bytes += len(seg)
-                c.next_msn += 1
-            c.out_offset += len(seg)
+                c.send.log.append((c.send.next_msn, c.send.out_offset, seg))
+                c.send.log_bytes += len(seg)
+                c.send.next_msn += 1
+            c.send.out_offset += len(seg)
         if n:
             self._mark_known(c)
             if self.is_primary:
@@ -311,14 +305,14 @@ class MessagingEndpoint:
         plus the order-info position `oi_upto` this primary reached in view `pvn`."""
         conns = []
         for (remote, seq, role), c in self.conns.items():
-            rx = c.rx
-            log = [[m.msn, m.body["offset"], m.body["data"]] for m in c.sent]
-            log += [[c.next_msn + i, off, d] for i, (off, d) in enumerate(c.queue)]
+            rx = c.recv.view
+            log = [[m.msn, m.body["offset"], m.body["data"]] for m in c.send.sent]
+            log += [[c.send.next_msn + i, off, d] for i, (off, d) in enumerate(c.send.queue)]
             conns.append({"remote": remote, "seq": seq, "role": int(role),
                           "rx": [rx.pvn, rx.upto, rx.ts] if rx is not None else None,
-                          "delivered": c.delivered, "out_offset": c.out_offset,
-                          "next_msn": c.next_msn + len(c.queue), "log": log,
-                          "remote_delivered": c.remote_delivered})
+                          "delivered": c.recv.delivered, "out_offset": c.send.out_offset,
+                          "next_msn": c.send.next_msn + len(c.send.queue), "log": log,
+                          "remote_delivered": c.remote_view.delivered})
         return {"pvn": self.pvn, "oi_upto": self.oi_next - 1, "conns": conns}
 
     def restore(self, snapshot: dict) -> dict[ConnId, int]:
@@ -332,17 +326,17 @@ class MessagingEndpoint:
             c = self._conn(cid)
             if s["rx"] is not None:
                 pvn, upto, ts = s["rx"]
-                c.rx = ReceiveSequence(pvn)
-                c.rx.upto, c.rx.ts = upto, ts
-            c.delivered = s["delivered"]
-            c.out_offset = s["out_offset"]
-            c.next_msn = s["next_msn"]
-            c.log = deque((msn, off, data) for msn, off, data in s["log"])
-            c.log_bytes = sum(len(d) for _, _, d in s["log"])
-            c.remote_delivered = s["remote_delivered"]
-            c.known = True
+                c.recv.view = ReceiveSequence(pvn)
+                c.recv.view.upto, c.recv.view.ts = upto, ts
+            c.recv.delivered = s["delivered"]
+            c.send.out_offset = s["out_offset"]
+            c.send.next_msn = s["next_msn"]
+            c.send.log = deque((msn, off, data) for msn, off, data in s["log"])
+            c.send.log_bytes = sum(len(d) for _, _, d in s["log"])
+            c.remote_view.delivered = s["remote_delivered"]
+            c.mark_known()
             self._digest_changed()
-            produced[cid] = c.out_offset
+            produced[cid] = c.send.out_offset
         if snapshot["pvn"] == self.pvn:
             self.oi_delivered = snapshot["oi_upto"]   # positions of this view the log holds
         return produced
@@ -391,15 +385,15 @@ class MessagingEndpoint:
 
     def _throttle_end_due(self, c: Connection) -> None:
         self.timers.clear(Timer.THROTTLE_END, c.cid)
-        c.fa_count = 0
+        c.unthrottle()
         self._flush(c)
 
     def _solicit_due(self, c: Connection) -> None:
         self.timers.clear(Timer.SOLICIT, c.cid)
-        if self.is_primary and c.rx is not None and not c.resync:
+        if self.is_primary and c.recv.view is not None and not c.resyncing:
             # an empty NACK: "where are you?" -- answered by a KEEP_ALIVE
             self._emit(c.remote, self._msg(c, MsgType.NACK, {"missing": []}))
-            c.solicit_after = self._now + self.cfg.first_ack_retry_us
+            c.remote_view.solicit_after = self._now + self.cfg.first_ack_retry_us
 
     def _after_event(self) -> None:
         """Watermark news: a backup reports a risen watermark soon; a primary whose group
@@ -412,9 +406,10 @@ class MessagingEndpoint:
                 gw = self.gw
                 soon = self._now + self.cfg.first_ack_delay_us
                 for c in self.conns.values():
-                    if c.max_data_ts > c.last_back and gw > c.last_back and not c.resync:
+                    last_back = c.send.last_back
+                    if c.recv.max_data_ts > last_back and gw > last_back and not c.resyncing:
                         self.timers.arm_earlier(Timer.KEEPALIVE, c.cid, soon)
-                        c.ka_urgent = True
+                        c.send.ka_urgent = True
         elif self.timers.due(Timer.WATERMARK_REPORT) is None and self.backups:
             if self.timestamp_watermark() > self.reported_w:
                 self.timers.set(Timer.WATERMARK_REPORT, None,
@@ -427,16 +422,17 @@ class MessagingEndpoint:
         periodic keep-alive. Bounded: one request per connection per first_ack_retry_us."""
         need = 0
         for c in self.conns.values():
-            if c.received and c.received[-1].ts > need:
-                need = c.received[-1].ts
+            if c.recv.received and c.recv.received[-1].ts > need:
+                need = c.recv.received[-1].ts
         if not need or self.gw >= need:
             return
         soon = self._now + self.cfg.first_ack_delay_us
         for c in self.conns.values():
-            rx = c.rx
+            rx = c.recv.view
             if (c.known and rx is not None and rx.ts < need and not rx.slots
-                    and self.timers.due(Timer.SOLICIT, c.cid) is None and self._now >= c.solicit_after
-                    and c.max_data_ts < rx.ts):     # idle: nothing of its own in flight
+                    and self.timers.due(Timer.SOLICIT, c.cid) is None
+                    and self._now >= c.remote_view.solicit_after
+                    and c.recv.max_data_ts < rx.ts):     # idle: nothing of its own in flight
                 self.timers.set(Timer.SOLICIT, c.cid, soon)
 
     def handle_message(self, msg: Message, now_us: int) -> None:
@@ -474,12 +470,12 @@ class MessagingEndpoint:
         t = msg.type
         from_primary = t in PRIMARY_ONLY_TYPES
         if from_primary:
-            rx = c.rx
+            rx = c.recv.view
             if rx is not None and msg.pvn < rx.pvn:
-                old = c.rx_old
+                old = c.recv.old_view
                 if old is not None and msg.pvn == old.pvn and t in DATA_TYPES:
                     self._rx_data(c, old, msg)      # a backup filling the old view's gap
-                elif (t in DATA_TYPES and msg.body["offset"] <= c.delivered
+                elif (t in DATA_TYPES and msg.body["offset"] <= c.recv.delivered
                       < msg.body["offset"] + len(msg.body["data"])):
                     self._count("gap_fill")         # bytes asked for by offset
                     self._deliver(c, msg.body["offset"], msg.body["data"])
@@ -490,54 +486,56 @@ class MessagingEndpoint:
             if rx is None or msg.pvn > rx.pvn:
                 self._new_remote_view(c, msg.pvn, flush=(t == MsgType.NEW_PRIMARY_VIEW))
             self._mark_known(c)
-            if msg.back > c.remote_gw:
-                c.remote_gw = msg.back
+            if msg.back > c.remote_view.group_watermark:
+                c.remote_view.group_watermark = msg.back
                 self._gc_sent(c)
             if t != MsgType.NEW_PRIMARY_VIEW_ACK:
                 self._on_remote_ack(c, msg)
         trailer = unpack_trailer(msg.order_info)
         if from_primary and trailer is not None and trailer[4] is not None:
-            if trailer[4] > c.remote_delivered:
-                c.remote_delivered = trailer[4]
+            if trailer[4] > c.remote_view.delivered:
+                c.remote_view.delivered = trailer[4]
                 if not self.is_primary:
                     self._trim_log(c)
         if t in DATA_TYPES:
-            self._rx_data(c, c.rx, msg)
+            self._rx_data(c, c.recv.view, msg)
             if self.is_primary:
                 self._want_first_ack(c, self.cfg.first_ack_delay_us)
         elif t == MsgType.FIRST_ACK:
-            if msg.ack > 0 and msg.ack == c.last_msn:
-                c.fa_count += 1
-                if (c.fa_count >= self.cfg.first_ack_slowdown and self.is_primary
-                        and self.backups and self.timers.due(Timer.THROTTLE_END, c.cid) is None):
+            if msg.ack > 0 and msg.ack == c.send.last_msn:
+                c.send.fa_count += 1
+                if (c.send.fa_count >= self.cfg.first_ack_slowdown and self.is_primary
+                        and self.backups and c.state is SendState.STREAMING):
+                    c.throttle()
                     self.timers.set(Timer.THROTTLE_END, c.cid, self._now + self.cfg.throttle_us)
                     self._count("throttled")
             duty = RESPONDS_TO_FIRST_ACK[(self.is_primary, bool(self.backups))]
             # "has our application produced the acked message?" -- by stream offset: the
             # FIRST_ACK's trailer states how far the remote primary delivered our stream
             # (msns would not do: primary and backups cut the stream differently)
-            if (duty is Duty.SECOND_ACK and msg.ack > 0 and not c.resync
-                    and c.out_offset >= c.remote_delivered):
+            if (duty is Duty.SECOND_ACK and msg.ack > 0 and not c.resyncing
+                    and c.send.out_offset >= c.remote_view.delivered):
                 self._emit(c.remote, self._msg(c, MsgType.SECOND_ACK, {}, ack=msg.ack))
         elif t == MsgType.SECOND_ACK:
             if self.is_primary:
-                if c.fa_pending and msg.ack >= c.fa_pending:
-                    c.fa_pending = 0
+                if c.recv.fa_pending and msg.ack >= c.recv.fa_pending:
+                    c.recv.fa_pending = 0
                     self.timers.clear(Timer.FIRST_ACK, c.cid)
-                    c.fa_tries = 0
+                    c.recv.fa_tries = 0
                     self._arm_keepalive(c)
             else:
-                if c.rx is None:
+                if c.recv.view is None:
                     self._new_remote_view(c, msg.pvn, flush=False)
                 # line 72. The ack echoes a FIRST_ACK of our primary, which may still
                 # have counted in the remote's previous view: after a remote change of
                 # primary only the remote primary's own sent-up-to is trusted.
-                if msg.pvn == c.rx.pvn and not c.rx.after_change:
-                    self._expect(c, c.rx, msg.ack)
+                if msg.pvn == c.recv.view.pvn and not c.recv.view.after_change:
+                    self._expect(c, c.recv.view, msg.ack)
         elif t == MsgType.KEEP_ALIVE:
-            c.fa_count = 0
-            if self.timers.due(Timer.THROTTLE_END, c.cid) is not None:
+            c.send.fa_count = 0
+            if c.state is SendState.THROTTLED:
                 self.timers.clear(Timer.THROTTLE_END, c.cid)
+                c.unthrottle()
                 self._flush(c)
         elif t == MsgType.NACK:
             if self.is_primary:
@@ -546,28 +544,29 @@ class MessagingEndpoint:
             if self.is_primary:
                 self._answer_npv(c, msg)
         elif t == MsgType.NEW_PRIMARY_VIEW_ACK:
-            if self.is_primary and c.resync:
+            if self.is_primary and c.resyncing:
                 self._resync(c, msg.body["last_delivered_from"], msg.body["last_sent_to"])
         if trailer is not None:
             self._on_trailer(c, msg, trailer, from_primary)
 
     def _on_trailer(self, c: Connection, msg: Message, trailer, from_primary: bool) -> None:
         sent_upto, own, refl, others, _ = trailer
-        rx = c.rx
+        rx = c.recv.view
         if from_primary and rx is not None and msg.pvn == rx.pvn:
             if msg.type not in DATA_TYPES:
                 self._declared(c, rx, sent_upto, msg.ts)
             for seq, role, upto in others:
                 c2 = self.conns.get((msg.src_group, seq, Role(1 - role)))
-                if c2 is not None and c2.rx is not None and c2.rx.pvn == msg.pvn:
-                    self._declared(c2, c2.rx, upto, msg.ts)
+                if c2 is not None and c2.recv.view is not None and c2.recv.view.pvn == msg.pvn:
+                    self._declared(c2, c2.recv.view, upto, msg.ts)
             if own is not None and self.is_primary:
                 last = section_end(own)
-                lr = c.last_remote_oi
+                lr = c.remote_view.last_order_info
                 if lr is None or last >= section_end(lr):
-                    c.last_remote_oi = own
-                if c.to_reflect is None or last > section_end(c.to_reflect):
-                    c.to_reflect = own
+                    c.remote_view.last_order_info = own
+                refl_now = c.remote_view.to_reflect
+                if refl_now is None or last > section_end(refl_now):
+                    c.remote_view.to_reflect = own
                     self._want_first_ack(c, self.cfg.first_ack_delay_us, reflect=True)
         if refl is not None:
             if self.is_primary:
@@ -583,58 +582,58 @@ class MessagingEndpoint:
 
     def _declared(self, c: Connection, rx: ReceiveSequence, sent_upto: int, ts: int) -> None:
         """The remote primary had sent msns up to `sent_upto` on `c` when it stamped `ts`."""
-        if sent_upto >= c.declared[0] or ts > c.declared[1]:
-            c.declared = (max(sent_upto, c.declared[0]), max(ts, c.declared[1]))
+        if sent_upto >= c.recv.declared[0] or ts > c.recv.declared[1]:
+            c.recv.declared = (max(sent_upto, c.recv.declared[0]), max(ts, c.recv.declared[1]))
         self._expect(c, rx, sent_upto)
         self._advance_ts(c, rx)
 
     def _on_remote_ack(self, c: Connection, msg: Message) -> None:
         a = msg.ack
-        if msg.type != MsgType.FIRST_ACK and a != c.last_msn:
-            c.fa_count = 0
+        if msg.type != MsgType.FIRST_ACK and a != c.send.last_msn:
+            c.send.fa_count = 0
         if self.is_primary:
-            if a > c.remote_ack and a <= c.last_msn:
-                c.remote_ack = a
-                c.rto_us = self.cfg.retransmit_us
+            if a > c.send.remote_ack and a <= c.send.last_msn:
+                c.send.remote_ack = a
+                c.send.rto_us = self.cfg.retransmit_us
                 self.timers.set(Timer.RETRANSMIT, c.cid,
-                                (self._now + c.rto_us) if a < c.last_msn else None)
+                                (self._now + c.send.rto_us) if a < c.send.last_msn else None)
 
     def _trim_log(self, c: Connection) -> None:
         """A backup does not know the timestamps its primary gave its messages, so it
         cannot compare them with the remote group watermark. But the primary's sent list
         never holds more than window_msgs messages (window_bytes) past that watermark, so
         every byte below (remote primary's delivered offset - window_bytes) is covered."""
-        upto = c.remote_delivered - self.cfg.window_msgs * self.cfg.max_payload_bytes
-        while c.log and c.log[0][1] + len(c.log[0][2]) <= upto:
-            _, _, d = c.log.popleft()
-            c.log_bytes -= len(d)
+        upto = c.remote_view.delivered - self.cfg.window_msgs * self.cfg.max_payload_bytes
+        while c.send.log and c.send.log[0][1] + len(c.send.log[0][2]) <= upto:
+            _, _, d = c.send.log.popleft()
+            c.send.log_bytes -= len(d)
 
     def _new_remote_view(self, c: Connection, pvn: int, flush: bool) -> None:
-        old = c.rx
-        c.rx = ReceiveSequence(pvn)
-        c.rx.after_change = old is not None or pvn > 1
-        c.declared = (0, 0)
+        old = c.recv.view
+        c.recv.view = ReceiveSequence(pvn)
+        c.recv.view.after_change = old is not None or pvn > 1
+        c.recv.declared = (0, 0)
         if old is not None:
             # Until we have delivered up to where the new remote primary's stream starts,
             # we cannot vouch for old-view messages we never heard of: our watermark
             # contribution stays where the old view left it.
-            c.old_ts = old.ts if c.old_ts is None else min(c.old_ts, old.ts)
+            c.recv.old_ts = old.ts if c.recv.old_ts is None else min(c.recv.old_ts, old.ts)
         elif pvn > 1:
             # first contact in a later view: earlier primaries may have sent bytes we
             # never heard of (the new primary's msn-1 marker tells where it resumed)
-            c.old_ts = 0
+            c.recv.old_ts = 0
         self._digest_changed()
         if old is not None and old.slots and not flush and not self.is_primary:
-            c.rx_old = old          # a backup keeps filling the old view's gaps locally
+            c.recv.old_view = old          # a backup keeps filling the old view's gaps locally
         else:
-            c.rx_old = None
+            c.recv.old_view = None
 
     # ------------------------------------------------------------------ receiving ---
     def _rx_data(self, c: Connection, rx: ReceiveSequence, msg: Message) -> None:
         m = msg.msn
         if m <= rx.upto or rx.slots.get(m) is not None:
             self._count("dup_data")
-            if self.is_primary and rx is c.rx:      # our ack may be lost: re-ack soon
+            if self.is_primary and rx is c.recv.view:      # our ack may be lost: re-ack soon
                 self._want_first_ack(c, self.cfg.first_ack_delay_us, reflect=True)
             return
         if m > rx.upto + self.cfg.max_placeholders:
@@ -672,91 +671,93 @@ class MessagingEndpoint:
             rx.upto += 1
             if nxt.ts > rx.ts:
                 rx.ts = nxt.ts
-            if nxt.ts > c.max_data_ts:
-                c.max_data_ts = nxt.ts
-            c.received.append(nxt)
+            if nxt.ts > c.recv.max_data_ts:
+                c.recv.max_data_ts = nxt.ts
+            c.recv.received.append(nxt)
             self._deliver(c, nxt.body["offset"], nxt.body["data"])
         self._advance_ts(c, rx)
-        if c.rx_old is not None:
-            old = c.rx_old
-            if not old.slots or (c.rx.first_offset is not None
-                                 and c.delivered >= c.rx.first_offset):
-                c.rx_old = None
+        if c.recv.old_view is not None:
+            old = c.recv.old_view
+            if not old.slots or (c.recv.view.first_offset is not None
+                                 and c.recv.delivered >= c.recv.view.first_offset):
+                c.recv.old_view = None
         self._gc_received(c)
 
     def _advance_ts(self, c: Connection, rx: ReceiveSequence) -> None:
-        if rx is c.rx and not rx.slots and rx.upto >= c.declared[0] and c.declared[1] > rx.ts:
-            rx.ts = c.declared[1]
+        sent_upto, ts = c.recv.declared
+        if rx is c.recv.view and not rx.slots and rx.upto >= sent_upto and ts > rx.ts:
+            rx.ts = ts
 
     def _deliver(self, c: Connection, offset: int, data: bytes) -> None:
         end = offset + len(data)
-        if end <= c.delivered:
+        if end <= c.recv.delivered:
             self._count("dup_bytes")
             return
-        if offset > c.delivered:
+        if offset > c.recv.delivered:
             # only after a change of primary: bytes ahead of a gap wait (bounded)
-            if len(c.ahead) < self.cfg.max_placeholders:
-                c.ahead[offset] = data
+            if len(c.recv.ahead) < self.cfg.max_placeholders:
+                c.recv.ahead[offset] = data
             self.timers.arm(Timer.NACK, c.cid, self._now + self.cfg.nack_delay_us)
             return
-        if offset < c.delivered:
-            data = data[c.delivered - offset:]
-        self._actions.append(Deliver(c.cid, c.delivered, data))
-        c.delivered = end
-        while c.ahead:
-            ready = [o for o in c.ahead if o <= c.delivered]
+        if offset < c.recv.delivered:
+            data = data[c.recv.delivered - offset:]
+        self._actions.append(Deliver(c.cid, c.recv.delivered, data))
+        c.recv.delivered = end
+        while c.recv.ahead:
+            ready = [o for o in c.recv.ahead if o <= c.recv.delivered]
             if not ready:
                 break
             for o in ready:
-                d = c.ahead.pop(o)
-                if o + len(d) > c.delivered:
+                d = c.recv.ahead.pop(o)
+                if o + len(d) > c.recv.delivered:
                     self._deliver(c, o, d)
 
     # ------------------------------------------------------------------- sending ---
     def _flush(self, c: Connection) -> None:
         """Send queued segments while the window, byte bound and throttle allow."""
-        if not self.is_primary or c.resync or self.timers.due(Timer.THROTTLE_END, c.cid) is not None:
+        if not self.is_primary or c.state is not SendState.STREAMING:
             return
         cfg = self.cfg
-        while c.queue and len(c.sent) < cfg.window_msgs:
-            offset, data = c.queue.popleft()
-            c.queue_bytes -= len(data)
+        while c.send.queue and len(c.send.sent) < cfg.window_msgs:
+            offset, data = c.send.queue.popleft()
+            c.send.queue_bytes -= len(data)
             flags = 0
-            if not c.sent_open:
+            if not c.send.sent_open:
                 flags = STREAM_OPEN
-                c.sent_open = True
+                c.send.sent_open = True
             mtype = MsgType.REQUEST if c.role == Role.CLIENT else MsgType.REPLY
             msg = self._msg(c, mtype, {"offset": offset, "data": data, "flags": flags},
-                            msn=c.next_msn)
-            c.next_msn += 1
-            c.sent.append(msg)
-            c.sent_bytes += len(data)
+                            msn=c.send.next_msn)
+            c.send.next_msn += 1
+            c.send.sent.append(msg)
+            c.send.sent_bytes += len(data)
             self._emit(c.remote, msg)
             if self.timers.due(Timer.RETRANSMIT, c.cid) is None:
-                c.rto_us = cfg.retransmit_us
-                self.timers.set(Timer.RETRANSMIT, c.cid, self._now + c.rto_us)
+                c.send.rto_us = cfg.retransmit_us
+                self.timers.set(Timer.RETRANSMIT, c.cid, self._now + c.send.rto_us)
             # data carries our ack: a pending FIRST_ACK is superseded
-            c.fa_pending = 0
+            c.recv.fa_pending = 0
             self.timers.clear(Timer.FIRST_ACK, c.cid)
-            c.fa_tries = 0
+            c.recv.fa_tries = 0
 
     def _retransmit(self, c: Connection) -> None:
         if not self.is_primary:
             self.timers.clear(Timer.RETRANSMIT, c.cid)
             return
-        unacked = [m for m in c.sent if m.msn > c.remote_ack]
+        unacked = [m for m in c.send.sent if m.msn > c.send.remote_ack]
         if not unacked:
             self.timers.clear(Timer.RETRANSMIT, c.cid)
             return
         for m in unacked[: self.cfg.window_msgs]:
             self._emit(c.remote, self._refresh(c, m))
         self._count("retransmit", len(unacked))
-        c.rto_us = min(max(c.rto_us, self.cfg.retransmit_us) * 2, self.cfg.retransmit_max_us)
-        self.timers.set(Timer.RETRANSMIT, c.cid, self._now + c.rto_us)
+        c.send.rto_us = min(max(c.send.rto_us, self.cfg.retransmit_us) * 2,
+                            self.cfg.retransmit_max_us)
+        self.timers.set(Timer.RETRANSMIT, c.cid, self._now + c.send.rto_us)
 
     def _refresh(self, c: Connection, m: Message) -> Message:
         """A retransmission: same msn, ts and data; fresh ack/back."""
-        rx = c.rx
+        rx = c.recv.view
         return Message(type=m.type, src_group=m.src_group, dst_group=m.dst_group,
                        conn_seq=m.conn_seq, role=m.role, pvn=m.pvn,
                        precedence=m.precedence, sender=m.sender, msn=m.msn,
@@ -764,55 +765,55 @@ class MessagingEndpoint:
                        body=m.body, order_info=m.order_info)
 
     def _want_first_ack(self, c: Connection, delay_us: int, reflect: bool = False) -> None:
-        rx = c.rx
+        rx = c.recv.view
         if rx is None or not self.is_primary:
             return
-        if reflect or rx.upto > c.fa_pending or c.fa_pending == 0:
+        if reflect or rx.upto > c.recv.fa_pending or c.recv.fa_pending == 0:
             due = self._now + delay_us
             self.timers.arm_earlier(Timer.FIRST_ACK, c.cid, due)
-            c.fa_tries = 0
+            c.recv.fa_tries = 0
 
     def _first_ack(self, c: Connection) -> None:
-        rx = c.rx
+        rx = c.recv.view
         if not self.is_primary or rx is None:
             self.timers.clear(Timer.FIRST_ACK, c.cid)
             return
-        c.fa_pending = max(rx.upto, 1) if rx.upto else 0
+        c.recv.fa_pending = max(rx.upto, 1) if rx.upto else 0
         self._emit(c.remote, self._msg(c, MsgType.FIRST_ACK, {}))
-        c.fa_tries += 1
-        if c.fa_pending and c.fa_tries < self.cfg.first_ack_max_tries:
+        c.recv.fa_tries += 1
+        if c.recv.fa_pending and c.recv.fa_tries < self.cfg.first_ack_max_tries:
             self.timers.set(Timer.FIRST_ACK, c.cid, self._now + self.cfg.first_ack_retry_us)
         else:
             self.timers.clear(Timer.FIRST_ACK, c.cid)
-            c.fa_pending = 0
-            c.fa_tries = 0
+            c.recv.fa_pending = 0
+            c.recv.fa_tries = 0
             self._arm_keepalive(c)
 
     def _arm_keepalive(self, c: Connection) -> None:
         if self.is_primary:
-            due = c.last_send_us + self.cfg.keepalive_us
+            due = c.send.last_send_us + self.cfg.keepalive_us
             if due <= self._now:
                 due = self._now + self.cfg.keepalive_us
             self.timers.set(Timer.KEEPALIVE, c.cid, due)
 
     def _keepalive(self, c: Connection) -> None:
-        if not self.is_primary or not c.known or c.resync:
+        if not self.is_primary or not c.known or c.resyncing:
             self.timers.clear(Timer.KEEPALIVE, c.cid)
             return
-        if c.ka_urgent or self._now - c.last_send_us >= self.cfg.keepalive_us:
-            c.ka_urgent = False
+        if c.send.ka_urgent or self._now - c.send.last_send_us >= self.cfg.keepalive_us:
+            c.send.ka_urgent = False
             self._emit(c.remote, self._msg(c, MsgType.KEEP_ALIVE, {}))
-        self.timers.set(Timer.KEEPALIVE, c.cid, c.last_send_us + self.cfg.keepalive_us)
+        self.timers.set(Timer.KEEPALIVE, c.cid, c.send.last_send_us + self.cfg.keepalive_us)
 
     def _nack(self, c: Connection) -> list[list]:
         """Nack gaps: the primary on the remote connection, a backup on the local one
         (returns the local entries, batched by the caller into one NACK)."""
         cfg = self.cfg
         entries: list[list] = []
-        rxs = [r for r in (c.rx_old, c.rx) if r is not None and r.nacks]
-        if not self.is_primary and c.ahead:
+        rxs = [r for r in (c.recv.old_view, c.recv.view) if r is not None and r.nacks]
+        if not self.is_primary and c.recv.ahead:
             # bytes of an old remote primary we never heard of: ask by stream offset
-            entries.append([c.remote, c.seq, int(c.role), 0, c.delivered, min(c.ahead)])
+            entries.append([c.remote, c.seq, int(c.role), 0, c.recv.delivered, min(c.recv.ahead)])
             self.timers.set(Timer.NACK, c.cid, self._now + cfg.nack_retry_us)
         if not rxs:
             if not entries:
@@ -823,7 +824,7 @@ class MessagingEndpoint:
             missing = sorted(rx.nacks)[: cfg.max_nack_msns]
             self._count("nack_msns", len(missing))
             if self.is_primary:
-                if rx is c.rx:
+                if rx is c.recv.view:
                     self._emit(c.remote, self._msg(c, MsgType.NACK, {"missing": missing}))
             else:
                 entries.append([c.remote, c.seq, int(c.role), rx.pvn, *missing])
@@ -835,7 +836,7 @@ class MessagingEndpoint:
             return
         want = {m for m in missing if type(m) is int}
         n = 0
-        for m in c.sent:
+        for m in c.send.sent:
             if m.msn in want:
                 self._emit(c.remote, self._refresh(c, m))
                 n += 1
@@ -851,16 +852,16 @@ class MessagingEndpoint:
                 continue
             if len(e) == 6 and e[3] == 0 and type(e[4]) is int and type(e[5]) is int:
                 lo, hi = e[4], e[5]                 # a byte range, any remote view
-                for m in c.received:
+                for m in c.recv.received:
                     off = m.body["offset"]
                     if off < hi and off + len(m.body["data"]) > lo:
                         self._emit(self.group, m)
                 continue
             pvn, want = e[3], {m for m in e[4:] if type(m) is int}
-            for m in c.received:
+            for m in c.recv.received:
                 if m.pvn == pvn and m.msn in want:
                     self._emit(self.group, m)       # the remote primary's own message
-            for rx in (c.rx, c.rx_old):
+            for rx in (c.recv.view, c.recv.old_view):
                 if rx is not None and rx.pvn == pvn:
                     for k, m in rx.slots.items():
                         if m is not None and k in want:
@@ -868,71 +869,48 @@ class MessagingEndpoint:
 
     # ----------------------------------------------------------- phase 2 (messaging) ---
     def _send_npv(self, c: Connection) -> None:
-        if not (self.is_primary and c.resync):
+        if not (self.is_primary and c.resyncing):
             self.timers.clear(Timer.NEW_PRIMARY_VIEW, c.cid)
             return
         self._emit(c.remote, self._msg(c, MsgType.NEW_PRIMARY_VIEW,
-                                       {"old_pvn": c.old_pvn, "last_delivered": c.delivered}))
+                                       {"old_pvn": c.send.old_pvn,
+                                        "last_delivered": c.recv.delivered}))
         self.timers.set(Timer.NEW_PRIMARY_VIEW, c.cid, self._now + self.cfg.npv_retry_us)
 
     def _answer_npv(self, c: Connection, msg: Message) -> None:
         """Remote side of phase 2 (line 38-41): flushed (see _new_remote_view); report
         the last byte delivered from, and the last byte sent to, the old primary's group."""
-        c.to_reflect = c.last_remote_oi     # the old primary's last order info
+        c.remote_view.to_reflect = c.remote_view.last_order_info   # the old primary's last
         # Resend point: not just what we delivered, but the lowest offset a member of
         # our group may still lack (our received list holds exactly the messages the
         # group watermark has not yet covered), so that no backup of ours is left with
         # a gap if we fail too.
         # A repeated NEW_PRIMARY_VIEW (our answer was lost) gets the same answer: the
         # whole remote group numbers its log from it, and we may have collected since.
-        if c.npv_answer is None or c.npv_answer[0] != msg.pvn:
-            low = min([m.body["offset"] for m in c.received] + [c.delivered])
-            sent_to = (c.sent[-1].body["offset"] + len(c.sent[-1].body["data"]) if c.sent
-                       else (c.queue[0][0] if c.queue else c.out_offset))
-            c.npv_answer = (msg.pvn, low, sent_to)
-        _, low, sent_to = c.npv_answer
+        if c.remote_view.npv_answer is None or c.remote_view.npv_answer[0] != msg.pvn:
+            low = min([m.body["offset"] for m in c.recv.received] + [c.recv.delivered])
+            sent = c.send.sent
+            sent_to = (sent[-1].body["offset"] + len(sent[-1].body["data"]) if sent
+                       else (c.send.queue[0][0] if c.send.queue else c.send.out_offset))
+            c.remote_view.npv_answer = (msg.pvn, low, sent_to)
+        _, low, sent_to = c.remote_view.npv_answer
         self._emit(c.remote, self._msg(c, MsgType.NEW_PRIMARY_VIEW_ACK,
                                        {"last_delivered_from": low,
                                         "last_sent_to": sent_to}))
         # the new primary may lack our tail: make our unacked data go out again
-        if c.sent and self.timers.due(Timer.RETRANSMIT, c.cid) is None:
+        if c.send.sent and self.timers.due(Timer.RETRANSMIT, c.cid) is None:
             self.timers.set(Timer.RETRANSMIT, c.cid, self._now)
 
     def _resync(self, c: Connection, resend_from: int, remote_sent_to: int) -> None:
         """New primary: re-send from the log exactly the bytes the remote end lacks."""
-        c.resync = False
         self.timers.clear(Timer.NEW_PRIMARY_VIEW, c.cid)
-        keep = self._cut_log(c, resend_from)
-        if c.log and c.log[0][1] > resend_from:
+        if c.end_resync(resend_from):
             self._count("resync_gap")       # the log lost bytes the remote lacks
-        keep.extend(c.queue)
-        c.log.clear()
-        c.log_bytes = 0
-        c.queue = keep
-        c.queue_bytes = sum(len(d) for _, d in keep)
-        c.sent_open = True
         self._actions.append(Resynced(c.cid, resend_from, remote_sent_to))
         self._flush(c)
-        if self.phase2_pvn is not None and not any(x.resync for x in self.conns.values()):
+        if self.phase2_pvn is not None and not any(x.resyncing for x in self.conns.values()):
             self._actions.append(Phase2Done(self.phase2_pvn))
             self.phase2_pvn = None
-
-    @staticmethod
-    def _cut_log(c: Connection, resend_from: int) -> deque[tuple[int, bytes]]:
-        """The logged (offset, data) from stream offset `resend_from` on; the rest is
-        dropped. The new primary re-sends exactly these, one message each."""
-        # msn 1 of the new view is always an empty message at the resend point: it tells
-        # the remote group where our stream stands (members behind it ask for the rest),
-        # and it keeps the numbering identical at the new primary and at its backups
-        # whatever each of their applications has written so far
-        keep: deque[tuple[int, bytes]] = deque([(resend_from, b"")])
-        for _, off, data in c.log:
-            if off + len(data) <= resend_from:
-                continue
-            if off < resend_from:
-                data, off = data[resend_from - off:], resend_from
-            keep.append((off, data))
-        return keep
 
     # ================================================================= intra-group ===
     def _handle_intra(self, msg: Message) -> None:
@@ -1056,15 +1034,15 @@ class MessagingEndpoint:
         w = None
         for c in self.conns.values():
             if c.known:
-                ts = c.rx.ts if c.rx is not None else 0
-                if c.rx_old is not None or c.ahead:
+                ts = c.recv.view.ts if c.recv.view is not None else 0
+                if c.recv.old_view is not None or c.recv.ahead:
                     ts = 0          # a gap in the stream: nothing may be collected yet
-                elif c.old_ts is not None:
-                    first = c.rx.first_offset if c.rx is not None else None
-                    if first is not None and c.delivered >= first:
-                        c.old_ts = None     # caught up with the new remote primary
+                elif c.recv.old_ts is not None:
+                    first = c.recv.view.first_offset if c.recv.view is not None else None
+                    if first is not None and c.recv.delivered >= first:
+                        c.recv.old_ts = None     # caught up with the new remote primary
                     else:
-                        ts = min(ts, c.old_ts)
+                        ts = min(ts, c.recv.old_ts)
                 if w is None or ts < w:
                     w = ts
         return self.clock if w is None else w
@@ -1095,35 +1073,35 @@ class MessagingEndpoint:
     def digest(self) -> int:
         """Digest of the known connections and their remote views (HEARTBEAT `ack`)."""
         if self._digest is None:
-            items = sorted((c.remote, c.seq, int(c.role), c.rx.pvn if c.rx else -1)
+            items = sorted((c.remote, c.seq, int(c.role), c.recv.view.pvn if c.recv.view else -1)
                            for c in self.conns.values() if c.known)
             self._digest = zlib.crc32(repr(items).encode()) & 0x7FFFFFFF
         return self._digest
 
     def _gc_sent(self, c: Connection) -> None:
-        gw = c.remote_gw
+        gw = c.remote_view.group_watermark
         freed = False
-        while c.sent and c.sent[0].ts <= gw:
-            m = c.sent.popleft()
-            c.sent_bytes -= len(m.body["data"])
+        while c.send.sent and c.send.sent[0].ts <= gw:
+            m = c.send.sent.popleft()
+            c.send.sent_bytes -= len(m.body["data"])
             freed = True
         if freed:
-            if c.remote_ack < (c.sent[0].msn - 1 if c.sent else c.last_msn):
-                c.remote_ack = c.sent[0].msn - 1 if c.sent else c.last_msn
-            if not any(m.msn > c.remote_ack for m in c.sent):
+            if c.send.remote_ack < (c.send.sent[0].msn - 1 if c.send.sent else c.send.last_msn):
+                c.send.remote_ack = c.send.sent[0].msn - 1 if c.send.sent else c.send.last_msn
+            if not any(m.msn > c.send.remote_ack for m in c.send.sent):
                 self.timers.clear(Timer.RETRANSMIT, c.cid)
             self._flush(c)
 
     def _gc_received(self, c: Connection) -> None:
         gw = self.gw if not self.is_primary else self.group_watermark()
-        while c.received and c.received[0].ts <= gw:
-            c.received.popleft()
+        while c.recv.received and c.recv.received[0].ts <= gw:
+            c.recv.received.popleft()
 
     def _gc_all_received(self) -> None:
         gw = self.group_watermark()
         for c in self.conns.values():
-            while c.received and c.received[0].ts <= gw:
-                c.received.popleft()
+            while c.recv.received and c.recv.received[0].ts <= gw:
+                c.recv.received.popleft()
 
     # =================================================================== helpers ===
     def rank(self) -> int:
@@ -1139,14 +1117,12 @@ class MessagingEndpoint:
         if c is None:
             if len(self.conns) >= self.cfg.max_connections:
                 raise BufferFull("too many connections")
-            c = Connection(cid)
-            c.rto_us = self.cfg.retransmit_us
+            c = Connection(cid, self.cfg.retransmit_us)
             self.conns[cid] = c
         return c
 
     def _mark_known(self, c: Connection) -> None:
-        if not c.known:
-            c.known = True
+        if c.mark_known():
             self._digest_changed()
             if self.is_primary and self.timers.due(Timer.KEEPALIVE, c.cid) is None:
                 self._arm_keepalive(c)
@@ -1154,7 +1130,7 @@ class MessagingEndpoint:
     def _msg(self, c: Connection, mtype: MsgType, body: dict, *, msn: int = 0,
              ack: int | None = None) -> Message:
         self.clock += 1
-        rx = c.rx
+        rx = c.recv.view
         trailer = b""
         if mtype != MsgType.SECOND_ACK:
             own = None
@@ -1163,13 +1139,13 @@ class MessagingEndpoint:
             # a slow backup's backlog by the control traffic, fragments included.
             if mtype in DATA_TYPES and self.backups and self.oi_log:
                 own = self._own_section(max(self.oi_reflected, self._oi_floor()))
-            refl, c.to_reflect = c.to_reflect, None
-            sent_upto = msn if msn else (c.last_msn if not c.resync else 0)
+            refl, c.remote_view.to_reflect = c.remote_view.to_reflect, None
+            sent_upto = msn if msn else (c.send.last_msn if not c.resyncing else 0)
             # sent-up-to of our other connections to the same group: an idle one then
             # does not pin the remote watermark until its next keep-alive
-            others = [[x.seq, int(x.role), x.last_msn] for x in self.conns.values()
-                      if x.remote == c.remote and x is not c and x.known and not x.resync]
-            trailer = pack_trailer(sent_upto, own, refl, others, c.delivered)
+            others = [[x.seq, int(x.role), x.send.last_msn] for x in self.conns.values()
+                      if x.remote == c.remote and x is not c and x.known and not x.resyncing]
+            trailer = pack_trailer(sent_upto, own, refl, others, c.recv.delivered)
         return Message(type=mtype, src_group=self.group, dst_group=c.remote,
                        conn_seq=c.seq, role=c.role, pvn=self.pvn,
                        precedence=self.precedence, sender=self.birth_id, msn=msn,
@@ -1179,8 +1155,8 @@ class MessagingEndpoint:
 
     def _back(self, c: Connection) -> int:
         b = self.group_watermark()
-        if b > c.last_back:
-            c.last_back = b
+        if b > c.send.last_back:
+            c.send.last_back = b
         return b
 
     def _intra(self, mtype: MsgType, body: dict, *, back: int = 0, ack: int = 0,
@@ -1197,7 +1173,7 @@ class MessagingEndpoint:
             c = self.conns.get((msg.dst_group, msg.conn_seq, msg.role)) \
                 if msg.src_group == self.group else None
             if c is not None:
-                c.last_send_us = self._now
+                c.send.last_send_us = self._now
                 if self.timers.due(Timer.KEEPALIVE, c.cid) is not None or c.known:
                     self.timers.set(Timer.KEEPALIVE, c.cid, self._now + self.cfg.keepalive_us)
 
@@ -1205,6 +1181,18 @@ class MessagingEndpoint:
         self.stats[key] = self.stats.get(key, 0) + n
 
     # ============================================================ introspection ===
+    def check(self) -> None:
+        """Assert the invariants of every connection (connection.py) and the endpoint's
+        own: a connection is THROTTLED exactly while its THROTTLE_END timer is armed;
+        order info is held only at a primary with backups, below the position reached."""
+        for c in self.conns.values():
+            c.check()
+            throttled = c.state is SendState.THROTTLED
+            assert throttled == (self.timers.due(Timer.THROTTLE_END, c.cid) is not None), \
+                f"{c.cid}: THROTTLED and the THROTTLE_END timer disagree"
+        assert self.oi_bytes == sum(len(ch) for _, ch in self.oi_log), "oi_bytes"
+        assert all(pos < self.oi_next for pos, _ in self.oi_log), "order info beyond oi_next"
+
     def buffer_sizes(self) -> dict[str, int]:
         """What the endpoint holds (the simulator asserts bounds at quiescence)."""
         out = {"sent": 0, "queue": 0, "log": 0, "log_bytes": 0, "received": 0,
@@ -1212,13 +1200,13 @@ class MessagingEndpoint:
                "ahead": 0, "order_info": len(self.oi_log),
                "order_info_pending": len(self.oi_pending)}
         for c in self.conns.values():
-            out["sent"] += len(c.sent)
-            out["queue"] += len(c.queue)
-            out["log"] += len(c.log)
-            out["log_bytes"] += c.log_bytes
-            out["received"] += len(c.received)
-            out["ahead"] += len(c.ahead)
-            for rx in (c.rx, c.rx_old):
+            out["sent"] += len(c.send.sent)
+            out["queue"] += len(c.send.queue)
+            out["log"] += len(c.send.log)
+            out["log_bytes"] += c.send.log_bytes
+            out["received"] += len(c.recv.received)
+            out["ahead"] += len(c.recv.ahead)
+            for rx in (c.recv.view, c.recv.old_view):
                 if rx is not None:
                     out["placeholders"] += len(rx.slots)
         return out

@@ -2,10 +2,10 @@
 
 The key is None for the endpoint's own timers and the connection's ConnId for the
 per-connection ones. A deadline is set, armed (set unless set), moved earlier
-(`arm_earlier`) or cleared; nothing else stores a time to act at. `next_us()` is the earliest deadline (the driver's next
-wake-up); `expired()` says whether a timer is due. The endpoint fires due timers in the
-order of `Timer` (endpoint timers first, then each connection's in connection order), so
-a run is the same whatever the registry's internal order.
+(`arm_earlier`) or cleared; nothing else stores a time to act at. `next_us()` is the
+earliest deadline (the driver's next wake-up); `expired()` says whether a timer is due.
+The endpoint fires due timers in the order of `Timer` (endpoint timers first, then each
+connection's in connection order), so a run does not depend on the registry's order.
 """
 from __future__ import annotations
 
