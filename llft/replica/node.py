@@ -188,7 +188,7 @@ class ReplicaNode:
     def backups_hold_all_order_info(self) -> bool:
         """Every order-info entry this primary produced is acknowledged by every backup
         (nothing it would lose by leaving now)."""
-        return not self.messaging.oi_log
+        return self.messaging.order_info_held() == 0
 
     def order_info_delivered(self, pvn: int) -> int:
         """The highest order-info position of view `pvn` this replica holds (0: none)."""

@@ -295,7 +295,7 @@ def test_order_info_piggybacked_reflected_and_delivered_once_in_order():
     oi = [(x.pos, x.chunk) for x in acts if isinstance(x, DeliverOrderInfo)]
     assert oi == [(1, b"oi-1"), (2, b"oi-2")]
     p.handle_message(fa, 20)
-    assert p.oi_reflected == 2
+    assert p.order_info.reflected == 2
     p.send(CONN_A, b"more", now_us=30)
     (m2,) = sends(p.take_actions(), MsgType.REQUEST)
     assert unpack_trailer(m2.order_info)[1] is None     # reflected: no longer carried

@@ -132,6 +132,7 @@ from llft.protocol.messaging.actions import (Deliver, DeliverOrderInfo, Opened, 
                                              RecoveredOrderInfo, Resynced)
 from llft.protocol.messaging.config import (INTRA_CONN_SEQ, BufferFull, ConnId,
                                             MessagingConfig, ProtocolError)
+from llft.protocol.messaging.orderinfo_log import OrderInfoLog
 from llft.protocol.messaging.connection import Connection, ReceiveSequence, SendState
 from llft.protocol.messaging.timers import CONNECTION_TIMERS, ENDPOINT_TIMERS, Timer, Timers
 from llft.protocol.messaging.rules import PRIMARY_ONLY_TYPES, RESPONDS_TO_FIRST_ACK, Duty
@@ -161,15 +162,8 @@ class MessagingEndpoint:
         self.reported_w = 0
         self._gw_rose = False
         # order info, primary side
-        self.oi_next = 1
-        self.oi_log: deque[tuple[int, bytes]] = deque()
-        self.oi_bytes = 0
-        self.oi_reflected = 0
-        self.oi_acks: dict[int, int] = {}
+        self.order_info = OrderInfoLog(self.cfg)
         # order info, backup side
-        self.oi_delivered = 0
-        self.oi_pending: dict[int, bytes] = {}
-        self.oi_acked = 0
         self.phase2_pvn: int | None = None
         self.stats: dict[str, int] = {}
 
@@ -196,15 +190,12 @@ class MessagingEndpoint:
                         if b != primary_birth_id]
         for gone in set(self.reports) - set(self.backups):
             del self.reports[gone]
-        for gone in set(self.oi_acks) - set(self.backups):
-            del self.oi_acks[gone]
+        self.order_info.set_backups(self.backups)
         self._digest_changed()
         if pvn > old_pvn:
             self.pvn = pvn
             # order-info positions, like msns, restart at 1 in a new primary view
-            self.oi_delivered = 0
-            self.oi_pending.clear()
-            self.oi_acked = 0
+            self.order_info.new_view()
             self.timers.clear(Timer.ORDER_INFO_ACK)
             if self.is_primary and not was_primary and old_pvn > 0:
                 self._become_primary(old_pvn)
@@ -214,12 +205,7 @@ class MessagingEndpoint:
     def _become_primary(self, old_pvn: int) -> None:
         now = self._now
         self.reports.clear()
-        self.oi_acks.clear()
-        self.oi_next = 1
-        self.oi_reflected = 0
-        self.oi_log.clear()
-        self.oi_bytes = 0
-        self.oi_pending.clear()
+        self.order_info.become_primary()
         self.phase2_pvn = self.pvn
         for c in self.conns.values():
             c.begin_resync(old_pvn)
@@ -274,26 +260,27 @@ class MessagingEndpoint:
             self._now = max(self._now, now_us)
         if not self.is_primary:
             raise ProtocolError("only the primary produces order info")
-        if self.oi_bytes + len(chunk) > self.cfg.max_order_info_bytes:
-            raise BufferFull("order info not yet acknowledged by the backups")
-        pos = self.oi_next
-        self.oi_next += 1
+        pos = self.order_info.append(chunk)
         if self.backups:
-            self.oi_log.append((pos, bytes(chunk)))
-            self.oi_bytes += len(chunk)
             self.timers.arm(Timer.ORDER_INFO_INTRA, None,
                             self._now + self.cfg.order_info_intra_us)
         return pos
+
+    def order_info_held(self) -> int:
+        """Order-info chunks this primary keeps until every backup acknowledges them."""
+        return len(self.order_info.log)
+
+    @property
+    def oi_delivered(self) -> int:
+        """A backup: the order-info positions of this view delivered so far."""
+        return self.order_info.delivered
 
     def order_info_unprotected_bytes(self) -> int:
         """Order info that no backup-acknowledgment and no remote reflection covers yet:
         the next message to a remote group piggybacks it (up to max_piggyback_bytes).
         Output commit: a runtime hands output to `send` only while this fits in one
         piggyback, so every entry the output depends on travels with it or before it."""
-        if not self.is_primary or not self.backups or not self.oi_log:
-            return 0
-        lim = max(self.oi_reflected, self._oi_floor())
-        return sum(len(ch) for pos, ch in self.oi_log if pos > lim)
+        return self.order_info.unprotected_bytes() if self.is_primary else 0
 
     # =========================================================== snapshot/restore ===
     def snapshot(self) -> dict:
@@ -313,7 +300,7 @@ class MessagingEndpoint:
                           "delivered": c.recv.delivered, "out_offset": c.send.out_offset,
                           "next_msn": c.send.next_msn + len(c.send.queue), "log": log,
                           "remote_delivered": c.remote_view.delivered})
-        return {"pvn": self.pvn, "oi_upto": self.oi_next - 1, "conns": conns}
+        return {"pvn": self.pvn, "oi_upto": self.order_info.last_pos, "conns": conns}
 
     def restore(self, snapshot: dict) -> dict[ConnId, int]:
         """Install a primary's `snapshot()` at a joining backup, after `set_view`, as if
@@ -338,7 +325,8 @@ class MessagingEndpoint:
             self._digest_changed()
             produced[cid] = c.send.out_offset
         if snapshot["pvn"] == self.pvn:
-            self.oi_delivered = snapshot["oi_upto"]   # positions of this view the log holds
+            # positions of this view the joiner's log already holds
+            self.order_info.delivered = snapshot["oi_upto"]
         return produced
 
     # ============================================================ sans-IO surface ===
@@ -575,8 +563,8 @@ class MessagingEndpoint:
                                                             tuple(refl[2])))
                     return
                 pvn, last = section_end(refl)
-                if pvn == self.pvn and last > self.oi_reflected:
-                    self.oi_reflected = min(last, self.oi_next - 1)
+                if pvn == self.pvn:
+                    self.order_info.on_reflected(last)
             else:
                 self._oi_accept(refl, "oi_via_reflection")
 
@@ -927,8 +915,7 @@ class MessagingEndpoint:
             elif t == MsgType.NACK:
                 self._answer_local_nacks(msg.body["missing"])
             elif t == MsgType.ORDER_INFO and msg.pvn == self.pvn:
-                if msg.body["upto"] > self.oi_acks.get(msg.sender, 0):
-                    self.oi_acks[msg.sender] = min(msg.body["upto"], self.oi_next - 1)
+                if self.order_info.on_ack(msg.sender, msg.body["upto"]):
                     self._gc_order_info()
             return
         if msg.sender != self.primary_id or msg.pvn != self.pvn:
@@ -958,7 +945,7 @@ class MessagingEndpoint:
             self.reported_w = self.timestamp_watermark()
             self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": self.rank()},
                                                back=self.reported_w, ack=self.digest()))
-            if self.oi_acked != self.oi_delivered:
+            if self.order_info.acked != self.order_info.delivered:
                 self._order_info_ack()
 
     # ---------------------------------------------------------------- order info ---
@@ -966,54 +953,24 @@ class MessagingEndpoint:
         pvn, first, chunks = sec
         if self.is_primary or pvn != self.pvn:
             return          # order info of another primary view: not ours to deliver
-        for i, ch in enumerate(chunks):
-            pos = first + i
-            if pos <= self.oi_delivered:
-                continue
-            if pos - self.oi_delivered > self.cfg.max_order_info_pending:
-                break
-            self.oi_pending[pos] = ch
-        while self.oi_delivered + 1 in self.oi_pending:
-            self.oi_delivered += 1
+        for pos, chunk in self.order_info.accept(first, chunks):
             self._count(path)
-            self._actions.append(DeliverOrderInfo(self.oi_delivered,
-                                                  self.oi_pending.pop(self.oi_delivered),
-                                                  self.pvn))
+            self._actions.append(DeliverOrderInfo(pos, chunk, self.pvn))
             self.timers.arm(Timer.ORDER_INFO_ACK, None, self._now + self.cfg.order_info_ack_us)
 
     def _order_info_ack(self) -> None:
         if self.is_primary:
             return
-        self.oi_acked = self.oi_delivered
-        self._emit(self.group, self._intra(MsgType.ORDER_INFO, {"upto": self.oi_delivered}))
-
-    def _oi_floor(self) -> int:
-        """Positions every backup has acked."""
-        if not self.backups:
-            return self.oi_next - 1
-        return min(self.oi_acks.get(b, 0) for b in self.backups)
-
-    def _own_section(self, limit_from: int) -> list | None:
-        chunks: list[bytes] = []
-        first = 0
-        size = 0
-        for pos, ch in self.oi_log:
-            if pos <= limit_from:
-                continue
-            if chunks and size + len(ch) > self.cfg.max_piggyback_bytes:
-                break
-            if not chunks:
-                first = pos
-            chunks.append(ch)
-            size += len(ch)
-        return [self.pvn, first, chunks] if chunks else None
+        oi = self.order_info
+        oi.acked = oi.delivered
+        self._emit(self.group, self._intra(MsgType.ORDER_INFO, {"upto": oi.delivered}))
 
     def _order_info_intra(self) -> None:
-        floor = self._oi_floor()
-        if not self.is_primary or floor >= self.oi_next - 1:
+        floor = self.order_info.floor()
+        if not self.is_primary or floor >= self.order_info.last_pos:
             self.timers.clear(Timer.ORDER_INFO_INTRA)
             return
-        sec = self._own_section(floor)
+        sec = self.order_info.section(self.pvn, floor)
         if sec is not None:
             self._emit(self.group, self._intra(
                 MsgType.ORDER_INFO, {"upto": section_end(sec)[1]},
@@ -1021,11 +978,8 @@ class MessagingEndpoint:
         self.timers.set(Timer.ORDER_INFO_INTRA, None, self._now + self.cfg.order_info_intra_us)
 
     def _gc_order_info(self) -> None:
-        floor = self._oi_floor()
-        while self.oi_log and self.oi_log[0][0] <= floor:
-            _, ch = self.oi_log.popleft()
-            self.oi_bytes -= len(ch)
-        if not self.oi_log:
+        self.order_info.gc()
+        if not self.order_info.log:
             self.timers.clear(Timer.ORDER_INFO_INTRA)
 
     # ================================================================= watermarks ===
@@ -1137,8 +1091,8 @@ class MessagingEndpoint:
             # Order info rides on data messages only: they carry the output it protects
             # (output commit). Copying it onto every ack and keep-alive as well multiplied
             # a slow backup's backlog by the control traffic, fragments included.
-            if mtype in DATA_TYPES and self.backups and self.oi_log:
-                own = self._own_section(max(self.oi_reflected, self._oi_floor()))
+            if mtype in DATA_TYPES:
+                own = self.order_info.piggyback(self.pvn)
             refl, c.remote_view.to_reflect = c.remote_view.to_reflect, None
             sent_upto = msn if msn else (c.send.last_msn if not c.resyncing else 0)
             # sent-up-to of our other connections to the same group: an idle one then
@@ -1190,15 +1144,14 @@ class MessagingEndpoint:
             throttled = c.state is SendState.THROTTLED
             assert throttled == (self.timers.due(Timer.THROTTLE_END, c.cid) is not None), \
                 f"{c.cid}: THROTTLED and the THROTTLE_END timer disagree"
-        assert self.oi_bytes == sum(len(ch) for _, ch in self.oi_log), "oi_bytes"
-        assert all(pos < self.oi_next for pos, _ in self.oi_log), "order info beyond oi_next"
+        self.order_info.check()
 
     def buffer_sizes(self) -> dict[str, int]:
         """What the endpoint holds (the simulator asserts bounds at quiescence)."""
         out = {"sent": 0, "queue": 0, "log": 0, "log_bytes": 0, "received": 0,
                "placeholders": 0,
-               "ahead": 0, "order_info": len(self.oi_log),
-               "order_info_pending": len(self.oi_pending)}
+               "ahead": 0, "order_info": len(self.order_info.log),
+               "order_info_pending": len(self.order_info.pending)}
         for c in self.conns.values():
             out["sent"] += len(c.send.sent)
             out["queue"] += len(c.send.queue)
