@@ -134,7 +134,8 @@ from llft.protocol.messaging.config import (INTRA_CONN_SEQ, BufferFull, ConnId,
                                             MessagingConfig, ProtocolError)
 from llft.protocol.messaging.orderinfo_log import OrderInfoLog
 from llft.protocol.messaging.connection import Connection, ReceiveSequence, SendState
-from llft.protocol.messaging.timers import CONNECTION_TIMERS, ENDPOINT_TIMERS, Timer, Timers
+from llft.protocol.messaging.timers import (BACKUP_TIMERS, CONNECTION_TIMERS, ENDPOINT_TIMERS,
+                                            PRIMARY_TIMERS, Timer, Timers)
 from llft.protocol.messaging.rules import PRIMARY_ONLY_TYPES, RESPONDS_TO_FIRST_ACK, Duty
 from llft.protocol.messaging.trailer import pack_trailer, section_end, unpack_trailer
 
@@ -339,16 +340,23 @@ class MessagingEndpoint:
 
     def handle_timer(self, now_us: int) -> None:
         """Fire every due timer, in the order of `Timer` (endpoint's, then per connection
-        in connection order); the backups' local nacks go out as one NACK."""
+        in connection order); a timer of the other role (armed before a change of role)
+        is cleared; the backups' local nacks go out as one NACK."""
         self._now = now = max(self._now, now_us)
+        not_mine = BACKUP_TIMERS if self.is_primary else PRIMARY_TIMERS
         for kind in ENDPOINT_TIMERS:
             if self.timers.expired(kind, None, now):
-                getattr(self, _ENDPOINT_TIMER_HANDLERS[kind])()
+                if kind in not_mine:
+                    self.timers.clear(kind)         # armed in the other role
+                else:
+                    getattr(self, _ENDPOINT_TIMER_HANDLERS[kind])()
         local_nacks: list[list] = []
         for c in self.conns.values():
             for kind in CONNECTION_TIMERS:
                 if self.timers.expired(kind, c.cid, now):
-                    if kind is Timer.NACK:
+                    if kind in not_mine:
+                        self.timers.clear(kind, c.cid)
+                    elif kind is Timer.NACK:
                         local_nacks.extend(self._nack(c))
                     else:
                         getattr(self, _CONNECTION_TIMER_HANDLERS[kind])(c)
@@ -364,7 +372,7 @@ class MessagingEndpoint:
 
     def _watermark_report_due(self) -> None:
         self.timers.clear(Timer.WATERMARK_REPORT)
-        if not self.is_primary and self.timestamp_watermark() > self.reported_w:
+        if self.timestamp_watermark() > self.reported_w:
             self._heartbeat()
 
     def _order_info_ack_due(self) -> None:
@@ -378,7 +386,7 @@ class MessagingEndpoint:
 
     def _solicit_due(self, c: Connection) -> None:
         self.timers.clear(Timer.SOLICIT, c.cid)
-        if self.is_primary and c.recv.view is not None and not c.resyncing:
+        if c.recv.view is not None and not c.resyncing:
             # an empty NACK: "where are you?" -- answered by a KEEP_ALIVE
             self._emit(c.remote, self._msg(c, MsgType.NACK, {"missing": []}))
             c.remote_view.solicit_after = self._now + self.cfg.first_ack_retry_us
@@ -485,57 +493,65 @@ class MessagingEndpoint:
                 c.remote_view.delivered = trailer[4]
                 if not self.is_primary:
                     self._trim_log(c)
-        if t in DATA_TYPES:
-            self._rx_data(c, c.recv.view, msg)
-            if self.is_primary:
-                self._want_first_ack(c, self.cfg.first_ack_delay_us)
-        elif t == MsgType.FIRST_ACK:
-            if msg.ack > 0 and msg.ack == c.send.last_msn:
-                c.send.fa_count += 1
-                if (c.send.fa_count >= self.cfg.first_ack_slowdown and self.is_primary
-                        and self.backups and c.state is SendState.STREAMING):
-                    c.throttle()
-                    self.timers.set(Timer.THROTTLE_END, c.cid, self._now + self.cfg.throttle_us)
-                    self._count("throttled")
-            duty = RESPONDS_TO_FIRST_ACK[(self.is_primary, bool(self.backups))]
-            # "has our application produced the acked message?" -- by stream offset: the
-            # FIRST_ACK's trailer states how far the remote primary delivered our stream
-            # (msns would not do: primary and backups cut the stream differently)
-            if (duty is Duty.SECOND_ACK and msg.ack > 0 and not c.resyncing
-                    and c.send.out_offset >= c.remote_view.delivered):
-                self._emit(c.remote, self._msg(c, MsgType.SECOND_ACK, {}, ack=msg.ack))
-        elif t == MsgType.SECOND_ACK:
-            if self.is_primary:
-                if c.recv.fa_pending and msg.ack >= c.recv.fa_pending:
-                    c.recv.fa_pending = 0
-                    self.timers.clear(Timer.FIRST_ACK, c.cid)
-                    c.recv.fa_tries = 0
-                    self._arm_keepalive(c)
-            else:
-                if c.recv.view is None:
-                    self._new_remote_view(c, msg.pvn, flush=False)
-                # line 72. The ack echoes a FIRST_ACK of our primary, which may still
-                # have counted in the remote's previous view: after a remote change of
-                # primary only the remote primary's own sent-up-to is trusted.
-                if msg.pvn == c.recv.view.pvn and not c.recv.view.after_change:
-                    self._expect(c, c.recv.view, msg.ack)
-        elif t == MsgType.KEEP_ALIVE:
-            c.send.fa_count = 0
-            if c.state is SendState.THROTTLED:
-                self.timers.clear(Timer.THROTTLE_END, c.cid)
-                c.unthrottle()
-                self._flush(c)
-        elif t == MsgType.NACK:
-            if self.is_primary:
-                self._answer_remote_nack(c, msg.body["missing"])
-        elif t == MsgType.NEW_PRIMARY_VIEW:
-            if self.is_primary:
-                self._answer_npv(c, msg)
-        elif t == MsgType.NEW_PRIMARY_VIEW_ACK:
-            if self.is_primary and c.resyncing:
-                self._resync(c, msg.body["last_delivered_from"], msg.body["last_sent_to"])
+        handler = _INTER_GROUP_HANDLERS.get((t, self.is_primary))
+        if handler is not None:
+            getattr(self, handler)(c, msg)
         if trailer is not None:
             self._on_trailer(c, msg, trailer, from_primary)
+
+    # ---- inter-group handlers, by (type, role): the table at the end of this module ----
+    def _on_data(self, c: Connection, msg: Message) -> None:
+        self._rx_data(c, c.recv.view, msg)
+
+    def _on_data_at_primary(self, c: Connection, msg: Message) -> None:
+        self._rx_data(c, c.recv.view, msg)
+        self._want_first_ack(c, self.cfg.first_ack_delay_us)
+
+    def _on_first_ack(self, c: Connection, msg: Message) -> None:
+        if msg.ack > 0 and msg.ack == c.send.last_msn:
+            c.send.fa_count += 1
+            if (c.send.fa_count >= self.cfg.first_ack_slowdown and self.is_primary
+                    and self.backups and c.state is SendState.STREAMING):
+                c.throttle()
+                self.timers.set(Timer.THROTTLE_END, c.cid, self._now + self.cfg.throttle_us)
+                self._count("throttled")
+        duty = RESPONDS_TO_FIRST_ACK[(self.is_primary, bool(self.backups))]
+        # "has our application produced the acked message?" -- by stream offset: the
+        # FIRST_ACK's trailer states how far the remote primary delivered our stream
+        # (msns would not do: primary and backups cut the stream differently)
+        if (duty is Duty.SECOND_ACK and msg.ack > 0 and not c.resyncing
+                and c.send.out_offset >= c.remote_view.delivered):
+            self._emit(c.remote, self._msg(c, MsgType.SECOND_ACK, {}, ack=msg.ack))
+
+    def _on_second_ack_at_primary(self, c: Connection, msg: Message) -> None:
+        if c.recv.fa_pending and msg.ack >= c.recv.fa_pending:
+            c.recv.fa_pending = 0
+            self.timers.clear(Timer.FIRST_ACK, c.cid)
+            c.recv.fa_tries = 0
+            self._arm_keepalive(c)
+
+    def _on_second_ack_at_backup(self, c: Connection, msg: Message) -> None:
+        if c.recv.view is None:
+            self._new_remote_view(c, msg.pvn, flush=False)
+        # line 72. The ack echoes a FIRST_ACK of our primary, which may still have
+        # counted in the remote's previous view: after a remote change of primary only
+        # the remote primary's own sent-up-to is trusted.
+        if msg.pvn == c.recv.view.pvn and not c.recv.view.after_change:
+            self._expect(c, c.recv.view, msg.ack)
+
+    def _on_keepalive(self, c: Connection, msg: Message) -> None:
+        c.send.fa_count = 0
+        if c.state is SendState.THROTTLED:
+            self.timers.clear(Timer.THROTTLE_END, c.cid)
+            c.unthrottle()
+            self._flush(c)
+
+    def _on_remote_nack(self, c: Connection, msg: Message) -> None:
+        self._answer_remote_nack(c, msg.body["missing"])
+
+    def _on_npv_ack(self, c: Connection, msg: Message) -> None:
+        if c.resyncing:
+            self._resync(c, msg.body["last_delivered_from"], msg.body["last_sent_to"])
 
     def _on_trailer(self, c: Connection, msg: Message, trailer, from_primary: bool) -> None:
         sent_upto, own, refl, others, _ = trailer
@@ -729,9 +745,6 @@ class MessagingEndpoint:
             c.recv.fa_tries = 0
 
     def _retransmit(self, c: Connection) -> None:
-        if not self.is_primary:
-            self.timers.clear(Timer.RETRANSMIT, c.cid)
-            return
         unacked = [m for m in c.send.sent if m.msn > c.send.remote_ack]
         if not unacked:
             self.timers.clear(Timer.RETRANSMIT, c.cid)
@@ -763,7 +776,7 @@ class MessagingEndpoint:
 
     def _first_ack(self, c: Connection) -> None:
         rx = c.recv.view
-        if not self.is_primary or rx is None:
+        if rx is None:
             self.timers.clear(Timer.FIRST_ACK, c.cid)
             return
         c.recv.fa_pending = max(rx.upto, 1) if rx.upto else 0
@@ -785,7 +798,7 @@ class MessagingEndpoint:
             self.timers.set(Timer.KEEPALIVE, c.cid, due)
 
     def _keepalive(self, c: Connection) -> None:
-        if not self.is_primary or not c.known or c.resyncing:
+        if not c.known or c.resyncing:
             self.timers.clear(Timer.KEEPALIVE, c.cid)
             return
         if c.send.ka_urgent or self._now - c.send.last_send_us >= self.cfg.keepalive_us:
@@ -857,7 +870,7 @@ class MessagingEndpoint:
 
     # ----------------------------------------------------------- phase 2 (messaging) ---
     def _send_npv(self, c: Connection) -> None:
-        if not (self.is_primary and c.resyncing):
+        if not c.resyncing:
             self.timers.clear(Timer.NEW_PRIMARY_VIEW, c.cid)
             return
         self._emit(c.remote, self._msg(c, MsgType.NEW_PRIMARY_VIEW,
@@ -909,30 +922,38 @@ class MessagingEndpoint:
         if self.is_primary:
             if msg.sender not in self.backups:
                 return
-            if t == MsgType.HEARTBEAT:
-                self.reports[msg.sender] = (msg.back, msg.ack)
-                self._gc_all_received()
-            elif t == MsgType.NACK:
-                self._answer_local_nacks(msg.body["missing"])
-            elif t == MsgType.ORDER_INFO and msg.pvn == self.pvn:
-                if self.order_info.on_ack(msg.sender, msg.body["upto"]):
-                    self._gc_order_info()
+        elif msg.sender != self.primary_id or msg.pvn != self.pvn:
             return
-        if msg.sender != self.primary_id or msg.pvn != self.pvn:
-            return
-        if t == MsgType.HEARTBEAT:
-            # the primary's group watermark holds for the connections it knew (its
-            # digest in `ack`); a message on a connection we learned of later may have
-            # a lower ts, so only a watermark over our own set of connections counts
-            if msg.ack == self.digest() and msg.back > self.gw:
-                self.gw = msg.back
-                self._gc_all_received()
-        elif t == MsgType.ORDER_INFO:
-            tr = unpack_trailer(msg.order_info)
-            if tr is not None and tr[1] is not None:
-                self._oi_accept(tr[1], "oi_via_intra")
-            # (re-)ack: the primary is still waiting
-            self.timers.arm(Timer.ORDER_INFO_ACK, None, self._now + self.cfg.order_info_ack_us)
+        handler = _INTRA_GROUP_HANDLERS.get((t, self.is_primary))
+        if handler is not None:
+            getattr(self, handler)(msg)
+
+    # ---- intra-group handlers, by (type, role): the table at the end of this module ----
+    def _on_backup_heartbeat(self, msg: Message) -> None:
+        self.reports[msg.sender] = (msg.back, msg.ack)
+        self._gc_all_received()
+
+    def _on_local_nack(self, msg: Message) -> None:
+        self._answer_local_nacks(msg.body["missing"])
+
+    def _on_order_info_ack(self, msg: Message) -> None:
+        if msg.pvn == self.pvn and self.order_info.on_ack(msg.sender, msg.body["upto"]):
+            self._gc_order_info()
+
+    def _on_primary_heartbeat(self, msg: Message) -> None:
+        # the primary's group watermark holds for the connections it knew (its digest in
+        # `ack`); a message on a connection we learned of later may have a lower ts, so
+        # only a watermark over our own set of connections counts
+        if msg.ack == self.digest() and msg.back > self.gw:
+            self.gw = msg.back
+            self._gc_all_received()
+
+    def _on_order_info(self, msg: Message) -> None:
+        tr = unpack_trailer(msg.order_info)
+        if tr is not None and tr[1] is not None:
+            self._oi_accept(tr[1], "oi_via_intra")
+        # (re-)ack: the primary is still waiting
+        self.timers.arm(Timer.ORDER_INFO_ACK, None, self._now + self.cfg.order_info_ack_us)
 
     def _heartbeat(self) -> None:
         if not self.backups and self.is_primary:
@@ -959,15 +980,13 @@ class MessagingEndpoint:
             self.timers.arm(Timer.ORDER_INFO_ACK, None, self._now + self.cfg.order_info_ack_us)
 
     def _order_info_ack(self) -> None:
-        if self.is_primary:
-            return
         oi = self.order_info
         oi.acked = oi.delivered
         self._emit(self.group, self._intra(MsgType.ORDER_INFO, {"upto": oi.delivered}))
 
     def _order_info_intra(self) -> None:
         floor = self.order_info.floor()
-        if not self.is_primary or floor >= self.order_info.last_pos:
+        if floor >= self.order_info.last_pos:
             self.timers.clear(Timer.ORDER_INFO_INTRA)
             return
         sec = self.order_info.section(self.pvn, floor)
@@ -1164,6 +1183,32 @@ class MessagingEndpoint:
                     out["placeholders"] += len(rx.slots)
         return out
 
+
+# Primary and backup duties, as data: method names (looked up at call time), by
+# (message type, am_primary). A message not listed is not that role's business (for
+# inter-group messages the common part -- remote view, acks, trailer -- runs anyway).
+_INTER_GROUP_HANDLERS: dict[tuple[MsgType, bool], str] = {
+    (MsgType.REQUEST, True): "_on_data_at_primary",
+    (MsgType.REQUEST, False): "_on_data",
+    (MsgType.REPLY, True): "_on_data_at_primary",
+    (MsgType.REPLY, False): "_on_data",
+    (MsgType.FIRST_ACK, True): "_on_first_ack",
+    (MsgType.FIRST_ACK, False): "_on_first_ack",
+    (MsgType.SECOND_ACK, True): "_on_second_ack_at_primary",
+    (MsgType.SECOND_ACK, False): "_on_second_ack_at_backup",
+    (MsgType.KEEP_ALIVE, True): "_on_keepalive",
+    (MsgType.KEEP_ALIVE, False): "_on_keepalive",
+    (MsgType.NACK, True): "_on_remote_nack",
+    (MsgType.NEW_PRIMARY_VIEW, True): "_answer_npv",
+    (MsgType.NEW_PRIMARY_VIEW_ACK, True): "_on_npv_ack",
+}
+_INTRA_GROUP_HANDLERS: dict[tuple[MsgType, bool], str] = {
+    (MsgType.HEARTBEAT, True): "_on_backup_heartbeat",
+    (MsgType.NACK, True): "_on_local_nack",
+    (MsgType.ORDER_INFO, True): "_on_order_info_ack",
+    (MsgType.HEARTBEAT, False): "_on_primary_heartbeat",
+    (MsgType.ORDER_INFO, False): "_on_order_info",
+}
 
 # What fires when a timer is due: method names (looked up at call time).
 _ENDPOINT_TIMER_HANDLERS = {

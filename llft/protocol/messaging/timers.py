@@ -32,6 +32,11 @@ class Timer(enum.Enum):
 ENDPOINT_TIMERS = (Timer.HEARTBEAT, Timer.WATERMARK_REPORT, Timer.ORDER_INFO_INTRA,
                    Timer.ORDER_INFO_ACK)
 CONNECTION_TIMERS = tuple(t for t in Timer if t not in ENDPOINT_TIMERS)
+# whose duty each timer is (the others run in both roles: HEARTBEAT, THROTTLE_END, NACK);
+# one of the other role that comes due (armed before a change of role) is cleared
+PRIMARY_TIMERS = frozenset({Timer.ORDER_INFO_INTRA, Timer.NEW_PRIMARY_VIEW, Timer.RETRANSMIT,
+                            Timer.FIRST_ACK, Timer.KEEPALIVE, Timer.SOLICIT})
+BACKUP_TIMERS = frozenset({Timer.WATERMARK_REPORT, Timer.ORDER_INFO_ACK})
 
 
 class Timers:
