@@ -1,13 +1,13 @@
-"""The LLFT low-latency messaging protocol, as a sans-IO state machine.
+"""`MessagingEndpoint`: the LLFT messaging protocol of one replica, as a sans-IO state
+machine (the package's __init__ gives the map of its parts and the API).
 
 Theory of operation
 -------------------
-One `MessagingEndpoint` per replica. It owns the replica's end of every virtual
-connection of its group, identified as in the paper by (source group, destination group,
-connection sequence number, role); locally a connection is `ConnId = (remote_group,
-conn_seq, my_role)`. The group's *intra-group connection* (src_group == dst_group) carries
-heartbeats, order info and the backups' local nacks. Pseudocode line numbers below refer
-to the paper's messaging algorithm figure.
+The endpoint owns the replica's end of every virtual connection of its group
+(connection.py), one timer registry (timers.py) and the order-info log
+(orderinfo_log.py); it dispatches messages and timers to its handlers through tables
+at the end of this module, keyed by role where primary and backup differ. Pseudocode
+line numbers below refer to the paper's messaging algorithm figure.
 
 Roles. The primary multicasts data; a backup creates and logs the messages its own
 application produces, but never sends them (semi-active replication). Every member of a
@@ -69,19 +69,8 @@ the remote sender) discard messages it lacks; likewise a backup uses the primary
 watermark only when the primary's HEARTBEAT `ack` digest equals its own (a message on a
 connection learned later may carry a lower timestamp).
 
-Order info. The primary appends opaque chunks (`add_order_info`, positions 1, 2, ...
-in each primary view)
-and piggybacks the ones its backups have not acked and no remote primary has reflected
-on every inter-group message; a remote primary reflects what it received in its next
-message to the group; backups deliver chunks exactly once, in position order, from
-reflections or from ORDER_INFO on the intra-group connection (the path for order info
-with nothing to ride on, and for backups that missed a reflection) and ack them with
-ORDER_INFO(upto). The chunks and a sent-up-to msn travel in the `order_info` field as
-our *trailer*: msgpack [sent_upto, own | None, reflected | None, others, delivered], each
-section [pvn, first_pos, [chunk, ...]]; the chunks inside stay opaque (the determinizer's
-codec); `others` lists [conn_seq, role, sent_upto] of the sender's other connections to
-the same group, so that their recv_ts advance too; `delivered` is how far the sending
-primary has delivered the receiver's stream on this connection (stream offset).
+Order info (orderinfo_log.py) and the trailer that carries it with each message's
+sent-up-to, the sender's other connections and its delivered offset (trailer.py).
 
 Backups reason in stream offsets, never in msns: the agent reads the application's bytes
 in whatever chunks the socket gives it, so the primary and its backups cut the same
@@ -106,19 +95,8 @@ primary for the missing bytes by offset; until a member has delivered up to ther
 watermark stays where the old view left it. The precedence check of lines 18-20 and
 phase 1 belong to membership.
 
-API (the driver and membership use only this)
-    e = MessagingEndpoint(group, birth_id, MessagingConfig(...))
-    e.set_view(pvn, primary_birth_id, [(birth_id, precedence), ...], my_birth_id, now_us)
-    cid = e.open(remote_group, conn_seq, Role.CLIENT)   # remote-opened: Opened(cid)
-    e.send(cid, data, now_us) -> bytes accepted;  e.send_space(cid)
-    e.add_order_info(chunk, now_us) -> position   (primary; BufferFull at the bound)
-    e.handle_message(msg, now_us); e.handle_timer(now_us); e.next_timer_us();
-    e.take_actions() -> [Send | Deliver | DeliverOrderInfo | Opened | Resynced |
-                         RecoveredOrderInfo | Phase2Done]
-    e.buffer_sizes(), e.stats, e.last_heard_us (intra-group liveness, for membership)
-
-Bounds are in `MessagingConfig`; rules are in the tables `RESPONDS_TO_FIRST_ACK` and
-`PRIMARY_ONLY_TYPES`. No clock, no I/O, no randomness here.
+Bounds are in `MessagingConfig`; rules are in the tables of rules.py and the dispatch
+tables below. No clock, no I/O, no randomness here.
 """
 from __future__ import annotations
 
@@ -145,7 +123,7 @@ class MessagingEndpoint:
     def __init__(self, group: str, birth_id: int, config: MessagingConfig | None = None):
         self.group = group
         self.birth_id = birth_id
-        self.cfg = config or MessagingConfig()
+        self.config = config or MessagingConfig()
         self.pvn = 0
         self.primary_id = birth_id
         self.members: list[tuple[int, int]] = [(birth_id, 1)]
@@ -163,7 +141,7 @@ class MessagingEndpoint:
         self.reported_w = 0
         self._gw_rose = False
         # order info, primary side
-        self.order_info = OrderInfoLog(self.cfg)
+        self.order_info = OrderInfoLog(self.config)
         # order info, backup side
         self.phase2_pvn: int | None = None
         self.stats: dict[str, int] = {}
@@ -226,8 +204,8 @@ class MessagingEndpoint:
     def send_space(self, conn: ConnId) -> int:
         c = self.conns[conn]
         if self.is_primary:
-            return max(0, self.cfg.max_queue_bytes - c.send.queue_bytes)
-        return max(0, self.cfg.max_log_bytes - c.send.log_bytes)
+            return max(0, self.config.max_queue_bytes - c.send.queue_bytes)
+        return max(0, self.config.max_log_bytes - c.send.log_bytes)
 
     def send(self, conn: ConnId, data: bytes, now_us: int | None = None) -> int:
         """Accept up to send_space() bytes of the application's stream; returns how many.
@@ -236,7 +214,7 @@ class MessagingEndpoint:
             self._now = max(self._now, now_us)
         c = self._conn(conn)
         n = min(len(data), self.send_space(conn))
-        step = self.cfg.max_payload_bytes
+        step = self.config.max_payload_bytes
         for i in range(0, n, step):
             seg = bytes(data[i:min(n, i + step)])
             if self.is_primary:
@@ -264,7 +242,7 @@ class MessagingEndpoint:
         pos = self.order_info.append(chunk)
         if self.backups:
             self.timers.arm(Timer.ORDER_INFO_INTRA, None,
-                            self._now + self.cfg.order_info_intra_us)
+                            self._now + self.config.order_info_intra_us)
         return pos
 
     def order_info_held(self) -> int:
@@ -368,7 +346,7 @@ class MessagingEndpoint:
     def _heartbeat_due(self) -> None:
         self._heartbeat()
         self.timers.set(Timer.HEARTBEAT, None,
-                        self._now + self.cfg.heartbeat_us if self.backups else None)
+                        self._now + self.config.heartbeat_us if self.backups else None)
 
     def _watermark_report_due(self) -> None:
         self.timers.clear(Timer.WATERMARK_REPORT)
@@ -389,7 +367,7 @@ class MessagingEndpoint:
         if c.recv.view is not None and not c.resyncing:
             # an empty NACK: "where are you?" -- answered by a KEEP_ALIVE
             self._emit(c.remote, self._msg(c, MsgType.NACK, {"missing": []}))
-            c.remote_view.solicit_after = self._now + self.cfg.first_ack_retry_us
+            c.remote_view.solicit_after = self._now + self.config.first_ack_retry_us
 
     def _after_event(self) -> None:
         """Watermark news: a backup reports a risen watermark soon; a primary whose group
@@ -400,7 +378,7 @@ class MessagingEndpoint:
             if self._gw_rose:
                 self._gw_rose = False
                 gw = self.gw
-                soon = self._now + self.cfg.first_ack_delay_us
+                soon = self._now + self.config.first_ack_delay_us
                 for c in self.conns.values():
                     last_back = c.send.last_back
                     if c.recv.max_data_ts > last_back and gw > last_back and not c.resyncing:
@@ -409,7 +387,7 @@ class MessagingEndpoint:
         elif self.timers.due(Timer.WATERMARK_REPORT) is None and self.backups:
             if self.timestamp_watermark() > self.reported_w:
                 self.timers.set(Timer.WATERMARK_REPORT, None,
-                                self._now + self.cfg.watermark_report_us)
+                                self._now + self.config.watermark_report_us)
 
     def _solicit_pinning(self) -> None:
         """Received data our group watermark does not cover yet, because an idle
@@ -422,7 +400,7 @@ class MessagingEndpoint:
                 need = c.recv.received[-1].ts
         if not need or self.gw >= need:
             return
-        soon = self._now + self.cfg.first_ack_delay_us
+        soon = self._now + self.config.first_ack_delay_us
         for c in self.conns.values():
             rx = c.recv.view
             if (c.known and rx is not None and rx.ts < need and not rx.slots
@@ -451,7 +429,7 @@ class MessagingEndpoint:
         cid = (msg.src_group, msg.conn_seq, Role(1 - msg.role))
         c = self.conns.get(cid)
         if c is None:
-            if len(self.conns) >= self.cfg.max_connections:
+            if len(self.conns) >= self.config.max_connections:
                 self._count("conn_refused")
                 return
             c = self._conn(cid)
@@ -505,15 +483,15 @@ class MessagingEndpoint:
 
     def _on_data_at_primary(self, c: Connection, msg: Message) -> None:
         self._rx_data(c, c.recv.view, msg)
-        self._want_first_ack(c, self.cfg.first_ack_delay_us)
+        self._want_first_ack(c, self.config.first_ack_delay_us)
 
     def _on_first_ack(self, c: Connection, msg: Message) -> None:
         if msg.ack > 0 and msg.ack == c.send.last_msn:
             c.send.fa_count += 1
-            if (c.send.fa_count >= self.cfg.first_ack_slowdown and self.is_primary
+            if (c.send.fa_count >= self.config.first_ack_slowdown and self.is_primary
                     and self.backups and c.state is SendState.STREAMING):
                 c.throttle()
-                self.timers.set(Timer.THROTTLE_END, c.cid, self._now + self.cfg.throttle_us)
+                self.timers.set(Timer.THROTTLE_END, c.cid, self._now + self.config.throttle_us)
                 self._count("throttled")
         duty = RESPONDS_TO_FIRST_ACK[(self.is_primary, bool(self.backups))]
         # "has our application produced the acked message?" -- by stream offset: the
@@ -571,7 +549,7 @@ class MessagingEndpoint:
                 refl_now = c.remote_view.to_reflect
                 if refl_now is None or last > section_end(refl_now):
                     c.remote_view.to_reflect = own
-                    self._want_first_ack(c, self.cfg.first_ack_delay_us, reflect=True)
+                    self._want_first_ack(c, self.config.first_ack_delay_us, reflect=True)
         if refl is not None:
             if self.is_primary:
                 if msg.type == MsgType.NEW_PRIMARY_VIEW_ACK:
@@ -598,7 +576,7 @@ class MessagingEndpoint:
         if self.is_primary:
             if a > c.send.remote_ack and a <= c.send.last_msn:
                 c.send.remote_ack = a
-                c.send.rto_us = self.cfg.retransmit_us
+                c.send.rto_us = self.config.retransmit_us
                 self.timers.set(Timer.RETRANSMIT, c.cid,
                                 (self._now + c.send.rto_us) if a < c.send.last_msn else None)
 
@@ -607,7 +585,7 @@ class MessagingEndpoint:
         cannot compare them with the remote group watermark. But the primary's sent list
         never holds more than window_msgs messages (window_bytes) past that watermark, so
         every byte below (remote primary's delivered offset - window_bytes) is covered."""
-        upto = c.remote_view.delivered - self.cfg.window_msgs * self.cfg.max_payload_bytes
+        upto = c.remote_view.delivered - self.config.window_msgs * self.config.max_payload_bytes
         while c.send.log and c.send.log[0][1] + len(c.send.log[0][2]) <= upto:
             _, _, d = c.send.log.popleft()
             c.send.log_bytes -= len(d)
@@ -638,9 +616,9 @@ class MessagingEndpoint:
         if m <= rx.upto or rx.slots.get(m) is not None:
             self._count("dup_data")
             if self.is_primary and rx is c.recv.view:      # our ack may be lost: re-ack soon
-                self._want_first_ack(c, self.cfg.first_ack_delay_us, reflect=True)
+                self._want_first_ack(c, self.config.first_ack_delay_us, reflect=True)
             return
-        if m > rx.upto + self.cfg.max_placeholders:
+        if m > rx.upto + self.config.max_placeholders:
             self._count("beyond_window")
             return
         if rx.first_offset is None or msg.body["offset"] < rx.first_offset:
@@ -652,7 +630,7 @@ class MessagingEndpoint:
 
     def _expect(self, c: Connection, rx: ReceiveSequence, upto: int) -> None:
         """The remote primary sent everything up to msn `upto`: placeholders + nacks."""
-        top = min(upto, rx.upto + self.cfg.max_placeholders)
+        top = min(upto, rx.upto + self.config.max_placeholders)
         hi = max(rx.slots) if rx.slots else rx.upto
         if top <= hi and top <= rx.upto:
             return
@@ -663,7 +641,7 @@ class MessagingEndpoint:
                 rx.nacks.add(k)
                 new = True
         if new:
-            self.timers.arm(Timer.NACK, c.cid, self._now + self.cfg.nack_delay_us)
+            self.timers.arm(Timer.NACK, c.cid, self._now + self.config.nack_delay_us)
 
     def _advance(self, c: Connection, rx: ReceiveSequence) -> None:
         slots = rx.slots
@@ -699,9 +677,9 @@ class MessagingEndpoint:
             return
         if offset > c.recv.delivered:
             # only after a change of primary: bytes ahead of a gap wait (bounded)
-            if len(c.recv.ahead) < self.cfg.max_placeholders:
+            if len(c.recv.ahead) < self.config.max_placeholders:
                 c.recv.ahead[offset] = data
-            self.timers.arm(Timer.NACK, c.cid, self._now + self.cfg.nack_delay_us)
+            self.timers.arm(Timer.NACK, c.cid, self._now + self.config.nack_delay_us)
             return
         if offset < c.recv.delivered:
             data = data[c.recv.delivered - offset:]
@@ -721,8 +699,8 @@ class MessagingEndpoint:
         """Send queued segments while the window, byte bound and throttle allow."""
         if not self.is_primary or c.state is not SendState.STREAMING:
             return
-        cfg = self.cfg
-        while c.send.queue and len(c.send.sent) < cfg.window_msgs:
+        config = self.config
+        while c.send.queue and len(c.send.sent) < config.window_msgs:
             offset, data = c.send.queue.popleft()
             c.send.queue_bytes -= len(data)
             flags = 0
@@ -737,7 +715,7 @@ class MessagingEndpoint:
             c.send.sent_bytes += len(data)
             self._emit(c.remote, msg)
             if self.timers.due(Timer.RETRANSMIT, c.cid) is None:
-                c.send.rto_us = cfg.retransmit_us
+                c.send.rto_us = config.retransmit_us
                 self.timers.set(Timer.RETRANSMIT, c.cid, self._now + c.send.rto_us)
             # data carries our ack: a pending FIRST_ACK is superseded
             c.recv.fa_pending = 0
@@ -749,11 +727,11 @@ class MessagingEndpoint:
         if not unacked:
             self.timers.clear(Timer.RETRANSMIT, c.cid)
             return
-        for m in unacked[: self.cfg.window_msgs]:
+        for m in unacked[: self.config.window_msgs]:
             self._emit(c.remote, self._refresh(c, m))
         self._count("retransmit", len(unacked))
-        c.send.rto_us = min(max(c.send.rto_us, self.cfg.retransmit_us) * 2,
-                            self.cfg.retransmit_max_us)
+        c.send.rto_us = min(max(c.send.rto_us, self.config.retransmit_us) * 2,
+                            self.config.retransmit_max_us)
         self.timers.set(Timer.RETRANSMIT, c.cid, self._now + c.send.rto_us)
 
     def _refresh(self, c: Connection, m: Message) -> Message:
@@ -782,8 +760,8 @@ class MessagingEndpoint:
         c.recv.fa_pending = max(rx.upto, 1) if rx.upto else 0
         self._emit(c.remote, self._msg(c, MsgType.FIRST_ACK, {}))
         c.recv.fa_tries += 1
-        if c.recv.fa_pending and c.recv.fa_tries < self.cfg.first_ack_max_tries:
-            self.timers.set(Timer.FIRST_ACK, c.cid, self._now + self.cfg.first_ack_retry_us)
+        if c.recv.fa_pending and c.recv.fa_tries < self.config.first_ack_max_tries:
+            self.timers.set(Timer.FIRST_ACK, c.cid, self._now + self.config.first_ack_retry_us)
         else:
             self.timers.clear(Timer.FIRST_ACK, c.cid)
             c.recv.fa_pending = 0
@@ -792,37 +770,37 @@ class MessagingEndpoint:
 
     def _arm_keepalive(self, c: Connection) -> None:
         if self.is_primary:
-            due = c.send.last_send_us + self.cfg.keepalive_us
+            due = c.send.last_send_us + self.config.keepalive_us
             if due <= self._now:
-                due = self._now + self.cfg.keepalive_us
+                due = self._now + self.config.keepalive_us
             self.timers.set(Timer.KEEPALIVE, c.cid, due)
 
     def _keepalive(self, c: Connection) -> None:
         if not c.known or c.resyncing:
             self.timers.clear(Timer.KEEPALIVE, c.cid)
             return
-        if c.send.ka_urgent or self._now - c.send.last_send_us >= self.cfg.keepalive_us:
+        if c.send.ka_urgent or self._now - c.send.last_send_us >= self.config.keepalive_us:
             c.send.ka_urgent = False
             self._emit(c.remote, self._msg(c, MsgType.KEEP_ALIVE, {}))
-        self.timers.set(Timer.KEEPALIVE, c.cid, c.send.last_send_us + self.cfg.keepalive_us)
+        self.timers.set(Timer.KEEPALIVE, c.cid, c.send.last_send_us + self.config.keepalive_us)
 
     def _nack(self, c: Connection) -> list[list]:
         """Nack gaps: the primary on the remote connection, a backup on the local one
         (returns the local entries, batched by the caller into one NACK)."""
-        cfg = self.cfg
+        config = self.config
         entries: list[list] = []
         rxs = [r for r in (c.recv.old_view, c.recv.view) if r is not None and r.nacks]
         if not self.is_primary and c.recv.ahead:
             # bytes of an old remote primary we never heard of: ask by stream offset
             entries.append([c.remote, c.seq, int(c.role), 0, c.recv.delivered, min(c.recv.ahead)])
-            self.timers.set(Timer.NACK, c.cid, self._now + cfg.nack_retry_us)
+            self.timers.set(Timer.NACK, c.cid, self._now + config.nack_retry_us)
         if not rxs:
             if not entries:
                 self.timers.clear(Timer.NACK, c.cid)
             return entries
-        self.timers.set(Timer.NACK, c.cid, self._now + cfg.nack_retry_us)
+        self.timers.set(Timer.NACK, c.cid, self._now + config.nack_retry_us)
         for rx in rxs:
-            missing = sorted(rx.nacks)[: cfg.max_nack_msns]
+            missing = sorted(rx.nacks)[: config.max_nack_msns]
             self._count("nack_msns", len(missing))
             if self.is_primary:
                 if rx is c.recv.view:
@@ -876,7 +854,7 @@ class MessagingEndpoint:
         self._emit(c.remote, self._msg(c, MsgType.NEW_PRIMARY_VIEW,
                                        {"old_pvn": c.send.old_pvn,
                                         "last_delivered": c.recv.delivered}))
-        self.timers.set(Timer.NEW_PRIMARY_VIEW, c.cid, self._now + self.cfg.npv_retry_us)
+        self.timers.set(Timer.NEW_PRIMARY_VIEW, c.cid, self._now + self.config.npv_retry_us)
 
     def _answer_npv(self, c: Connection, msg: Message) -> None:
         """Remote side of phase 2 (line 38-41): flushed (see _new_remote_view); report
@@ -953,7 +931,7 @@ class MessagingEndpoint:
         if tr is not None and tr[1] is not None:
             self._oi_accept(tr[1], "oi_via_intra")
         # (re-)ack: the primary is still waiting
-        self.timers.arm(Timer.ORDER_INFO_ACK, None, self._now + self.cfg.order_info_ack_us)
+        self.timers.arm(Timer.ORDER_INFO_ACK, None, self._now + self.config.order_info_ack_us)
 
     def _heartbeat(self) -> None:
         if not self.backups and self.is_primary:
@@ -977,7 +955,7 @@ class MessagingEndpoint:
         for pos, chunk in self.order_info.accept(first, chunks):
             self._count(path)
             self._actions.append(DeliverOrderInfo(pos, chunk, self.pvn))
-            self.timers.arm(Timer.ORDER_INFO_ACK, None, self._now + self.cfg.order_info_ack_us)
+            self.timers.arm(Timer.ORDER_INFO_ACK, None, self._now + self.config.order_info_ack_us)
 
     def _order_info_ack(self) -> None:
         oi = self.order_info
@@ -994,7 +972,7 @@ class MessagingEndpoint:
             self._emit(self.group, self._intra(
                 MsgType.ORDER_INFO, {"upto": section_end(sec)[1]},
                 order_info=pack_trailer(0, sec, None)))
-        self.timers.set(Timer.ORDER_INFO_INTRA, None, self._now + self.cfg.order_info_intra_us)
+        self.timers.set(Timer.ORDER_INFO_INTRA, None, self._now + self.config.order_info_intra_us)
 
     def _gc_order_info(self) -> None:
         self.order_info.gc()
@@ -1088,9 +1066,9 @@ class MessagingEndpoint:
     def _conn(self, cid: ConnId) -> Connection:
         c = self.conns.get(cid)
         if c is None:
-            if len(self.conns) >= self.cfg.max_connections:
+            if len(self.conns) >= self.config.max_connections:
                 raise BufferFull("too many connections")
-            c = Connection(cid, self.cfg.retransmit_us)
+            c = Connection(cid, self.config.retransmit_us)
             self.conns[cid] = c
         return c
 
@@ -1148,7 +1126,7 @@ class MessagingEndpoint:
             if c is not None:
                 c.send.last_send_us = self._now
                 if self.timers.due(Timer.KEEPALIVE, c.cid) is not None or c.known:
-                    self.timers.set(Timer.KEEPALIVE, c.cid, self._now + self.cfg.keepalive_us)
+                    self.timers.set(Timer.KEEPALIVE, c.cid, self._now + self.config.keepalive_us)
 
     def _count(self, key: str, n: int = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + n
