@@ -210,7 +210,7 @@ class ReplicaNode:
             "precedence": me["precedence"] if me else None,
             "pvn": m.pvn, "primary": m.members[0].birth if m.members else None,
             "members": members,
-            "order_info": {"produced": e.oi_next - 1 if e.is_primary else None,
+            "order_info": {"produced": e.order_info_produced() if e.is_primary else None,
                            "delivered": self.order_info_delivered(m.pvn)},
             "stats": dict(self.stats),
         }

@@ -26,7 +26,7 @@ API (the driver, the replica node and membership use only this)
     cid = e.open(remote_group, conn_seq, Role.CLIENT)   # remote-opened: Opened(cid)
     e.send(cid, data, now_us) -> bytes accepted;  e.send_space(cid)
     e.add_order_info(chunk, now_us) -> position   (primary; BufferFull at the bound)
-    e.order_info_unprotected_bytes(), e.order_info_held()   (output commit, hand-over)
+    e.order_info_unprotected_bytes(), e.order_info_held(), e.order_info_produced()
     e.handle_message(msg, now_us); e.handle_timer(now_us); e.next_timer_us();
     e.take_actions() -> [Send | Deliver | DeliverOrderInfo | Opened | Resynced |
                          RecoveredOrderInfo | Phase2Done]

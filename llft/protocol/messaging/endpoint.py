@@ -249,6 +249,10 @@ class MessagingEndpoint:
         """Order-info chunks this primary keeps until every backup acknowledges them."""
         return len(self.order_info.log)
 
+    def order_info_produced(self) -> int:
+        """The last order-info position this primary produced in its view."""
+        return self.order_info.last_pos
+
     @property
     def oi_delivered(self) -> int:
         """A backup: the order-info positions of this view delivered so far."""
