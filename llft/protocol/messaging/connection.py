@@ -96,6 +96,19 @@ class SendSide:
     def last_msn(self) -> int:
         return self.next_msn - 1
 
+    def queue_segment(self, seg: bytes) -> None:
+        """Primary: the application's next bytes, to be sent as one message."""
+        self.queue.append((self.out_offset, seg))
+        self.queue_bytes += len(seg)
+        self.out_offset += len(seg)
+
+    def log_segment(self, seg: bytes) -> None:
+        """Backup: the application's next bytes, logged as the message it would send."""
+        self.log.append((self.next_msn, self.out_offset, seg))
+        self.log_bytes += len(seg)
+        self.next_msn += 1
+        self.out_offset += len(seg)
+
     def check(self) -> None:
         assert self.queue_bytes == sum(len(d) for _, d in self.queue), "queue_bytes"
         assert self.sent_bytes == sum(len(m.body["data"]) for m in self.sent), "sent_bytes"

@@ -110,12 +110,13 @@ from llft.protocol.messaging.actions import (Deliver, DeliverOrderInfo, Opened, 
                                              RecoveredOrderInfo, Resynced)
 from llft.protocol.messaging.config import (INTRA_CONN_SEQ, BufferFull, ConnId,
                                             MessagingConfig, ProtocolError)
-from llft.protocol.messaging.orderinfo_log import OrderInfoLog
 from llft.protocol.messaging.connection import Connection, ReceiveSequence, SendState
+from llft.protocol.messaging.orderinfo_log import OrderInfoLog
+from llft.protocol.messaging.rules import PRIMARY_ONLY_TYPES, RESPONDS_TO_FIRST_ACK, Duty
 from llft.protocol.messaging.timers import (BACKUP_TIMERS, CONNECTION_TIMERS, ENDPOINT_TIMERS,
                                             PRIMARY_TIMERS, Timer, Timers)
-from llft.protocol.messaging.rules import PRIMARY_ONLY_TYPES, RESPONDS_TO_FIRST_ACK, Duty
 from llft.protocol.messaging.trailer import pack_trailer, section_end, unpack_trailer
+
 
 class MessagingEndpoint:
     """The messaging core of one replica of `group` (see the module docstring)."""
@@ -138,12 +139,10 @@ class MessagingEndpoint:
         self._actions: list[Any] = []
         self._now = 0
         self.timers = Timers()
-        self.reported_w = 0
+        self.reported_w = 0                 # backup: watermark in our last HEARTBEAT
         self._gw_rose = False
-        # order info, primary side
         self.order_info = OrderInfoLog(self.config)
-        # order info, backup side
-        self.phase2_pvn: int | None = None
+        self.phase2_pvn: int | None = None  # new primary: the view whose phase 2 runs
         self.stats: dict[str, int] = {}
 
     # ======================================================================== views ===
@@ -218,13 +217,9 @@ class MessagingEndpoint:
         for i in range(0, n, step):
             seg = bytes(data[i:min(n, i + step)])
             if self.is_primary:
-                c.send.queue.append((c.send.out_offset, seg))
-                c.send.queue_bytes += len(seg)
+                c.send.queue_segment(seg)
             else:
-                c.send.log.append((c.send.next_msn, c.send.out_offset, seg))
-                c.send.log_bytes += len(seg)
-                c.send.next_msn += 1
-            c.send.out_offset += len(seg)
+                c.send.log_segment(seg)
         if n:
             self._mark_known(c)
             if self.is_primary:
