@@ -109,6 +109,20 @@ class SendSide:
         self.next_msn += 1
         self.out_offset += len(seg)
 
+    def drop_covered(self, group_watermark: int) -> bool:
+        """Sent messages every remote member has (ts <= the remote group watermark) go,
+        and count as acknowledged. True if any went."""
+        freed = False
+        while self.sent and self.sent[0].ts <= group_watermark:
+            m = self.sent.popleft()
+            self.sent_bytes -= len(m.body["data"])
+            freed = True
+        if freed:
+            covered = self.sent[0].msn - 1 if self.sent else self.last_msn
+            if self.remote_ack < covered:
+                self.remote_ack = covered
+        return freed
+
     def check(self) -> None:
         assert self.queue_bytes == sum(len(d) for _, d in self.queue), "queue_bytes"
         assert self.sent_bytes == sum(len(m.body["data"]) for m in self.sent), "sent_bytes"
@@ -136,6 +150,11 @@ class ReceiveSide:
         self.old_ts: int | None = None      # recv_ts frozen at a remote change of primary
         self.fa_pending = 0                 # FIRST_ACK ack value awaiting SECOND_ACK
         self.fa_tries = 0
+
+    def drop_received(self, group_watermark: int) -> None:
+        """Received messages every member of our group has (ts <= our group watermark)."""
+        while self.received and self.received[0].ts <= group_watermark:
+            self.received.popleft()
 
     def check(self) -> None:
         assert all(o > self.delivered for o in self.ahead), "ahead at or below delivered"

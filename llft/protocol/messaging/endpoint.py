@@ -1023,35 +1023,25 @@ class MessagingEndpoint:
     def digest(self) -> int:
         """Digest of the known connections and their remote views (HEARTBEAT `ack`)."""
         if self._digest is None:
-            items = sorted((c.remote, c.seq, int(c.role), c.recv.view.pvn if c.recv.view else -1)
+            items = sorted((c.remote, c.seq, int(c.role),
+                            c.recv.view.pvn if c.recv.view else -1)
                            for c in self.conns.values() if c.known)
             self._digest = zlib.crc32(repr(items).encode()) & 0x7FFFFFFF
         return self._digest
 
     def _gc_sent(self, c: Connection) -> None:
-        gw = c.remote_view.group_watermark
-        freed = False
-        while c.send.sent and c.send.sent[0].ts <= gw:
-            m = c.send.sent.popleft()
-            c.send.sent_bytes -= len(m.body["data"])
-            freed = True
-        if freed:
-            if c.send.remote_ack < (c.send.sent[0].msn - 1 if c.send.sent else c.send.last_msn):
-                c.send.remote_ack = c.send.sent[0].msn - 1 if c.send.sent else c.send.last_msn
+        if c.send.drop_covered(c.remote_view.group_watermark):
             if not any(m.msn > c.send.remote_ack for m in c.send.sent):
                 self.timers.clear(Timer.RETRANSMIT, c.cid)
             self._flush(c)
 
     def _gc_received(self, c: Connection) -> None:
-        gw = self.gw if not self.is_primary else self.group_watermark()
-        while c.recv.received and c.recv.received[0].ts <= gw:
-            c.recv.received.popleft()
+        c.recv.drop_received(self.gw if not self.is_primary else self.group_watermark())
 
     def _gc_all_received(self) -> None:
         gw = self.group_watermark()
         for c in self.conns.values():
-            while c.recv.received and c.recv.received[0].ts <= gw:
-                c.recv.received.popleft()
+            c.recv.drop_received(gw)
 
     # =================================================================== helpers ===
     def rank(self) -> int:
