@@ -560,3 +560,42 @@ def test_snapshot_restores_connections_at_a_joining_backup():
     assert c.known and c.send.next_msn == 4 and c.send.log_bytes == 250
     assert [d for _, _, d in c.send.log] == [b"x" * 100, b"x" * 100, b"x" * 50]
     c.check()
+
+
+def test_timer_registry():
+    from llft.protocol.messaging.timers import CONNECTION_TIMERS, ENDPOINT_TIMERS, Timers
+    assert set(ENDPOINT_TIMERS) | set(CONNECTION_TIMERS) == set(Timer)
+    t = Timers()
+    assert t.next_us() is None
+    t.arm(Timer.NACK, CONN_A, 50)
+    t.arm(Timer.NACK, CONN_A, 10)                   # armed already: unchanged
+    assert t.due(Timer.NACK, CONN_A) == 50
+    t.arm_earlier(Timer.NACK, CONN_A, 20)
+    t.arm_earlier(Timer.NACK, CONN_A, 30)           # later: unchanged
+    t.set(Timer.HEARTBEAT, None, 40)
+    assert t.due(Timer.NACK, CONN_A) == 20 and t.next_us() == 20
+    assert t.expired(Timer.NACK, CONN_A, 20) and not t.expired(Timer.HEARTBEAT, None, 20)
+    t.clear(Timer.NACK, CONN_A)
+    t.set(Timer.HEARTBEAT, None, None)
+    assert t.next_us() is None and len(t) == 0
+
+
+def test_order_info_log_delivers_in_order_once():
+    from llft.protocol.messaging.orderinfo_log import OrderInfoLog
+    log = OrderInfoLog(MessagingConfig(max_order_info_pending=3))
+    assert log.accept(2, [b"b", b"c"]) == []        # a gap at 1: held
+    assert log.accept(1, [b"a"]) == [(1, b"a"), (2, b"b"), (3, b"c")]
+    assert log.accept(1, [b"a", b"b"]) == []        # delivered already
+    assert log.accept(8, [b"h"]) == [] and not log.pending    # beyond the pending bound
+    log.check()
+    p = OrderInfoLog(MessagingConfig(max_piggyback_bytes=2))
+    p.set_backups([2, 3])
+    assert [p.append(x) for x in (b"x", b"y", b"z")] == [1, 2, 3]
+    assert p.piggyback(pvn=1) == [1, 1, [b"x", b"y"]] and p.unprotected_bytes() == 3
+    assert p.on_ack(2, 2) and not p.on_ack(2, 1)
+    p.gc()
+    assert len(p.log) == 3                          # backup 3 acked nothing yet
+    assert p.on_ack(3, 9) and p.acks[3] == 3        # never beyond the last position
+    p.gc()
+    assert [pos for pos, _ in p.log] == [3] and p.unprotected_bytes() == 1
+    p.check()

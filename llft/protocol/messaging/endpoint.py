@@ -440,6 +440,10 @@ class MessagingEndpoint:
 
     # ================================================================= inter-group ===
     def _handle_inter(self, c: Connection, msg: Message) -> None:
+        """A message from the remote group on `c`. First what every message of a remote
+        primary tells (its view, that the connection is live, its group watermark, its
+        ack, how far it delivered our stream), then the handler of this message type
+        for our role, then the trailer (sent-up-to, order info)."""
         t = msg.type
         from_primary = t in PRIMARY_ONLY_TYPES
         if from_primary:
