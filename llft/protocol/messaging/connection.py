@@ -61,6 +61,32 @@ class ReceiveSequence:
         self.first_offset: int | None = None
         self.after_change = False           # follows a remote change of primary
 
+    def expect(self, upto: int, max_placeholders: int) -> bool:
+        """The remote primary sent everything up to msn `upto`: placeholders (and nacks)
+        for what we lack, at most max_placeholders past `self.upto`. True if any is new."""
+        top = min(upto, self.upto + max_placeholders)
+        hi = max(self.slots) if self.slots else self.upto
+        if top <= hi and top <= self.upto:
+            return False
+        new = False
+        for k in range(self.upto + 1, top + 1):
+            if k not in self.slots:
+                self.slots[k] = None
+                self.nacks.add(k)
+                new = True
+        return new
+
+    def take_contiguous(self) -> list[Message]:
+        """The messages now in msn order without a gap, out of the slots."""
+        out = []
+        while (nxt := self.slots.get(self.upto + 1)) is not None:
+            del self.slots[self.upto + 1]
+            self.upto += 1
+            if nxt.ts > self.ts:
+                self.ts = nxt.ts
+            out.append(nxt)
+        return out
+
     def check(self) -> None:
         assert all(k > self.upto for k in self.slots), "slot at or below upto"
         assert all(self.slots.get(k, 1) is None for k in self.nacks), "nack of a held msn"
@@ -150,6 +176,42 @@ class ReceiveSide:
         self.old_ts: int | None = None      # recv_ts frozen at a remote change of primary
         self.fa_pending = 0                 # FIRST_ACK ack value awaiting SECOND_ACK
         self.fa_tries = 0
+
+    def new_view(self, pvn: int, keep_old_gaps: bool) -> None:
+        """The remote group has a new primary (view `pvn`)."""
+        old = self.view
+        self.view = ReceiveSequence(pvn)
+        self.view.after_change = old is not None or pvn > 1
+        self.declared = (0, 0)
+        if old is not None:
+            # Until we have delivered up to where the new remote primary's stream starts,
+            # we cannot vouch for old-view messages we never heard of: our watermark
+            # contribution stays where the old view left it.
+            self.old_ts = old.ts if self.old_ts is None else min(self.old_ts, old.ts)
+        elif pvn > 1:
+            # first contact in a later view: earlier primaries may have sent bytes we
+            # never heard of (the new primary's msn-1 marker tells where it resumed)
+            self.old_ts = 0
+        self.old_view = old if old is not None and old.slots and keep_old_gaps else None
+
+    def keep_received(self, m: Message) -> None:
+        """A message of the remote primary in order: kept until our group has it."""
+        if m.ts > self.max_data_ts:
+            self.max_data_ts = m.ts
+        self.received.append(m)
+
+    def advance_ts(self, seq: ReceiveSequence) -> None:
+        """recv_ts rises to the remote primary's declared ts once nothing is missing."""
+        sent_upto, ts = self.declared
+        if seq is self.view and not seq.slots and seq.upto >= sent_upto and ts > seq.ts:
+            seq.ts = ts
+
+    def drop_old_view_if_done(self) -> None:
+        old = self.old_view
+        if old is not None:
+            first = self.view.first_offset
+            if not old.slots or (first is not None and self.delivered >= first):
+                self.old_view = None
 
     def drop_received(self, group_watermark: int) -> None:
         """Received messages every member of our group has (ts <= our group watermark)."""

@@ -570,7 +570,7 @@ class MessagingEndpoint:
         if sent_upto >= c.recv.declared[0] or ts > c.recv.declared[1]:
             c.recv.declared = (max(sent_upto, c.recv.declared[0]), max(ts, c.recv.declared[1]))
         self._expect(c, rx, sent_upto)
-        self._advance_ts(c, rx)
+        c.recv.advance_ts(rx)
 
     def _on_remote_ack(self, c: Connection, msg: Message) -> None:
         a = msg.ack
@@ -594,24 +594,9 @@ class MessagingEndpoint:
             c.send.log_bytes -= len(d)
 
     def _new_remote_view(self, c: Connection, pvn: int, flush: bool) -> None:
-        old = c.recv.view
-        c.recv.view = ReceiveSequence(pvn)
-        c.recv.view.after_change = old is not None or pvn > 1
-        c.recv.declared = (0, 0)
-        if old is not None:
-            # Until we have delivered up to where the new remote primary's stream starts,
-            # we cannot vouch for old-view messages we never heard of: our watermark
-            # contribution stays where the old view left it.
-            c.recv.old_ts = old.ts if c.recv.old_ts is None else min(c.recv.old_ts, old.ts)
-        elif pvn > 1:
-            # first contact in a later view: earlier primaries may have sent bytes we
-            # never heard of (the new primary's msn-1 marker tells where it resumed)
-            c.recv.old_ts = 0
+        # a backup keeps filling the old view's gaps locally (unless phase 2 flushed it)
+        c.recv.new_view(pvn, keep_old_gaps=not flush and not self.is_primary)
         self._digest_changed()
-        if old is not None and old.slots and not flush and not self.is_primary:
-            c.recv.old_view = old          # a backup keeps filling the old view's gaps locally
-        else:
-            c.recv.old_view = None
 
     # ------------------------------------------------------------------ receiving ---
     def _rx_data(self, c: Connection, rx: ReceiveSequence, msg: Message) -> None:
@@ -633,45 +618,16 @@ class MessagingEndpoint:
 
     def _expect(self, c: Connection, rx: ReceiveSequence, upto: int) -> None:
         """The remote primary sent everything up to msn `upto`: placeholders + nacks."""
-        top = min(upto, rx.upto + self.config.max_placeholders)
-        hi = max(rx.slots) if rx.slots else rx.upto
-        if top <= hi and top <= rx.upto:
-            return
-        new = False
-        for k in range(rx.upto + 1, top + 1):
-            if k not in rx.slots:
-                rx.slots[k] = None
-                rx.nacks.add(k)
-                new = True
-        if new:
+        if rx.expect(upto, self.config.max_placeholders):
             self.timers.arm(Timer.NACK, c.cid, self._now + self.config.nack_delay_us)
 
     def _advance(self, c: Connection, rx: ReceiveSequence) -> None:
-        slots = rx.slots
-        while True:
-            nxt = slots.get(rx.upto + 1)
-            if nxt is None:
-                break
-            del slots[rx.upto + 1]
-            rx.upto += 1
-            if nxt.ts > rx.ts:
-                rx.ts = nxt.ts
-            if nxt.ts > c.recv.max_data_ts:
-                c.recv.max_data_ts = nxt.ts
-            c.recv.received.append(nxt)
-            self._deliver(c, nxt.body["offset"], nxt.body["data"])
-        self._advance_ts(c, rx)
-        if c.recv.old_view is not None:
-            old = c.recv.old_view
-            if not old.slots or (c.recv.view.first_offset is not None
-                                 and c.recv.delivered >= c.recv.view.first_offset):
-                c.recv.old_view = None
+        for m in rx.take_contiguous():
+            c.recv.keep_received(m)
+            self._deliver(c, m.body["offset"], m.body["data"])
+        c.recv.advance_ts(rx)
+        c.recv.drop_old_view_if_done()
         self._gc_received(c)
-
-    def _advance_ts(self, c: Connection, rx: ReceiveSequence) -> None:
-        sent_upto, ts = c.recv.declared
-        if rx is c.recv.view and not rx.slots and rx.upto >= sent_upto and ts > rx.ts:
-            rx.ts = ts
 
     def _deliver(self, c: Connection, offset: int, data: bytes) -> None:
         end = offset + len(data)
