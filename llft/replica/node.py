@@ -97,7 +97,6 @@ VIEW_MARKER_TAG = 0x01
 CHECKPOINT_VERSION = 2          # 2: the messaging part is MessagingEndpoint.snapshot()
 
 
-
 class NotReady(Exception):
     """The call does not fit this replica's role now (order info from a backup, or from
     a primary whose view has not started)."""
@@ -474,4 +473,3 @@ class ReplicaNode:
 
     def _count(self, key: str, n: int = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + n
-
