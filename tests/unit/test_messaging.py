@@ -212,6 +212,7 @@ def test_too_many_first_acks_throttle_the_primary_until_keepalive():
         p.handle_message(fa, t + 1)
         p.take_actions()
     assert p.timers.due(Timer.THROTTLE_END, CONN_A) is not None
+    assert p.conns[CONN_A].state.name == "THROTTLED"
     p.send(CONN_A, b"held", now_us=t + 2)
     assert not sends(p.take_actions(), MsgType.REQUEST)     # slowed down
     ka = q._msg(q.conns[CONN_B], MsgType.KEEP_ALIVE, {})
