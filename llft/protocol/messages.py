@@ -38,7 +38,8 @@ class MsgType(enum.IntEnum):
     NACK = 6
     HEARTBEAT = 7
     ORDER_INFO = 8          # intra-group path for order info with no outgoing message to ride on
-    # membership (multicast on the intra-group connection, except NEW_PRIMARY_VIEW*)
+    # membership (multicast on the intra-group connection, except NEW_PRIMARY_VIEW*);
+    # numbered from FIRST_MEMBERSHIP_TYPE
     PROPOSE_PRIMARY = 20
     PROPOSE_PRIMARY_ACK = 21
     PROPOSE_BACKUP = 22
@@ -52,17 +53,21 @@ class MsgType(enum.IntEnum):
     NEW_PRIMARY_VIEW_ACK = 30
 
 
+# Kinds of message type, each written once. Membership's types are numbered from 20: they
+# carry their own view rules (the wire codec's old-view check skips them). The pair of
+# phase 2 of a primary change is numbered with them but handled by the messaging core,
+# on each inter-group connection.
+FIRST_MEMBERSHIP_TYPE = 20
 DATA_TYPES = frozenset({MsgType.REQUEST, MsgType.REPLY})
+MEMBERSHIP_TYPES = frozenset(t for t in MsgType if t >= FIRST_MEMBERSHIP_TYPE)
+PHASE2_TYPES = frozenset({MsgType.NEW_PRIMARY_VIEW, MsgType.NEW_PRIMARY_VIEW_ACK})
+MEMBERSHIP_CORE_TYPES = MEMBERSHIP_TYPES - PHASE2_TYPES    # what membership's core handles
 
 
 class Role(enum.IntEnum):
     CLIENT = 0
     SERVER = 1
 
-
-# A member of a group as carried in membership messages: [birth_id, precedence].
-# Ranks are derived (primary 1, backups 2..n by precedence), never carried.
-MEMBER = list
 
 # Body schema per message type: field name -> accepted Python type(s) after msgpack
 # decoding. `list` fields hold msgpack arrays whose elements the owning core validates.
@@ -79,7 +84,8 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
     # membership: "change" numbers the versions of one proposal / the changes inside a view;
     # "max_precedence" is the highest precedence ever assigned, so a new primary continues
     # above it; "old_primary" (birth id) names, with old_pvn, the view a proposal replaces
-    # (added by the membership core, additively)
+    # (added by the membership core, additively); a member is [birth_id, precedence]
+    # (ranks are derived: primary 1, backups 2..n by precedence, never carried)
     MsgType.PROPOSE_PRIMARY: {"members": list, "old_pvn": int, "old_primary": int,
                               "change": int, "max_precedence": int},
     MsgType.PROPOSE_PRIMARY_ACK: {"proposer": int, "change": int, "max_precedence": int},
@@ -98,7 +104,6 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
 
 # flags of a data message's stream
 STREAM_OPEN = 1   # first message of a connection's stream
-STREAM_FIN = 2    # the sender's application closed its end
 
 
 @dataclass(slots=True)
@@ -118,14 +123,6 @@ class Message:
     body: dict[str, Any] = field(default_factory=dict)
     order_info: bytes = b""  # opaque, piggybacked (determinizer codec)
     version: int = WIRE_VERSION
-
-    @property
-    def conn_id(self) -> tuple[str, str, int, Role]:
-        return (self.src_group, self.dst_group, self.conn_seq, self.role)
-
-    @property
-    def intra_group(self) -> bool:
-        return self.src_group == self.dst_group
 
 
 @dataclass(frozen=True, slots=True)

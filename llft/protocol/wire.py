@@ -49,7 +49,8 @@ from typing import Any, Iterable
 
 import msgpack
 
-from llft.protocol.messages import BODY_FIELDS, DATA_TYPES, WIRE_VERSION, Message, MsgType, Role
+from llft.protocol.messages import (BODY_FIELDS, DATA_TYPES, MEMBERSHIP_TYPES, WIRE_VERSION,
+                                    Message, MsgType, Role)
 
 MAGIC = b"LF"
 SUPPORTED_VERSIONS = frozenset({WIRE_VERSION})
@@ -82,8 +83,6 @@ RECENT_DONE_MAX = 1024              # completed (sender, frag_id) remembered to 
 HEADER_FIELDS = ("type", "src_group", "dst_group", "conn_seq", "role", "pvn", "precedence",
                  "sender", "msn", "ack", "back", "ts")
 PAYLOAD_LEN = len(HEADER_FIELDS) + 2   # + body, order_info
-# Membership messages (type >= 20) carry their own view rules; the old-view check skips them.
-MEMBERSHIP_MIN_TYPE = 20
 
 
 class Reject(enum.Enum):
@@ -476,7 +475,7 @@ class Decoder:
     def _admit(self, msg: Message) -> Message:
         if self.groups is not None and msg.dst_group not in self.groups:
             raise _Rejected(Reject.WRONG_GROUP)
-        if msg.type < MEMBERSHIP_MIN_TYPE:
+        if msg.type not in MEMBERSHIP_TYPES:      # those carry their own view rules
             current = self._views.get(msg.src_group)
             if current is not None and msg.pvn < current:
                 raise _Rejected(Reject.OLD_VIEW)

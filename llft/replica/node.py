@@ -82,7 +82,7 @@ from typing import Any, Protocol
 import msgpack
 
 from llft.protocol import messaging as mg
-from llft.protocol.messages import Message, MsgType, Role
+from llft.protocol.messages import MEMBERSHIP_CORE_TYPES, Message, MsgType, Role
 from llft.replica.actions import (ACTION_TYPES, Deliver, NodeAction, OrderInfo, RestartApp,
                                   Restored, ViewSwitch)
 from membership import core as mb
@@ -94,10 +94,7 @@ MAX_HELD_ACTIONS = 65_536        # node actions not yet taken by the runtime
 
 APP_TAG = 0x00
 VIEW_MARKER_TAG = 0x01
-CHECKPOINT_VERSION = 1
-
-MEMBERSHIP_TYPES = frozenset(t for t in MsgType if t >= 20) - {
-    MsgType.NEW_PRIMARY_VIEW, MsgType.NEW_PRIMARY_VIEW_ACK}
+CHECKPOINT_VERSION = 2          # 2: the messaging part is MessagingEndpoint.snapshot()
 
 
 class NotReady(Exception):
@@ -190,7 +187,7 @@ class ReplicaNode:
     def backups_hold_all_order_info(self) -> bool:
         """Every order-info entry this primary produced is acknowledged by every backup
         (nothing it would lose by leaving now)."""
-        return not self.messaging.oi_log
+        return self.messaging.order_info_held() == 0
 
     def order_info_delivered(self, pvn: int) -> int:
         """The highest order-info position of view `pvn` this replica holds (0: none)."""
@@ -212,7 +209,7 @@ class ReplicaNode:
             "precedence": me["precedence"] if me else None,
             "pvn": m.pvn, "primary": m.members[0].birth if m.members else None,
             "members": members,
-            "order_info": {"produced": e.oi_next - 1 if e.is_primary else None,
+            "order_info": {"produced": e.order_info_produced() if e.is_primary else None,
                            "delivered": self.order_info_delivered(m.pvn)},
             "stats": dict(self.stats),
         }
@@ -229,7 +226,7 @@ class ReplicaNode:
     def handle_message(self, msg: Message, now_us: int) -> None:
         self._now = max(self._now, now_us)
         t = msg.type
-        if t in MEMBERSHIP_TYPES:
+        if t in MEMBERSHIP_CORE_TYPES:
             self.membership.handle_message(msg, now_us)
         elif t == MsgType.HEARTBEAT:
             self.membership.handle_message(msg, now_us)
@@ -306,21 +303,11 @@ class ReplicaNode:
 
     # ---- StateProvider (membership calls these) ------------------------------------------
     def checkpoint(self) -> bytes:
-        e = self.messaging
-        conns = []
-        for cid, c in e.conns.items():
-            rx = c.rx
-            log = [[m.msn, m.body["offset"], m.body["data"]] for m in c.sent]
-            log += [[c.next_msn + i, off, d] for i, (off, d) in enumerate(c.queue)]
-            conns.append([cid[0], cid[1], int(cid[2]),
-                          [rx.pvn, rx.upto, rx.ts] if rx is not None else None,
-                          c.delivered, c.out_offset, c.next_msn + len(c.queue), log,
-                          getattr(c, "remote_delivered", 0)])
-        blob = {"v": CHECKPOINT_VERSION, "pvn": e.pvn, "oi_upto": e.oi_next - 1,
+        blob = {"v": CHECKPOINT_VERSION,
                 "streams": [[cid[0], cid[1], int(cid[2]), bytes(b)]
                             for cid, b in self.streams.items()],
                 "oi": [list(x) for x in self.order_info_log],
-                "conns": conns, "app": self.app_state.checkpoint()}
+                "messaging": self.messaging.snapshot(), "app": self.app_state.checkpoint()}
         self._count("checkpoints")
         return msgpack.packb(blob, use_bin_type=True)
 
@@ -470,19 +457,14 @@ class ReplicaNode:
             return
         if blob.get("v") != CHECKPOINT_VERSION:
             raise ValueError(f"checkpoint version {blob.get('v')} unknown")
-        e = self.messaging
         for remote, seq, role, data in blob["streams"]:
             self.streams[(remote, seq, Role(role))] = bytearray(data)
             self.input_bytes += len(data)
         for pvn, pos, chunk in blob["oi"]:
             self._log_order_info(pvn, pos, chunk)
-        for remote, seq, role, rx, delivered, out_offset, next_msn, log, rdel in blob["conns"]:
-            cid = (remote, seq, Role(role))
-            _restore_connection(e, cid, rx, delivered, out_offset, next_msn, log, rdel)
-            self.skip_out[cid] = out_offset
+        for cid, out_offset in self.messaging.restore(blob["messaging"]).items():
+            self.skip_out[cid] = out_offset     # the group already sent these bytes
             self.streams.setdefault(cid, bytearray())
-        if blob["pvn"] == e.pvn:
-            e.oi_delivered = blob["oi_upto"]    # positions of this view already in the log
         self.app_state.restore(blob["app"])
         self._emit(Restored(tuple((cid, bytes(b)) for cid, b in self.streams.items()),
                             tuple((p, q, c) for p, q, c in self.order_info_log
@@ -491,24 +473,3 @@ class ReplicaNode:
 
     def _count(self, key: str, n: int = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + n
-
-
-def _restore_connection(e: mg.MessagingEndpoint, cid: mg.ConnId, rx, delivered: int,
-                        out_offset: int, next_msn: int, log: list,
-                        remote_delivered: int) -> None:
-    """Install a connection as the primary's checkpoint describes it, as if this backup
-    had followed it from the start. messaging.py has no API for this yet (see the
-    report): it writes the endpoint's connection state directly."""
-    c = e._conn(cid)
-    if rx is not None:
-        r = mg._Rx(rx[0])
-        r.upto, r.ts = rx[1], rx[2]
-        c.rx = r
-    c.delivered = delivered
-    c.out_offset = out_offset
-    c.next_msn = next_msn
-    c.log = deque((msn, off, data) for msn, off, data in log)
-    c.log_bytes = sum(len(d) for _, _, d in log)
-    c.remote_delivered = remote_delivered     # the remote primary has our stream up to
-    c.known = True
-    e._digest_changed()

@@ -90,7 +90,6 @@ def test_membership_heartbeats_do_not_reach_messaging():
 def test_checkpoint_restores_streams_connections_and_skips_replayed_output():
     a = _founder("s")
     cid = a.open("c", 1, Role.SERVER)
-    a.messaging._conn(cid).delivered = 0
     a.streams[cid] = bytearray(b"hello")
     a.send(cid, b"HELLO", 5)
     blob = a.checkpoint()
@@ -105,10 +104,10 @@ def test_checkpoint_restores_streams_connections_and_skips_replayed_output():
     assert dict(restored.streams)[cid] == b"hello"
     assert b.stream(cid) == b"hello"
     c = b.messaging.conns[cid]
-    assert c.out_offset == 5 and [d for _, _, d in c.log] == [b"HELLO"]
+    assert c.send.out_offset == 5 and [d for _, _, d in c.send.log] == [b"HELLO"]
     # the replaying application writes HELLO again: swallowed; then new bytes are logged
     assert b.send(cid, b"HELLO!", 6) == 6
-    assert c.out_offset == 6 and [d for _, _, d in c.log] == [b"HELLO", b"!"]
+    assert c.send.out_offset == 6 and [d for _, _, d in c.send.log] == [b"HELLO", b"!"]
 
 
 def test_reset_gives_a_fresh_messaging_endpoint_and_restarts_the_app():

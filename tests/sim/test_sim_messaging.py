@@ -79,7 +79,7 @@ def test_checker_catches_missing_retransmission(monkeypatch):
     monkeypatch.setattr(messaging.MessagingEndpoint, "_answer_remote_nack",
                         lambda self, c, missing: None)
     monkeypatch.setattr(messaging.MessagingEndpoint, "_retransmit",
-                        lambda self, c: setattr(c, "rto_due", None))
+                        lambda self, c: self.timers.clear(messaging.Timer.RETRANSMIT, c.cid))
     assert _campaign(5, 1, 0.3, 0.0, 0.0)
 
 

@@ -1,4 +1,4 @@
-"""Unit tests of the sans-IO messaging core (llft/protocol/messaging.py).
+"""Unit tests of the sans-IO messaging core (llft/protocol/messaging/).
 
 Most tests wire endpoints by hand (a tiny router below) so each rule of the paper is
 exercised exactly; the phase-2 and GC tests use the simulator kernel.
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from llft.protocol.messages import Message, MsgType, Role
-from llft.protocol.messaging import (RESPONDS_TO_FIRST_ACK, BufferFull, Deliver, DeliverOrderInfo,
-                            Duty, MessagingConfig, MessagingEndpoint, Opened, Phase2Done,
-                            ProtocolError, RecoveredOrderInfo, Resynced, Send,
-                            pack_trailer, unpack_trailer)
+from llft.protocol.messaging import (RESPONDS_TO_FIRST_ACK, BufferFull, Deliver,
+                                    DeliverOrderInfo, Duty, MessagingConfig, MessagingEndpoint,
+                                    Opened, Phase2Done, ProtocolError, RecoveredOrderInfo,
+                                    Resynced, Send, Timer, pack_trailer, unpack_trailer)
 from llft.sim.kernel import NetConfig, Sim
 
 CFG = MessagingConfig(max_payload_bytes=100)
@@ -151,7 +151,7 @@ def test_retransmission_until_acked_with_backoff():
     p.handle_timer(CFG.retransmit_us)
     (r1,) = sends(p.take_actions(), MsgType.REQUEST)
     assert (r1.msn, r1.ts, r1.body) == (m1.msn, m1.ts, m1.body)
-    assert p.conns[CONN_A].rto_us == 2 * CFG.retransmit_us      # backoff
+    assert p.conns[CONN_A].send.rto_us == 2 * CFG.retransmit_us      # backoff
     # the remote primary's FIRST_ACK acknowledges: no more retransmission
     q.handle_message(r1, CFG.retransmit_us + 10)
     q.take_actions()
@@ -159,7 +159,7 @@ def test_retransmission_until_acked_with_backoff():
     assert fa.ack == 1 and fa.dst_group == "A"
     p.handle_message(fa, 20_000)
     p.take_actions()
-    assert p.conns[CONN_A].rto_due is None
+    assert p.timers.due(Timer.RETRANSMIT, CONN_A) is None
 
 
 def test_first_ack_answered_only_by_backup_that_produced_the_message():
@@ -184,7 +184,8 @@ def test_first_ack_answered_only_by_backup_that_produced_the_message():
     # the SECOND_ACK stops FIRST_ACK retransmission, keep-alives follow
     q.handle_message(sa, 2_300)
     q.take_actions()
-    assert q.conns[CONN_B].fa_due is None and q.conns[CONN_B].ka_due is not None
+    assert (q.timers.due(Timer.FIRST_ACK, CONN_B) is None
+            and q.timers.due(Timer.KEEPALIVE, CONN_B) is not None)
 
 
 def test_lone_primary_answers_first_ack_itself():
@@ -210,7 +211,8 @@ def test_too_many_first_acks_throttle_the_primary_until_keepalive():
         (fa,) = sends(advance(q, t), MsgType.FIRST_ACK)
         p.handle_message(fa, t + 1)
         p.take_actions()
-    assert p.conns[CONN_A].throttled_until is not None
+    assert p.timers.due(Timer.THROTTLE_END, CONN_A) is not None
+    assert p.conns[CONN_A].state.name == "THROTTLED"
     p.send(CONN_A, b"held", now_us=t + 2)
     assert not sends(p.take_actions(), MsgType.REQUEST)     # slowed down
     ka = q._msg(q.conns[CONN_B], MsgType.KEEP_ALIVE, {})
@@ -294,7 +296,7 @@ def test_order_info_piggybacked_reflected_and_delivered_once_in_order():
     oi = [(x.pos, x.chunk) for x in acts if isinstance(x, DeliverOrderInfo)]
     assert oi == [(1, b"oi-1"), (2, b"oi-2")]
     p.handle_message(fa, 20)
-    assert p.oi_reflected == 2
+    assert p.order_info.reflected == 2
     p.send(CONN_A, b"more", now_us=30)
     (m2,) = sends(p.take_actions(), MsgType.REQUEST)
     assert unpack_trailer(m2.order_info)[1] is None     # reflected: no longer carried
@@ -389,16 +391,16 @@ def test_change_of_primary_resets_msns_and_resends_exactly_the_missing_bytes():
     assert any(isinstance(a_, Phase2Done) and a_.pvn == 2 for n, a_ in events if n == "b")
     rec = [a_ for n, a_ in events if n == "b" and isinstance(a_, RecoveredOrderInfo)]
     assert rec and rec[0].chunks == (b"oi-last",) and (rec[0].pvn, rec[0].first_pos) == (1, 1)
-    assert b.conns[CONN_A].next_msn - 1 <= len(data) // 100 + 1
-    assert q.conns[CONN_B].rx.pvn == 2
+    assert b.conns[CONN_A].send.next_msn - 1 <= len(data) // 100 + 1
+    assert q.conns[CONN_B].recv.view.pvn == 2
     # the remaining backup renumbered its log as the new primary re-sent it
     resent = {m.msn: m.body["offset"] for m in b_sent
               if m.type == MsgType.REQUEST and m.pvn == 2}
     assert min(resent) == 1 and resent[1] == resyncs[0].resend_from
     # the remaining backup trimmed its log by stream offset (its own cuts do not matter)
     c2 = b2.conns[CONN_A]
-    assert c2.log_bytes <= (CFG.window_msgs + 1) * CFG.max_payload_bytes
-    assert c2.remote_delivered == len(data)
+    assert c2.send.log_bytes <= (CFG.window_msgs + 1) * CFG.max_payload_bytes
+    assert c2.remote_view.delivered == len(data)
     # buffers shrink back once acknowledged
     for e in (b, q):
         sizes = e.buffer_sizes()
@@ -463,7 +465,7 @@ def test_gc_and_exactly_once_over_a_lossy_simulated_network():
         sizes.pop("log")
         assert sizes.pop("log_bytes") <= (CFG.window_msgs + 1) * CFG.max_payload_bytes
         assert all(v == 0 for v in sizes.values()), (e.birth_id, sizes)
-    assert a[4].buffer_sizes()["log"] > 0 and a[4].conns[CONN_A].log[0][1] > 0  # trimmed
+    assert a[4].buffer_sizes()["log"] > 0 and a[4].conns[CONN_A].send.log[0][1] > 0  # trimmed
 
 
 def test_remote_change_of_primary_caps_watermark_and_fills_gaps_by_offset():
@@ -502,4 +504,99 @@ def test_remote_change_of_primary_caps_watermark_and_fills_gaps_by_offset():
     qb.take_actions()
     qb.handle_message(resent[0], 1_200)
     assert delivered(qb.take_actions()) == b"b" * 100 + b"c" * 10
-    assert qb.conns[CONN_B].delivered == 210 and qb.timestamp_watermark() == 60
+    assert qb.conns[CONN_B].recv.delivered == 210 and qb.timestamp_watermark() == 60
+
+
+# --- the connection state machine, its invariants, snapshot/restore -----------------------
+def test_connection_transitions_are_the_written_ones():
+    from llft.protocol.messaging.connection import Connection, SendState
+    c = Connection(CONN_A, CFG.retransmit_us)
+    assert c.state is SendState.STREAMING and c.mark_known() and not c.mark_known()
+    c.throttle()
+    assert c.state is SendState.THROTTLED
+    with pytest.raises(AssertionError):
+        c.throttle()                                # THROTTLED -> THROTTLED is not one
+    c.unthrottle()
+    c.send.log.extend([(1, 0, b"ab"), (2, 2, b"cd")])
+    c.send.log_bytes = 4
+    c.begin_resync(old_pvn=1)
+    assert c.resyncing and c.send.next_msn == 1 and c.send.old_pvn == 1
+    c.check()
+    assert not c.end_resync(resend_from=3)          # the log had byte 3: no gap
+    assert c.state is SendState.STREAMING and list(c.send.queue) == [(3, b""), (3, b"d")]
+    c.check()
+
+
+def test_invariants_hold_after_every_event_of_a_lossy_failover_schedule(monkeypatch):
+    from llft.sim import messaging_check as mc
+    checked = [0]
+    for name in ("handle_message", "handle_timer", "send", "set_view", "add_order_info"):
+        orig = getattr(MessagingEndpoint, name)
+
+        def wrapped(self, *args, _orig=orig, **kw):
+            out = _orig(self, *args, **kw)
+            self.check()
+            checked[0] += 1
+            return out
+        monkeypatch.setattr(MessagingEndpoint, name, wrapped)
+    for i in range(3):
+        assert mc.Schedule(mc.schedule_seed(7, i), 0.2, 0.05, 0.1, 1.0).run() == []
+    assert checked[0] > 1000
+
+
+def test_snapshot_restores_connections_at_a_joining_backup():
+    p = ep("A", 1, [1], 1)
+    p.open("B", 1, Role.CLIENT)
+    p.send(CONN_A, b"x" * 250, 0)                   # three messages sent (window allows)
+    snap = p.snapshot()
+    assert snap["pvn"] == p.pvn and snap["oi_upto"] == 0
+    (s,) = snap["conns"]
+    assert (s["remote"], s["seq"], s["role"]) == ("B", 1, int(Role.CLIENT))
+    assert [m[:2] for m in s["log"]] == [[1, 0], [2, 100], [3, 200]]
+    assert s["out_offset"] == 250 and s["next_msn"] == 4
+    j = ep("A", 2, [1, 2], 1)
+    produced = j.restore(snap)
+    assert produced == {CONN_A: 250}
+    c = j.conns[CONN_A]
+    assert c.known and c.send.next_msn == 4 and c.send.log_bytes == 250
+    assert [d for _, _, d in c.send.log] == [b"x" * 100, b"x" * 100, b"x" * 50]
+    c.check()
+
+
+def test_timer_registry():
+    from llft.protocol.messaging.timers import CONNECTION_TIMERS, ENDPOINT_TIMERS, Timers
+    assert set(ENDPOINT_TIMERS) | set(CONNECTION_TIMERS) == set(Timer)
+    t = Timers()
+    assert t.next_us() is None
+    t.arm(Timer.NACK, CONN_A, 50)
+    t.arm(Timer.NACK, CONN_A, 10)                   # armed already: unchanged
+    assert t.due(Timer.NACK, CONN_A) == 50
+    t.arm_earlier(Timer.NACK, CONN_A, 20)
+    t.arm_earlier(Timer.NACK, CONN_A, 30)           # later: unchanged
+    t.set(Timer.HEARTBEAT, None, 40)
+    assert t.due(Timer.NACK, CONN_A) == 20 and t.next_us() == 20
+    assert t.expired(Timer.NACK, CONN_A, 20) and not t.expired(Timer.HEARTBEAT, None, 20)
+    t.clear(Timer.NACK, CONN_A)
+    t.set(Timer.HEARTBEAT, None, None)
+    assert t.next_us() is None and len(t) == 0
+
+
+def test_order_info_log_delivers_in_order_once():
+    from llft.protocol.messaging.orderinfo_log import OrderInfoLog
+    log = OrderInfoLog(MessagingConfig(max_order_info_pending=3))
+    assert log.accept(2, [b"b", b"c"]) == []        # a gap at 1: held
+    assert log.accept(1, [b"a"]) == [(1, b"a"), (2, b"b"), (3, b"c")]
+    assert log.accept(1, [b"a", b"b"]) == []        # delivered already
+    assert log.accept(8, [b"h"]) == [] and not log.pending    # beyond the pending bound
+    log.check()
+    p = OrderInfoLog(MessagingConfig(max_piggyback_bytes=2))
+    p.set_backups([2, 3])
+    assert [p.append(x) for x in (b"x", b"y", b"z")] == [1, 2, 3]
+    assert p.piggyback(pvn=1) == [1, 1, [b"x", b"y"]] and p.unprotected_bytes() == 3
+    assert p.on_ack(2, 2) and not p.on_ack(2, 1)
+    p.gc()
+    assert len(p.log) == 3                          # backup 3 acked nothing yet
+    assert p.on_ack(3, 9) and p.acks[3] == 3        # never beyond the last position
+    p.gc()
+    assert [pos for pos, _ in p.log] == [3] and p.unprotected_bytes() == 1
+    p.check()

@@ -1,0 +1,62 @@
+"""The messaging core's bounds and its two exceptions.
+
+Every bound the protocol keeps is a field of `MessagingConfig` (the simulator asserts them
+at quiescence through `MessagingEndpoint.buffer_sizes()`); `__post_init__` rejects
+combinations under which a member could fall out of the window for good.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llft.protocol.messages import Role
+
+ConnId = tuple[str, int, Role]          # (remote_group, conn_seq, my_role)
+
+INTRA_CONN_SEQ = 0                      # conn_seq of the intra-group connection
+
+
+@dataclass(frozen=True, slots=True)
+class MessagingConfig:
+    window_msgs: int = 32               # sent, not yet covered by the remote group watermark
+    max_payload_bytes: int = 1024       # data bytes per message
+    max_queue_bytes: int = 64 << 10     # app bytes accepted, not yet sent (primary) per conn
+    max_log_bytes: int = 256 << 10      # app bytes logged, not yet acked (backup) per conn
+    max_placeholders: int = 32          # receive gap bound (== window_msgs: nothing beyond)
+    max_connections: int = 256
+    retransmit_us: int = 4_000
+    retransmit_max_us: int = 32_000
+    first_ack_delay_us: int = 1_000
+    first_ack_retry_us: int = 4_000
+    first_ack_max_tries: int = 8
+    first_ack_slowdown: int = 3         # FIRST_ACKs of our last message before throttling
+    throttle_us: int = 20_000
+    keepalive_us: int = 15_000
+    heartbeat_us: int = 5_000
+    watermark_report_us: int = 1_000    # a backup whose watermark rose reports this soon
+    nack_delay_us: int = 500
+    nack_retry_us: int = 3_000
+    max_nack_msns: int = 64             # msns per NACK
+    npv_retry_us: int = 5_000
+    max_order_info_bytes: int = 256 << 10   # order info held at the primary
+    max_order_info_pending: int = 1024  # out-of-order chunks held at a backup
+    max_piggyback_bytes: int = 4096     # order info per message
+    order_info_intra_us: int = 3_000    # order info not acked by a backup this long -> ORDER_INFO
+    order_info_ack_us: int = 500        # a backup acks delivered order info this promptly
+
+    def __post_init__(self) -> None:
+        # a member can be at most a window behind the sender: its gaps must fit
+        if self.max_placeholders < self.window_msgs:
+            raise ValueError("max_placeholders must be >= window_msgs")
+        # a backup keeps a window of acked messages: its log must hold more than that
+        if self.max_log_bytes < 2 * self.window_msgs * self.max_payload_bytes:
+            raise ValueError("max_log_bytes must be >= 2 * window_msgs * max_payload_bytes")
+        if min(self.window_msgs, self.max_payload_bytes, self.max_nack_msns) < 1:
+            raise ValueError("window, payload and nack bounds must be positive")
+
+
+class BufferFull(Exception):
+    """The application produced more than a bound allows (the caller must wait)."""
+
+
+class ProtocolError(Exception):
+    """A local misuse of the endpoint (e.g. order info from a backup)."""

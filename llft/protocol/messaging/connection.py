@@ -1,0 +1,329 @@
+"""One connection's state, as an explicit state machine (in the manner of etcd raft's
+`tracker.Progress`).
+
+A `Connection` is this replica's end of one virtual connection. Its fields are grouped by
+what they describe:
+  send         our own stream: what the application produced, the primary's queue and
+               sent list (msn order), a backup's log, retransmission and throttling state
+  recv         the remote primary's stream: the receive sequence of its current view (and
+               of the previous one while a backup still fills its gaps), the offset
+               delivered, the received list kept for our backups, bytes ahead of a gap
+  remote_view  what the remote group told us: its group watermark, how far it delivered
+               our stream, the order info to reflect back, our phase-2 answer to it
+The timers of a connection live in the endpoint's registry (timers.py).
+
+States (`SendState`, the send side; the only way it changes is a transition method):
+  STREAMING  sends as the window allows (a backup logs instead of sending)
+  THROTTLED  primary: the remote group's FIRST_ACKs of our last message say our backups
+             lag (intra-group flow control); nothing new is sent until a KEEP_ALIVE or
+             throttle_us (the endpoint's THROTTLE_END timer is armed exactly then)
+  RESYNC     new primary: msns restarted at 1, NEW_PRIMARY_VIEW sent until the remote
+             primary answers; nothing is sent, the sent list is empty
+  STREAMING -throttle-> THROTTLED -unthrottle-> STREAMING
+  any -begin_resync-> RESYNC -end_resync-> STREAMING
+`known` (counted in the watermark and the digest) only ever goes from False to True
+(`mark_known`). `check()` asserts the invariants written next to the fields.
+"""
+from __future__ import annotations
+
+import enum
+from collections import deque
+
+from llft.protocol.messages import Message
+from llft.protocol.messaging.config import ConnId
+
+
+class SendState(enum.Enum):
+    STREAMING = "streaming"
+    THROTTLED = "throttled"
+    RESYNC = "resync"
+
+
+# the transitions the methods below perform: state -> states it may go to
+TRANSITIONS: dict[SendState, frozenset[SendState]] = {
+    SendState.STREAMING: frozenset({SendState.THROTTLED, SendState.RESYNC}),
+    SendState.THROTTLED: frozenset({SendState.STREAMING, SendState.RESYNC}),
+    SendState.RESYNC: frozenset({SendState.STREAMING, SendState.RESYNC}),
+}
+
+
+class ReceiveSequence:
+    """Receive sequence of one remote primary view on one connection.
+    Invariants: every slot's msn > upto; nacks are placeholders (slots holding None)."""
+    __slots__ = ("pvn", "upto", "ts", "slots", "nacks", "first_offset", "after_change")
+
+    def __init__(self, pvn: int):
+        self.pvn = pvn
+        self.upto = 0                       # receiveduptomsn
+        self.ts = 0                         # recv_ts (see the endpoint's theory)
+        self.slots: dict[int, Message | None] = {}   # msn > upto: message or placeholder
+        self.nacks: set[int] = set()
+        self.first_offset: int | None = None
+        self.after_change = False           # follows a remote change of primary
+
+    def expect(self, upto: int, max_placeholders: int) -> bool:
+        """The remote primary sent everything up to msn `upto`: placeholders (and nacks)
+        for what we lack, at most max_placeholders past `self.upto`. True if any is new."""
+        top = min(upto, self.upto + max_placeholders)
+        hi = max(self.slots) if self.slots else self.upto
+        if top <= hi and top <= self.upto:
+            return False
+        new = False
+        for k in range(self.upto + 1, top + 1):
+            if k not in self.slots:
+                self.slots[k] = None
+                self.nacks.add(k)
+                new = True
+        return new
+
+    def take_contiguous(self) -> list[Message]:
+        """The messages now in msn order without a gap, out of the slots."""
+        out = []
+        while (nxt := self.slots.get(self.upto + 1)) is not None:
+            del self.slots[self.upto + 1]
+            self.upto += 1
+            if nxt.ts > self.ts:
+                self.ts = nxt.ts
+            out.append(nxt)
+        return out
+
+    def check(self) -> None:
+        assert all(k > self.upto for k in self.slots), "slot at or below upto"
+        assert all(self.slots.get(k, 1) is None for k in self.nacks), "nack of a held msn"
+
+
+class SendSide:
+    """Our own stream on one connection.
+    Invariants: *_bytes equal the bytes their container holds; the sent list holds
+    consecutive msns ending at last_msn; remote_ack <= last_msn."""
+    __slots__ = ("out_offset", "queue", "queue_bytes", "next_msn", "sent", "sent_bytes",
+                 "log", "log_bytes", "remote_ack", "rto_us", "fa_count", "last_send_us",
+                 "sent_open", "old_pvn", "last_back", "ka_urgent")
+
+    def __init__(self, rto_us: int):
+        self.out_offset = 0                 # end of the bytes our app produced
+        self.queue: deque[tuple[int, bytes]] = deque()    # primary: cut, not yet sent
+        self.queue_bytes = 0
+        self.next_msn = 1
+        self.sent: deque[Message] = deque() # primary: sent list (msn order)
+        self.sent_bytes = 0
+        self.log: deque[tuple[int, int, bytes]] = deque()  # backup: (msn, offset, data)
+        self.log_bytes = 0
+        self.remote_ack = 0                 # the remote primary acked our msns up to
+        self.rto_us = rto_us                # current retransmission timeout (backs off)
+        self.fa_count = 0                   # FIRST_ACKs seen for our last msn
+        self.last_send_us = 0
+        self.sent_open = False              # STREAM_OPEN went out
+        self.old_pvn = 0                    # RESYNC: the view we took over from
+        self.last_back = 0                  # `back` in the last message we sent on it
+        self.ka_urgent = False              # group watermark news for the remote sender
+
+    @property
+    def last_msn(self) -> int:
+        return self.next_msn - 1
+
+    def queue_segment(self, seg: bytes) -> None:
+        """Primary: the application's next bytes, to be sent as one message."""
+        self.queue.append((self.out_offset, seg))
+        self.queue_bytes += len(seg)
+        self.out_offset += len(seg)
+
+    def log_segment(self, seg: bytes) -> None:
+        """Backup: the application's next bytes, logged as the message it would send."""
+        self.log.append((self.next_msn, self.out_offset, seg))
+        self.log_bytes += len(seg)
+        self.next_msn += 1
+        self.out_offset += len(seg)
+
+    def drop_covered(self, group_watermark: int) -> bool:
+        """Sent messages every remote member has (ts <= the remote group watermark) go,
+        and count as acknowledged. True if any went."""
+        freed = False
+        while self.sent and self.sent[0].ts <= group_watermark:
+            m = self.sent.popleft()
+            self.sent_bytes -= len(m.body["data"])
+            freed = True
+        if freed:
+            covered = self.sent[0].msn - 1 if self.sent else self.last_msn
+            if self.remote_ack < covered:
+                self.remote_ack = covered
+        return freed
+
+    def check(self) -> None:
+        assert self.queue_bytes == sum(len(d) for _, d in self.queue), "queue_bytes"
+        assert self.sent_bytes == sum(len(m.body["data"]) for m in self.sent), "sent_bytes"
+        assert self.log_bytes == sum(len(d) for _, _, d in self.log), "log_bytes"
+        if self.sent:
+            assert [m.msn for m in self.sent] == list(
+                range(self.sent[0].msn, self.last_msn + 1)), "sent list not consecutive"
+        assert self.remote_ack <= self.last_msn, "ack beyond what we sent"
+
+
+class ReceiveSide:
+    """The remote primary's stream on one connection.
+    Invariant: bytes held ahead of a gap start beyond `delivered`."""
+    __slots__ = ("view", "old_view", "delivered", "received", "ahead", "declared",
+                 "max_data_ts", "old_ts", "fa_pending", "fa_tries")
+
+    def __init__(self) -> None:
+        self.view: ReceiveSequence | None = None      # the remote primary's current view
+        self.old_view: ReceiveSequence | None = None  # backup: the previous one's gaps
+        self.delivered = 0                  # stream offset delivered
+        self.received: deque[Message] = deque()   # delivered, kept until ts <= GW
+        self.ahead: dict[int, bytes] = {}   # offset -> data beyond `delivered` (view change)
+        self.declared: tuple[int, int] = (0, 0)   # remote primary's (sent_upto, ts)
+        self.max_data_ts = 0                # highest ts of data received on this conn
+        self.old_ts: int | None = None      # recv_ts frozen at a remote change of primary
+        self.fa_pending = 0                 # FIRST_ACK ack value awaiting SECOND_ACK
+        self.fa_tries = 0
+
+    def new_view(self, pvn: int, keep_old_gaps: bool) -> None:
+        """The remote group has a new primary (view `pvn`)."""
+        old = self.view
+        self.view = ReceiveSequence(pvn)
+        self.view.after_change = old is not None or pvn > 1
+        self.declared = (0, 0)
+        if old is not None:
+            # Until we have delivered up to where the new remote primary's stream starts,
+            # we cannot vouch for old-view messages we never heard of: our watermark
+            # contribution stays where the old view left it.
+            self.old_ts = old.ts if self.old_ts is None else min(self.old_ts, old.ts)
+        elif pvn > 1:
+            # first contact in a later view: earlier primaries may have sent bytes we
+            # never heard of (the new primary's msn-1 marker tells where it resumed)
+            self.old_ts = 0
+        self.old_view = old if old is not None and old.slots and keep_old_gaps else None
+
+    def keep_received(self, m: Message) -> None:
+        """A message of the remote primary in order: kept until our group has it."""
+        if m.ts > self.max_data_ts:
+            self.max_data_ts = m.ts
+        self.received.append(m)
+
+    def advance_ts(self, seq: ReceiveSequence) -> None:
+        """recv_ts rises to the remote primary's declared ts once nothing is missing."""
+        sent_upto, ts = self.declared
+        if seq is self.view and not seq.slots and seq.upto >= sent_upto and ts > seq.ts:
+            seq.ts = ts
+
+    def drop_old_view_if_done(self) -> None:
+        old = self.old_view
+        if old is not None:
+            first = self.view.first_offset
+            if not old.slots or (first is not None and self.delivered >= first):
+                self.old_view = None
+
+    def drop_received(self, group_watermark: int) -> None:
+        """Received messages every member of our group has (ts <= our group watermark)."""
+        while self.received and self.received[0].ts <= group_watermark:
+            self.received.popleft()
+
+    def check(self) -> None:
+        assert all(o > self.delivered for o in self.ahead), "ahead at or below delivered"
+        for seq in (self.view, self.old_view):
+            if seq is not None:
+                seq.check()
+
+
+class RemoteView:
+    """What the remote group told us on one connection."""
+    __slots__ = ("group_watermark", "delivered", "to_reflect", "last_order_info",
+                 "npv_answer", "solicit_after")
+
+    def __init__(self) -> None:
+        self.group_watermark = 0            # remotegroupwatermark
+        self.delivered = 0                  # remote primary's delivered offset of our stream
+        self.to_reflect: list | None = None # its order info, reflected in our next message
+        self.last_order_info: list | None = None   # newest order info the remote carried
+        self.npv_answer: tuple[int, int, int] | None = None   # (its pvn, low, sent_to)
+        self.solicit_after = 0              # not asked for news again before this time
+
+
+class Connection:
+    __slots__ = ("cid", "remote", "seq", "role", "state", "known", "send", "recv",
+                 "remote_view")
+
+    def __init__(self, cid: ConnId, rto_us: int):
+        self.cid = cid
+        self.remote, self.seq, self.role = cid
+        self.state = SendState.STREAMING
+        self.known = False                  # counted in the watermark and digest
+        self.send = SendSide(rto_us)
+        self.recv = ReceiveSide()
+        self.remote_view = RemoteView()
+
+    # ---- transitions (the only writers of `state` and `known`) ----
+    def _go(self, to: SendState) -> None:
+        assert to in TRANSITIONS[self.state], f"{self.state} -> {to}"
+        self.state = to
+
+    @property
+    def resyncing(self) -> bool:
+        return self.state is SendState.RESYNC
+
+    def mark_known(self) -> bool:
+        """Count the connection in the watermark and digest; True if it was not yet."""
+        if self.known:
+            return False
+        self.known = True
+        return True
+
+    def throttle(self) -> None:
+        self._go(SendState.THROTTLED)
+
+    def unthrottle(self) -> None:
+        self._go(SendState.STREAMING)
+        self.send.fa_count = 0
+
+    def begin_resync(self, old_pvn: int) -> None:
+        """We became primary: msns restart at 1, nothing sent in the new view yet."""
+        self._go(SendState.RESYNC)
+        s = self.send
+        s.next_msn = 1
+        s.sent.clear()
+        s.sent_bytes = 0
+        s.remote_ack = 0
+        s.fa_count = 0
+        s.old_pvn = old_pvn
+
+    def end_resync(self, resend_from: int) -> bool:
+        """The remote end has our stream up to `resend_from`: the log from there on (and
+        what the application wrote since) becomes the queue. True if the log had lost
+        bytes the remote end lacks."""
+        self._go(SendState.STREAMING)
+        s = self.send
+        gap = bool(s.log) and s.log[0][1] > resend_from
+        keep = _cut_log(s.log, resend_from)
+        keep.extend(s.queue)
+        s.log.clear()
+        s.log_bytes = 0
+        s.queue = keep
+        s.queue_bytes = sum(len(d) for _, d in keep)
+        s.sent_open = True
+        return gap
+
+    def check(self) -> None:
+        """The invariants (cheap enough for the simulator to call after every event)."""
+        self.send.check()
+        self.recv.check()
+        if self.state is SendState.RESYNC:
+            assert not self.send.sent, "RESYNC with a sent list"
+        if self.state is SendState.THROTTLED:
+            assert self.known, "THROTTLED but not known"
+
+
+def _cut_log(log: deque[tuple[int, int, bytes]], resend_from: int) -> deque[tuple[int, bytes]]:
+    """The logged (offset, data) from stream offset `resend_from` on; the rest is dropped.
+    The new primary re-sends exactly these, one message each."""
+    # msn 1 of the new view is always an empty message at the resend point: it tells
+    # the remote group where our stream stands (members behind it ask for the rest),
+    # and it keeps the numbering identical at the new primary and at its backups
+    # whatever each of their applications has written so far
+    keep: deque[tuple[int, bytes]] = deque([(resend_from, b"")])
+    for _, off, data in log:
+        if off + len(data) <= resend_from:
+            continue
+        if off < resend_from:
+            data, off = data[resend_from - off:], resend_from
+        keep.append((off, data))
+    return keep

@@ -1,0 +1,1157 @@
+"""`MessagingEndpoint`: the LLFT messaging protocol of one replica, as a sans-IO state
+machine (the package's __init__ gives the map of its parts and the API).
+
+Theory of operation
+-------------------
+The endpoint owns the replica's end of every virtual connection of its group
+(connection.py), one timer registry (timers.py) and the order-info log
+(orderinfo_log.py); it dispatches messages and timers to its handlers through tables
+at the end of this module, keyed by role where primary and backup differ. Pseudocode
+line numbers below refer to the paper's messaging algorithm figure.
+
+Roles. The primary multicasts data; a backup creates and logs the messages its own
+application produces, but never sends them (semi-active replication). Every member of a
+group receives the remote primary's messages (they are multicast to the group's virtual
+port) and delivers them in the remote primary's msn order.
+
+Sending (lines 9-17, 45-46). `send(conn, data)` cuts the bytes into segments of at most
+`max_payload_bytes` and gives each a stream offset. The primary sends a segment
+as a REQUEST/REPLY with the next msn, a fresh Lamport timestamp, `ack` = last msn
+received without a gap on the connection (piggybacked ack, line 10) and `back` =
+mygroupwatermark, and keeps it in the sent list; it retransmits messages the remote
+primary has not acked after `retransmit_us` (doubling up to `retransmit_max_us`).
+Flow control follows the slowest member: the sent list only shrinks when the *remote
+group watermark* covers a message (every remote member has it), and the primary never
+has more than `window_msgs` messages in it; so no remote backup falls out of the window.
+
+Receiving (lines 21-32). A data message with a gap creates placeholders and nack
+entries; a retransmission fills a placeholder or is discarded. Contiguous messages are
+delivered; the stream offset de-duplicates bytes (msns are per primary view and restart
+at 1, offsets never do). The primary nacks the remote primary on the remote connection;
+a backup nacks its own primary on the local (intra-group) connection and the primary
+re-multicasts the remote primary's original message to its group (lines 49-52). A
+local NACK body is a list of [remote_group, conn_seq, role, pvn, msn...] entries; the
+entry [remote_group, conn_seq, role, 0] asks for the NEW_PRIMARY_VIEW_ACK below, and
+[remote_group, conn_seq, role, 0, lo, hi] for stream bytes [lo, hi) of any remote view.
+
+FirstAck / SecondAck / KeepAlive (lines 47-48, 54-55, 60-72). A primary that received
+data and has nothing to send within `first_ack_delay_us` multicasts FIRST_ACK(ack), and
+repeats it until a SECOND_ACK acks as much. A backup of the remote group answers a
+FIRST_ACK with SECOND_ACK only if its own application has produced the acked message;
+with no backup, the primary answers. FIRST_ACKs for the primary's last sent message,
+`first_ack_slowdown` times, throttle the primary (intra-group flow control, lines 65-66)
+until a KEEP_ALIVE or newer ack or `throttle_us`. An idle connection gets a KEEP_ALIVE
+every `keepalive_us`. A backup that sees a SECOND_ACK (or a remote primary's sent-up-to,
+below) beyond what it received nacks the gap (line 72); after a remote change of primary
+only the sent-up-to counts (the SECOND_ACK may echo an msn of the previous view).
+
+Timestamps and buffer management (lines 76-84). Every message carries a Lamport
+timestamp (`ts`; the clock merges every received ts). Per connection a member records
+`recv_ts`: every data message of the remote primary's current view with ts <= recv_ts
+has been received. A remote primary's control messages (FIRST_ACK, KEEP_ALIVE, NACK,
+NEW_PRIMARY_VIEW) state its sent-up-to msn in our trailer (below): once a member has
+everything up to it, `recv_ts` rises to that message's ts, which is below every ts the
+remote primary will use later; idle connections therefore do not pin the watermark
+for long. A sender also states the sent-up-to of its other connections to the same
+group, and a primary holding received data its group watermark does not cover yet asks
+the remote primary of an idle connection that pins it for a fresh KEEP_ALIVE (an empty
+NACK), so one quiet connection does not pace all the others.
+  mytimestampwatermark = min over known connections of recv_ts   (each member)
+  mygroupwatermark     = min(primary's own, every backup's)        (the primary, from
+                         the backups' HEARTBEAT `back`)
+  remotegroupwatermark = the largest `back` received on a connection
+The sender drops sent messages with ts <= remotegroupwatermark (line 80); every member
+drops received messages with ts <= mygroupwatermark (line 83; backups learn it from the
+primary's HEARTBEAT `back`). A backup's watermark only counts if it knows the same set
+of connections (and remote views) as the primary: its HEARTBEAT `ack` carries a digest
+of that set, so a backup that never heard of a connection cannot let the primary (and
+the remote sender) discard messages it lacks; likewise a backup uses the primary's group
+watermark only when the primary's HEARTBEAT `ack` digest equals its own (a message on a
+connection learned later may carry a lower timestamp).
+
+Order info (orderinfo_log.py) and the trailer that carries it with each message's
+sent-up-to, the sender's other connections and its delivered offset (trailer.py).
+
+Backups reason in stream offsets, never in msns: the agent reads the application's bytes
+in whatever chunks the socket gives it, so the primary and its backups cut the same
+stream into different messages. A backup answers a FIRST_ACK with SECOND_ACK when its
+application has produced the stream up to the remote primary's `delivered` offset, and
+it trims its log below (`delivered` - window_msgs * max_payload_bytes): the primary's
+sent list never holds more than a window past the remote group watermark, so those bytes
+are covered; at quiescence a backup holds at most a window (+ one message) of bytes per
+connection.
+
+Change of primary (membership, phase 2). `set_view()` installs a view. A backup that
+becomes primary resets msns to 1 and, on each connection, multicasts NEW_PRIMARY_VIEW
+(last_delivered = stream offset it delivered) until the remote primary answers
+NEW_PRIMARY_VIEW_ACK(last_delivered_from, last_sent_to); it then re-sends from its log
+exactly the bytes from last_delivered_from on. A remote primary that receives
+NEW_PRIMARY_VIEW flushes what it had not delivered from the old primary and answers,
+reflecting the old primary's last order info it holds (`RecoveredOrderInfo` at the new
+primary). Its resend point is the lowest offset any of its members may lack (its received
+list), and it gives the same answer to a repeated NEW_PRIMARY_VIEW. The new primary's msn 1
+is an empty message at the resend point, so receivers behind it see the gap and ask their
+primary for the missing bytes by offset; until a member has delivered up to there its
+watermark stays where the old view left it. The precedence check of lines 18-20 and
+phase 1 belong to membership.
+
+Bounds are in `MessagingConfig`; rules are in the tables of rules.py and the dispatch
+tables below. No clock, no I/O, no randomness here.
+"""
+from __future__ import annotations
+
+import zlib
+from collections import deque
+from typing import Any
+
+from llft.protocol.messages import (DATA_TYPES, MEMBERSHIP_CORE_TYPES, MEMBERSHIP_TYPES,
+                                    STREAM_OPEN, Message, MsgType, Role, Send)
+from llft.protocol.messaging.actions import (Deliver, DeliverOrderInfo, Opened, Phase2Done,
+                                             RecoveredOrderInfo, Resynced)
+from llft.protocol.messaging.config import (INTRA_CONN_SEQ, BufferFull, ConnId,
+                                            MessagingConfig, ProtocolError)
+from llft.protocol.messaging.connection import Connection, ReceiveSequence, SendState
+from llft.protocol.messaging.orderinfo_log import OrderInfoLog
+from llft.protocol.messaging.rules import PRIMARY_ONLY_TYPES, RESPONDS_TO_FIRST_ACK, Duty
+from llft.protocol.messaging.timers import (BACKUP_TIMERS, CONNECTION_TIMERS, ENDPOINT_TIMERS,
+                                            PRIMARY_TIMERS, Timer, Timers)
+from llft.protocol.messaging.trailer import pack_trailer, section_end, unpack_trailer
+
+
+class MessagingEndpoint:
+    """The messaging core of one replica of `group` (see the module docstring)."""
+
+    def __init__(self, group: str, birth_id: int, config: MessagingConfig | None = None):
+        self.group = group
+        self.birth_id = birth_id
+        self.config = config or MessagingConfig()
+        self.pvn = 0
+        self.primary_id = birth_id
+        self.members: list[tuple[int, int]] = [(birth_id, 1)]
+        self.precedence = 1
+        self.backups: list[int] = []
+        self.clock = 0                      # Lamport clock
+        self.gw = 0                         # mygroupwatermark (backups: as told by primary)
+        self.conns: dict[ConnId, Connection] = {}
+        self.reports: dict[int, tuple[int, int]] = {}   # backup -> (watermark, digest)
+        self.last_heard_us: dict[int, int] = {}
+        self._digest: int | None = None
+        self._actions: list[Any] = []
+        self._now = 0
+        self.timers = Timers()
+        self.reported_w = 0                 # backup: watermark in our last HEARTBEAT
+        self._gw_rose = False
+        self.order_info = OrderInfoLog(self.config)
+        self.phase2_pvn: int | None = None  # new primary: the view whose phase 2 runs
+        self.stats: dict[str, int] = {}
+
+    # ======================================================================== views ===
+    @property
+    def is_primary(self) -> bool:
+        return self.primary_id == self.birth_id
+
+    def set_view(self, pvn: int, primary_birth_id: int, members: list[tuple[int, int]],
+                 my_birth_id: int, now_us: int | None = None) -> None:
+        """Install a membership (called by membership). A higher pvn with a new primary
+        resets msns; if this replica becomes the primary it starts phase 2 on every
+        connection (NEW_PRIMARY_VIEW)."""
+        if my_birth_id != self.birth_id:
+            raise ProtocolError("set_view for another replica")
+        if now_us is not None:
+            self._now = max(self._now, now_us)
+        was_primary = self.is_primary
+        old_pvn = self.pvn
+        self.members = [(int(b), int(p)) for b, p in members]
+        self.precedence = dict(self.members).get(self.birth_id, 0)
+        self.primary_id = primary_birth_id
+        self.backups = [b for b, _ in sorted(self.members, key=lambda m: m[1])
+                        if b != primary_birth_id]
+        for gone in set(self.reports) - set(self.backups):
+            del self.reports[gone]
+        self.order_info.set_backups(self.backups)
+        self._digest_changed()
+        if pvn > old_pvn:
+            self.pvn = pvn
+            # order-info positions, like msns, restart at 1 in a new primary view
+            self.order_info.new_view()
+            self.timers.clear(Timer.ORDER_INFO_ACK)
+            if self.is_primary and not was_primary and old_pvn > 0:
+                self._become_primary(old_pvn)
+        self._gc_order_info()
+        self.timers.arm(Timer.HEARTBEAT, None, self._now)
+
+    def _become_primary(self, old_pvn: int) -> None:
+        now = self._now
+        self.reports.clear()
+        self.order_info.become_primary()
+        self.phase2_pvn = self.pvn
+        for c in self.conns.values():
+            c.begin_resync(old_pvn)
+            self.timers.clear(Timer.RETRANSMIT, c.cid)
+            self.timers.clear(Timer.THROTTLE_END, c.cid)
+            self.timers.set(Timer.NEW_PRIMARY_VIEW, c.cid, now)
+        if not self.conns:
+            self._actions.append(Phase2Done(self.pvn))
+            self.phase2_pvn = None
+
+    # ================================================================ application ===
+    def open(self, remote_group: str, conn_seq: int, role: Role = Role.CLIENT) -> ConnId:
+        cid = (remote_group, conn_seq, Role(role))
+        self._conn(cid)
+        return cid
+
+    def send_space(self, conn: ConnId) -> int:
+        c = self.conns[conn]
+        if self.is_primary:
+            return max(0, self.config.max_queue_bytes - c.send.queue_bytes)
+        return max(0, self.config.max_log_bytes - c.send.log_bytes)
+
+    def send(self, conn: ConnId, data: bytes, now_us: int | None = None) -> int:
+        """Accept up to send_space() bytes of the application's stream; returns how many.
+        The primary sends them (window permitting); a backup logs them."""
+        if now_us is not None:
+            self._now = max(self._now, now_us)
+        c = self._conn(conn)
+        n = min(len(data), self.send_space(conn))
+        step = self.config.max_payload_bytes
+        for i in range(0, n, step):
+            seg = bytes(data[i:min(n, i + step)])
+            if self.is_primary:
+                c.send.queue_segment(seg)
+            else:
+                c.send.log_segment(seg)
+        if n:
+            self._mark_known(c)
+            if self.is_primary:
+                self._flush(c)
+            else:
+                self._trim_log(c)       # a lagging backup: the remote may be ahead of it
+        return n
+
+    def add_order_info(self, chunk: bytes, now_us: int | None = None) -> int:
+        """Append an opaque order-info chunk (primary); returns its position."""
+        if now_us is not None:
+            self._now = max(self._now, now_us)
+        if not self.is_primary:
+            raise ProtocolError("only the primary produces order info")
+        pos = self.order_info.append(chunk)
+        if self.backups:
+            self.timers.arm(Timer.ORDER_INFO_INTRA, None,
+                            self._now + self.config.order_info_intra_us)
+        return pos
+
+    def order_info_held(self) -> int:
+        """Order-info chunks this primary keeps until every backup acknowledges them."""
+        return len(self.order_info.log)
+
+    def order_info_produced(self) -> int:
+        """The last order-info position this primary produced in its view."""
+        return self.order_info.last_pos
+
+    @property
+    def oi_delivered(self) -> int:
+        """A backup: the order-info positions of this view delivered so far."""
+        return self.order_info.delivered
+
+    def order_info_unprotected_bytes(self) -> int:
+        """Order info that no backup-acknowledgment and no remote reflection covers yet:
+        the next message to a remote group piggybacks it (up to max_piggyback_bytes).
+        Output commit: a runtime hands output to `send` only while this fits in one
+        piggyback, so every entry the output depends on travels with it or before it."""
+        return self.order_info.unprotected_bytes() if self.is_primary else 0
+
+    # =========================================================== snapshot/restore ===
+    def snapshot(self) -> dict:
+        """This endpoint's connections as a joining backup must install them (plain data,
+        msgpack-able): for each, the remote view and msn received up to (with its
+        recv_ts), the stream offset delivered, our own stream's end and the unacknowledged
+        tail of it (sent list and queue: what a backup would hold in its log, numbered as
+        this primary numbered it), and how far the remote primary delivered our stream;
+        plus the order-info position `oi_upto` this primary reached in view `pvn`."""
+        conns = []
+        for (remote, seq, role), c in self.conns.items():
+            rx = c.recv.view
+            log = [[m.msn, m.body["offset"], m.body["data"]] for m in c.send.sent]
+            log += [[c.send.next_msn + i, off, d] for i, (off, d) in enumerate(c.send.queue)]
+            conns.append({"remote": remote, "seq": seq, "role": int(role),
+                          "rx": [rx.pvn, rx.upto, rx.ts] if rx is not None else None,
+                          "delivered": c.recv.delivered, "out_offset": c.send.out_offset,
+                          "next_msn": c.send.next_msn + len(c.send.queue), "log": log,
+                          "remote_delivered": c.remote_view.delivered})
+        return {"pvn": self.pvn, "oi_upto": self.order_info.last_pos, "conns": conns}
+
+    def restore(self, snapshot: dict) -> dict[ConnId, int]:
+        """Install a primary's `snapshot()` at a joining backup, after `set_view`, as if
+        this backup had followed every connection from the start. Returns, per restored
+        connection, the end of our own stream there (bytes the group already produced:
+        the replaying application will write them again)."""
+        produced: dict[ConnId, int] = {}
+        for s in snapshot["conns"]:
+            cid = (s["remote"], s["seq"], Role(s["role"]))
+            c = self._conn(cid)
+            if s["rx"] is not None:
+                pvn, upto, ts = s["rx"]
+                c.recv.view = ReceiveSequence(pvn)
+                c.recv.view.upto, c.recv.view.ts = upto, ts
+            c.recv.delivered = s["delivered"]
+            c.send.out_offset = s["out_offset"]
+            c.send.next_msn = s["next_msn"]
+            c.send.log = deque((msn, off, data) for msn, off, data in s["log"])
+            c.send.log_bytes = sum(len(d) for _, _, d in s["log"])
+            c.remote_view.delivered = s["remote_delivered"]
+            c.mark_known()
+            self._digest_changed()
+            produced[cid] = c.send.out_offset
+        if snapshot["pvn"] == self.pvn:
+            # positions of this view the joiner's log already holds
+            self.order_info.delivered = snapshot["oi_upto"]
+        return produced
+
+    # ============================================================ sans-IO surface ===
+    def take_actions(self) -> list[Any]:
+        a, self._actions = self._actions, []
+        return a
+
+    def next_timer_us(self) -> int | None:
+        return self.timers.next_us()
+
+    def handle_timer(self, now_us: int) -> None:
+        """Fire every due timer, in the order of `Timer` (endpoint's, then per connection
+        in connection order); a timer of the other role (armed before a change of role)
+        is cleared; the backups' local nacks go out as one NACK."""
+        self._now = now = max(self._now, now_us)
+        not_mine = BACKUP_TIMERS if self.is_primary else PRIMARY_TIMERS
+        for kind in ENDPOINT_TIMERS:
+            if self.timers.expired(kind, None, now):
+                if kind in not_mine:
+                    self.timers.clear(kind)         # armed in the other role
+                else:
+                    getattr(self, _ENDPOINT_TIMER_HANDLERS[kind])()
+        local_nacks: list[list] = []
+        for c in self.conns.values():
+            for kind in CONNECTION_TIMERS:
+                if self.timers.expired(kind, c.cid, now):
+                    if kind in not_mine:
+                        self.timers.clear(kind, c.cid)
+                    elif kind is Timer.NACK:
+                        local_nacks.extend(self._nack(c))
+                    else:
+                        getattr(self, _CONNECTION_TIMER_HANDLERS[kind])(c)
+        if local_nacks:
+            self._emit(self.group, self._intra(MsgType.NACK, {"missing": local_nacks}))
+        self._after_event()
+
+    # ---- timer handlers (named in the tables at the end of this module) ----
+    def _heartbeat_due(self) -> None:
+        self._heartbeat()
+        self.timers.set(Timer.HEARTBEAT, None,
+                        self._now + self.config.heartbeat_us if self.backups else None)
+
+    def _watermark_report_due(self) -> None:
+        self.timers.clear(Timer.WATERMARK_REPORT)
+        if self.timestamp_watermark() > self.reported_w:
+            self._heartbeat()
+
+    def _order_info_ack_due(self) -> None:
+        self.timers.clear(Timer.ORDER_INFO_ACK)
+        self._order_info_ack()
+
+    def _throttle_end_due(self, c: Connection) -> None:
+        self.timers.clear(Timer.THROTTLE_END, c.cid)
+        c.unthrottle()
+        self._flush(c)
+
+    def _solicit_due(self, c: Connection) -> None:
+        self.timers.clear(Timer.SOLICIT, c.cid)
+        if c.recv.view is not None and not c.resyncing:
+            # an empty NACK: "where are you?" -- answered by a KEEP_ALIVE
+            self._emit(c.remote, self._msg(c, MsgType.NACK, {"missing": []}))
+            c.remote_view.solicit_after = self._now + self.config.first_ack_retry_us
+
+    def _after_event(self) -> None:
+        """Watermark news: a backup reports a risen watermark soon; a primary whose group
+        watermark rose tells remote senders holding data it now covers (KEEP_ALIVE soon),
+        so that flow control follows the slowest member without waiting for idle timers."""
+        if self.is_primary:
+            self._solicit_pinning()
+            if self._gw_rose:
+                self._gw_rose = False
+                gw = self.gw
+                soon = self._now + self.config.first_ack_delay_us
+                for c in self.conns.values():
+                    last_back = c.send.last_back
+                    if c.recv.max_data_ts > last_back and gw > last_back and not c.resyncing:
+                        self.timers.arm_earlier(Timer.KEEPALIVE, c.cid, soon)
+                        c.send.ka_urgent = True
+        elif self.timers.due(Timer.WATERMARK_REPORT) is None and self.backups:
+            if self.timestamp_watermark() > self.reported_w:
+                self.timers.set(Timer.WATERMARK_REPORT, None,
+                                self._now + self.config.watermark_report_us)
+
+    def _solicit_pinning(self) -> None:
+        """Received data our group watermark does not cover yet, because an idle
+        connection's recv_ts pins it: ask that connection's remote primary to state where
+        it is (its KEEP_ALIVE carries a fresh timestamp), instead of waiting for its
+        periodic keep-alive. Bounded: one request per connection per first_ack_retry_us."""
+        need = 0
+        for c in self.conns.values():
+            if c.recv.received and c.recv.received[-1].ts > need:
+                need = c.recv.received[-1].ts
+        if not need or self.gw >= need:
+            return
+        soon = self._now + self.config.first_ack_delay_us
+        for c in self.conns.values():
+            rx = c.recv.view
+            if (c.known and rx is not None and rx.ts < need and not rx.slots
+                    and self.timers.due(Timer.SOLICIT, c.cid) is None
+                    and self._now >= c.remote_view.solicit_after
+                    and c.recv.max_data_ts < rx.ts):     # idle: nothing of its own in flight
+                self.timers.set(Timer.SOLICIT, c.cid, soon)
+
+    def handle_message(self, msg: Message, now_us: int) -> None:
+        self._now = max(self._now, now_us)
+        if msg.sender == self.birth_id:
+            return
+        if msg.ts > self.clock:
+            self.clock = msg.ts
+        self._count("rx_" + msg.type.name)
+        if msg.src_group == self.group:
+            if msg.dst_group == self.group:
+                self._handle_intra(msg)
+                self._after_event()
+            # else: our own group's message to a remote group (not addressed to us)
+            return
+        if msg.dst_group != self.group:
+            return
+        if msg.type in MEMBERSHIP_CORE_TYPES:
+            return      # membership's
+        cid = (msg.src_group, msg.conn_seq, Role(1 - msg.role))
+        c = self.conns.get(cid)
+        if c is None:
+            if len(self.conns) >= self.config.max_connections:
+                self._count("conn_refused")
+                return
+            c = self._conn(cid)
+            self._actions.append(Opened(cid))
+        self._handle_inter(c, msg)
+        if self.is_primary:
+            self._gc_all_received()
+        self._after_event()
+
+    # ================================================================= inter-group ===
+    def _handle_inter(self, c: Connection, msg: Message) -> None:
+        """A message from the remote group on `c`. First what every message of a remote
+        primary tells (its view, that the connection is live, its group watermark, its
+        ack, how far it delivered our stream), then the handler of this message type
+        for our role, then the trailer (sent-up-to, order info)."""
+        t = msg.type
+        from_primary = t in PRIMARY_ONLY_TYPES
+        if from_primary:
+            rx = c.recv.view
+            if rx is not None and msg.pvn < rx.pvn:
+                old = c.recv.old_view
+                if old is not None and msg.pvn == old.pvn and t in DATA_TYPES:
+                    self._rx_data(c, old, msg)      # a backup filling the old view's gap
+                elif (t in DATA_TYPES and msg.body["offset"] <= c.recv.delivered
+                      < msg.body["offset"] + len(msg.body["data"])):
+                    self._count("gap_fill")         # bytes asked for by offset
+                    self._deliver(c, msg.body["offset"], msg.body["data"])
+                    self._gc_received(c)
+                else:
+                    self._count("stale_view")
+                return
+            if rx is None or msg.pvn > rx.pvn:
+                self._new_remote_view(c, msg.pvn, flush=(t == MsgType.NEW_PRIMARY_VIEW))
+            self._mark_known(c)
+            if msg.back > c.remote_view.group_watermark:
+                c.remote_view.group_watermark = msg.back
+                self._gc_sent(c)
+            if t != MsgType.NEW_PRIMARY_VIEW_ACK:
+                self._on_remote_ack(c, msg)
+        trailer = unpack_trailer(msg.order_info)
+        if from_primary and trailer is not None and trailer[4] is not None:
+            if trailer[4] > c.remote_view.delivered:
+                c.remote_view.delivered = trailer[4]
+                if not self.is_primary:
+                    self._trim_log(c)
+        handler = _INTER_GROUP_HANDLERS.get((t, self.is_primary))
+        if handler is not None:
+            getattr(self, handler)(c, msg)
+        if trailer is not None:
+            self._on_trailer(c, msg, trailer, from_primary)
+
+    # ---- inter-group handlers, by (type, role): the table at the end of this module ----
+    def _on_data(self, c: Connection, msg: Message) -> None:
+        self._rx_data(c, c.recv.view, msg)
+
+    def _on_data_at_primary(self, c: Connection, msg: Message) -> None:
+        self._rx_data(c, c.recv.view, msg)
+        self._want_first_ack(c, self.config.first_ack_delay_us)
+
+    def _on_first_ack(self, c: Connection, msg: Message) -> None:
+        if msg.ack > 0 and msg.ack == c.send.last_msn:
+            c.send.fa_count += 1
+            if (c.send.fa_count >= self.config.first_ack_slowdown and self.is_primary
+                    and self.backups and c.state is SendState.STREAMING):
+                c.throttle()
+                self.timers.set(Timer.THROTTLE_END, c.cid, self._now + self.config.throttle_us)
+                self._count("throttled")
+        duty = RESPONDS_TO_FIRST_ACK[(self.is_primary, bool(self.backups))]
+        # "has our application produced the acked message?" -- by stream offset: the
+        # FIRST_ACK's trailer states how far the remote primary delivered our stream
+        # (msns would not do: primary and backups cut the stream differently)
+        if (duty is Duty.SECOND_ACK and msg.ack > 0 and not c.resyncing
+                and c.send.out_offset >= c.remote_view.delivered):
+            self._emit(c.remote, self._msg(c, MsgType.SECOND_ACK, {}, ack=msg.ack))
+
+    def _on_second_ack_at_primary(self, c: Connection, msg: Message) -> None:
+        if c.recv.fa_pending and msg.ack >= c.recv.fa_pending:
+            c.recv.fa_pending = 0
+            self.timers.clear(Timer.FIRST_ACK, c.cid)
+            c.recv.fa_tries = 0
+            self._arm_keepalive(c)
+
+    def _on_second_ack_at_backup(self, c: Connection, msg: Message) -> None:
+        if c.recv.view is None:
+            self._new_remote_view(c, msg.pvn, flush=False)
+        # line 72. The ack echoes a FIRST_ACK of our primary, which may still have
+        # counted in the remote's previous view: after a remote change of primary only
+        # the remote primary's own sent-up-to is trusted.
+        if msg.pvn == c.recv.view.pvn and not c.recv.view.after_change:
+            self._expect(c, c.recv.view, msg.ack)
+
+    def _on_keepalive(self, c: Connection, msg: Message) -> None:
+        c.send.fa_count = 0
+        if c.state is SendState.THROTTLED:
+            self.timers.clear(Timer.THROTTLE_END, c.cid)
+            c.unthrottle()
+            self._flush(c)
+
+    def _on_remote_nack(self, c: Connection, msg: Message) -> None:
+        self._answer_remote_nack(c, msg.body["missing"])
+
+    def _on_npv_ack(self, c: Connection, msg: Message) -> None:
+        if c.resyncing:
+            self._resync(c, msg.body["last_delivered_from"], msg.body["last_sent_to"])
+
+    def _on_trailer(self, c: Connection, msg: Message, trailer, from_primary: bool) -> None:
+        sent_upto, own, refl, others, _ = trailer
+        rx = c.recv.view
+        if from_primary and rx is not None and msg.pvn == rx.pvn:
+            if msg.type not in DATA_TYPES:
+                self._declared(c, rx, sent_upto, msg.ts)
+            for seq, role, upto in others:
+                c2 = self.conns.get((msg.src_group, seq, Role(1 - role)))
+                if c2 is not None and c2.recv.view is not None and c2.recv.view.pvn == msg.pvn:
+                    self._declared(c2, c2.recv.view, upto, msg.ts)
+            if own is not None and self.is_primary:
+                last = section_end(own)
+                lr = c.remote_view.last_order_info
+                if lr is None or last >= section_end(lr):
+                    c.remote_view.last_order_info = own
+                refl_now = c.remote_view.to_reflect
+                if refl_now is None or last > section_end(refl_now):
+                    c.remote_view.to_reflect = own
+                    self._want_first_ack(c, self.config.first_ack_delay_us, reflect=True)
+        if refl is not None:
+            if self.is_primary:
+                if msg.type == MsgType.NEW_PRIMARY_VIEW_ACK:
+                    self._actions.append(RecoveredOrderInfo(c.cid, refl[0], refl[1],
+                                                            tuple(refl[2])))
+                    return
+                pvn, last = section_end(refl)
+                if pvn == self.pvn:
+                    self.order_info.on_reflected(last)
+            else:
+                self._oi_accept(refl, "oi_via_reflection")
+
+    def _declared(self, c: Connection, rx: ReceiveSequence, sent_upto: int, ts: int) -> None:
+        """The remote primary had sent msns up to `sent_upto` on `c` when it stamped `ts`."""
+        if sent_upto >= c.recv.declared[0] or ts > c.recv.declared[1]:
+            c.recv.declared = (max(sent_upto, c.recv.declared[0]), max(ts, c.recv.declared[1]))
+        self._expect(c, rx, sent_upto)
+        c.recv.advance_ts(rx)
+
+    def _on_remote_ack(self, c: Connection, msg: Message) -> None:
+        a = msg.ack
+        if msg.type != MsgType.FIRST_ACK and a != c.send.last_msn:
+            c.send.fa_count = 0
+        if self.is_primary:
+            if a > c.send.remote_ack and a <= c.send.last_msn:
+                c.send.remote_ack = a
+                c.send.rto_us = self.config.retransmit_us
+                self.timers.set(Timer.RETRANSMIT, c.cid,
+                                (self._now + c.send.rto_us) if a < c.send.last_msn else None)
+
+    def _trim_log(self, c: Connection) -> None:
+        """A backup does not know the timestamps its primary gave its messages, so it
+        cannot compare them with the remote group watermark. But the primary's sent list
+        never holds more than window_msgs messages (window_bytes) past that watermark, so
+        every byte below (remote primary's delivered offset - window_bytes) is covered."""
+        upto = c.remote_view.delivered - self.config.window_msgs * self.config.max_payload_bytes
+        while c.send.log and c.send.log[0][1] + len(c.send.log[0][2]) <= upto:
+            _, _, d = c.send.log.popleft()
+            c.send.log_bytes -= len(d)
+
+    def _new_remote_view(self, c: Connection, pvn: int, flush: bool) -> None:
+        # a backup keeps filling the old view's gaps locally (unless phase 2 flushed it)
+        c.recv.new_view(pvn, keep_old_gaps=not flush and not self.is_primary)
+        self._digest_changed()
+
+    # ------------------------------------------------------------------ receiving ---
+    def _rx_data(self, c: Connection, rx: ReceiveSequence, msg: Message) -> None:
+        m = msg.msn
+        if m <= rx.upto or rx.slots.get(m) is not None:
+            self._count("dup_data")
+            if self.is_primary and rx is c.recv.view:      # our ack may be lost: re-ack soon
+                self._want_first_ack(c, self.config.first_ack_delay_us, reflect=True)
+            return
+        if m > rx.upto + self.config.max_placeholders:
+            self._count("beyond_window")
+            return
+        if rx.first_offset is None or msg.body["offset"] < rx.first_offset:
+            rx.first_offset = msg.body["offset"]
+        self._expect(c, rx, m - 1)
+        rx.slots[m] = msg
+        rx.nacks.discard(m)
+        self._advance(c, rx)
+
+    def _expect(self, c: Connection, rx: ReceiveSequence, upto: int) -> None:
+        """The remote primary sent everything up to msn `upto`: placeholders + nacks."""
+        if rx.expect(upto, self.config.max_placeholders):
+            self.timers.arm(Timer.NACK, c.cid, self._now + self.config.nack_delay_us)
+
+    def _advance(self, c: Connection, rx: ReceiveSequence) -> None:
+        for m in rx.take_contiguous():
+            c.recv.keep_received(m)
+            self._deliver(c, m.body["offset"], m.body["data"])
+        c.recv.advance_ts(rx)
+        c.recv.drop_old_view_if_done()
+        self._gc_received(c)
+
+    def _deliver(self, c: Connection, offset: int, data: bytes) -> None:
+        end = offset + len(data)
+        if end <= c.recv.delivered:
+            self._count("dup_bytes")
+            return
+        if offset > c.recv.delivered:
+            # only after a change of primary: bytes ahead of a gap wait (bounded)
+            if len(c.recv.ahead) < self.config.max_placeholders:
+                c.recv.ahead[offset] = data
+            self.timers.arm(Timer.NACK, c.cid, self._now + self.config.nack_delay_us)
+            return
+        if offset < c.recv.delivered:
+            data = data[c.recv.delivered - offset:]
+        self._actions.append(Deliver(c.cid, c.recv.delivered, data))
+        c.recv.delivered = end
+        while c.recv.ahead:
+            ready = [o for o in c.recv.ahead if o <= c.recv.delivered]
+            if not ready:
+                break
+            for o in ready:
+                d = c.recv.ahead.pop(o)
+                if o + len(d) > c.recv.delivered:
+                    self._deliver(c, o, d)
+
+    # ------------------------------------------------------------------- sending ---
+    def _flush(self, c: Connection) -> None:
+        """Send queued segments while the window, byte bound and throttle allow."""
+        if not self.is_primary or c.state is not SendState.STREAMING:
+            return
+        config = self.config
+        while c.send.queue and len(c.send.sent) < config.window_msgs:
+            offset, data = c.send.queue.popleft()
+            c.send.queue_bytes -= len(data)
+            flags = 0
+            if not c.send.sent_open:
+                flags = STREAM_OPEN
+                c.send.sent_open = True
+            mtype = MsgType.REQUEST if c.role == Role.CLIENT else MsgType.REPLY
+            msg = self._msg(c, mtype, {"offset": offset, "data": data, "flags": flags},
+                            msn=c.send.next_msn)
+            c.send.next_msn += 1
+            c.send.sent.append(msg)
+            c.send.sent_bytes += len(data)
+            self._emit(c.remote, msg)
+            if self.timers.due(Timer.RETRANSMIT, c.cid) is None:
+                c.send.rto_us = config.retransmit_us
+                self.timers.set(Timer.RETRANSMIT, c.cid, self._now + c.send.rto_us)
+            # data carries our ack: a pending FIRST_ACK is superseded
+            c.recv.fa_pending = 0
+            self.timers.clear(Timer.FIRST_ACK, c.cid)
+            c.recv.fa_tries = 0
+
+    def _retransmit(self, c: Connection) -> None:
+        unacked = [m for m in c.send.sent if m.msn > c.send.remote_ack]
+        if not unacked:
+            self.timers.clear(Timer.RETRANSMIT, c.cid)
+            return
+        for m in unacked[: self.config.window_msgs]:
+            self._emit(c.remote, self._refresh(c, m))
+        self._count("retransmit", len(unacked))
+        c.send.rto_us = min(max(c.send.rto_us, self.config.retransmit_us) * 2,
+                            self.config.retransmit_max_us)
+        self.timers.set(Timer.RETRANSMIT, c.cid, self._now + c.send.rto_us)
+
+    def _refresh(self, c: Connection, m: Message) -> Message:
+        """A retransmission: same msn, ts and data; fresh ack/back."""
+        rx = c.recv.view
+        return Message(type=m.type, src_group=m.src_group, dst_group=m.dst_group,
+                       conn_seq=m.conn_seq, role=m.role, pvn=m.pvn,
+                       precedence=m.precedence, sender=m.sender, msn=m.msn,
+                       ack=rx.upto if rx else 0, back=self._back(c), ts=m.ts,
+                       body=m.body, order_info=m.order_info)
+
+    def _want_first_ack(self, c: Connection, delay_us: int, reflect: bool = False) -> None:
+        rx = c.recv.view
+        if rx is None or not self.is_primary:
+            return
+        if reflect or rx.upto > c.recv.fa_pending or c.recv.fa_pending == 0:
+            due = self._now + delay_us
+            self.timers.arm_earlier(Timer.FIRST_ACK, c.cid, due)
+            c.recv.fa_tries = 0
+
+    def _first_ack(self, c: Connection) -> None:
+        rx = c.recv.view
+        if rx is None:
+            self.timers.clear(Timer.FIRST_ACK, c.cid)
+            return
+        c.recv.fa_pending = max(rx.upto, 1) if rx.upto else 0
+        self._emit(c.remote, self._msg(c, MsgType.FIRST_ACK, {}))
+        c.recv.fa_tries += 1
+        if c.recv.fa_pending and c.recv.fa_tries < self.config.first_ack_max_tries:
+            self.timers.set(Timer.FIRST_ACK, c.cid, self._now + self.config.first_ack_retry_us)
+        else:
+            self.timers.clear(Timer.FIRST_ACK, c.cid)
+            c.recv.fa_pending = 0
+            c.recv.fa_tries = 0
+            self._arm_keepalive(c)
+
+    def _arm_keepalive(self, c: Connection) -> None:
+        if self.is_primary:
+            due = c.send.last_send_us + self.config.keepalive_us
+            if due <= self._now:
+                due = self._now + self.config.keepalive_us
+            self.timers.set(Timer.KEEPALIVE, c.cid, due)
+
+    def _keepalive(self, c: Connection) -> None:
+        if not c.known or c.resyncing:
+            self.timers.clear(Timer.KEEPALIVE, c.cid)
+            return
+        if c.send.ka_urgent or self._now - c.send.last_send_us >= self.config.keepalive_us:
+            c.send.ka_urgent = False
+            self._emit(c.remote, self._msg(c, MsgType.KEEP_ALIVE, {}))
+        self.timers.set(Timer.KEEPALIVE, c.cid, c.send.last_send_us + self.config.keepalive_us)
+
+    def _nack(self, c: Connection) -> list[list]:
+        """Nack gaps: the primary on the remote connection, a backup on the local one
+        (returns the local entries, batched by the caller into one NACK)."""
+        config = self.config
+        entries: list[list] = []
+        rxs = [r for r in (c.recv.old_view, c.recv.view) if r is not None and r.nacks]
+        if not self.is_primary and c.recv.ahead:
+            # bytes of an old remote primary we never heard of: ask by stream offset
+            entries.append([c.remote, c.seq, int(c.role), 0, c.recv.delivered, min(c.recv.ahead)])
+            self.timers.set(Timer.NACK, c.cid, self._now + config.nack_retry_us)
+        if not rxs:
+            if not entries:
+                self.timers.clear(Timer.NACK, c.cid)
+            return entries
+        self.timers.set(Timer.NACK, c.cid, self._now + config.nack_retry_us)
+        for rx in rxs:
+            missing = sorted(rx.nacks)[: config.max_nack_msns]
+            self._count("nack_msns", len(missing))
+            if self.is_primary:
+                if rx is c.recv.view:
+                    self._emit(c.remote, self._msg(c, MsgType.NACK, {"missing": missing}))
+            else:
+                entries.append([c.remote, c.seq, int(c.role), rx.pvn, *missing])
+        return entries
+
+    def _answer_remote_nack(self, c: Connection, missing: list) -> None:
+        if not missing:                         # "where are you?": a fresh keep-alive
+            self._emit(c.remote, self._msg(c, MsgType.KEEP_ALIVE, {}))
+            return
+        want = {m for m in missing if type(m) is int}
+        n = 0
+        for m in c.send.sent:
+            if m.msn in want:
+                self._emit(c.remote, self._refresh(c, m))
+                n += 1
+        self._count("nack_answered", n)
+
+    def _answer_local_nacks(self, entries: list) -> None:
+        for e in entries:
+            if (type(e) is not list or len(e) < 4 or type(e[0]) is not str
+                    or type(e[1]) is not int or e[2] not in (0, 1) or type(e[3]) is not int):
+                continue
+            c = self.conns.get((e[0], e[1], Role(e[2])))
+            if c is None:
+                continue
+            if len(e) == 6 and e[3] == 0 and type(e[4]) is int and type(e[5]) is int:
+                lo, hi = e[4], e[5]                 # a byte range, any remote view
+                for m in c.recv.received:
+                    off = m.body["offset"]
+                    if off < hi and off + len(m.body["data"]) > lo:
+                        self._emit(self.group, m)
+                continue
+            pvn, want = e[3], {m for m in e[4:] if type(m) is int}
+            for m in c.recv.received:
+                if m.pvn == pvn and m.msn in want:
+                    self._emit(self.group, m)       # the remote primary's own message
+            for rx in (c.recv.view, c.recv.old_view):
+                if rx is not None and rx.pvn == pvn:
+                    for k, m in rx.slots.items():
+                        if m is not None and k in want:
+                            self._emit(self.group, m)
+
+    # ----------------------------------------------------------- phase 2 (messaging) ---
+    def _send_npv(self, c: Connection) -> None:
+        if not c.resyncing:
+            self.timers.clear(Timer.NEW_PRIMARY_VIEW, c.cid)
+            return
+        self._emit(c.remote, self._msg(c, MsgType.NEW_PRIMARY_VIEW,
+                                       {"old_pvn": c.send.old_pvn,
+                                        "last_delivered": c.recv.delivered}))
+        self.timers.set(Timer.NEW_PRIMARY_VIEW, c.cid, self._now + self.config.npv_retry_us)
+
+    def _answer_npv(self, c: Connection, msg: Message) -> None:
+        """Remote side of phase 2 (line 38-41): flushed (see _new_remote_view); report
+        the last byte delivered from, and the last byte sent to, the old primary's group."""
+        c.remote_view.to_reflect = c.remote_view.last_order_info   # the old primary's last
+        # Resend point: not just what we delivered, but the lowest offset a member of
+        # our group may still lack (our received list holds exactly the messages the
+        # group watermark has not yet covered), so that no backup of ours is left with
+        # a gap if we fail too.
+        # A repeated NEW_PRIMARY_VIEW (our answer was lost) gets the same answer: the
+        # whole remote group numbers its log from it, and we may have collected since.
+        if c.remote_view.npv_answer is None or c.remote_view.npv_answer[0] != msg.pvn:
+            low = min([m.body["offset"] for m in c.recv.received] + [c.recv.delivered])
+            sent = c.send.sent
+            sent_to = (sent[-1].body["offset"] + len(sent[-1].body["data"]) if sent
+                       else (c.send.queue[0][0] if c.send.queue else c.send.out_offset))
+            c.remote_view.npv_answer = (msg.pvn, low, sent_to)
+        _, low, sent_to = c.remote_view.npv_answer
+        self._emit(c.remote, self._msg(c, MsgType.NEW_PRIMARY_VIEW_ACK,
+                                       {"last_delivered_from": low,
+                                        "last_sent_to": sent_to}))
+        # the new primary may lack our tail: make our unacked data go out again
+        if c.send.sent and self.timers.due(Timer.RETRANSMIT, c.cid) is None:
+            self.timers.set(Timer.RETRANSMIT, c.cid, self._now)
+
+    def _resync(self, c: Connection, resend_from: int, remote_sent_to: int) -> None:
+        """New primary: re-send from the log exactly the bytes the remote end lacks."""
+        self.timers.clear(Timer.NEW_PRIMARY_VIEW, c.cid)
+        if c.end_resync(resend_from):
+            self._count("resync_gap")       # the log lost bytes the remote lacks
+        self._actions.append(Resynced(c.cid, resend_from, remote_sent_to))
+        self._flush(c)
+        if self.phase2_pvn is not None and not any(x.resyncing for x in self.conns.values()):
+            self._actions.append(Phase2Done(self.phase2_pvn))
+            self.phase2_pvn = None
+
+    # ================================================================= intra-group ===
+    def _handle_intra(self, msg: Message) -> None:
+        t = msg.type
+        if t in MEMBERSHIP_TYPES:
+            return          # membership's (phase 2 never travels intra-group)
+        self.last_heard_us[msg.sender] = self._now
+        if self.is_primary:
+            if msg.sender not in self.backups:
+                return
+        elif msg.sender != self.primary_id or msg.pvn != self.pvn:
+            return
+        handler = _INTRA_GROUP_HANDLERS.get((t, self.is_primary))
+        if handler is not None:
+            getattr(self, handler)(msg)
+
+    # ---- intra-group handlers, by (type, role): the table at the end of this module ----
+    def _on_backup_heartbeat(self, msg: Message) -> None:
+        self.reports[msg.sender] = (msg.back, msg.ack)
+        self._gc_all_received()
+
+    def _on_local_nack(self, msg: Message) -> None:
+        self._answer_local_nacks(msg.body["missing"])
+
+    def _on_order_info_ack(self, msg: Message) -> None:
+        if msg.pvn == self.pvn and self.order_info.on_ack(msg.sender, msg.body["upto"]):
+            self._gc_order_info()
+
+    def _on_primary_heartbeat(self, msg: Message) -> None:
+        # the primary's group watermark holds for the connections it knew (its digest in
+        # `ack`); a message on a connection we learned of later may have a lower ts, so
+        # only a watermark over our own set of connections counts
+        if msg.ack == self.digest() and msg.back > self.gw:
+            self.gw = msg.back
+            self._gc_all_received()
+
+    def _on_order_info(self, msg: Message) -> None:
+        tr = unpack_trailer(msg.order_info)
+        if tr is not None and tr[1] is not None:
+            self._oi_accept(tr[1], "oi_via_intra")
+        # (re-)ack: the primary is still waiting
+        self.timers.arm(Timer.ORDER_INFO_ACK, None, self._now + self.config.order_info_ack_us)
+
+    def _heartbeat(self) -> None:
+        if not self.backups and self.is_primary:
+            return
+        if self.is_primary:
+            self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": 1},
+                                               back=self.group_watermark(),
+                                               ack=self.digest()))
+        else:
+            self.reported_w = self.timestamp_watermark()
+            self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": self.rank()},
+                                               back=self.reported_w, ack=self.digest()))
+            if self.order_info.acked != self.order_info.delivered:
+                self._order_info_ack()
+
+    # ---------------------------------------------------------------- order info ---
+    def _oi_accept(self, sec: list, path: str) -> None:
+        pvn, first, chunks = sec
+        if self.is_primary or pvn != self.pvn:
+            return          # order info of another primary view: not ours to deliver
+        for pos, chunk in self.order_info.accept(first, chunks):
+            self._count(path)
+            self._actions.append(DeliverOrderInfo(pos, chunk, self.pvn))
+            self.timers.arm(Timer.ORDER_INFO_ACK, None, self._now + self.config.order_info_ack_us)
+
+    def _order_info_ack(self) -> None:
+        oi = self.order_info
+        oi.acked = oi.delivered
+        self._emit(self.group, self._intra(MsgType.ORDER_INFO, {"upto": oi.delivered}))
+
+    def _order_info_intra(self) -> None:
+        floor = self.order_info.floor()
+        if floor >= self.order_info.last_pos:
+            self.timers.clear(Timer.ORDER_INFO_INTRA)
+            return
+        sec = self.order_info.section(self.pvn, floor)
+        if sec is not None:
+            self._emit(self.group, self._intra(
+                MsgType.ORDER_INFO, {"upto": section_end(sec)[1]},
+                order_info=pack_trailer(0, sec, None)))
+        self.timers.set(Timer.ORDER_INFO_INTRA, None, self._now + self.config.order_info_intra_us)
+
+    def _gc_order_info(self) -> None:
+        self.order_info.gc()
+        if not self.order_info.log:
+            self.timers.clear(Timer.ORDER_INFO_INTRA)
+
+    # ================================================================= watermarks ===
+    def timestamp_watermark(self) -> int:
+        """mytimestampwatermark: min recv_ts over the connections this replica knows."""
+        w = None
+        for c in self.conns.values():
+            if c.known:
+                ts = c.recv.view.ts if c.recv.view is not None else 0
+                if c.recv.old_view is not None or c.recv.ahead:
+                    ts = 0          # a gap in the stream: nothing may be collected yet
+                elif c.recv.old_ts is not None:
+                    first = c.recv.view.first_offset if c.recv.view is not None else None
+                    if first is not None and c.recv.delivered >= first:
+                        c.recv.old_ts = None     # caught up with the new remote primary
+                    else:
+                        ts = min(ts, c.recv.old_ts)
+                if w is None or ts < w:
+                    w = ts
+        return self.clock if w is None else w
+
+    def group_watermark(self) -> int:
+        """mygroupwatermark (the primary computes it; a backup repeats its primary's)."""
+        if not self.is_primary:
+            return self.gw
+        w = self.timestamp_watermark()
+        if self.backups:
+            d = self.digest()
+            for b in self.backups:
+                rep = self.reports.get(b)
+                if rep is None or rep[1] != d:
+                    return 0
+                if rep[0] < w:
+                    w = rep[0]
+        if w > self.gw:
+            self.gw = w
+            self._gw_rose = True
+        return w
+
+    def _digest_changed(self) -> None:
+        self._digest = None
+        if not self.is_primary:
+            self.gw = 0         # learned for another set of connections: not valid now
+
+    def digest(self) -> int:
+        """Digest of the known connections and their remote views (HEARTBEAT `ack`)."""
+        if self._digest is None:
+            items = sorted((c.remote, c.seq, int(c.role),
+                            c.recv.view.pvn if c.recv.view else -1)
+                           for c in self.conns.values() if c.known)
+            self._digest = zlib.crc32(repr(items).encode()) & 0x7FFFFFFF
+        return self._digest
+
+    def _gc_sent(self, c: Connection) -> None:
+        if c.send.drop_covered(c.remote_view.group_watermark):
+            if not any(m.msn > c.send.remote_ack for m in c.send.sent):
+                self.timers.clear(Timer.RETRANSMIT, c.cid)
+            self._flush(c)
+
+    def _gc_received(self, c: Connection) -> None:
+        c.recv.drop_received(self.gw if not self.is_primary else self.group_watermark())
+
+    def _gc_all_received(self) -> None:
+        gw = self.group_watermark()
+        for c in self.conns.values():
+            c.recv.drop_received(gw)
+
+    # =================================================================== helpers ===
+    def rank(self) -> int:
+        if self.is_primary:
+            return 1
+        try:
+            return 2 + self.backups.index(self.birth_id)
+        except ValueError:
+            return 0
+
+    def _conn(self, cid: ConnId) -> Connection:
+        c = self.conns.get(cid)
+        if c is None:
+            if len(self.conns) >= self.config.max_connections:
+                raise BufferFull("too many connections")
+            c = Connection(cid, self.config.retransmit_us)
+            self.conns[cid] = c
+        return c
+
+    def _mark_known(self, c: Connection) -> None:
+        if c.mark_known():
+            self._digest_changed()
+            if self.is_primary and self.timers.due(Timer.KEEPALIVE, c.cid) is None:
+                self._arm_keepalive(c)
+
+    def _msg(self, c: Connection, mtype: MsgType, body: dict, *, msn: int = 0,
+             ack: int | None = None) -> Message:
+        self.clock += 1
+        rx = c.recv.view
+        trailer = b""
+        if mtype != MsgType.SECOND_ACK:
+            own = None
+            # Order info rides on data messages only: they carry the output it protects
+            # (output commit). Copying it onto every ack and keep-alive as well multiplied
+            # a slow backup's backlog by the control traffic, fragments included.
+            if mtype in DATA_TYPES:
+                own = self.order_info.piggyback(self.pvn)
+            refl, c.remote_view.to_reflect = c.remote_view.to_reflect, None
+            sent_upto = msn if msn else (c.send.last_msn if not c.resyncing else 0)
+            # sent-up-to of our other connections to the same group: an idle one then
+            # does not pin the remote watermark until its next keep-alive
+            others = [[x.seq, int(x.role), x.send.last_msn] for x in self.conns.values()
+                      if x.remote == c.remote and x is not c and x.known and not x.resyncing]
+            trailer = pack_trailer(sent_upto, own, refl, others, c.recv.delivered)
+        return Message(type=mtype, src_group=self.group, dst_group=c.remote,
+                       conn_seq=c.seq, role=c.role, pvn=self.pvn,
+                       precedence=self.precedence, sender=self.birth_id, msn=msn,
+                       ack=(rx.upto if rx else 0) if ack is None else ack,
+                       back=self._back(c), ts=self.clock, body=body,
+                       order_info=trailer)
+
+    def _back(self, c: Connection) -> int:
+        b = self.group_watermark()
+        if b > c.send.last_back:
+            c.send.last_back = b
+        return b
+
+    def _intra(self, mtype: MsgType, body: dict, *, back: int = 0, ack: int = 0,
+               order_info: bytes = b"") -> Message:
+        self.clock += 1
+        return Message(type=mtype, src_group=self.group, dst_group=self.group,
+                       conn_seq=INTRA_CONN_SEQ, role=Role.CLIENT, pvn=self.pvn,
+                       precedence=self.precedence, sender=self.birth_id, ack=ack,
+                       back=back, ts=self.clock, body=body, order_info=order_info)
+
+    def _emit(self, dst_group: str, msg: Message) -> None:
+        self._actions.append(Send(dst_group, msg))
+        if dst_group != self.group:
+            c = self.conns.get((msg.dst_group, msg.conn_seq, msg.role)) \
+                if msg.src_group == self.group else None
+            if c is not None:
+                c.send.last_send_us = self._now
+                if self.timers.due(Timer.KEEPALIVE, c.cid) is not None or c.known:
+                    self.timers.set(Timer.KEEPALIVE, c.cid, self._now + self.config.keepalive_us)
+
+    def _count(self, key: str, n: int = 1) -> None:
+        self.stats[key] = self.stats.get(key, 0) + n
+
+    # ============================================================ introspection ===
+    def check(self) -> None:
+        """Assert the invariants of every connection (connection.py) and the endpoint's
+        own: a connection is THROTTLED exactly while its THROTTLE_END timer is armed;
+        order info is held only at a primary with backups, below the position reached."""
+        for c in self.conns.values():
+            c.check()
+            throttled = c.state is SendState.THROTTLED
+            assert throttled == (self.timers.due(Timer.THROTTLE_END, c.cid) is not None), \
+                f"{c.cid}: THROTTLED and the THROTTLE_END timer disagree"
+        self.order_info.check()
+
+    def buffer_sizes(self) -> dict[str, int]:
+        """What the endpoint holds (the simulator asserts bounds at quiescence)."""
+        out = {"sent": 0, "queue": 0, "log": 0, "log_bytes": 0, "received": 0,
+               "placeholders": 0,
+               "ahead": 0, "order_info": len(self.order_info.log),
+               "order_info_pending": len(self.order_info.pending)}
+        for c in self.conns.values():
+            out["sent"] += len(c.send.sent)
+            out["queue"] += len(c.send.queue)
+            out["log"] += len(c.send.log)
+            out["log_bytes"] += c.send.log_bytes
+            out["received"] += len(c.recv.received)
+            out["ahead"] += len(c.recv.ahead)
+            for rx in (c.recv.view, c.recv.old_view):
+                if rx is not None:
+                    out["placeholders"] += len(rx.slots)
+        return out
+
+
+# Primary and backup duties, as data: method names (looked up at call time), by
+# (message type, am_primary). A message not listed is not that role's business (for
+# inter-group messages the common part -- remote view, acks, trailer -- runs anyway).
+_INTER_GROUP_HANDLERS: dict[tuple[MsgType, bool], str] = {
+    (MsgType.REQUEST, True): "_on_data_at_primary",
+    (MsgType.REQUEST, False): "_on_data",
+    (MsgType.REPLY, True): "_on_data_at_primary",
+    (MsgType.REPLY, False): "_on_data",
+    (MsgType.FIRST_ACK, True): "_on_first_ack",
+    (MsgType.FIRST_ACK, False): "_on_first_ack",
+    (MsgType.SECOND_ACK, True): "_on_second_ack_at_primary",
+    (MsgType.SECOND_ACK, False): "_on_second_ack_at_backup",
+    (MsgType.KEEP_ALIVE, True): "_on_keepalive",
+    (MsgType.KEEP_ALIVE, False): "_on_keepalive",
+    (MsgType.NACK, True): "_on_remote_nack",
+    (MsgType.NEW_PRIMARY_VIEW, True): "_answer_npv",
+    (MsgType.NEW_PRIMARY_VIEW_ACK, True): "_on_npv_ack",
+}
+_INTRA_GROUP_HANDLERS: dict[tuple[MsgType, bool], str] = {
+    (MsgType.HEARTBEAT, True): "_on_backup_heartbeat",
+    (MsgType.NACK, True): "_on_local_nack",
+    (MsgType.ORDER_INFO, True): "_on_order_info_ack",
+    (MsgType.HEARTBEAT, False): "_on_primary_heartbeat",
+    (MsgType.ORDER_INFO, False): "_on_order_info",
+}
+
+# What fires when a timer is due: method names (looked up at call time).
+_ENDPOINT_TIMER_HANDLERS = {
+    Timer.HEARTBEAT: "_heartbeat_due",
+    Timer.WATERMARK_REPORT: "_watermark_report_due",
+    Timer.ORDER_INFO_INTRA: "_order_info_intra",
+    Timer.ORDER_INFO_ACK: "_order_info_ack_due",
+}
+_CONNECTION_TIMER_HANDLERS = {
+    Timer.THROTTLE_END: "_throttle_end_due",
+    Timer.NEW_PRIMARY_VIEW: "_send_npv",
+    Timer.RETRANSMIT: "_retransmit",
+    Timer.NACK: "_nack",                # its local entries are batched by handle_timer
+    Timer.FIRST_ACK: "_first_ack",
+    Timer.KEEPALIVE: "_keepalive",
+    Timer.SOLICIT: "_solicit_due",
+}
+assert set(_ENDPOINT_TIMER_HANDLERS) == set(ENDPOINT_TIMERS)
+assert set(_CONNECTION_TIMER_HANDLERS) == set(CONNECTION_TIMERS)

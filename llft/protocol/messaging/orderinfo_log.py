@@ -1,0 +1,160 @@
+"""The order-info log: the primary's opaque order-info chunks until its backups hold them,
+and a backup's in-order delivery of them.
+
+Primary side. The primary appends chunks (`append`, positions 1, 2, ... in each primary
+view) and keeps each until every backup has acknowledged it (ORDER_INFO(upto) on the
+intra-group connection; `acked`, then `gc`). A data message to a remote group piggybacks
+the chunks past the *protected* position, max(every backup's ack, the remote primary's
+reflection) (`piggyback`); a remote primary reflects what it received in its next
+message to the group, and the backups deliver the reflection. Chunks no backup acked
+within order_info_intra_us go to the backups directly (ORDER_INFO on the intra-group
+connection: the path for order info with nothing to ride on, and for backups that missed
+a reflection). `unprotected_bytes` is what output commit waits on.
+
+Backup side. `accept` takes a section (from a reflection or from ORDER_INFO) and returns
+the chunks now deliverable, exactly once and in position order; chunks beyond a gap wait
+(at most max_order_info_pending). Positions restart at 1 in a new primary view
+(`new_view`); a backup that becomes primary starts an empty log (`become_primary`).
+
+Sections are [pvn, first_pos, [chunk, ...]] (trailer.py); the chunks stay opaque (the
+determinizer's codec). Bounds: max_order_info_bytes held at the primary (BufferFull),
+max_piggyback_bytes per message, max_order_info_pending at a backup.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from llft.protocol.messaging.config import BufferFull, MessagingConfig
+from llft.protocol.messaging.trailer import Section
+
+
+class OrderInfoLog:
+    __slots__ = ("config", "backups", "next_pos", "log", "bytes", "reflected", "acks",
+                 "delivered", "pending", "acked")
+
+    def __init__(self, config: MessagingConfig):
+        self.config = config
+        self.backups: tuple[int, ...] = ()
+        # primary side
+        self.next_pos = 1
+        self.log: deque[tuple[int, bytes]] = deque()   # (pos, chunk) not acked by all
+        self.bytes = 0
+        self.reflected = 0                  # a remote primary reflected up to
+        self.acks: dict[int, int] = {}      # backup birth id -> position acked
+        # backup side
+        self.delivered = 0                  # delivered up to (this primary view)
+        self.pending: dict[int, bytes] = {} # beyond a gap
+        self.acked = 0                      # what our last ORDER_INFO acked
+
+    # ---- views ----
+    def set_backups(self, backups: list[int]) -> None:
+        self.backups = tuple(backups)
+        for gone in set(self.acks) - set(self.backups):
+            del self.acks[gone]
+
+    def new_view(self) -> None:
+        """A higher primary view: positions restart at 1."""
+        self.delivered = 0
+        self.pending.clear()
+        self.acked = 0
+
+    def become_primary(self) -> None:
+        self.acks.clear()
+        self.next_pos = 1
+        self.reflected = 0
+        self.log.clear()
+        self.bytes = 0
+        self.pending.clear()
+
+    # ---- primary side ----
+    @property
+    def last_pos(self) -> int:
+        return self.next_pos - 1
+
+    def append(self, chunk: bytes) -> int:
+        """A new chunk's position (kept only while there are backups to hold it)."""
+        if self.bytes + len(chunk) > self.config.max_order_info_bytes:
+            raise BufferFull("order info not yet acknowledged by the backups")
+        pos = self.next_pos
+        self.next_pos += 1
+        if self.backups:
+            self.log.append((pos, bytes(chunk)))
+            self.bytes += len(chunk)
+        return pos
+
+    def floor(self) -> int:
+        """Positions every backup has acked."""
+        if not self.backups:
+            return self.last_pos
+        return min(self.acks.get(b, 0) for b in self.backups)
+
+    def protected(self) -> int:
+        """Positions a backup ack or a remote reflection covers."""
+        return max(self.reflected, self.floor())
+
+    def unprotected_bytes(self) -> int:
+        if not self.backups or not self.log:
+            return 0
+        lim = self.protected()
+        return sum(len(ch) for pos, ch in self.log if pos > lim)
+
+    def section(self, pvn: int, after: int) -> Section | None:
+        """The chunks past position `after`, at most max_piggyback_bytes (at least one)."""
+        chunks: list[bytes] = []
+        first = 0
+        size = 0
+        for pos, ch in self.log:
+            if pos <= after:
+                continue
+            if chunks and size + len(ch) > self.config.max_piggyback_bytes:
+                break
+            if not chunks:
+                first = pos
+            chunks.append(ch)
+            size += len(ch)
+        return [pvn, first, chunks] if chunks else None
+
+    def piggyback(self, pvn: int) -> Section | None:
+        """What a data message to a remote group carries."""
+        if not self.backups or not self.log:
+            return None
+        return self.section(pvn, self.protected())
+
+    def on_reflected(self, last: int) -> None:
+        if last > self.reflected:
+            self.reflected = min(last, self.last_pos)
+
+    def on_ack(self, backup: int, upto: int) -> bool:
+        """A backup acked positions up to `upto`; True if that is news."""
+        if upto <= self.acks.get(backup, 0):
+            return False
+        self.acks[backup] = min(upto, self.last_pos)
+        return True
+
+    def gc(self) -> None:
+        """Drop what every backup holds."""
+        floor = self.floor()
+        while self.log and self.log[0][0] <= floor:
+            _, ch = self.log.popleft()
+            self.bytes -= len(ch)
+
+    # ---- backup side ----
+    def accept(self, first: int, chunks: list[bytes]) -> list[tuple[int, bytes]]:
+        """Chunks of this view from position `first`: the (pos, chunk) now deliverable."""
+        for i, ch in enumerate(chunks):
+            pos = first + i
+            if pos <= self.delivered:
+                continue
+            if pos - self.delivered > self.config.max_order_info_pending:
+                break
+            self.pending[pos] = ch
+        out = []
+        while self.delivered + 1 in self.pending:
+            self.delivered += 1
+            out.append((self.delivered, self.pending.pop(self.delivered)))
+        return out
+
+    def check(self) -> None:
+        assert self.bytes == sum(len(ch) for _, ch in self.log), "order-info bytes"
+        assert all(pos <= self.last_pos for pos, _ in self.log), "beyond the last position"
+        assert all(pos > self.delivered for pos in self.pending), "pending at or below delivered"
