@@ -35,6 +35,8 @@ and the scenario names those seeds. The format is line-based text:
     at 3000us partition n0 | n1 n2      relative to their round); `|` separates sides
     expect 0 violations               the expected outcome, compared after the run; or
     expect violation TEXT             a violation containing TEXT must be reported
+    expect at least N COUNTER         the run still exercises what the bug needed (a
+                                        coverage counter of --verbose, e.g. `crashes`)
 
 Each kind documents its own lines (`set`, `seed` and event words) in its module header. A
 `#` after a line's words starts a comment.
@@ -182,6 +184,10 @@ def unmet(script: Script, outcome: Outcome) -> list[str]:
             if outcome.violations:
                 out.append(f"expected 0 violations, got {len(outcome.violations)}: "
                            f"{outcome.violations[0]}")
+        elif words[:2] == ("at", "least") and len(words) > 3 and words[2].isdigit():
+            name, n = " ".join(words[3:]), int(words[2])
+            if outcome.stats.get(name, 0) < n:
+                out.append(f"expected at least {n} {name}, got {outcome.stats.get(name, 0)}")
         elif words[:1] == ("violation",) and len(words) > 1:
             want = " ".join(words[1:])
             if not any(want in " ".join(v.split()) for v in outcome.violations):
@@ -217,13 +223,15 @@ class Campaign:
     header: Callable[[dict], list[str]] | None = None     # lines before a campaign
     summary: Callable[[list[Outcome]], list[str]] | None = None   # --verbose, after it
     verbose_line: Callable[[Outcome], str] | None = None  # --verbose, per good schedule
+    about: str = ""                       # what the check is, for --help
 
     # -- the command line -----------------------------------------------------------------
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.description = (
-            f"Run seeded random schedules of the {self.kind} simulation and check every one. "
-            "The last line is `N schedules, K violations`; the exit status is non-zero when "
-            "K > 0. A failing schedule prints its seed and the command that replays it.")
+        parser.description = " ".join(self.about.split()) + (
+            " Runs seeded random schedules and checks every one. The last line is "
+            "`N schedules, K violations`; the exit status is non-zero when K > 0. A failing "
+            "schedule prints its seed and the command that replays it; --replay SEED --dump "
+            "FILE writes it out as a scenario script, --scenario FILE runs one.")
         parser.add_argument("--schedules", type=int, default=self.schedules,
                             help=f"how many schedules (default {self.schedules})")
         parser.add_argument("--seed", type=int, default=1,

@@ -491,8 +491,9 @@ class _Harness:
         sim = self.sim
         sim.run_until(fault_end)
         bound = bound_us(self.cfg, self.n)
-        took = run_until_done(sim, lambda: self.converged() is None, bound,
-                              self.quiet_check_us)
+        # checked every quiet_check_us; the check one step past the bound still counts
+        took = run_until_done(sim, lambda: self.converged() is None,
+                              bound + self.quiet_check_us, self.quiet_check_us)
         if took is None:
             self.rec.violations.append(
                 f"convergence: no full primary view {bound} us after faults stopped "
@@ -546,5 +547,6 @@ def _worst(outcomes: list[Outcome]) -> list[str]:
 
 CAMPAIGN = Campaign(
     KIND, run_seed, run_script, schedules=1000, header=_header, summary=_worst,
-    verbose_line=lambda o: f"ok, converged in {(o.took_us or 0) / 1000:.1f} ms")
+    verbose_line=lambda o: f"ok, converged in {(o.took_us or 0) / 1000:.1f} ms",
+    about=__doc__.split("\n\n")[0])
 add_arguments, run = CAMPAIGN.add_arguments, CAMPAIGN.run

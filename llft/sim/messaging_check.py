@@ -191,8 +191,9 @@ class _Replica:
 class Schedule:
     """One schedule, built from its script."""
 
-    def __init__(self, script: Script):
+    def __init__(self, script: Script, *, trace=None):
         self.script = script
+        self.trace = trace                 # print-like callable: the events as they happen
         self.pvn: dict[str, int] = {}
         self.failed_over: set[str] = set()      # groups whose primary changed
         self.oi_added: dict[tuple[str, int], list[bytes]] = {}   # (group, pvn) -> chunks
@@ -403,6 +404,15 @@ class Schedule:
         return inject
 
     # -- the run -----------------------------------------------------------------------
+    def _traced(self, line: tuple[str, ...], fn):
+        if self.trace is None:
+            return fn
+
+        def traced(sim: Sim) -> None:
+            self.trace(f"{sim.now_us / 1000:10.3f} ms  {' '.join(line[2:])}")
+            fn(sim)
+        return traced
+
     def run(self) -> list[str]:
         sim = self.sim
         self.injected = 0
@@ -412,15 +422,15 @@ class Schedule:
                 continue
             t, verb, args = us(line[1]), line[2], line[3:]
             if verb == "app":
-                sim.at(t, self._app_tick(self.by_node[args[0]]), args[0])
+                sim.at(t, self._traced(line, self._app_tick(self.by_node[args[0]])), args[0])
             elif verb == "crash":
-                sim.at(t, self._crash(self.by_node[args[0]]))
+                sim.at(t, self._traced(line, self._crash(self.by_node[args[0]])))
             elif verb == "partition":
-                sim.at(t, lambda s, cut=list(args): s.partition(cut))
+                sim.at(t, self._traced(line, lambda s, cut=list(args): s.partition(cut)))
             elif verb == "heal":
-                sim.at(t, lambda s: s.heal())
+                sim.at(t, self._traced(line, lambda s: s.heal()))
             elif verb == "inject":
-                sim.at(t, self._inject(*args))
+                sim.at(t, self._traced(line, self._inject(*args)))
             elif verb == "quiet":
                 quiet_us = t
             else:
@@ -490,15 +500,16 @@ def run_seed(seed: int, *, loss: float = 0.0, dup: float = 0.0, reorder: float =
 
 
 def run_script(script: Script, *, trace=None) -> Outcome:
-    s = Schedule(script)
+    s = Schedule(script, trace=trace)
     v = s.run()
     return Outcome(v, script, Counter({k: n for k, n in s.sim.stats.items()}))
 
 
-CAMPAIGN = Campaign(KIND, run_seed, run_script, schedules=100, params=(
-    Param("loss", 0.0, "chance that a datagram is lost, per receiver"),
-    Param("dup", 0.0, "chance that a datagram is duplicated"),
-    Param("reorder", 0.0, "chance that a datagram is delayed by up to 3 ms more"),
-    Param("failover", 0.0, "per group, chance that its primary crashes and this check "
-                           "plays membership (new primary view, phase 2 of messaging)")))
+CAMPAIGN = Campaign(
+    KIND, run_seed, run_script, schedules=100, about=__doc__.split("\n\n")[0], params=(
+        Param("loss", 0.0, "chance that a datagram is lost, per receiver"),
+        Param("dup", 0.0, "chance that a datagram is duplicated"),
+        Param("reorder", 0.0, "chance that a datagram is delayed by up to 3 ms more"),
+        Param("failover", 0.0, "per group, chance that its primary crashes and this check "
+                               "plays membership (new primary view, phase 2 of messaging)")))
 add_arguments, run = CAMPAIGN.add_arguments, CAMPAIGN.run

@@ -527,7 +527,8 @@ def run_script(script: Script, *, trace=None) -> Outcome:
     return Schedule(script, trace=trace).run()
 
 
-CAMPAIGN = Campaign(KIND, run_seed, run_script, schedules=100, params=(
-    Param("random-cuts", False, "applications write in sizes that differ between replicas "
-                                "(messaging's map from msn to bytes then differs)"),))
+CAMPAIGN = Campaign(
+    KIND, run_seed, run_script, schedules=100, about=__doc__.split("\n\n")[0], params=(
+        Param("random-cuts", False, "applications write in sizes that differ between "
+                                    "replicas (messaging's map from msn to bytes then differs)"),))
 add_arguments, run = CAMPAIGN.add_arguments, CAMPAIGN.run

@@ -61,7 +61,8 @@ def test_a_wrong_expectation_fails(tmp_path, capsys):
     path = sorted(REGRESSIONS.glob("membership_*.scenario"))[0]
     good = path.read_text()
     assert cli.main(["simulate", "membership", "--scenario", str(path)]) == 0
-    for wrong in ("expect violation convergence", "expect 1 violations"):
+    for wrong in ("expect violation convergence", "expect 1 violations",
+                  "expect 0 violations\nexpect at least 1000000 crashes"):
         bad = tmp_path / "bad.scenario"
         bad.write_text(good.replace("expect 0 violations", wrong))
         assert cli.main(["simulate", "membership", "--scenario", str(bad)]) == 1
