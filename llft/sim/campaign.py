@@ -53,6 +53,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 
+class ScenarioError(ValueError):
+    """A scenario file that cannot be read."""
+
+
 def schedule_seed(kind: str, seed: int, index: int) -> int:
     """The seed of schedule `index` of the campaign `seed` of simulator `kind`."""
     h = hashlib.sha256(f"llft-{kind}/{seed}/{index}".encode()).digest()
@@ -73,7 +77,7 @@ def run_until_done(sim, done: Callable[[], bool], bound_us: int, step_us: int) -
 def us(word: str) -> int:
     """'1200us' -> 1200."""
     if not word.endswith("us"):
-        raise ValueError(f"a time is written like 1200us, not {word!r}")
+        raise ScenarioError(f"a time is written like 1200us, not {word!r}")
     return int(word[:-2])
 
 
@@ -89,10 +93,6 @@ def sides(words: list[str] | tuple[str, ...]) -> list[list[str]]:
 
 
 # -- scripts -----------------------------------------------------------------------------
-
-class ScenarioError(ValueError):
-    """A scenario file that cannot be read."""
-
 
 @dataclass
 class Script:
@@ -173,7 +173,7 @@ def expect_lines(outcome: Outcome) -> list[tuple[str, ...]]:
     """The expectation that describes `outcome` (what --dump writes)."""
     if not outcome.violations:
         return [("0", "violations")]
-    return [("violation", *outcome.violations[0].split())]
+    return [("violation", *outcome.violations[0].split("#")[0].split())]   # '#': a comment
 
 
 def unmet(script: Script, outcome: Outcome) -> list[str]:
@@ -332,11 +332,15 @@ class Campaign:
         return 1 if o.violations else 0
 
     def _scenario(self, path: Path) -> int:
-        script = Script.load(path)
-        if script.kind != self.kind:
-            raise SystemExit(f"{path} is a {script.kind} scenario: "
-                             f"llft simulate {script.kind} --scenario {path}")
-        o = self.run_script(script, trace=print)
+        try:
+            script = Script.load(path)
+            if script.kind != self.kind:
+                raise ScenarioError(f"{path} is a {script.kind} scenario: "
+                                    f"llft simulate {script.kind} --scenario {path}")
+            o = self.run_script(script, trace=print)
+        except (ScenarioError, OSError) as e:
+            print(f"llft simulate {self.kind}: {e}", file=sys.stderr)
+            return 2
         for v in o.violations:
             print(f"VIOLATION {v}")
         missed = unmet(script, o)

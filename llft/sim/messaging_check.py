@@ -31,8 +31,9 @@ dup P reorder P corrupt P`, `set messaging payload B window N`, `seed sim N` (th
 first is the primary), `conn K CLIENT SERVER seq N`, `writes K c2s|s2c SIZE...` (a stream,
 cut as its primary's application writes it), `recut NODE K DIR SIZE...` (a replica that
 cuts it differently), `order-info G SIZE...` (chunks G's primary adds); events `app NODE`
-(its application starts), `crash NODE`, `partition NODE` (cut off from the rest), `heal`,
-`inject G forged|garbage|flipped ...` (see `Schedule._inject`) and `quiet` (faults stop).
+(its application starts), `crash NODE`, `partition NODE... [| NODE...]` (unlisted nodes
+form one more side), `heal`, `inject G forged|garbage|flipped ...` (see `Schedule._inject`)
+and `quiet` (faults stop).
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ from llft.protocol.messages import Message, MsgType, Role
 from llft.protocol.messaging import (BufferFull, Deliver, DeliverOrderInfo, MessagingConfig,
                                      MessagingEndpoint)
 from llft.sim.campaign import (Campaign, Outcome, Param, Script, ScenarioError,
-                               run_until_done, us)
+                               run_until_done, sides, us)
 from llft.sim.kernel import NetConfig, Sim
 
 KIND = "messaging"
@@ -120,7 +121,7 @@ def generate(seed: int, loss: float = 0.0, dup: float = 0.0, reorder: float = 0.
             for k, a, b in conns:
                 if g in (a, b):
                     direction = "c2s" if g == a else "s2c"
-                    if rng.random() < 0.5:
+                    if rng.random() < 0.5 and totals[(k, direction)]:
                         head.append(("recut", node, k, direction,
                                      *_sizes(rng, totals[(k, direction)])))
     events: list[tuple[int, tuple]] = []
@@ -195,7 +196,6 @@ class Schedule:
         self.script = script
         self.trace = trace                 # print-like callable: the events as they happen
         self.pvn: dict[str, int] = {}
-        self.failed_over: set[str] = set()      # groups whose primary changed
         self.oi_added: dict[tuple[str, int], list[bytes]] = {}   # (group, pvn) -> chunks
         self.violations: list[str] = []
         f = script.pairs("set", "faults")
@@ -369,7 +369,6 @@ class Schedule:
             members = [(r.bid, i + 1) for i, r in alive]
             if rep.primary:
                 self.pvn[g] += 1
-                self.failed_over.add(g)
                 rep.primary = False
                 alive[0][1].primary = True
             primary = next(r for _, r in alive if r.primary)
@@ -426,7 +425,7 @@ class Schedule:
             elif verb == "crash":
                 sim.at(t, self._traced(line, self._crash(self.by_node[args[0]])))
             elif verb == "partition":
-                sim.at(t, self._traced(line, lambda s, cut=list(args): s.partition(cut)))
+                sim.at(t, self._traced(line, lambda s, c=sides(args): s.partition(*c)))
             elif verb == "heal":
                 sim.at(t, self._traced(line, lambda s: s.heal()))
             elif verb == "inject":

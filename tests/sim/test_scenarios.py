@@ -9,7 +9,7 @@ import pytest
 
 from llft import cli
 from llft.sim import membership_check, messaging_check, replica_check
-from llft.sim.campaign import Script, expect_lines, scenario_files, schedule_seed, unmet
+from llft.sim.campaign import Outcome, Script, expect_lines, scenario_files, schedule_seed, unmet
 
 REGRESSIONS = Path(__file__).parent / "regressions"
 CAMPAIGNS = {c.kind: c for c in (messaging_check.CAMPAIGN, membership_check.CAMPAIGN,
@@ -80,3 +80,15 @@ def test_replay_dump_then_scenario(tmp_path, capsys):
     assert f"--replay {seed}" in script.comments[0]
     assert cli.main(["simulate", "replica", "--scenario", str(path)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "1 schedules, 0 violations"
+
+
+def test_a_failing_schedule_prints_the_command_that_replays_it(monkeypatch, capsys):
+    monkeypatch.setattr(messaging_check.CAMPAIGN, "run_seed",
+                        lambda seed, **kw: Outcome(["boom"], Script("messaging")))
+    assert cli.main(["simulate", "messaging", "--schedules", "1", "--seed", "3",
+                     "--loss", "0.2"]) == 1
+    seed = schedule_seed("messaging", 3, 0)
+    assert capsys.readouterr().out.splitlines() == [
+        f"seed {seed} (schedule 0): boom",
+        f"  replay: llft simulate messaging --replay {seed} --loss 0.2",
+        "1 schedules, 1 violations"]
