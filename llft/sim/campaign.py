@@ -279,11 +279,12 @@ class Campaign:
             return Outcome([f"exception: {type(e).__name__}: {e}"], Script(self.kind))
 
     def failures(self, schedules: int, seed: int, **params) -> list[tuple[int, str]]:
-        """(schedule seed, first violation) of every failing schedule of a campaign."""
+        """(schedule seed, first violation) of every failing schedule of a campaign (for
+        tests: an exception propagates)."""
         out = []
         for i in range(schedules):
             s = schedule_seed(self.kind, seed, i)
-            v = self.outcome(s, params).violations
+            v = self.run_seed(s, **params).violations
             if v:
                 out.append((s, v[0]))
         return out
