@@ -50,7 +50,8 @@ from llft.protocol import messaging as mg
 from llft.protocol.messages import Role
 from llft.replica.node import (Deliver, NotReady, OrderInfo, ReplicaNode, Restored, RestartApp,
                           ViewSwitch)
-from llft.sim.campaign import Campaign, Outcome, Param, Script, ScenarioError, run_until_done, us
+from llft.sim.campaign import (Campaign, Outcome, Param, Script, ScenarioError,
+                               run_until_done, us)
 from llft.sim.kernel import NetConfig, Sim
 from membership import core as mb
 
@@ -238,12 +239,11 @@ class Schedule:
         self.started: set[str] = set()
 
     @classmethod
-    def generate(cls, seed: int, *, loss: float | None = None, random_cuts: bool = False,
-                 trace=None) -> "Schedule":
+    def generate(cls, seed: int, *, random_cuts: bool = False, trace=None) -> "Schedule":
         """The schedule of `seed`: its parameters now, its faults as it runs (`run`)."""
         rng = random.Random(seed)
         script = Script(KIND)
-        script.add("set", "faults", "loss", rng.choice([0, 0.01, 0.05]) if loss is None else loss,
+        script.add("set", "faults", "loss", rng.choice([0, 0.01, 0.05]),
                    "dup", rng.choice([0, 0.02, 0.05]), "reorder", rng.choice([0, 0.05, 0.1]))
         script.add("seed", "sim", rng.getrandbits(64))
         script.add("seed", "app", rng.getrandbits(64))
