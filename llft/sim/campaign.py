@@ -26,7 +26,7 @@ generator changes what a seed means, never what a scenario file means. The rando
 is not the schedule (per-datagram loss and delays, the applications' pacing) stays seeded,
 and the scenario names those seeds. The format is line-based text:
 
-    # why this scenario exists        comments; the leading block is kept by --dump
+    # why this scenario exists        comments; the leading block describes the scenario
     simulate membership               the kind (the first line that is not a comment)
     set NAME VALUE...                 a parameter of the schedule (replicas, faults, ...)
     seed NAME N                       a seed of randomness that is not the schedule
