@@ -27,12 +27,15 @@ Partitions cut node pairs (checked at send and at arrival); crashes stop a node 
 dropped); a restart installs a new core under the same node id (a new incarnation).
 `inject()` puts arbitrary bytes (forged or corrupted datagrams) on the network.
 
-API (small on purpose; llft/sim/membership_check.py reuses it)
---------------------------------------------------------
+API (small on purpose; every check in llft/sim/ uses it)
+-------------------------------------------------------
     sim = Sim(seed, NetConfig(loss=.1, ...))       # or Sim(random.Random(..), ...)
     sim.add_node(node_id, core, groups, on_action=cb)   # groups: addresses it listens on
                                    # cb(node_id, action, now_us) gets every non-send action
-    sim.at(t_us, fn, node_id=None)     # call fn(sim) at t_us, then pump node_id (or all)
+    sim.at(t_us, fn, node_id=None)     # call fn(sim) at t_us, then pump node_id (or all);
+                                   # that pump drains actions a core queued while its
+                                   # owner handled an action, so even an event that does
+                                   # nothing is part of a schedule
     sim.crash(node_id) / sim.restart(node_id, core, groups=None, on_action=None)
     sim.partition([a, b], [c]) / sim.heal()       # nodes in different sets cannot talk
     sim.set_faults(NetConfig(...))                 # e.g. stop faults for the liveness phase

@@ -31,22 +31,30 @@ Checks, on every schedule:
   convergence    once faults stop, within `bound_us` (printed), one primary view forms
                  that contains every live replica, all of them restored and agreeing on
                  pvn, change, members and primary.
+
+Scenario lines (llft/sim/campaign.py has the format): `set replicas N`, `set faults loss P
+dup P reorder P corrupt P` (during fault phases), `seed sim N` (the kernel: datagram fates,
+birth ids, checkpoints, phase-2 delays); then per round `round K [after GAPus]` (a later
+round starts GAP after the last converged) and its events, times relative to the round:
+`start nK`, `crash nK`, `restart nK` (a new incarnation, new birth id), `partition nA nB |
+nC`, `heal`, `faults on` (a later round's faults begin), `quiet [restart nK]` (faults
+stop, the network heals, unstarted replicas start; the end of the fault phase).
 """
 from __future__ import annotations
 
-import argparse
 import random
-import sys
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 
 from llft.protocol.messages import MsgType
+from llft.sim.campaign import (Campaign, Outcome, Script, ScenarioError, run_until_done,
+                               sides, us)
 from llft.sim.kernel import NetConfig, Sim
 from membership.core import (BeginPhase2, Config, Membership, MembershipChanged, Reset,
                              Send, StateRestored, Status, ViewEntered)
 from membership.rules import Key
 
+KIND = "membership"
 GROUP = "g"
 STATE_BYTES_MAX = 40_000           # random checkpoint sizes exercise State chunking
 SIM_CONFIG = Config(group=GROUP, state_chunk_bytes=4_096, state_window_chunks=4)
@@ -99,23 +107,87 @@ class _Record:
 
 
 class _Harness:
-    def __init__(self, seed: int, *, quiet_check_us: int = 1_000, trace=None):
-        self.seed = seed
+    """Runs one schedule: drawn from a seed (`generate`), or read from a script. Either way
+    every fault takes effect through `_do`, which records it in `self.script`."""
+
+    def __init__(self, source: Script, *, quiet_check_us: int = 1_000, trace=None):
+        self.source = source               # the script read (a seed's: events come later)
         self.trace = trace                 # print-like callable: a readable event log
-        self.rng = random.Random(seed)
-        r = self.rng
-        self.n = r.choice([2, 3, 3, 4, 4, 5])
-        self.faults = NetConfig(loss=r.choice([0, 0.01, 0.05, 0.15]),
-                                dup=r.choice([0, 0.02, 0.1]),
-                                reorder=r.choice([0, 0.05, 0.2]),
-                                corrupt=r.choice([0, 0, 0.01]))
-        self.sim = Sim(r.getrandbits(64), self.faults)
+        self.n = int(source.get("set", "replicas")[0])
+        f = source.pairs("set", "faults")
+        self.faults = NetConfig(loss=float(f["loss"]), dup=float(f["dup"]),
+                                reorder=float(f["reorder"]), corrupt=float(f["corrupt"]))
+        self.sim = Sim(source.seed("sim"), self.faults)
         self.cfg = SIM_CONFIG
         self.rec = _Record()
         self.quiet_check_us = quiet_check_us
         self.nodes = list(range(self.n))
         self.started: set[int] = set()
         self.wiped_out = False
+        self.rng: random.Random | None = None     # the generator's, when drawn from a seed
+        self.round_start_us = 0
+        # what ran: the parameters, then every round and event as it took effect
+        self.script = Script(KIND, [line for line in source.lines
+                                    if line[0] in ("set", "seed")])
+
+    @classmethod
+    def generate(cls, seed: int, **kw) -> "_Harness":
+        """The schedule of `seed`: its parameters now, its faults as it runs."""
+        r = random.Random(seed)
+        script = Script(KIND)
+        script.add("set", "replicas", r.choice([2, 3, 3, 4, 4, 5]))
+        script.add("set", "faults", "loss", r.choice([0, 0.01, 0.05, 0.15]),
+                   "dup", r.choice([0, 0.02, 0.1]), "reorder", r.choice([0, 0.05, 0.2]),
+                   "corrupt", r.choice([0, 0, 0.01]))
+        script.add("seed", "sim", r.getrandbits(64))
+        h = cls(script, **kw)
+        h.rng = r
+        return h
+
+    # -- events: the one way a fault takes effect ----------------------------------------
+    def _do(self, *words) -> None:
+        """Apply one event of the schedule now and record it (time relative to the round)."""
+        words = tuple(str(w) for w in words)
+        self.script.at(self.sim.now_us - self.round_start_us, *words)
+        sim, verb, args = self.sim, words[0], words[1:]
+        if verb == "start":
+            self._start(_node(args[0]), restart=False)
+        elif verb == "restart":
+            node = _node(args[0])
+            if node in self.started and not sim.alive(node):
+                self._log(f"restart n{node}")
+                self._start(node, restart=True)
+        elif verb == "crash":
+            victim = _node(args[0])
+            if victim in self.started and sim.alive(victim):
+                status = sim.core(victim).status
+                if status in (Status.PROPOSING, Status.PRIMARY_PHASE2):
+                    self.rec.stats[f"crashes while {status.value}"] += 1
+                sim.crash(victim)
+                self._log(f"crash n{victim}")
+                if not self._live():
+                    self.wiped_out = True       # the group's history starts over
+        elif verb == "partition":
+            comps = [[_node(w) for w in side] for side in sides(args)]
+            sim.partition(*comps)
+            self._log("partition " + " | ".join(str(c) for c in comps))
+        elif verb == "heal":
+            sim.heal()
+            self._log("heal")
+        elif verb == "faults":              # faults on: a later round's fault phase begins
+            sim.set_faults(self.faults)
+        elif verb == "quiet":               # [restart nK]: faults stop, everyone starts
+            sim.heal()
+            sim.set_faults(NetConfig(delay_us_min=self.faults.delay_us_min,
+                                     delay_us_max=self.faults.delay_us_max))
+            for node in self.nodes:
+                if node not in self.started:
+                    self._start(node, restart=False)
+            if args[:1] == ("restart",):
+                self._log(f"restart n{_node(args[1])}")
+                self._start(_node(args[1]), restart=True)
+        else:
+            raise ScenarioError(f"membership: unknown event {' '.join(words)!r}")
 
     # -- the adapter: cores on the kernel ---------------------------------------------
     def _new_core(self, node: int) -> Membership:
@@ -211,6 +283,7 @@ class _Harness:
                     best = n
         return best
 
+    # -- the generator: decisions drawn from the seed, taken as the schedule runs --------
     def _crash(self, pick: str):
         def act(sim):
             live = self._live()
@@ -225,24 +298,20 @@ class _Harness:
                 ranked = sorted((sim.core(n).rank, n) for n in live
                                 if sim.core(n).status is Status.BACKUP)
                 victim = busy[0] if busy else (ranked[0][1] if ranked else None)
-                if busy:
-                    self.rec.stats[f"crashes while {sim.core(busy[0]).status.value}"] += 1
             else:
                 victim = None
             if victim is None:
                 victim = self.rng.choice(sorted(live))
-            sim.crash(victim)
-            self._log(f"crash n{victim} ({pick})")
-            if not self._live():
-                self.wiped_out = True       # the group's history starts over
+            self._do("crash", f"n{victim}")
         return act
 
+    def _dead(self) -> list[int]:
+        return sorted(n for n in self.nodes if n in self.started and not self.sim.alive(n))
+
     def _restart_one(self, sim) -> None:
-        dead = sorted(n for n in self.nodes if n in self.started and not sim.alive(n))
+        dead = self._dead()
         if dead:
-            node = self.rng.choice(dead)
-            self._log(f"restart n{node}")
-            self._start(node, restart=True)
+            self._do("restart", f"n{self.rng.choice(dead)}")
 
     def _partition(self, sim) -> None:
         nodes = sorted(self.started)
@@ -251,12 +320,18 @@ class _Harness:
         self.rng.shuffle(nodes)
         if len(nodes) >= 3 and self.rng.random() < 0.3:
             a, b = sorted(self.rng.sample(range(1, len(nodes)), 2))
-            sim.partition(nodes[:a], nodes[a:b], nodes[b:])
-            self._log(f"partition {nodes[:a]} | {nodes[a:b]} | {nodes[b:]}")
+            comps = [nodes[:a], nodes[a:b], nodes[b:]]
         else:
             cut = self.rng.randrange(1, len(nodes))
-            sim.partition(nodes[:cut], nodes[cut:])
-            self._log(f"partition {nodes[:cut]} | {nodes[cut:]}")
+            comps = [nodes[:cut], nodes[cut:]]
+        self._do("partition", *" | ".join(" ".join(f"n{x}" for x in c) for c in comps).split())
+
+    def _quiet(self, sim) -> None:
+        # the generator restarts a replica when all are dead (after the unstarted start)
+        if any(n not in self.started for n in self.nodes) or self._live() or not self._dead():
+            self._do("quiet")
+        else:
+            self._do("quiet", "restart", f"n{self.rng.choice(self._dead())}")
 
     def build(self, start_us: int) -> int:
         """Schedule one fault phase from `start_us`; return when it ends (us)."""
@@ -265,11 +340,11 @@ class _Harness:
             fault_us = r.randint(300_000, 900_000)
             for node in self.nodes:
                 t = 0 if node == 0 else r.randint(0, 150_000)
-                sim.at(t, lambda s, node=node: self._start(node, restart=False))
+                sim.at(t, lambda s, node=node: self._do("start", f"n{node}"))
             t = r.randint(100_000, 250_000)
         else:
             fault_us = start_us + r.randint(100_000, 500_000)
-            sim.at(start_us, lambda s: s.set_faults(self.faults))
+            sim.at(start_us, lambda s: self._do("faults", "on"))
             t = start_us + r.randint(0, 50_000)
         while t < fault_us:
             kind = r.choices(["crash_primary", "crash_backup", "restart", "partition",
@@ -282,7 +357,7 @@ class _Harness:
                 sim.at(t, self._restart_one)
             elif kind == "partition":
                 sim.at(t, self._partition)
-                sim.at(min(fault_us, t + r.randint(20_000, 200_000)), self._heal)
+                sim.at(min(fault_us, t + r.randint(20_000, 200_000)), lambda s: self._do("heal"))
             else:
                 sim.at(t, self._crash("primary"))
                 # the successor detects the crash one base timeout after the last
@@ -291,11 +366,8 @@ class _Harness:
                 sim.at(min(fault_us, t + r.randint(base - 3_000, base + 12_000)),
                        self._crash("successor"))
             t += r.randint(30_000, 200_000)
+        sim.at(fault_us, self._quiet)
         return fault_us
-
-    def _heal(self, sim) -> None:
-        sim.heal()
-        self._log("heal")
 
     def converged(self) -> str | None:
         """None when one primary view holds every live replica, else why not."""
@@ -364,45 +436,64 @@ class _Harness:
                         f"one primary: view {pvn} formed by {other} and by {primary} "
                         f"in one history, without a partition")
 
-    def run(self) -> tuple[list[str], int | None]:
+    def run(self) -> Outcome:
         """Run the schedule: 1-3 rounds of a fault phase then a quiet phase, checking
-        convergence and pruning at the end of each; return (violations, the longest
-        convergence time after faults stopped)."""
+        convergence and pruning at the end of each. Drawn from a seed, each round is
+        generated when it starts; read from a script, its events come from there."""
         worst = 0
-        start = 0
-        for _ in range(self.rng.choice([1, 1, 2, 3])):
-            took = self._round(start)
-            if took is None:
-                break
-            worst = max(worst, took)
-            start = self.sim.now_us + self.rng.randint(0, 100_000)
+        took: int | None = 0
+        if self.rng is not None:
+            start = 0
+            for k in range(1, self.rng.choice([1, 1, 2, 3]) + 1):
+                self._begin_round(k, start)
+                took = self._quiet_phase(self.build(start))
+                if took is None:
+                    break
+                worst = max(worst, took)
+                start = self.sim.now_us + self.rng.randint(0, 100_000)
+        else:
+            for k, gap_us, events in self._rounds():
+                start = self.sim.now_us + gap_us
+                self._begin_round(k, start)
+                for t_us, words in events:
+                    self.sim.at(start + t_us, lambda s, w=words: self._do(*w))
+                ends = [start + t for t, w in events if w[0] == "quiet"]
+                if len(ends) != 1:
+                    raise ScenarioError(f"membership: round {k} needs one `quiet` event")
+                took = self._quiet_phase(ends[0])
+                if took is None:
+                    break
+                worst = max(worst, took)
         self.check_one_primary_per_history()
-        return self.rec.violations, (worst if took is not None else None)
+        return Outcome(self.rec.violations, self.script, self.rec.stats,
+                       worst if took is not None else None)
 
-    def _round(self, start_us: int) -> int | None:
+    def _begin_round(self, k: int, start_us: int) -> None:
+        self.round_start_us = start_us
+        self.script.add("round", k, *(("after", f"{start_us - self.sim.now_us}us")
+                                      if k > 1 else ()))
+
+    def _rounds(self) -> list[tuple[int, int, list[tuple[int, tuple[str, ...]]]]]:
+        """The source's rounds: (number, gap after the last one converged, its events)."""
+        rounds: list = []
+        for line in self.source.lines:
+            if line[0] == "round":
+                rounds.append((int(line[1]), us(line[3]) if len(line) > 3 else 0, []))
+            elif line[0] == "at":
+                if not rounds:
+                    raise ScenarioError("membership: `at` before the first `round`")
+                rounds[-1][2].append((us(line[1]), line[2:]))
+        return rounds
+
+    def _quiet_phase(self, fault_end: int) -> int | None:
+        """Run to the end of the fault phase, then until converged (or the bound passes);
+        return how long convergence took."""
         sim = self.sim
-        fault_end = self.build(start_us)
-
-        def quiet(s):
-            s.heal()
-            s.set_faults(NetConfig(delay_us_min=self.faults.delay_us_min,
-                                   delay_us_max=self.faults.delay_us_max))
-            for node in self.nodes:
-                if node not in self.started:
-                    self._start(node, restart=False)
-            if not self._live():
-                self._restart_one(s)
-        sim.at(fault_end, quiet)
         sim.run_until(fault_end)
         bound = bound_us(self.cfg, self.n)
-        t = fault_end
-        took = None
-        while t <= fault_end + bound:
-            t += self.quiet_check_us
-            sim.run_until(t)
-            if self.converged() is None:
-                took = t - fault_end
-                break
+        # checked every quiet_check_us; the check one step past the bound still counts
+        took = run_until_done(sim, lambda: self.converged() is None,
+                              bound + self.quiet_check_us, self.quiet_check_us)
         if took is None:
             self.rec.violations.append(
                 f"convergence: no full primary view {bound} us after faults stopped "
@@ -412,67 +503,50 @@ class _Harness:
         return took
 
 
-def run_schedule(seed: int, stats: Counter | None = None) -> tuple[list[str], int | None]:
-    h = _Harness(seed)
-    result = h.run()
-    if stats is not None:
-        stats.update(h.rec.stats)
-        if not h.sim.stats["partitions"] and not h.wiped_out:
-            stats["schedules without partitions or total crashes"] += 1
-            stats["  ... with 2+ primaries for one view number"] += any(
-                len(p) > 1 for p in h.rec.primaries.values())
-        stats.update({k: v for k, v in h.sim.stats.items()
-                      if k in ("crashes", "restarts", "partitions", "lost", "corrupted")})
-    return result
+def _node(word: str) -> int:
+    """'n2' -> 2."""
+    if not word.startswith("n"):
+        raise ScenarioError(f"membership: a replica is written n0, n1, ..., not {word!r}")
+    return int(word[1:])
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--schedules", type=int, default=1000)
-    parser.add_argument("--seed", type=int, default=1,
-                        help="first seed; schedule i runs seed S*1_000_003 + i")
-    parser.add_argument("--verbose", action="store_true",
-                        help="one line per schedule, and coverage counters")
-    parser.add_argument("--replay", type=int, metavar="SEED",
-                        help="run one schedule seed (as printed) with a trace of its events")
+def run_seed(seed: int, trace=None) -> Outcome:
+    h = _Harness.generate(seed, trace=trace)
+    if trace is not None:
+        trace(f"{h.n} replicas, {h.faults}")
+    o = h.run()
+    _coverage(h, o.stats)
+    return o
 
 
-def schedule_seed(seed: int, i: int) -> int:
-    return seed * 1_000_003 + i
+def run_script(script: Script, trace=None) -> Outcome:
+    h = _Harness(script, trace=trace)
+    o = h.run()
+    _coverage(h, o.stats)
+    return o
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.replay is not None:
-        h = _Harness(args.replay, trace=print)
-        print(f"{h.n} replicas, {h.faults}")
-        violations, took = h.run()
-        for v in violations:
-            print(f"VIOLATION {v}")
-        print(f"1 schedules, {1 if violations else 0} violations")
-        return 1 if violations else 0
-    print(f"convergence bound after faults stop: {bound_us(SIM_CONFIG, 2) / 1000:.0f} ms "
-          f"(2 replicas) .. {bound_us(SIM_CONFIG, 5) / 1000:.0f} ms (5 replicas)")
-    bad = 0
-    worst = 0
-    stats: Counter = Counter()
-    t0 = time.monotonic()
-    for i in range(args.schedules):
-        s = schedule_seed(args.seed, i)
-        try:
-            violations, took = run_schedule(s, stats)
-        except Exception as e:                          # a crash is a violation too
-            violations, took = [f"exception: {type(e).__name__}: {e}"], None
-        if took is not None:
-            worst = max(worst, took)
-        if violations:
-            bad += 1
-            print(f"seed {s}: {violations[0]}" + (f" (+{len(violations) - 1} more)"
-                                                    if len(violations) > 1 else ""))
-            sys.stdout.flush()
-        elif args.verbose:
-            print(f"seed {s}: ok, converged in {took / 1000:.1f} ms")
-    if args.verbose:
-        for k, v in sorted(stats.items()):
-            print(f"  {k}: {v}")
-        print(f"worst convergence {worst / 1000:.1f} ms, {time.monotonic() - t0:.1f} s wall")
-    print(f"{args.schedules} schedules, {bad} violations")
-    return 1 if bad else 0
+def _coverage(h: _Harness, stats: Counter) -> None:
+    if not h.sim.stats["partitions"] and not h.wiped_out:
+        stats["schedules without partitions or total crashes"] += 1
+        stats["  ... with 2+ primaries for one view number"] += any(
+            len(p) > 1 for p in h.rec.primaries.values())
+    stats.update({k: v for k, v in h.sim.stats.items()
+                  if k in ("crashes", "restarts", "partitions", "lost", "corrupted")})
+
+
+def _header(params: dict) -> list[str]:
+    return [f"convergence bound after faults stop: {bound_us(SIM_CONFIG, 2) / 1000:.0f} ms "
+            f"(2 replicas) .. {bound_us(SIM_CONFIG, 5) / 1000:.0f} ms (5 replicas)"]
+
+
+def _worst(outcomes: list[Outcome]) -> list[str]:
+    worst = max((o.took_us or 0 for o in outcomes), default=0)
+    return [f"worst convergence {worst / 1000:.1f} ms"]
+
+
+CAMPAIGN = Campaign(
+    KIND, run_seed, run_script, schedules=1000, header=_header, summary=_worst,
+    verbose_line=lambda o: f"ok, converged in {(o.took_us or 0) / 1000:.1f} ms",
+    about=__doc__.split("\n\n")[0])
+add_arguments, run = CAMPAIGN.add_arguments, CAMPAIGN.run

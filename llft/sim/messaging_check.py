@@ -1,14 +1,15 @@
 """`llft simulate messaging`: the messaging protocol's safety and liveness, checked on
 seeded random schedules run by the deterministic simulator kernel.
 
-Each schedule (seed = hash of the campaign seed and the schedule index) builds two or
-three groups of 1-3 replicas, a few virtual connections between them, and applications
-on every replica that write the same byte streams (semi-active: backups produce what
-their primary produces, at their own pace and often in differently sized writes) and, on primaries, order-info chunks. During
-the fault phase the network loses, duplicates, reorders and corrupts datagrams, forged
-and garbage datagrams are injected, a replica is cut off by a transient partition, and backups crash (this check plays membership for
-backup removal; primaries stay alive: changes of primary are membership's simulation).
-Then faults stop, and the checks are:
+Each schedule builds two or three groups of 1-3 replicas, a few virtual connections
+between them, and applications on every replica that write the same byte streams
+(semi-active: backups produce what their primary produces, at their own pace and often in
+differently sized writes) and, on primaries, order-info chunks. During the fault phase the
+network loses, duplicates, reorders and corrupts datagrams, forged and garbage datagrams
+are injected, a replica is cut off by a transient partition, and backups crash (this check
+plays membership: it removes a crashed replica after DETECT_CRASH_US; with --failover a
+crashed primary is replaced by the next backup in a new primary view, phase 2 of
+messaging). Then faults stop, and the checks are:
 
   * exactly once, in order: every Deliver continues its stream exactly where the last
     one ended, with the bytes the primary's application wrote; at the end every live
@@ -23,22 +24,33 @@ Then faults stop, and the checks are:
   * liveness: all of the above hold within LIVENESS_BOUND_US of simulated time after the
     faults stop.
 
-A failing schedule prints one line with its seed; the last line is
-`N schedules, K violations`; the exit status is non-zero when K > 0.
+The generator (`generate`) decides everything before the schedule runs and writes it as a
+scenario script (format and runner: llft/sim/campaign.py). Its lines: `set faults loss P
+dup P reorder P corrupt P`, `set messaging payload B window N`, `seed sim N` (the kernel),
+`seed app N` (the applications' pacing), `group G BID...` (birth ids in rank order, the
+first is the primary), `conn K CLIENT SERVER seq N`, `writes K c2s|s2c SIZE...` (a stream,
+cut as its primary's application writes it), `recut NODE K DIR SIZE...` (a replica that
+cuts it differently), `order-info G SIZE...` (chunks G's primary adds); events `app NODE`
+(its application starts), `crash NODE`, `partition NODE... [| NODE...]` (unlisted nodes
+form one more side), `heal`, `inject G forged|garbage|flipped ...` (see `Schedule._inject`)
+and `quiet` (faults stop).
 """
 from __future__ import annotations
 
 import hashlib
 import random
-import sys
-import time
+from collections import Counter
 from dataclasses import dataclass, field
 
+from llft.protocol import wire
 from llft.protocol.messages import Message, MsgType, Role
 from llft.protocol.messaging import (BufferFull, Deliver, DeliverOrderInfo, MessagingConfig,
-                            MessagingEndpoint)
+                                     MessagingEndpoint)
+from llft.sim.campaign import (Campaign, Outcome, Param, Script, ScenarioError,
+                               run_until_done, sides, us)
 from llft.sim.kernel import NetConfig, Sim
 
+KIND = "messaging"
 FAULT_PHASE_US = 150_000            # app traffic and faults
 LIVENESS_BOUND_US = 400_000         # after faults stop, everything done within this
 CHECK_EVERY_US = 10_000
@@ -53,9 +65,114 @@ PARTITION_US_MAX = 30_000
 FORGED_PER_SCHEDULE = 6
 
 
-def schedule_seed(seed: int, index: int) -> int:
-    h = hashlib.sha256(f"llft-messaging/{seed}/{index}".encode()).digest()
-    return int.from_bytes(h[:8], "big")
+def stream_bytes(label: str, n: int) -> bytes:
+    """Application bytes: the content is arbitrary and fixed by what they are."""
+    return hashlib.shake_256(f"llft-messaging {label}".encode()).digest(n)
+
+
+def _sizes(rng: random.Random, total: int) -> list[int]:
+    """Cut `total` bytes into writes of 1..MAX_WRITE_BYTES."""
+    sizes, i = [], 0
+    while i < total:
+        sizes.append(min(total - i, rng.randint(1, MAX_WRITE_BYTES)))
+        i += sizes[-1]
+    return sizes
+
+
+def generate(seed: int, loss: float = 0.0, dup: float = 0.0, reorder: float = 0.0,
+             failover: float = 0.0) -> Script:
+    """The schedule of `seed`, written out (every decision is made here, before it runs)."""
+    rng = random.Random(seed)
+    sim_seed = rng.getrandbits(64)
+    head = [("set", "faults", "loss", loss, "dup", dup, "reorder", reorder,
+             "corrupt", CORRUPT_P),
+            ("set", "messaging", "payload", rng.choice([256, 700, 1024, 2000]),
+             "window", rng.choice([4, 8, 32])),
+            ("seed", "sim", sim_seed)]
+    groups: dict[str, list[str]] = {}
+    for gi in range(rng.choice([2, 3])):
+        g = f"g{gi}"
+        size = rng.randint(1, 3)
+        bids = [rng.getrandbits(62) + 1 for _ in range(size)]
+        head.append(("group", g, *bids))
+        groups[g] = [f"{g}.{i}" for i in range(size)]
+    conns, writes = [], []
+    seqs: dict[str, int] = {}
+    for k in range(1, rng.randint(1, 4) + 1):
+        a, b = rng.sample(sorted(groups), 2)
+        seqs[a] = seqs.get(a, 0) + 1
+        conns.append((k, a, b))
+        head.append(("conn", k, a, b, "seq", seqs[a]))
+        for direction in ("c2s", "s2c"):
+            total = rng.randint(0, MAX_STREAM_BYTES) if rng.random() < 0.9 else 0
+            rng.randbytes(total)           # the content is stream_bytes(); keeps the draws
+            writes.append(("writes", k, direction, *_sizes(rng, total)))
+    head += writes
+    for g in groups:
+        sizes = []
+        for _ in range(rng.randint(0, MAX_ORDER_INFO_CHUNKS)):
+            sizes.append(rng.randint(1, 200))
+            rng.randbytes(sizes[-1])
+        head.append(("order-info", g, *sizes))
+    # a replica writes the same stream as its primary, often cut differently
+    totals = {(w[1], w[2]): sum(int(x) for x in w[3:]) for w in writes}
+    for g, nodes in groups.items():
+        for node in nodes:
+            for k, a, b in conns:
+                if g in (a, b):
+                    direction = "c2s" if g == a else "s2c"
+                    if rng.random() < 0.5 and totals[(k, direction)]:
+                        head.append(("recut", node, k, direction,
+                                     *_sizes(rng, totals[(k, direction)])))
+    events: list[tuple[int, tuple]] = []
+    for nodes in groups.values():
+        for node in nodes:
+            events.append((rng.randint(0, 20_000), ("app", node)))
+    for nodes in groups.values():
+        if len(nodes) > 1 and failover and rng.random() < failover:
+            # a change of primary (one survivor at least: no backup crashes here)
+            events.append((rng.randint(0, FAULT_PHASE_US), ("crash", nodes[0])))
+            continue
+        for node in nodes[1:]:
+            if rng.random() < 0.25:
+                events.append((rng.randint(0, FAULT_PHASE_US), ("crash", node)))
+    if rng.random() < PARTITION_P:
+        cut = rng.choice(sorted(n for nodes in groups.values() for n in nodes))
+        start = rng.randint(0, FAULT_PHASE_US - PARTITION_US_MAX)
+        events.append((start, ("partition", cut)))
+        events.append((start + rng.randint(1_000, PARTITION_US_MAX), ("heal",)))
+    inject_at = [rng.randint(0, FAULT_PHASE_US) for _ in range(FORGED_PER_SCHEDULE)]
+    for t in inject_at:
+        g = rng.choice(sorted(groups))
+        k, a, b = rng.choice(conns)
+        sender = rng.getrandbits(62)
+        kind = rng.random()
+        if kind < 0.5:
+            events.append((t, ("inject", g, "forged", k, "sender", sender)))
+        elif kind < 0.8:
+            junk = rng.randbytes(rng.randint(0, 80)).hex()
+            events.append((t, ("inject", g, "garbage", junk or "-")))
+        else:
+            n = len(wire.encode(_forged(g, a, b, k, sender), bytes(wire.KEY_BYTES))[0])
+            events.append((t, ("inject", g, "flipped", k, "sender", sender,
+                               "byte", rng.randrange(n), "xor", 1 + rng.randrange(255))))
+    head.insert(3, ("seed", "app", rng.getrandbits(64)))
+    events.append((FAULT_PHASE_US, ("quiet",)))
+    script = Script(KIND)
+    for line in head:
+        script.add(*line)
+    for t, words in sorted(events, key=lambda e: e[0]):     # stable: ties keep their order
+        script.at(t, *words)
+    return script
+
+
+def _forged(g: str, a: str, b: str, seq: int, sender: int) -> Message:
+    """A datagram for connection (a -> b, seq) as group `g` would receive it."""
+    src = b if g == a else a
+    role = Role.SERVER if g == a else Role.CLIENT
+    mtype = MsgType.REPLY if role == Role.SERVER else MsgType.REQUEST
+    return Message(mtype, src, g, seq, role, 1, 1, sender, msn=1,
+                   body={"offset": 0, "data": b"FORGED" * 10, "flags": 0})
 
 
 @dataclass
@@ -73,54 +190,51 @@ class _Replica:
 
 
 class Schedule:
-    def __init__(self, seed: int, loss: float, dup: float, reorder: float,
-                 failover: float = 0.0):
-        self.seed = seed
-        self.failover = failover
+    """One schedule, built from its script."""
+
+    def __init__(self, script: Script, *, trace=None):
+        self.script = script
+        self.trace = trace                 # print-like callable: the events as they happen
         self.pvn: dict[str, int] = {}
-        self.failed_over: set[str] = set()      # groups whose primary changed
         self.oi_added: dict[tuple[str, int], list[bytes]] = {}   # (group, pvn) -> chunks
-        self.rng = rng = random.Random(seed)
         self.violations: list[str] = []
-        net = NetConfig(loss=loss, dup=dup, reorder=reorder, corrupt=CORRUPT_P)
-        self.sim = Sim(random.Random(rng.getrandbits(64)), net)
-        self.cfg = MessagingConfig(max_payload_bytes=rng.choice([256, 700, 1024, 2000]),
-                                   window_msgs=rng.choice([4, 8, 32]))
+        f = script.pairs("set", "faults")
+        net = NetConfig(loss=float(f["loss"]), dup=float(f["dup"]),
+                        reorder=float(f["reorder"]), corrupt=float(f["corrupt"]))
+        self.sim = Sim(random.Random(script.seed("sim")), net)
+        self.app_rng = random.Random(script.seed("app"))     # the applications' pacing
+        m = script.pairs("set", "messaging")
+        self.cfg = MessagingConfig(max_payload_bytes=int(m["payload"]),
+                                   window_msgs=int(m["window"]))
         self.groups: dict[str, list[_Replica]] = {}
-        n_groups = rng.choice([2, 3])
-        for gi in range(n_groups):
-            g = f"g{gi}"
-            size = rng.randint(1, 3)
-            bids = [rng.getrandbits(62) + 1 for _ in range(size)]
-            members = [(b, i + 1) for i, b in enumerate(bids)]
-            reps = []
-            for i, b in enumerate(bids):
-                core = MessagingEndpoint(g, b, self.cfg)
-                core.set_view(1, bids[0], members, b, now_us=0)
-                rep = _Replica(f"{g}.{i}", g, b, core, i == 0)
-                reps.append(rep)
-            self.groups[g] = reps
-            self.pvn[g] = 1
-        # connections: (client group, server group, conn_seq) + the two streams
-        self.conns = []
-        seqs: dict[str, int] = {}
-        for _ in range(rng.randint(1, 4)):
-            a, b = rng.sample(sorted(self.groups), 2)
-            seqs[a] = seqs.get(a, 0) + 1
-            streams = {}
-            for direction in ("c2s", "s2c"):
-                total = rng.randint(0, MAX_STREAM_BYTES) if rng.random() < 0.9 else 0
-                data = rng.randbytes(total)
-                cuts, i = [], 0
-                while i < total:
-                    n = rng.randint(1, MAX_WRITE_BYTES)
-                    cuts.append(data[i:i + n])
-                    i += n
-                streams[direction] = (data, cuts)
-            self.conns.append((a, b, seqs[a], streams))
-        self.order_info = {g: [rng.randbytes(rng.randint(1, 200))
-                               for _ in range(rng.randint(0, MAX_ORDER_INFO_CHUNKS))]
-                           for g in self.groups}
+        self.conns = []             # (client group, server group, conn_seq, streams)
+        conn_index: dict[str, int] = {}
+        self.order_info: dict[str, list[bytes]] = {}
+        recuts = []
+        for line in script.lines:
+            verb, args = line[0], line[1:]
+            if verb == "group":
+                g, bids = args[0], [int(w) for w in args[1:]]
+                members = [(b, i + 1) for i, b in enumerate(bids)]
+                reps = []
+                for i, b in enumerate(bids):
+                    core = MessagingEndpoint(g, b, self.cfg)
+                    core.set_view(1, bids[0], members, b, now_us=0)
+                    reps.append(_Replica(f"{g}.{i}", g, b, core, i == 0))
+                self.groups[g] = reps
+                self.pvn[g] = 1
+            elif verb == "conn":
+                conn_index[args[0]] = len(self.conns)
+                self.conns.append((args[1], args[2], int(args[4]), {}))
+            elif verb == "writes":
+                k, direction, sizes = args[0], args[1], [int(w) for w in args[2:]]
+                data = stream_bytes(f"conn {k} {direction}", sum(sizes))
+                self.conns[conn_index[k]][3][direction] = (data, _cut(data, sizes))
+            elif verb == "order-info":
+                self.order_info[args[0]] = [stream_bytes(f"order-info {args[0]} {i}", int(n))
+                                            for i, n in enumerate(args[1:])]
+            elif verb == "recut":
+                recuts.append(args)
         self.crashed: set[str] = set()
         for g, reps in self.groups.items():
             for rep in reps:
@@ -132,13 +246,16 @@ class Schedule:
                         rep.core.open(a, seq, Role.SERVER)
         self.by_node = {r.node: r for reps in self.groups.values() for r in reps}
         # The agent reads an application's bytes in whatever chunks its socket yields:
-        # a replica writes the same stream as its primary, often cut differently.
+        # a replica writes the stream as its primary cut it, unless recut.
         self.cuts: dict[tuple[str, tuple], list[bytes]] = {}
         for rep in self.by_node.values():
             for cid, data, cuts in self._streams(rep):
-                if rng.random() < 0.5:
-                    cuts = self._recut(data)
                 self.cuts[(rep.node, cid)] = cuts
+        for node, k, direction, *sizes in recuts:
+            a, b, seq, streams = self.conns[conn_index[k]]
+            cid = (b, seq, Role.CLIENT) if direction == "c2s" else (a, seq, Role.SERVER)
+            self.cuts[(node, cid)] = _cut(streams[direction][0], [int(w) for w in sizes])
+        self.conn_ids = {k: self.conns[i] for k, i in conn_index.items()}
 
     # -- expectations ------------------------------------------------------------------
     def _streams(self, rep: _Replica):
@@ -148,14 +265,6 @@ class Schedule:
                 yield (b, seq, Role.CLIENT), *streams["c2s"]
             elif rep.group == b:
                 yield (a, seq, Role.SERVER), *streams["s2c"]
-
-    def _recut(self, data: bytes) -> list[bytes]:
-        cuts, i = [], 0
-        while i < len(data):
-            n = self.rng.randint(1, MAX_WRITE_BYTES)
-            cuts.append(data[i:i + n])
-            i += n
-        return cuts
 
     def _writes(self, rep: _Replica):
         """(conn id, cuts) this replica's application writes."""
@@ -218,14 +327,14 @@ class Schedule:
                         busy = True
                         break
                     idx, done = idx + 1, 0
-                    if self.rng.random() < 0.5:
+                    if self.app_rng.random() < 0.5:
                         busy = busy or idx < len(cuts)
                         break
                 rep.progress[cid] = (idx, done)
             if rep.primary:
                 chunks = self.order_info[rep.group]
                 while rep.oi_done < len(chunks):
-                    if self.rng.random() < 0.5:
+                    if self.app_rng.random() < 0.5:
                         busy = True
                         break
                     try:
@@ -237,7 +346,7 @@ class Schedule:
                         break
                     rep.oi_done += 1
             if busy:
-                delay = self.rng.randint(APP_TICK_US // 2, APP_TICK_US * 2)
+                delay = self.app_rng.randint(APP_TICK_US // 2, APP_TICK_US * 2)
                 sim.at(sim.now_us + delay, tick, rep.node)
         return tick
 
@@ -260,7 +369,6 @@ class Schedule:
             members = [(r.bid, i + 1) for i, r in alive]
             if rep.primary:
                 self.pvn[g] += 1
-                self.failed_over.add(g)
                 rep.primary = False
                 alive[0][1].primary = True
             primary = next(r for _, r in alive if r.primary)
@@ -272,60 +380,71 @@ class Schedule:
                 r.core.set_view(self.pvn[g], primary.bid, members, r.bid, now_us=sim.now_us)
         return remove
 
-    def _inject(self, sim: Sim) -> None:
-        rng = self.rng
-        g = rng.choice(sorted(self.groups))
-        a, b, seq, _ = rng.choice(self.conns)
-        src = b if g == a else a
-        role = Role.SERVER if g == a else Role.CLIENT
-        mtype = MsgType.REPLY if role == Role.SERVER else MsgType.REQUEST
-        forged = Message(mtype, src, g, seq, role, 1, 1, rng.getrandbits(62), msn=1,
-                         body={"offset": 0, "data": b"FORGED" * 10, "flags": 0})
-        kind = rng.random()
-        if kind < 0.5:
-            for dg in sim.forge(forged):
-                sim.inject(g, dg)
-        elif kind < 0.8:
-            sim.inject(g, rng.randbytes(rng.randint(0, 80)))
-        else:
-            from llft.protocol import wire
-            dg = bytearray(wire.encode(forged, sim.key)[0])
-            i = rng.randrange(len(dg))
-            dg[i] ^= 1 + rng.randrange(255)
-            sim.inject(g, bytes(dg))
-        self.injected += 1
+    def _inject(self, g: str, kind: str, *args: str):
+        """`forged K sender B`: a datagram of connection K sealed with a wrong key;
+        `garbage HEX`: bytes; `flipped K sender B byte I xor X`: a sealed datagram of
+        connection K with byte I xor X."""
+        def inject(sim: Sim) -> None:
+            if kind == "garbage":
+                sim.inject(g, bytes.fromhex(args[0].replace("-", "")))
+            else:
+                a, b, seq, _ = self.conn_ids[args[0]]
+                forged = _forged(g, a, b, seq, int(args[2]))
+                if kind == "forged":
+                    for dg in sim.forge(forged):
+                        sim.inject(g, dg)
+                elif kind == "flipped":
+                    dg = bytearray(wire.encode(forged, sim.key)[0])
+                    dg[int(args[4])] ^= int(args[6])
+                    sim.inject(g, bytes(dg))
+                else:
+                    raise ScenarioError(f"messaging: unknown injection {kind!r}")
+            self.injected += 1
+        return inject
 
     # -- the run -----------------------------------------------------------------------
+    def _traced(self, line: tuple[str, ...], fn):
+        if self.trace is None:
+            return fn
+
+        def traced(sim: Sim) -> None:
+            self.trace(f"{sim.now_us / 1000:10.3f} ms  {' '.join(line[2:])}")
+            fn(sim)
+        return traced
+
     def run(self) -> list[str]:
-        sim, rng = self.sim, self.rng
+        sim = self.sim
         self.injected = 0
-        for rep in self.by_node.values():
-            sim.at(rng.randint(0, 20_000), self._app_tick(rep), rep.node)
-        for reps in self.groups.values():
-            if len(reps) > 1 and self.failover and rng.random() < self.failover:
-                # a change of primary (one survivor at least: no backup crashes here)
-                sim.at(rng.randint(0, FAULT_PHASE_US), self._crash(reps[0]))
+        quiet_us = None
+        for line in self.script.lines:
+            if line[0] != "at":
                 continue
-            for rep in reps[1:]:
-                if rng.random() < 0.25:
-                    sim.at(rng.randint(0, FAULT_PHASE_US), self._crash(rep))
-        if rng.random() < PARTITION_P:
-            cut = rng.choice(sorted(self.by_node))
-            start = rng.randint(0, FAULT_PHASE_US - PARTITION_US_MAX)
-            sim.at(start, lambda s: s.partition([cut]))
-            sim.at(start + rng.randint(1_000, PARTITION_US_MAX), lambda s: s.heal())
-        for _ in range(FORGED_PER_SCHEDULE):
-            sim.at(rng.randint(0, FAULT_PHASE_US), self._inject)
-        sim.run_until(FAULT_PHASE_US)
+            t, verb, args = us(line[1]), line[2], line[3:]
+            if verb == "app":
+                sim.at(t, self._traced(line, self._app_tick(self.by_node[args[0]])), args[0])
+            elif verb == "crash":
+                sim.at(t, self._traced(line, self._crash(self.by_node[args[0]])))
+            elif verb == "partition":
+                sim.at(t, self._traced(line, lambda s, c=sides(args): s.partition(*c)))
+            elif verb == "heal":
+                sim.at(t, self._traced(line, lambda s: s.heal()))
+            elif verb == "inject":
+                sim.at(t, self._traced(line, self._inject(*args)))
+            elif verb == "quiet":
+                quiet_us = t
+            else:
+                raise ScenarioError(f"messaging: unknown event {' '.join(line[2:])!r}")
+        if quiet_us is None:
+            raise ScenarioError("messaging: a scenario needs a `quiet` event")
+        sim.run_until(quiet_us)
         sim.set_faults(NetConfig())
-        deadline = FAULT_PHASE_US + LIVENESS_BOUND_US
         problems: list[str] = []
-        while sim.now_us < deadline:
-            sim.run_for(CHECK_EVERY_US)
-            problems = self._pending()
-            if not problems or self.violations:
-                break
-        if problems and not self.violations:
+
+        def done() -> bool:
+            problems[:] = self._pending()
+            return not problems or bool(self.violations)
+        if run_until_done(sim, done, LIVENESS_BOUND_US, CHECK_EVERY_US) is None \
+                and problems and not self.violations:
             self._violation(f"not done {LIVENESS_BOUND_US} us after faults stopped: "
                             + "; ".join(problems[:3]))
         rejected = sum(sim.decoder(n).rejections.total() for n in self.by_node
@@ -364,40 +483,32 @@ class Schedule:
         return out
 
 
-def run_schedule(seed: int, loss: float = 0.0, dup: float = 0.0,
-                 reorder: float = 0.0, failover: float = 0.0) -> list[str]:
-    return Schedule(seed, loss, dup, reorder, failover).run()
+def _cut(data: bytes, sizes: list[int]) -> list[bytes]:
+    out, i = [], 0
+    for n in sizes:
+        out.append(data[i:i + n])
+        i += n
+    if i != len(data):
+        raise ScenarioError(f"messaging: writes of {i} bytes for a stream of {len(data)}")
+    return out
 
 
-def add_arguments(parser) -> None:
-    parser.add_argument("--schedules", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--loss", type=float, default=0.0)
-    parser.add_argument("--dup", type=float, default=0.0)
-    parser.add_argument("--reorder", type=float, default=0.0)
-    parser.add_argument("--failover", type=float, default=0.0,
-                        help="per group, chance that its primary crashes and this check "
-                             "plays membership (new primary view, phase 2 of messaging)")
-    parser.add_argument("--one", type=int, default=None,
-                        help="run only this schedule seed (as printed) and show its problems")
+def run_seed(seed: int, *, loss: float = 0.0, dup: float = 0.0, reorder: float = 0.0,
+             failover: float = 0.0, trace=None) -> Outcome:
+    return run_script(generate(seed, loss, dup, reorder, failover), trace=trace)
 
 
-def run(args) -> int:
-    if args.one is not None:
-        v = run_schedule(args.one, args.loss, args.dup, args.reorder, args.failover)
-        for line in v:
-            print(line)
-        print(f"1 schedules, {1 if v else 0} violations")
-        return 1 if v else 0
-    bad = 0
-    t0 = time.monotonic()
-    for i in range(args.schedules):
-        s = schedule_seed(args.seed, i)
-        v = run_schedule(s, args.loss, args.dup, args.reorder, args.failover)
-        if v:
-            bad += 1
-            print(f"schedule {i} seed {s} loss {args.loss} dup {args.dup} "
-                  f"reorder {args.reorder} failover {args.failover}: {v[0]}", flush=True)
-    print(f"{args.schedules} schedules, {bad} violations")
-    print(f"({time.monotonic() - t0:.1f} s)", file=sys.stderr)
-    return 1 if bad else 0
+def run_script(script: Script, *, trace=None) -> Outcome:
+    s = Schedule(script, trace=trace)
+    v = s.run()
+    return Outcome(v, script, Counter({k: n for k, n in s.sim.stats.items()}))
+
+
+CAMPAIGN = Campaign(
+    KIND, run_seed, run_script, schedules=100, about=__doc__.split("\n\n")[0], params=(
+        Param("loss", 0.0, "chance that a datagram is lost, per receiver"),
+        Param("dup", 0.0, "chance that a datagram is duplicated"),
+        Param("reorder", 0.0, "chance that a datagram is delayed by up to 3 ms more"),
+        Param("failover", 0.0, "per group, chance that its primary crashes and this check "
+                               "plays membership (new primary view, phase 2 of messaging)")))
+add_arguments, run = CAMPAIGN.add_arguments, CAMPAIGN.run

@@ -31,24 +31,31 @@ Checks on every schedule:
                faults stop every live backup has all of its current view;
   liveness     all of the above within LIVENESS_BOUND_US after the faults stop.
 
-A failing schedule prints one line with its seed; the last line is
-`N schedules, K violations`; the exit status is non-zero when K > 0.
+Scenario lines (llft/sim/campaign.py has the format and the runner): `set faults loss P
+dup P reorder P`, `set messaging payload B window N`, `set replicas c N s N`,
+`set server-block B` (the server writes its output in blocks of B bytes), `set random-cuts
+yes|no`, `request SEQ SIZE...` (the client's writes on connection SEQ), `seed sim N` (the
+kernel and the nodes), `seed app N` (the applications' pacing); events `start NODE`, `crash
+NODE` (skipped if it held its group's last state), `restart NODE` (a new incarnation),
+`quiet [restart NODE...]` (the faults stop) and `nothing` (a fault the generator planned
+found no victim; the moment stays, as the kernel pumps every node after an event).
 """
 from __future__ import annotations
 
 import hashlib
 import random
-import sys
-import time
 from collections import Counter
 
 from llft.protocol import messaging as mg
 from llft.protocol.messages import Role
 from llft.replica.node import (Deliver, NotReady, OrderInfo, ReplicaNode, Restored, RestartApp,
                           ViewSwitch)
+from llft.sim.campaign import (Campaign, Outcome, Param, Script, ScenarioError,
+                               run_until_done, us)
 from llft.sim.kernel import NetConfig, Sim
 from membership import core as mb
 
+KIND = "replica"
 GROUPS = ("c", "s")
 STARTUP_US = 250_000                # founding (found_timeout 100 ms) and first joins
 FAULT_PHASE_US = 500_000            # after start-up
@@ -61,11 +68,6 @@ MAX_WRITE_BYTES = 1_500
 MCFG = dict(found_timeout_us=100_000)
 
 XFORM = bytes((b ^ 0xA5) for b in range(256))
-
-
-def schedule_seed(seed: int, index: int) -> int:
-    h = hashlib.sha256(f"llft-replica/{seed}/{index}".encode()).digest()
-    return int.from_bytes(h[:8], "big")
 
 
 class App:
@@ -196,38 +198,77 @@ class App:
 
 
 class Schedule:
-    def __init__(self, seed: int, *, loss: float | None = None, trace=None,
-                 random_cuts: bool = False):
-        self.seed = seed
-        self.random_cuts = random_cuts
+    """One schedule: drawn from a seed (`generate`), or read from a script. Either way every
+    fault takes effect through `_do`, which records it in `self.script`."""
+
+    def __init__(self, source: Script, *, trace=None):
         self.trace = trace
-        self.rng = rng = random.Random(seed)
-        self.faults = NetConfig(loss=rng.choice([0, 0.01, 0.05]) if loss is None else loss,
-                                dup=rng.choice([0, 0.02, 0.05]),
-                                reorder=rng.choice([0, 0.05, 0.1]))
-        self.sim = Sim(random.Random(rng.getrandbits(64)), self.faults)
-        self.app_rng = random.Random(rng.getrandbits(64))
-        self.mcfg = mg.MessagingConfig(max_payload_bytes=rng.choice([256, 1024]),
-                                       window_msgs=rng.choice([8, 32]))
-        self.sizes = {g: rng.choice([2, 3]) for g in GROUPS}
-        self.n_conns = rng.choice([1, 2])
-        self.requests = {seq: rng.randbytes(rng.randint(2_000, MAX_REQUEST_BYTES))
-                         for seq in range(1, self.n_conns + 1)}
+        f = source.pairs("set", "faults")
+        self.faults = NetConfig(loss=float(f["loss"]), dup=float(f["dup"]),
+                                reorder=float(f["reorder"]))
+        self.sim = Sim(random.Random(source.seed("sim")), self.faults)
+        self.app_rng = random.Random(source.seed("app"))
+        m = source.pairs("set", "messaging")
+        self.mcfg = mg.MessagingConfig(max_payload_bytes=int(m["payload"]),
+                                       window_msgs=int(m["window"]))
+        self.sizes = {g: int(n) for g, n in source.pairs("set", "replicas").items()}
+        self.server_block = int(source.get("set", "server-block")[0])
+        self.random_cuts = source.get("set", "random-cuts")[0] == "yes"
         # offset -> length of the client's write there (the same cuts at every replica)
+        self.requests: dict[int, bytes] = {}
         self.request_cuts: dict[int, dict[int, int]] = {}
-        for seq, req in self.requests.items():
-            cuts, i = {}, 0
-            while i < len(req):
-                cuts[i] = min(len(req) - i, rng.randint(1, MAX_WRITE_BYTES))
-                i += cuts[i]
-            self.request_cuts[seq] = cuts
-        self.server_block = rng.choice([100, 512, 1024, 1500])
+        for line in source.lines:
+            if line[0] == "request":
+                seq, sizes = int(line[1]), [int(w) for w in line[2:]]
+                self.requests[seq] = request_bytes(seq, sum(sizes))
+                cuts, i = {}, 0
+                for n in sizes:
+                    cuts[i] = n
+                    i += n
+                self.request_cuts[seq] = cuts
+        self.n_conns = len(self.requests)
+        self.events = [(us(line[1]), line[2:]) for line in source.lines if line[0] == "at"]
+        self.end_us = next((t for t, w in self.events if w[0] == "quiet"), None)
+        self.rng: random.Random | None = None       # the generator's, from a seed
+        self.script = Script(KIND, [line for line in source.lines if line[0] != "at"])
         self.violations: list[str] = []
         self.apps: dict[str, App] = {}
         self.primaries: dict[tuple[str, int], int] = {}      # (group, pvn) -> birth
         self.oi_added: dict[tuple[str, int], dict[int, bytes | None]] = {}
         self.stats: Counter = Counter()
         self.started: set[str] = set()
+
+    @classmethod
+    def generate(cls, seed: int, *, random_cuts: bool = False, trace=None) -> "Schedule":
+        """The schedule of `seed`: its parameters now, its faults as it runs (`run`)."""
+        rng = random.Random(seed)
+        script = Script(KIND)
+        script.add("set", "faults", "loss", rng.choice([0, 0.01, 0.05]),
+                   "dup", rng.choice([0, 0.02, 0.05]), "reorder", rng.choice([0, 0.05, 0.1]))
+        script.add("seed", "sim", rng.getrandbits(64))
+        script.add("seed", "app", rng.getrandbits(64))
+        script.add("set", "messaging", "payload", rng.choice([256, 1024]),
+                   "window", rng.choice([8, 32]))
+        script.add("set", "replicas", *(w for g in GROUPS for w in (g, rng.choice([2, 3]))))
+        n_conns = rng.choice([1, 2])
+        lengths = {}
+        for seq in range(1, n_conns + 1):
+            lengths[seq] = rng.randint(2_000, MAX_REQUEST_BYTES)
+            rng.randbytes(lengths[seq])     # the content is request_bytes(); keeps the draws
+        requests = []
+        for seq, n in lengths.items():
+            sizes, i = [], 0
+            while i < n:
+                sizes.append(min(n - i, rng.randint(1, MAX_WRITE_BYTES)))
+                i += sizes[-1]
+            requests.append(("request", seq, *sizes))
+        script.add("set", "server-block", rng.choice([100, 512, 1024, 1500]))
+        script.add("set", "random-cuts", "yes" if random_cuts else "no")
+        for line in requests:
+            script.add(*line)
+        s = cls(script, trace=trace)
+        s.rng = rng
+        return s
 
     # -- expectations -----------------------------------------------------------------------
     def expected_input(self, group: str, cid) -> bytes:
@@ -326,6 +367,39 @@ class Schedule:
     def _stateful(self, g: str) -> list[str]:
         return [n for n in self._live(g) if self.sim.core(n).live]
 
+    def _do(self, *words) -> None:
+        """Apply one event of the schedule now and record it."""
+        words = tuple(str(w) for w in words)
+        self.script.at(self.sim.now_us, *words)
+        sim, verb, args = self.sim, words[0], words[1:]
+        if verb == "start":
+            self._start(args[0], restart=False)
+        elif verb == "crash":
+            victim = args[0]
+            if victim not in self.started or not sim.alive(victim):
+                return
+            if not [n for n in self._stateful(victim[0]) if n != victim]:
+                self._log(f"not crashing {victim}: the group's state would be lost with it")
+                return
+            status = sim.core(victim).status
+            if status in (mb.Status.PROPOSING, mb.Status.PRIMARY_PHASE2):
+                self.stats[f"crash while {status.value}"] += 1
+            sim.crash(victim)
+            self.stats["crashes"] += 1
+            self._log(f"crash {victim}")
+        elif verb == "restart":
+            if args[0] in self.started and not sim.alive(args[0]):
+                self._start(args[0], restart=True)
+        elif verb == "nothing":             # the kernel still pumps every node (see kernel.py)
+            pass
+        elif verb == "quiet":               # [restart NODE...]: the faults stop
+            sim.set_faults(NetConfig())
+            for node in args[1:] if args[:1] == ("restart",) else ():
+                self._start(node, restart=True)
+        else:
+            raise ScenarioError(f"replica: unknown event {' '.join(words)!r}")
+
+    # -- the generator: decisions drawn from the seed, taken as the schedule runs -----------
     def _crash(self, g: str, pick: str):
         def act(sim):
             live = self._live(g)
@@ -334,33 +408,42 @@ class Schedule:
             elif pick == "successor":
                 cand = [n for n in live if sim.core(n).status in
                         (mb.Status.PROPOSING, mb.Status.PRIMARY_PHASE2)]
-                if cand:
-                    self.stats[f"crash while {sim.core(cand[0]).status.value}"] += 1
             else:
                 cand = [n for n in live if not sim.core(n).is_primary]
-            if not cand:
-                return
-            victim = self.rng.choice(cand)
-            if not [n for n in self._stateful(g) if n != victim]:
-                return              # the group's state would be lost with it
-            sim.crash(victim)
-            self.stats["crashes"] += 1
-            self._log(f"crash {victim} ({pick})")
+            if cand:
+                self._do("crash", self.rng.choice(cand))
+            else:
+                self._do("nothing", "#", "no", pick, "of", g, "to", "crash")
         return act
+
+    def _dead(self, g: str) -> list[str]:
+        return [n for n in sorted(self.started) if n[0] == g and not self.sim.alive(n)]
 
     def _restart(self, g: str):
         def act(sim):
-            dead = [n for n in sorted(self.started) if n[0] == g and not sim.alive(n)]
+            dead = self._dead(g)
             if dead:
-                self._start(self.rng.choice(dead), restart=True)
+                self._do("restart", self.rng.choice(dead))
+            else:
+                self._do("nothing", "#", "no", "replica", "of", g, "to", "restart")
         return act
 
-    def run(self) -> list[str]:
+    def _quiet(self, sim) -> None:
+        again = []
+        for g in GROUPS:
+            if self.rng.random() < 0.5:
+                dead = self._dead(g)
+                if dead:
+                    again.append(self.rng.choice(dead))
+        self._do("quiet", *(("restart", *again) if again else ()))
+
+    def _generate_faults(self) -> int:
+        """Queue the seed's fault phase; return when it ends (us)."""
         sim, rng = self.sim, self.rng
         for g in GROUPS:
             for i in range(self.sizes[g]):
                 t = 0 if i == 0 else rng.randint(0, STARTUP_US // 2)
-                sim.at(t, lambda s, n=f"{g}{i}": self._start(n, restart=False))
+                sim.at(t, lambda s, n=f"{g}{i}": self._do("start", n))
         t = STARTUP_US
         end = STARTUP_US + FAULT_PHASE_US
         base = mb.Config(group="x").timeout_base_us
@@ -377,24 +460,31 @@ class Schedule:
             else:
                 sim.at(t, self._crash(g, kind))
             t += rng.randint(40_000, 200_000)
+        sim.at(end, self._quiet)
+        return end
 
-        def quiet(s):
-            s.set_faults(NetConfig())
-            for g in GROUPS:
-                if rng.random() < 0.5:
-                    self._restart(g)(s)
-        sim.at(end, quiet)
+    # -- the run ----------------------------------------------------------------------------
+    def run(self) -> Outcome:
+        sim = self.sim
+        if self.rng is not None:
+            end = self._generate_faults()
+        else:
+            if self.end_us is None:
+                raise ScenarioError("replica: a scenario needs a `quiet` event")
+            end = self.end_us
+            for t_us, words in self.events:
+                sim.at(t_us, lambda s, w=words: self._do(*w))
         sim.run_until(end)
         problems: list[str] = []
-        while sim.now_us < end + LIVENESS_BOUND_US:
-            sim.run_for(CHECK_EVERY_US)
-            problems = self._pending()
-            if not problems or self.violations:
-                break
-        if problems and not self.violations:
+
+        def done() -> bool:
+            problems[:] = self._pending()
+            return not problems or bool(self.violations)
+        if run_until_done(sim, done, LIVENESS_BOUND_US, CHECK_EVERY_US) is None \
+                and problems and not self.violations:
             self.violation(f"not done {LIVENESS_BOUND_US} us after faults stopped: "
                            + "; ".join(problems[:3]))
-        return self.violations
+        return Outcome(self.violations, self.script, self.stats)
 
     def _pending(self) -> list[str]:
         out = []
@@ -424,51 +514,21 @@ class Schedule:
         return out
 
 
-def run_schedule(seed: int, stats: Counter | None = None, trace=None,
-                 random_cuts: bool = False) -> list[str]:
-    s = Schedule(seed, trace=trace, random_cuts=random_cuts)
-    try:
-        v = s.run()
-    except Exception as e:                      # a crash of a core is a violation too
-        if trace is not None:
-            raise
-        v = [f"exception: {type(e).__name__}: {e}"]
-    if stats is not None:
-        stats.update(s.stats)
-    return v
+def request_bytes(seq: int, n: int) -> bytes:
+    """The request the client writes on connection `seq` (content is arbitrary, fixed)."""
+    return hashlib.shake_256(b"llft-replica request %d" % seq).digest(n)
 
 
-def add_arguments(parser) -> None:
-    parser.add_argument("--schedules", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--random-cuts", action="store_true",
-                        help="applications write in sizes that differ between replicas "
-                             "(messaging's msn <-> bytes map then differs: see the report)")
-    parser.add_argument("--verbose", action="store_true", help="coverage counters")
-    parser.add_argument("--replay", type=int, metavar="SEED",
-                        help="run one schedule seed (as printed) with a trace of its events")
+def run_seed(seed: int, *, random_cuts: bool = False, trace=None) -> Outcome:
+    return Schedule.generate(seed, random_cuts=random_cuts, trace=trace).run()
 
 
-def run(args) -> int:
-    if args.replay is not None:
-        v = run_schedule(args.replay, trace=print, random_cuts=args.random_cuts)
-        for line in v:
-            print(f"VIOLATION {line}")
-        print(f"1 schedules, {1 if v else 0} violations")
-        return 1 if v else 0
-    bad = 0
-    stats: Counter = Counter()
-    t0 = time.monotonic()
-    for i in range(args.schedules):
-        s = schedule_seed(args.seed, i)
-        v = run_schedule(s, stats, random_cuts=args.random_cuts)
-        if v:
-            bad += 1
-            print(f"schedule {i} seed {s}: {v[0]}" + (f" (+{len(v) - 1} more)"
-                                                      if len(v) > 1 else ""), flush=True)
-    if args.verbose:
-        for k, n in sorted(stats.items()):
-            print(f"  {k}: {n}")
-    print(f"({time.monotonic() - t0:.1f} s)", file=sys.stderr)
-    print(f"{args.schedules} schedules, {bad} violations")
-    return 1 if bad else 0
+def run_script(script: Script, *, trace=None) -> Outcome:
+    return Schedule(script, trace=trace).run()
+
+
+CAMPAIGN = Campaign(
+    KIND, run_seed, run_script, schedules=100, about=__doc__.split("\n\n")[0], params=(
+        Param("random-cuts", False, "applications write in sizes that differ between "
+                                    "replicas (messaging's map from msn to bytes then differs)"),))
+add_arguments, run = CAMPAIGN.add_arguments, CAMPAIGN.run

@@ -7,7 +7,6 @@ crafted messages straight into `handle_message`.
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 from hypothesis import given, strategies as st
@@ -15,6 +14,7 @@ from hypothesis import given, strategies as st
 from llft.protocol.messages import Message, MsgType, Role
 from llft.sim.kernel import NetConfig, Sim
 from llft.sim import membership_check as simcheck
+from llft.sim.campaign import Outcome, Script
 from membership.core import (MAX_MEMBERS, MAX_PENDING_JOINERS, BeginPhase2, Config, Membership,
                              MembershipChanged, Reset, Send, StateRestored, Status, ViewStarted)
 from membership.rules import (Key, PPDecision, decide_propose_primary, fault_timeout_us,
@@ -22,7 +22,6 @@ from membership.rules import (Key, PPDecision, decide_propose_primary, fault_tim
 
 G = "g"
 CFG = Config(group=G)
-REGRESSIONS = Path(__file__).parent / "regressions"
 
 
 # ---- rules ----------------------------------------------------------------------------
@@ -444,34 +443,14 @@ def test_primary_bounds_pending_joiners():
 # ---- simulation ------------------------------------------------------------------------
 
 def test_sim_schedules_hold_every_check():
-    bad = {}
-    for i in range(200):
-        seed = simcheck.schedule_seed(7, i)
-        violations, _ = simcheck.run_schedule(seed)
-        if violations:
-            bad[seed] = violations
+    bad = dict(simcheck.CAMPAIGN.failures(200, 7))
     assert not bad
-
-
-def regression_seeds():
-    for path in sorted(REGRESSIONS.glob("membership_*.txt")):
-        for line in path.read_text().splitlines():
-            line = line.split("#")[0].strip()
-            if line:
-                yield pytest.param(int(line), id=f"{path.stem}:{line}")
-
-
-@pytest.mark.parametrize("seed", list(regression_seeds()))
-def test_regression_seed(seed):
-    violations, _ = simcheck.run_schedule(seed)
-    assert not violations
 
 
 @pytest.mark.slow
 def test_sim_campaign(soak):
     n = {"small": 2_000, "full": 20_000}[soak]
-    bad = [s for s in (simcheck.schedule_seed(23, i) for i in range(n))
-           if simcheck.run_schedule(s)[0]]
+    bad = [s for s, _ in simcheck.CAMPAIGN.failures(n, 23)]
     assert not bad, bad[:10]
 
 
@@ -549,8 +528,9 @@ def test_cli_last_line_and_exit_code(monkeypatch, capsys):
     from llft import cli
     assert cli.main(["simulate", "membership", "--schedules", "3", "--seed", "11"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "3 schedules, 0 violations"
-    monkeypatch.setattr(simcheck, "run_schedule",
-                        lambda seed, stats=None: (["x"] if seed % 2 else [], 0))
+    verdicts = iter([["x"], [], ["x"], []])          # every other schedule fails
+    monkeypatch.setattr(simcheck.CAMPAIGN, "run_seed",
+                        lambda seed, **kw: Outcome(next(verdicts), Script("membership")))
     assert cli.main(["simulate", "membership", "--schedules", "4", "--seed", "1"]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == "4 schedules, 2 violations"

@@ -1,45 +1,21 @@
 """ReplicaNode (llft/replica/node.py) and `llft simulate replica` (llft/sim/replica_check.py):
 routing, wiring of the two cores, checkpoint/restore, a campaign of whole-replica
-schedules, the regression seeds of tests/sim/regressions/replica_*.txt, and checks that the
-checker catches broken nodes."""
+schedules, and checks that the checker catches broken nodes (the regression scenarios are
+run by tests/sim/test_scenarios.py)."""
 from __future__ import annotations
 
 import random
-from pathlib import Path
-
 import pytest
 
 from llft.replica import node as replica
 from llft.protocol.messages import Message, MsgType, Role
 from llft.replica.node import ReplicaNode
 from llft.sim import replica_check as rc
+from llft.sim.campaign import schedule_seed
 from membership import core as mb
 
-REGRESSIONS = sorted((Path(__file__).parent / "regressions").glob("replica_*.txt"))
-
-
-def _regressions():
-    out = []
-    for path in REGRESSIONS:
-        for line in path.read_text().splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line:
-                seed, *flags = line.split()
-                marks = [pytest.mark.xfail(strict=True, reason="messaging msn drift "
-                                           "(see the file)")] if "xfail" in flags else []
-                out.append(pytest.param(int(seed), "random-cuts" in flags, marks=marks,
-                                        id=f"{path.stem}-{seed}"))
-    return out
-
-
 def _campaign(n: int, seed: int) -> list[str]:
-    bad = []
-    for i in range(n):
-        s = rc.schedule_seed(seed, i)
-        v = rc.run_schedule(s)
-        if v:
-            bad.append(f"seed {s}: {v[0]}")
-    return bad
+    return [f"seed {s}: {v}" for s, v in rc.CAMPAIGN.failures(n, seed)]
 
 
 # ---- the node ------------------------------------------------------------------------------
@@ -127,15 +103,10 @@ def test_campaign():
     assert _campaign(60, 1) == []
 
 
-@pytest.mark.parametrize("seed,random_cuts", _regressions())
-def test_regression_seed(seed, random_cuts):
-    assert rc.run_schedule(seed, random_cuts=random_cuts) == []
-
-
 def test_a_schedule_is_deterministic():
-    s1 = rc.Schedule(rc.schedule_seed(5, 0))
-    s2 = rc.Schedule(rc.schedule_seed(5, 0))
-    assert s1.run() == s2.run() == []
+    s1 = rc.Schedule.generate(schedule_seed("replica", 5, 0))
+    s2 = rc.Schedule.generate(schedule_seed("replica", 5, 0))
+    assert s1.run().violations == s2.run().violations == []
     assert s1.sim.stats == s2.sim.stats and s1.sim.now_us == s2.sim.now_us
 
 
@@ -147,13 +118,14 @@ def test_checker_catches_a_duplicate_delivery(monkeypatch):
         if isinstance(a, replica.mg.Deliver) and a.offset > 0:
             self._emit(replica.Deliver(a.conn, a.offset, a.data))
     monkeypatch.setattr(ReplicaNode, "_on_messaging", twice)
-    v = rc.run_schedule(rc.schedule_seed(1, 0))
+    v = rc.CAMPAIGN.outcome(schedule_seed("replica", 1, 0), {}).violations
     assert v and "exactly once" in v[0]
 
 
 def test_checker_catches_a_missing_view_marker(monkeypatch):
     monkeypatch.setattr(replica, "encode_view_marker", lambda pvn: b"\x00junk")
-    bad = [rc.run_schedule(rc.schedule_seed(1, i)) for i in range(6)]
+    bad = [rc.CAMPAIGN.outcome(schedule_seed("replica", 1, i), {}).violations
+           for i in range(6)]
     assert any(v for v in bad)
 
 

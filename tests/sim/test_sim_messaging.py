@@ -1,38 +1,19 @@
-"""`llft simulate messaging` as tests: random schedules with faults, every regression
-seed in tests/sim/regressions/messaging.txt, determinism, and a check that the checker
-catches a broken core."""
+"""`llft simulate messaging` as tests: random schedules with faults, determinism, and a
+check that the checker catches a broken core (the regression scenarios are run by
+tests/sim/test_scenarios.py)."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import pytest
 
 from llft.protocol import messaging
 from llft.sim import messaging_check as mc
-
-REGRESSIONS = Path(__file__).parent / "regressions" / "messaging.txt"
-
-
-def _regressions():
-    out = []
-    for line in REGRESSIONS.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            seed, loss, dup, reorder, *rest = line.split()
-            out.append((int(seed), float(loss), float(dup), float(reorder),
-                        float(rest[0]) if rest else 0.0))
-    return out
-
+from llft.sim.campaign import schedule_seed
 
 def _campaign(n, seed, loss, dup, reorder, failover=0.0):
-    bad = []
-    for i in range(n):
-        s = mc.schedule_seed(seed, i)
-        v = mc.run_schedule(s, loss, dup, reorder, failover)
-        if v:
-            bad.append((s, v[0]))
-    return bad
+    return mc.CAMPAIGN.failures(n, seed, loss=loss, dup=dup, reorder=reorder,
+                                failover=failover)
 
 
 def test_schedules_with_faults():
@@ -52,14 +33,10 @@ def test_schedules_with_harsh_faults():
     assert _campaign(50, 3, 0.4, 0.2, 0.5) == []
 
 
-@pytest.mark.parametrize("seed,loss,dup,reorder,failover", _regressions())
-def test_regression_seed(seed, loss, dup, reorder, failover):
-    assert mc.run_schedule(seed, loss, dup, reorder, failover) == []
-
-
 def test_a_schedule_is_deterministic():
-    s1 = mc.Schedule(mc.schedule_seed(9, 0), 0.2, 0.05, 0.1)
-    s2 = mc.Schedule(mc.schedule_seed(9, 0), 0.2, 0.05, 0.1)
+    seed = schedule_seed("messaging", 9, 0)
+    s1 = mc.Schedule(mc.generate(seed, 0.2, 0.05, 0.1))
+    s2 = mc.Schedule(mc.generate(seed, 0.2, 0.05, 0.1))
     assert s1.run() == s2.run() == []
     assert s1.sim.stats == s2.sim.stats and s1.sim.now_us == s2.sim.now_us
 
