@@ -6,7 +6,6 @@ they print (never on fixed sleeps). Timing is loosened (heartbeat 10 ms, base ti
 """
 from __future__ import annotations
 
-import os
 import signal
 
 import pytest

@@ -8,6 +8,7 @@ import argparse
 import pytest
 
 from llft.protocol import messaging
+from llft.protocol.messaging import MessagingEndpoint
 from llft.sim import messaging_check as mc
 from llft.sim.campaign import schedule_seed
 
@@ -160,3 +161,19 @@ def test_kernel_crash_partition_and_forgery():
     sim.restart("b", b2)
     sim.run_until(50_000)
     assert b2.got and sim.core("b") is b2
+
+
+def test_invariants_hold_after_every_event_of_a_lossy_failover_schedule(monkeypatch):
+    checked = [0]
+    for name in ("handle_message", "handle_timer", "send", "set_view", "add_order_info"):
+        orig = getattr(MessagingEndpoint, name)
+
+        def wrapped(self, *args, _orig=orig, **kw):
+            out = _orig(self, *args, **kw)
+            self.check()
+            checked[0] += 1
+            return out
+        monkeypatch.setattr(MessagingEndpoint, name, wrapped)
+    for i in range(3):
+        assert mc.Schedule(mc.generate(schedule_seed("messaging", 7, i), 0.2, 0.05, 0.1, 1.0)).run() == []
+    assert checked[0] > 1000

@@ -1,5 +1,4 @@
 """Cluster configuration: the minimal file works, every fault is one clear line."""
-import os
 import subprocess
 import sys
 
