@@ -441,6 +441,7 @@ class Schedule:
         problems: list[str] = []
 
         def done() -> bool:
+            self._check_invariants()
             problems[:] = self._pending()
             return not problems or bool(self.violations)
         if run_until_done(sim, done, LIVENESS_BOUND_US, CHECK_EVERY_US) is None \
@@ -452,6 +453,17 @@ class Schedule:
         if self.injected and rejected == 0:
             self._violation("injected datagrams were not rejected")
         return self.violations
+
+    def _check_invariants(self) -> None:
+        """Each live endpoint's own invariants (`MessagingEndpoint.check`: connection state
+        machines, timers, order-info log), asserted at every check of the quiet phase."""
+        for rep in self.by_node.values():
+            if rep.node in self.crashed:
+                continue
+            try:
+                rep.core.check()
+            except AssertionError as e:
+                self._violation(f"{rep.node}: invariant: {e}")
 
     def _pending(self) -> list[str]:
         out = []

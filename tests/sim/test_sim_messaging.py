@@ -177,3 +177,11 @@ def test_invariants_hold_after_every_event_of_a_lossy_failover_schedule(monkeypa
     for i in range(3):
         assert mc.Schedule(mc.generate(schedule_seed("messaging", 7, i), 0.2, 0.05, 0.1, 1.0)).run() == []
     assert checked[0] > 1000
+
+
+def test_campaigns_assert_each_endpoints_invariants(monkeypatch):
+    def broken(self):
+        raise AssertionError("a broken invariant")
+    monkeypatch.setattr(MessagingEndpoint, "check", broken)
+    violations = mc.Schedule(mc.generate(schedule_seed("messaging", 7, 0))).run()
+    assert any("invariant: a broken invariant" in v for v in violations), violations
