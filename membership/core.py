@@ -508,7 +508,9 @@ class Membership:
         self._acked_pp: dict[int, tuple[Key, int]] = {}      # target -> (proposer, change)
         self._seen_pp: dict[int, tuple[Key, Key]] = {}       # target -> (min, max) proposer
         self._last_heard: dict[int, int] = {}
-        self._arrivals: dict[int, ArrivalStats] = {}     # members' message timing
+        # members' message timing: kept across our own reset (a peer's timing does not
+        # depend on our incarnation), pruned to the members at every install
+        self._arrivals: dict[int, ArrivalStats] = getattr(self, "_arrivals", {})
         self._last_tick_us: int | None = None             # the timer's last run
         self._member_since_us: int | None = None          # this incarnation admitted
         self.stalls = 0                  # local stalls forgiven (`_observe_clock`)
@@ -662,8 +664,15 @@ class Membership:
     # ---- backups: fault detector and phase 1 (primary-change lines 1-5, 21-25) ---------
 
     def _extension_us(self, birth: int, reference_us: int) -> int:
-        """How much longer than configured a timeout on `birth` waits (detector.py)."""
-        return extension_us(self._arrivals.get(birth), reference_us, self.cfg.extension_cap_us)
+        """How much longer than configured a timeout on `birth` waits (detector.py).
+        A peer with too short a history (just admitted, or the primary of a view we
+        just joined) is judged by the slowest peer we know well: on a busy machine
+        every process shows it."""
+        st = self._arrivals.get(birth)
+        if st is None or not st.known():
+            st = max((s for s in self._arrivals.values() if s.known()),
+                     key=ArrivalStats.expected_silence_us, default=st)
+        return extension_us(st, reference_us, self.cfg.extension_cap_us)
 
     def _fd_deadline_us(self) -> int:
         # every rank extends by what the rank-2 floor would: the ranks keep their order

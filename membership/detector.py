@@ -18,6 +18,9 @@ may be extended for one peer by what that peer's own timing has shown:
 timeouts), so that every rank adds the same extension and the ranks keep their order;
 `cap` (Config.adaptive_cap_us, by default 3 x the base timeout) bounds the extension,
 so a real death is detected at most `cap` later than with the configured timeouts.
+A peer with fewer than KNOWN_AFTER gaps (a new member, the primary of a view just
+joined) borrows the history of the slowest well-known peer (membership/core.py,
+`_extension_us`): a busy machine slows every process on it.
 
 A machine whose peers answer every few ms never extends anything: MARGIN * expected
 stays below the floor. A peer that was starved for 80 ms and came back has shown that
@@ -35,6 +38,7 @@ import math
 from collections import deque
 
 ARRIVAL_WINDOW = 1_024     # inter-arrival gaps remembered per peer (several seconds)
+KNOWN_AFTER = 64           # gaps before a peer's own history is trusted over its peers'
 SIGMAS = 4                 # mean + SIGMAS * stddev: a silence beyond it is improbable
 MARGIN = 2                 # wait MARGIN x the longest expected silence before acting
 
@@ -73,6 +77,9 @@ class ArrivalStats:
     def shift(self, stall_us: int, now_us: int) -> None:
         """This replica stalled: its own pause is no silence of the peer."""
         self.last_us = min(now_us, self.last_us + stall_us)
+
+    def known(self) -> bool:
+        return len(self._gaps) >= KNOWN_AFTER
 
     def expected_silence_us(self) -> int:
         n = len(self._gaps)

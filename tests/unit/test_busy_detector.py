@@ -147,7 +147,7 @@ def test_a_primary_that_was_slow_before_gets_more_time_but_is_still_suspected():
 def test_the_ack_timeout_of_a_change_follows_each_members_timing():
     p = core_in(Status.PRIMARY, 100, ((100, 1), (105, 2), (111, 3)))
     t = 0
-    while t < 400 * MS:                           # 105 speaks every 40 ms, 111 every 5
+    while t < 3_000 * MS:                         # 105 speaks every 40 ms, 111 every 5
         t += HB
         if t % (40 * MS) == 0:
             p.handle_message(hb(105, 2, 2), t)
@@ -256,3 +256,17 @@ def test_a_joiner_in_back_off_is_silent_and_founds_nothing_before_it_applies():
     assert t == 30 + r.rejoin_after_us
     assert any(isinstance(a, Send) and a.msg.type is MsgType.PROPOSE_BACKUP for a in acts)
     assert c.stalls == 0                          # a back-off is no stall
+
+
+def test_a_new_member_borrows_the_timing_of_the_slowest_well_known_peer():
+    p = core_in(Status.PRIMARY, 100, ((100, 1), (105, 2)))
+    t = 0
+    while t < 3_000 * MS:                         # 105 speaks every 40 ms
+        t += HB
+        if t % (40 * MS) == 0:
+            p.handle_message(hb(105, 2, 2), t)
+        p.handle_timer(t)
+    p.handle_message(propose_backup(130), t)
+    p.handle_message(hb(130, 3, 3), t + HB)
+    assert p._extension_us(130, CFG.ack_timeout_us) == p._extension_us(105, CFG.ack_timeout_us) \
+        == MARGIN * 40 * MS - CFG.ack_timeout_us
