@@ -669,10 +669,23 @@ class Membership:
         just joined) is judged by the slowest peer we know well: on a busy machine
         every process shows it."""
         st = self._arrivals.get(birth)
+        if self._receiving_state(birth) and (st is None or not st.known()):
+            return self.cfg.extension_cap_us
         if st is None or not st.known():
             st = max((s for s in self._arrivals.values() if s.known()),
                      key=ArrivalStats.expected_silence_us, default=st)
         return extension_us(st, reference_us, self.cfg.extension_cap_us)
+
+    def _receiving_state(self, birth: int) -> bool:
+        """At the primary: `birth` is waiting for our state or getting it (its last
+        acknowledgment comes after it restored). Restoring the group's whole log is
+        the heaviest moment of a replica's life (its agent can be busy for hundreds of
+        ms); a removal then is a reset storm's engine, so until it has a history of its
+        own such a member gets the longest timeouts (floor + cap)."""
+        if self.status not in PRIMARY_STATUSES:
+            return False
+        out = self._outgoing
+        return birth in self._needs_state or (out is not None and out.to == birth)
 
     def _fd_deadline_us(self) -> int:
         # every rank extends by what the rank-2 floor would: the ranks keep their order

@@ -20,7 +20,9 @@ timeouts), so that every rank adds the same extension and the ranks keep their o
 so a real death is detected at most `cap` later than with the configured timeouts.
 A peer with fewer than KNOWN_AFTER gaps (a new member, the primary of a view just
 joined) borrows the history of the slowest well-known peer (membership/core.py,
-`_extension_us`): a busy machine slows every process on it.
+`_extension_us`): a busy machine slows every process on it. At the primary, such a
+member that is still waiting for or receiving the group's state gets the whole cap:
+restoring the group's log is the heaviest moment of a replica's life.
 
 A machine whose peers answer every few ms never extends anything: MARGIN * expected
 stays below the floor. A peer that was starved for 80 ms and came back has shown that

@@ -266,7 +266,16 @@ def test_a_new_member_borrows_the_timing_of_the_slowest_well_known_peer():
         if t % (40 * MS) == 0:
             p.handle_message(hb(105, 2, 2), t)
         p.handle_timer(t)
-    p.handle_message(propose_backup(130), t)
+    p._install(4, 1, [Key(1, 100), Key(2, 105), Key(3, 130)], 3, t)   # 130: new, no state
     p.handle_message(hb(130, 3, 3), t + HB)
     assert p._extension_us(130, CFG.ack_timeout_us) == p._extension_us(105, CFG.ack_timeout_us) \
         == MARGIN * 40 * MS - CFG.ack_timeout_us
+
+
+def test_a_member_receiving_the_state_gets_the_longest_timeouts():
+    p = core_in(Status.PRIMARY, 100, ((100, 1), (105, 2)))
+    t = run_timers(p, 200 * MS, feed=lambda now: p.handle_message(hb(105, 2, 2), now))
+    p.handle_message(propose_backup(130), t)      # admitted: waits for our state
+    assert 130 in {k.birth for k in p.members}
+    assert p._backup_timeout_us(130) == CFG.backup_timeout_us + CFG.extension_cap_us
+    assert p._backup_timeout_us(105) == CFG.backup_timeout_us
