@@ -57,6 +57,18 @@ Beyond the paper (it is silent on these; see docs/ARCHITECTURE.md "Membership"):
   * the primary answers a heartbeat from a replica that believes it is a member but is
     not with its current membership, so a wrongly removed backup learns it and rejoins.
 
+A busy machine is not a dead peer (docs/DESIGN.md, last section):
+  * every timeout that removes or replaces a member (the fault detector, the removal of
+    a silent backup, the ack timeouts of a change and of a proposal) is the configured
+    value extended per peer by what that peer's message timing has shown, by at most
+    `Config.extension_cap_us` (membership/detector.py). Every rank extends its
+    detector by the same amount, so the ranks keep their order;
+  * a local stall (no timer run for STALL_SLACK_INTERVALS heartbeat intervals) counts
+    against no one, whichever event sees it first: the timer, or a message whose
+    handler judges the others (`_observe_clock`, `_forgive_stall`);
+  * a replica reset again before it was a stable member backs off before it applies
+    (`_reset`): exponentially, with jitter from its rng, bounded.
+
 Everything is bounded: `MAX_MEMBERS`, `MAX_PENDING_JOINERS`, `MAX_TRACKED_JOINERS`,
 `MAX_TRACKED_VIEWS`, `MAX_STATE_CHUNKS`, `MAX_ACTIONS`.
 """
@@ -69,6 +81,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from llft.protocol.messages import Message, MsgType, Role, Send
+from membership.detector import ArrivalStats, extension_us
 from membership.rules import (Key, PPDecision, competing_primary_wins, decide_propose_primary,
                               fault_timeout_us, may_propose, proposal_members)
 
@@ -78,7 +91,8 @@ MAX_TRACKED_JOINERS = 32     # other joiners a joiner remembers (founding tie-br
 MAX_STATE_CHUNKS = 65_536    # chunks of one checkpoint (x chunk size = largest state)
 MAX_TRACKED_VIEWS = 8        # view numbers whose proposals a member remembers
 MAX_ACTIONS = 4_096          # actions not yet taken by the driver
-STALL_SLACK_INTERVALS = 2    # timer later than this many heartbeat intervals: a local stall
+STALL_SLACK_INTERVALS = 2    # no event for this many heartbeat intervals: a local stall
+MAX_BACKOFF_LEVEL = 30       # doublings of the rejoin back-off remembered (then capped anyway)
 
 
 class Status(enum.Enum):
@@ -127,7 +141,14 @@ class Config:
     detection lands 20-25 ms after the crash. Rank r waits
     base + (r - 2) * (inaction + skew), 25 / 75 / 125 ms by default. The primary removes a
     backup only after 50 ms of silence: a removal is not urgent (the primary keeps
-    serving) and a false one costs a rejoin with a full state transfer."""
+    serving) and a false one costs a rejoin with a full state transfer.
+
+    These are floors: each timeout on a peer is extended by what that peer's message
+    timing has shown (membership/detector.py), by at most `adaptive_cap_us` (default
+    3 x timeout_base_us). A replica reset again before it was a member for
+    `rejoin_stable_us` waits `rejoin_backoff_min_us`, doubled at each further reset up
+    to `rejoin_backoff_max_us` (with jitter: half to all of it), before it applies. The defaults suit the simulator's LAN; `llft run` derives
+    its own from `fault_timeout_ms` (llft/runtime/agent.py)."""
     group: str
     heartbeat_interval_us: int = 5_000
     timeout_base_us: int = 25_000
@@ -140,8 +161,16 @@ class Config:
     found_timeout_us: int = 100_000       # joiner hears no member this long -> founds the group
     state_chunk_bytes: int = 16_384
     state_window_chunks: int = 8          # State chunks in flight, unacknowledged
+    adaptive_cap_us: int | None = None    # longest extension of a timeout; default 3 x base
+    rejoin_backoff_min_us: int = 10_000   # a second reset waits this long before it applies
+    rejoin_backoff_max_us: int = 80_000   # the wait doubles up to this
+    rejoin_stable_us: int = 1_000_000     # member this long before a reset: back to the min
     host: str = ""
     pid: int = 0
+
+    @property
+    def extension_cap_us(self) -> int:
+        return 3 * self.timeout_base_us if self.adaptive_cap_us is None else self.adaptive_cap_us
 
     def fault_timeout_us(self, rank: int) -> int:
         return fault_timeout_us(rank, timeout_base_us=self.timeout_base_us,
@@ -200,10 +229,12 @@ class StateRestored:
 @dataclass(frozen=True, slots=True)
 class Reset:
     """Discard the replica's application state (the agent restarts the app) and rejoin
-    as a new member: the core already switched to `new_birth` and sent ProposeBackup."""
+    as a new member: the core already switched to `new_birth`; it sends ProposeBackup
+    after `rejoin_after_us` (the back-off; 0: at once)."""
     old_birth: int
     new_birth: int
     reason: str
+    rejoin_after_us: int = 0
 
 
 Action = (Send | MembershipChanged | ViewEntered | BeginPhase2 | ViewStarted | StateRestored
@@ -304,6 +335,7 @@ class Membership:
         # everything it has heard of, so stale messages of an older history lose
         self.max_seen_precedence = 0
         self.max_seen_pvn = 0
+        self._backoff_level = 0          # resets since the last stable membership
         self._become_joiner(0)
 
     # ---- introspection ------------------------------------------------------------
@@ -345,6 +377,10 @@ class Membership:
         c = self.cfg
         t = []
         if self.status is Status.JOINING:
+            # ticking every interval, as members do, lets `_observe_clock` tell a
+            # local stall from a long back-off
+            if self._last_tick_us is not None:
+                t.append(self._last_tick_us + c.heartbeat_interval_us)
             t.append(self._join_sent_us + c.join_retry_us)
             t.append(self._found_deadline_us())
             return min(t)
@@ -359,22 +395,48 @@ class Membership:
             t.extend(self._primary_deadlines())
         return min(t)
 
+    def _observe_clock(self, now_us: int, *, tick: bool) -> None:
+        """Called first on every event (timer or message). Once the timer has run, it
+        is due at least every heartbeat interval, so a longer gap since its last run
+        means THIS replica was not running (a starved or paused process): the silence
+        it would now blame on its peers is its own. Their messages are still queued in
+        its socket, behind whichever event runs first (a timer, or one message whose
+        handler judges the others: an ack that ticks the primary, say); so the stalled
+        time counts against no one (`_forgive_stall`), whichever path sees it first.
+        Detection of a real failure is delayed by at most the stall."""
+        last = self._last_tick_us
+        if last is not None:
+            stall = now_us - last - STALL_SLACK_INTERVALS * self.cfg.heartbeat_interval_us
+            if stall > 0:
+                self._forgive_stall(stall, now_us)
+                tick = True                       # forgiven once, from here on
+        if tick:
+            self._last_tick_us = now_us if last is None else max(last, now_us)
+
+    def _forgive_stall(self, stall_us: int, now_us: int) -> None:
+        def later(t: int) -> int:                 # past anchors move, never beyond now
+            return t if t >= now_us else min(now_us, t + stall_us)
+        self.stalls += 1
+        for b, t in self._last_heard.items():
+            self._last_heard[b] = later(t)
+        for st in self._arrivals.values():
+            st.shift(stall_us, now_us)            # our pause is no gap of theirs
+        if self._pending is not None:
+            self._pending.started_us = later(self._pending.started_us)
+        if self._proposal is not None:
+            p = self._proposal
+            p.version_us = later(p.version_us)
+            p.drop_check_us = later(p.drop_check_us)
+        self._group_heard_us = later(self._group_heard_us)
+        self._join_start_us = later(self._join_start_us)
+        for b, t in self._other_joiners.items():
+            self._other_joiners[b] = later(t)
+
     def handle_timer(self, now_us: int) -> None:
         if not self._started:
             return
         c = self.cfg
-        # A heartbeat is due every interval, so this runs at least that often. A longer
-        # gap means THIS replica was not running (a starved or paused process): the
-        # silence it would now blame on its peers is its own. Their heartbeats are still
-        # queued in its socket, behind this timer; so the stalled time does not count
-        # against anyone (detection of a real failure is delayed by at most the stall).
-        if self._last_tick_us:
-            stall = now_us - self._last_tick_us - STALL_SLACK_INTERVALS * c.heartbeat_interval_us
-            if stall > 0:
-                self.stalls += 1
-                for b, t in self._last_heard.items():
-                    self._last_heard[b] = min(now_us, t + stall)
-        self._last_tick_us = now_us
+        self._observe_clock(now_us, tick=True)
         if self.status is Status.JOINING:
             self._joiner_tick(now_us)
             return
@@ -397,6 +459,7 @@ class Membership:
         handler = self._HANDLERS.get(msg.type)
         if handler is None:
             return
+        self._observe_clock(now_us, tick=False)
         self._note_sender(msg, now_us)
         try:
             if self.is_member() and self._competing_primary(msg, now_us):
@@ -445,8 +508,12 @@ class Membership:
         self._acked_pp: dict[int, tuple[Key, int]] = {}      # target -> (proposer, change)
         self._seen_pp: dict[int, tuple[Key, Key]] = {}       # target -> (min, max) proposer
         self._last_heard: dict[int, int] = {}
-        self._last_tick_us = 0
-        self.stalls = 0                  # local stalls forgiven (handle_timer)
+        # members' message timing: kept across our own reset (a peer's timing does not
+        # depend on our incarnation), pruned to the members at every install
+        self._arrivals: dict[int, ArrivalStats] = getattr(self, "_arrivals", {})
+        self._last_tick_us: int | None = None             # the timer's last run
+        self._member_since_us: int | None = None          # this incarnation admitted
+        self.stalls = 0                  # local stalls forgiven (`_observe_clock`)
         self._proposal: _Proposal | None = None
         self._pending: _Change | None = None
         self._joiners: deque[int] = deque(maxlen=MAX_PENDING_JOINERS)
@@ -461,11 +528,33 @@ class Membership:
         self._resent_membership_us = -(1 << 62)
 
     def _reset(self, now_us: int, reason: str) -> None:
-        old = self.birth
+        """Rejoin as a new member, after a back-off: a replica reset again and again
+        (a starved machine, each rejoin loading it more with a state transfer and a
+        replay) applies less and less often, so a storm of resets cannot feed itself.
+        The first reset (of a fresh replica, or of one that had been a member for
+        `rejoin_stable_us`) applies at once: one reset is no storm. Each further one
+        waits rejoin_backoff_min_us, then twice that, ... up to rejoin_backoff_max_us,
+        jittered (half to all of it, from our rng) so that replicas reset together do
+        not apply together."""
+        old, c = self.birth, self.cfg
         self.resets += 1
+        if (self._member_since_us is not None
+                and now_us - self._member_since_us >= c.rejoin_stable_us):
+            self._backoff_level = 0
+        wait = 0
+        if self._backoff_level > 0 and c.rejoin_backoff_max_us > 0:
+            cap = min(c.rejoin_backoff_max_us,
+                      c.rejoin_backoff_min_us << (self._backoff_level - 1))
+            wait = self.rng.randint(cap // 2, cap)
+        self._backoff_level = min(MAX_BACKOFF_LEVEL, self._backoff_level + 1)
         self._become_joiner(now_us)
-        self._emit(Reset(old, self.birth, reason))
-        self._send_propose_backup(now_us)
+        self._emit(Reset(old, self.birth, reason, wait))
+        if wait > 0:
+            # silent until then: neither apply nor found the group before applying
+            self._join_start_us = self._group_heard_us = now_us + wait
+            self._join_sent_us = now_us + wait - c.join_retry_us
+        else:
+            self._send_propose_backup(now_us)
 
     def _install(self, pvn: int, change: int, members: list[Key], max_prec: int,
                  now_us: int, reason: str = "") -> None:
@@ -474,6 +563,10 @@ class Membership:
         self.precedence = me.precedence
         self.max_precedence = max(self.max_precedence, max_prec, members[-1].precedence)
         self._last_heard = {k.birth: self._last_heard.get(k.birth, now_us) for k in members}
+        self._arrivals = {k.birth: self._arrivals[k.birth] for k in members
+                          if k.birth in self._arrivals}
+        if self._member_since_us is None:
+            self._member_since_us = now_us
         for t in [t for t in self._acked_pp if t < pvn]:
             del self._acked_pp[t]
         for t in [t for t in self._seen_pp if t < pvn]:
@@ -503,6 +596,12 @@ class Membership:
             if self.status in PRIMARY_STATUSES and msg.pvn != self.pvn:
                 return          # a backup living in another view is not alive for us
             self._last_heard[msg.sender] = now_us
+            st = self._arrivals.get(msg.sender)
+            if st is None:
+                if len(self._arrivals) < 2 * MAX_MEMBERS:
+                    self._arrivals[msg.sender] = ArrivalStats(now_us)
+            else:
+                st.arrived(now_us)
 
     def _tracked(self) -> list[Key]:
         if self._proposal is not None:
@@ -564,9 +663,42 @@ class Membership:
 
     # ---- backups: fault detector and phase 1 (primary-change lines 1-5, 21-25) ---------
 
+    def _extension_us(self, birth: int, reference_us: int) -> int:
+        """How much longer than configured a timeout on `birth` waits (detector.py).
+        A peer with too short a history (just admitted, or the primary of a view we
+        just joined) is judged by the slowest peer we know well: on a busy machine
+        every process shows it."""
+        st = self._arrivals.get(birth)
+        if self._receiving_state(birth) and (st is None or not st.known()):
+            return self.cfg.extension_cap_us
+        if st is None or not st.known():
+            st = max((s for s in self._arrivals.values() if s.known()),
+                     key=ArrivalStats.expected_silence_us, default=st)
+        return extension_us(st, reference_us, self.cfg.extension_cap_us)
+
+    def _receiving_state(self, birth: int) -> bool:
+        """At the primary: `birth` is waiting for our state or getting it (its last
+        acknowledgment comes after it restored). Restoring the group's whole log is
+        the heaviest moment of a replica's life (its agent can be busy for hundreds of
+        ms); a removal then is a reset storm's engine, so until it has a history of its
+        own such a member gets the longest timeouts (floor + cap)."""
+        if self.status not in PRIMARY_STATUSES:
+            return False
+        out = self._outgoing
+        return birth in self._needs_state or (out is not None and out.to == birth)
+
     def _fd_deadline_us(self) -> int:
-        heard = self._last_heard.get(self.primary.birth, self._hb_sent_us)
-        return heard + self.cfg.fault_timeout_us(max(2, self.rank))
+        # every rank extends by what the rank-2 floor would: the ranks keep their order
+        c, p = self.cfg, self.primary.birth
+        heard = self._last_heard.get(p, self._hb_sent_us)
+        return (heard + c.fault_timeout_us(max(2, self.rank))
+                + self._extension_us(p, c.timeout_base_us))
+
+    def _ack_timeout_us(self, births) -> int:
+        """The ack timeout of a change for these members: the longest of theirs."""
+        c = self.cfg
+        return c.ack_timeout_us + max((self._extension_us(b, c.ack_timeout_us) for b in births),
+                                      default=0)
 
     def _fault_detector_fired(self, now_us: int) -> None:
         if self.status is Status.AWAITING_STATE:
@@ -584,7 +716,8 @@ class Membership:
                f"{(now_us - heard) // 1000} ms")
         self._proposal = _Proposal(target, 0, members, (self.pvn, self.primary.birth),
                                    version_us=now_us,
-                                   drop_check_us=now_us + self.cfg.ack_timeout_us, why=why)
+                                   drop_check_us=now_us + self._ack_timeout_us(
+                                       k.birth for k in members[1:]), why=why)
         self.status = Status.PROPOSING
         for k in members:
             self._last_heard.setdefault(k.birth, now_us)
@@ -601,10 +734,11 @@ class Membership:
 
     def _proposal_tick(self, now_us: int) -> None:
         p, c = self._proposal, self.cfg
+        ack_us = self._ack_timeout_us(k.birth for k in p.members[1:])
         if now_us >= p.drop_check_us:
             # drop members that neither acknowledged nor spoke since this version began;
             # after a second timeout drop every non-acknowledging member
-            final = now_us >= p.version_us + 2 * c.ack_timeout_us
+            final = now_us >= p.version_us + 2 * ack_us
             quiet_since = now_us + 1 if final else p.version_us
             drop = {k.birth for k in p.members[1:] if k.birth not in p.acked
                     and self._last_heard.get(k.birth, -1) < quiet_since}
@@ -613,11 +747,11 @@ class Membership:
                 p.change += 1
                 p.acked = set()
                 p.version_us = now_us
-                p.drop_check_us = now_us + c.ack_timeout_us
+                p.drop_check_us = now_us + self._ack_timeout_us(k.birth for k in p.members[1:])
                 self._send_proposal(now_us)
                 self._check_phase1(now_us)
                 return
-            p.drop_check_us = p.version_us + 2 * c.ack_timeout_us
+            p.drop_check_us = p.version_us + 2 * ack_us
         if now_us >= p.sent_us + c.retransmit_us:
             self._send_proposal(now_us)
 
@@ -831,17 +965,29 @@ class Membership:
             self._pending = None                          # line 39: committed
             self._primary_tick(now_us)
 
+    def _backup_timeout_us(self, birth: int) -> int:
+        c = self.cfg
+        return c.backup_timeout_us + self._extension_us(birth, c.backup_timeout_us)
+
     def _silent_backups(self, now_us: int) -> set[int]:
-        limit = now_us - self.cfg.backup_timeout_us
-        return {k.birth for k in self.members[1:] if self._last_heard.get(k.birth, now_us) < limit}
+        return {k.birth for k in self.members[1:]
+                if self._last_heard.get(k.birth, now_us) + self._backup_timeout_us(k.birth)
+                < now_us}
+
+    def _unacked_late(self, ch: _Change, now_us: int) -> set[int]:
+        """Members that did not acknowledge `ch` within their ack timeout."""
+        return {k.birth for k in ch.members[1:] if k.birth not in ch.acked
+                and now_us >= ch.started_us + self._ack_timeout_us([k.birth])}
 
     def _primary_deadlines(self) -> list[int]:
         c = self.cfg
-        t = [self._last_heard.get(k.birth, 0) + c.backup_timeout_us + 1
+        t = [self._last_heard.get(k.birth, 0) + self._backup_timeout_us(k.birth) + 1
              for k in self.members[1:]]
         if self._pending is not None:
-            t.append(self._pending.sent_us + c.retransmit_us)
-            t.append(self._pending.started_us + c.ack_timeout_us)
+            ch = self._pending
+            t.append(ch.sent_us + c.retransmit_us)
+            t.extend(ch.started_us + self._ack_timeout_us([k.birth])
+                     for k in ch.members[1:] if k.birth not in ch.acked)
         if (self._outgoing is not None and self._pending is None
                 and self.status is Status.PRIMARY):
             t.append(self._outgoing.sent_us + c.retransmit_us)
@@ -852,8 +998,7 @@ class Membership:
         silent = self._silent_backups(now_us)
         ch = self._pending
         if ch is not None:
-            if now_us >= ch.started_us + c.ack_timeout_us:
-                silent |= {k.birth for k in ch.members[1:] if k.birth not in ch.acked}
+            silent |= self._unacked_late(ch, now_us)
             if silent:
                 self._remove(silent, now_us)              # supersedes the pending change
             elif now_us >= ch.sent_us + c.retransmit_us:

@@ -153,11 +153,17 @@ class Agent:
         self.key = cfg.load_key()
         hb = int(cfg.heartbeat_ms * 1000)
         base = int(cfg.fault_timeout_ms * 1000)
+        # every timeout is a floor that membership extends per peer by what its timing
+        # showed (membership/detector.py), by at most 3 x base; a replica reset again
+        # soon after a reset waits base/2 (50 ms by default), doubling up to 20 x base
+        # (2 s), before it applies; 100 x base (10 s) as a member forgets the resets
         self.membership_config = mb.Config(
             group=group, heartbeat_interval_us=hb, timeout_base_us=base,
             backup_timeout_us=2 * base, ack_timeout_us=2 * base, retransmit_us=hb,
-            join_retry_us=2 * hb, found_timeout_us=4 * base, host=socket.gethostname(),
-            pid=os.getpid())
+            join_retry_us=2 * hb, found_timeout_us=4 * base,
+            adaptive_cap_us=3 * base, rejoin_backoff_min_us=base // 2,
+            rejoin_backoff_max_us=20 * base, rejoin_stable_us=100 * base,
+            host=socket.gethostname(), pid=os.getpid())
         self.messaging_config = mg.MessagingConfig(heartbeat_us=hb,
                                                    max_piggyback_bytes=PIGGYBACK_BYTES)
         self.rng = random.Random(os.getpid() ^ time.monotonic_ns())
@@ -336,7 +342,7 @@ class Agent:
             actions.Resynced: ignore, actions.Phase2Done: ignore,
             actions.BeginPhase2: ignore, actions.ViewStarted: ignore,
             actions.StateRestored: ignore,
-            actions.Reset: ignore,      # RestartApp follows it
+            actions.Reset: self._rejoin_backoff,    # after RestartApp
         }
         # every action the node emits but Send (the driver sends those) has a handler
         missing = set(actions.ACTION_TYPES) - {actions.Send} - set(handlers)
@@ -387,6 +393,11 @@ class Agent:
         self._reset_app_state()
         self._start_connector()
         self._event("reset", reason=a.reason)
+
+    def _rejoin_backoff(self, a: actions.Reset) -> None:
+        if a.rejoin_after_us > 0:
+            _log(f"reset again soon after the last one: applying for membership in "
+                 f"{a.rejoin_after_us / 1000:.0f} ms (back-off)")
 
     # -- deliveries --
     def _deliver(self, a: actions.Deliver) -> None:

@@ -23,7 +23,9 @@ Why 100 ms and not the paper's ~30: an agent shares the machine with its applica
 (and, on a test box, with two more replicas on two cores); a primary whose agent is not
 scheduled for 25 ms is, to its backups, a failed primary, and a false suspicion costs a
 reset and a full rejoin. On a quiet machine `fault_timeout_ms = 25` detects in ~25 ms
-(`llft bench failover` measures both).
+(`llft bench failover` measures both). The value is a floor: each replica waits longer
+for a peer whose heartbeats have been late before, by up to 3 x fault_timeout_ms
+(membership/detector.py).
 
 Relative paths (key_file, runtime_dir) are relative to the configuration file's folder.
 Every fault is a `ConfigError` whose str() is one line naming the file and what to fix;

@@ -1,0 +1,281 @@
+"""A busy machine is not a dead peer: adaptive timeouts (membership/detector.py), local
+stalls forgiven on every path, and the rejoin back-off (membership/core.py).
+
+The cores are driven directly, with crafted messages and the timer at exactly the
+times they ask for (`next_timer_us`), as the simulator and the asyncio driver do.
+"""
+from __future__ import annotations
+
+import random
+
+from llft.protocol.messages import Message, MsgType, Role
+from membership.core import Config, Membership, Reset, Send, Status
+from membership.detector import ARRIVAL_WINDOW, MARGIN, ArrivalStats, extension_us
+from membership.rules import Key
+
+G = "g"
+CFG = Config(group=G)          # the defaults: heartbeat 5 ms, rank-2 timeout 25 ms
+HB = CFG.heartbeat_interval_us
+MS = 1_000
+
+
+def hb(sender: int, prec: int, rank: int, pvn: int = 4) -> Message:
+    return Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, pvn, prec, sender,
+                   body={"rank": rank})
+
+
+def propose_backup(sender: int) -> Message:
+    return Message(MsgType.PROPOSE_BACKUP, G, G, 0, Role.CLIENT, 0, 0, sender,
+                   body={"host": "h", "pid": 1})
+
+
+def ack(sender: int, prec: int, change: int) -> Message:
+    return Message(MsgType.ACCEPT_BACKUP_ACK, G, G, 0, Role.CLIENT, 4, prec, sender,
+                   body={"change": change})
+
+
+def core_in(status: Status, birth: int, members, cfg: Config = CFG, seed: int = 1) -> Membership:
+    """A core placed directly into membership (pvn 4, `members` as (birth, precedence))."""
+    core = Membership(cfg, random.Random(seed))
+    core.start(0)
+    core.birth = birth
+    core.status = status
+    core._install(4, 0, [Key(p, b) for b, p in members], max(p for _, p in members), 0)
+    core.take_actions()
+    return core
+
+
+def sent(core: Membership, mtype: MsgType) -> list[Message]:
+    return [a.msg for a in core.take_actions() if isinstance(a, Send) and a.msg.type is mtype]
+
+
+def run_timers(core: Membership, until_us: int, feed=lambda now: None) -> int:
+    """Fire the core's timer whenever it asks until `until_us`; `feed(now)` may deliver
+    messages at each timer. Returns the last timer time."""
+    now = 0
+    while True:
+        t = core.next_timer_us()
+        if t > until_us:
+            return now
+        now = t
+        feed(now)
+        core.handle_timer(now)
+
+
+# ---- the statistics ------------------------------------------------------------------
+
+def test_regular_heartbeats_never_extend_a_timeout():
+    st = ArrivalStats(0)
+    for i in range(1, 500):
+        st.arrived(i * HB)
+    assert st.expected_silence_us() == HB
+    assert extension_us(st, CFG.timeout_base_us, CFG.extension_cap_us) == 0
+
+
+def test_a_gap_seen_extends_the_timeout_to_twice_it_until_it_leaves_the_window():
+    st = ArrivalStats(0)
+    t = 0
+    for _ in range(50):
+        t += HB
+        st.arrived(t)
+    t += 20 * MS                                  # the peer was starved for 20 ms
+    st.arrived(t)
+    assert extension_us(st, CFG.timeout_base_us, CFG.extension_cap_us) == \
+        MARGIN * 20 * MS - CFG.timeout_base_us
+    for _ in range(ARRIVAL_WINDOW):
+        t += HB
+        st.arrived(t)
+    assert extension_us(st, CFG.timeout_base_us, CFG.extension_cap_us) == 0
+
+
+def test_the_extension_is_capped_so_a_death_is_still_detected_in_bounded_time():
+    st = ArrivalStats(0)
+    st.arrived(10_000 * MS)                       # ten seconds of silence once
+    assert extension_us(st, CFG.timeout_base_us, CFG.extension_cap_us) == \
+        CFG.extension_cap_us == 3 * CFG.timeout_base_us
+    assert extension_us(None, CFG.timeout_base_us, CFG.extension_cap_us) == 0
+
+
+# ---- the backup's fault detector on the primary --------------------------------------
+
+def _detect(gaps_us: list[int]) -> tuple[int, int]:
+    """A rank-2 backup hears the primary every interval except the given gaps, then
+    the primary dies: (time of its last heartbeat, time the backup proposes)."""
+    c = core_in(Status.BACKUP, 105, ((100, 1), (105, 2), (111, 3)))
+    plan, t = [], 0
+    for _ in range(40):
+        t += HB
+        plan.append(t)
+    for g in gaps_us:
+        t += g
+        plan.append(t)
+        for _ in range(10):
+            t += HB
+            plan.append(t)
+    last = plan[-1]
+    pending = list(plan)
+
+    def feed(now):
+        while pending and pending[0] <= now:
+            c.handle_message(hb(100, 1, 1), pending.pop(0))
+    proposed = None
+    now = 0
+    while proposed is None and now < last + 10 * CFG.timeout_base_us:
+        now = c.next_timer_us()
+        feed(now)
+        c.handle_timer(now)
+        if sent(c, MsgType.PROPOSE_PRIMARY):
+            proposed = now
+    return last, proposed
+
+
+def test_at_idle_the_primary_is_suspected_after_the_configured_timeout():
+    last, proposed = _detect([])
+    assert proposed - last == CFG.fault_timeout_us(2)
+
+
+def test_a_primary_that_was_slow_before_gets_more_time_but_is_still_suspected():
+    last, proposed = _detect([20 * MS])           # one 20 ms stall of the primary
+    assert proposed - last == CFG.fault_timeout_us(2) + MARGIN * 20 * MS - CFG.timeout_base_us
+    # larger and larger stalls survived: the detector learns them, up to its cap
+    last, proposed = _detect([20 * MS, 35 * MS, 60 * MS, 90 * MS])
+    assert proposed - last == CFG.fault_timeout_us(2) + CFG.extension_cap_us
+
+
+# ---- the primary: ack timeouts and silent backups ------------------------------------
+
+def test_the_ack_timeout_of_a_change_follows_each_members_timing():
+    p = core_in(Status.PRIMARY, 100, ((100, 1), (105, 2), (111, 3)))
+    t = 0
+    while t < 3_000 * MS:                         # 105 speaks every 40 ms, 111 every 5
+        t += HB
+        if t % (40 * MS) == 0:
+            p.handle_message(hb(105, 2, 2), t)
+        p.handle_message(hb(111, 3, 3), t)
+        p.handle_timer(t)
+    p.take_actions()
+    p.handle_message(propose_backup(130), t)      # admission: AcceptBackup, change 1
+    assert sent(p, MsgType.ACCEPT_BACKUP)
+    start = t
+    p.handle_message(ack(111, 3, 1), t)
+    p.handle_message(ack(130, 0, 1), t)
+    expected = CFG.ack_timeout_us + MARGIN * 40 * MS - CFG.ack_timeout_us   # 80 ms
+    removed_at = None
+    while removed_at is None and t < start + 500 * MS:
+        t = p.next_timer_us()
+        if t % (40 * MS) == 0:
+            p.handle_message(hb(105, 2, 2), t)    # alive, but never acknowledges
+        p.handle_message(hb(111, 3, 3), t)
+        p.handle_message(hb(130, 4, 4), t)
+        p.handle_timer(t)
+        if sent(p, MsgType.REMOVE_BACKUP):
+            removed_at = t
+    assert removed_at - start == expected > CFG.ack_timeout_us
+
+
+def test_a_stall_of_the_primary_seen_first_by_a_message_removes_no_one():
+    """The primary is starved for 300 ms; the first event after it is a ProposeBackup
+    (not its timer), whose handler ticks the primary: the backups' heartbeats are still
+    queued behind it, so they must not look silent."""
+    p = core_in(Status.PRIMARY, 100, ((100, 1), (105, 2), (111, 3)))
+    t = run_timers(p, 100 * MS, feed=lambda now: (p.handle_message(hb(105, 2, 2), now),
+                                                  p.handle_message(hb(111, 3, 3), now)))
+    p.take_actions()
+    t += 300 * MS                                 # no event at all: a local stall
+    p.handle_message(propose_backup(130), t)
+    acts = p.take_actions()
+    assert not [a for a in acts if isinstance(a, Send)
+                and a.msg.type is MsgType.REMOVE_BACKUP]
+    assert {k.birth for k in p.members} == {100, 105, 111, 130}
+    assert p.stalls == 1
+    # the queued heartbeats arrive; the timer then runs: still one stall, no removal
+    p.handle_message(hb(105, 2, 2), t)
+    p.handle_message(hb(111, 3, 3), t)
+    p.handle_timer(t + 1)
+    assert p.stalls == 1 and not sent(p, MsgType.REMOVE_BACKUP)
+
+
+def test_a_backup_stall_seen_first_by_a_message_does_not_suspect_the_primary():
+    c = core_in(Status.BACKUP, 105, ((100, 1), (105, 2), (111, 3)))
+    t = run_timers(c, 100 * MS, feed=lambda now: c.handle_message(hb(100, 1, 1), now))
+    t += 300 * MS
+    c.handle_message(hb(111, 3, 3), t)            # a stale heartbeat of the other backup
+    c.handle_timer(t)
+    assert c.status is Status.BACKUP and not sent(c, MsgType.PROPOSE_PRIMARY)
+    # the gap it saw included its own stall: that is not learned as the primary's
+    c.handle_message(hb(100, 1, 1), t)
+    assert c._extension_us(100, CFG.timeout_base_us) == 0
+
+
+# ---- rejoin back-off ---------------------------------------------------------------
+
+def _removed(c: Membership, now: int) -> Reset:
+    msg = Message(MsgType.REMOVE_BACKUP, G, G, 0, Role.CLIENT, c.pvn, 1, c.primary.birth,
+                  body={"members": [[c.primary.birth, 1]], "old_members": [],
+                        "change": c.change + 1, "max_precedence": 9})
+    c.handle_message(msg, now)
+    return next(a for a in c.take_actions() if isinstance(a, Reset))
+
+
+def test_resets_in_a_row_back_off_exponentially_with_jitter_then_forget():
+    c = core_in(Status.BACKUP, 105, ((100, 1), (105, 2)))
+    waits, now = [], 10
+    for _ in range(6):
+        r = _removed(c, now)
+        waits.append(r.rejoin_after_us)
+        # admitted again at once (as the primary would), then removed again
+        c.status = Status.BACKUP
+        c._install(4, c.change, [Key(1, 100), Key(50 + len(waits), c.birth)], 60, now)
+        c.take_actions()
+        now += MS
+    lo, hi = CFG.rejoin_backoff_min_us, CFG.rejoin_backoff_max_us
+    assert waits[0] == 0                          # one reset is no storm
+    for i, w in enumerate(waits[1:]):
+        cap = min(hi, lo << i)
+        assert cap // 2 <= w <= cap
+    assert len(set(waits[1:])) > 1
+    # a member for rejoin_stable_us: the next reset applies at once again
+    assert _removed(c, now + CFG.rejoin_stable_us).rejoin_after_us == 0
+
+
+def test_a_joiner_in_back_off_is_silent_and_founds_nothing_before_it_applies():
+    c = core_in(Status.BACKUP, 105, ((100, 1), (105, 2)))
+    _removed(c, 10)
+    c.status = Status.BACKUP
+    c._install(4, c.change, [Key(1, 100), Key(7, c.birth)], 9, 20)
+    c.take_actions()
+    r = _removed(c, 30)
+    assert r.rejoin_after_us > 0
+    t = 30
+    while t < 30 + r.rejoin_after_us:
+        t = c.next_timer_us()
+        c.handle_timer(t)
+        acts = c.take_actions()
+        if t < 30 + r.rejoin_after_us:
+            assert not acts and c.status is Status.JOINING
+    assert t == 30 + r.rejoin_after_us
+    assert any(isinstance(a, Send) and a.msg.type is MsgType.PROPOSE_BACKUP for a in acts)
+    assert c.stalls == 0                          # a back-off is no stall
+
+
+def test_a_new_member_borrows_the_timing_of_the_slowest_well_known_peer():
+    p = core_in(Status.PRIMARY, 100, ((100, 1), (105, 2)))
+    t = 0
+    while t < 3_000 * MS:                         # 105 speaks every 40 ms
+        t += HB
+        if t % (40 * MS) == 0:
+            p.handle_message(hb(105, 2, 2), t)
+        p.handle_timer(t)
+    p._install(4, 1, [Key(1, 100), Key(2, 105), Key(3, 130)], 3, t)   # 130: new, no state
+    p.handle_message(hb(130, 3, 3), t + HB)
+    assert p._extension_us(130, CFG.ack_timeout_us) == p._extension_us(105, CFG.ack_timeout_us) \
+        == MARGIN * 40 * MS - CFG.ack_timeout_us
+
+
+def test_a_member_receiving_the_state_gets_the_longest_timeouts():
+    p = core_in(Status.PRIMARY, 100, ((100, 1), (105, 2)))
+    t = run_timers(p, 200 * MS, feed=lambda now: p.handle_message(hb(105, 2, 2), now))
+    p.handle_message(propose_backup(130), t)      # admitted: waits for our state
+    assert 130 in {k.birth for k in p.members}
+    assert p._backup_timeout_us(130) == CFG.backup_timeout_us + CFG.extension_cap_us
+    assert p._backup_timeout_us(105) == CFG.backup_timeout_us
