@@ -78,7 +78,7 @@ enum llft_call {
     LLFT_C_NONE = 0,
     LLFT_C_CLOCK_GETTIME = 1, LLFT_C_GETTIMEOFDAY, LLFT_C_TIME,
     LLFT_C_CLOCK_NANOSLEEP, LLFT_C_NANOSLEEP,
-    LLFT_C_GETRANDOM = 10, LLFT_C_READ_RANDOM,
+    LLFT_C_GETRANDOM = 10, LLFT_C_READ_RANDOM, LLFT_C_GETLOADAVG,
     LLFT_C_SEM_WAIT = 20, LLFT_C_SEM_TRYWAIT, LLFT_C_SEM_TIMEDWAIT,
     LLFT_C_MUTEX_LOCK = 30, LLFT_C_MUTEX_TRYLOCK, LLFT_C_MUTEX_TIMEDLOCK,
     LLFT_C_THREAD_CREATE = 40,
@@ -278,6 +278,7 @@ static inline const char *llft_call_name(unsigned c) {
     case LLFT_C_NANOSLEEP: return "nanosleep";
     case LLFT_C_GETRANDOM: return "getrandom";
     case LLFT_C_READ_RANDOM: return "read(/dev/urandom)";
+    case LLFT_C_GETLOADAVG: return "getloadavg";
     case LLFT_C_SEM_WAIT: return "sem_wait";
     case LLFT_C_SEM_TRYWAIT: return "sem_trywait";
     case LLFT_C_SEM_TIMEDWAIT: return "sem_timedwait";

@@ -5,7 +5,7 @@
  *                   record/replay engine every hook goes through (pr_append, bk_*)
  *   shim_time.c     clocks and sleeps (CTS)
  *   shim_gc.c       garbage collection at deterministic points
- *   shim_random.c   getrandom, /dev/urandom
+ *   shim_random.c   getrandom, /dev/urandom, getloadavg
  *   shim_locks.c    semaphores and pthread mutexes (CMTS)
  *   shim_threads.c  pthread_create (logical thread ids)
  *   shim_process.c  stat and waitpid (the app's private companions)
@@ -71,6 +71,7 @@
     X(int, clock_nanosleep, (clockid_t, int, const struct timespec *, struct timespec *)) \
     X(int, nanosleep, (const struct timespec *, struct timespec *)) \
     X(ssize_t, getrandom, (void *, size_t, unsigned)) \
+    X(int, getloadavg, (double *, int)) \
     X(int, open, (const char *, int, ...)) \
     X(int, open64, (const char *, int, ...)) \
     X(int, openat, (int, const char *, int, ...)) \

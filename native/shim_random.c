@@ -1,9 +1,13 @@
-/* shim_random.c -- randomness.
+/* shim_random.c -- randomness, and the machine's state read through libc.
  *
  * Intercepts getrandom and reads of /dev/urandom and /dev/random (recognised when
  * opened: open, open64, openat, openat64), a per-thread operation whose payload is
  * the bytes. The interpreter's hash secret comes from getrandom at start-up, so set
  * iteration order replays without touching PYTHONHASHSEED.
+ *
+ * getloadavg (os.getloadavg) differs between replicas like a random source: libc reads
+ * /proc/loadavg through its internal open/read, which no hook sees, so the call itself
+ * is recorded (payload: the doubles it filled in).
  */
 #include "shim_internal.h"
 
@@ -29,6 +33,29 @@ ssize_t random_call(unsigned call, int fd, void *buf, size_t n, unsigned flags) 
 
 EXPORT ssize_t getrandom(void *buf, size_t n, unsigned flags) {
     HOOK(1, R(getrandom)(buf, n, flags), random_call(LLFT_C_GETRANDOM, -1, buf, n, flags));
+}
+
+static int loadavg_call(double *la, int nelem) {
+    uint64_t op = thread_op();
+    uint32_t n = nelem > 0 ? (uint32_t)nelem * (uint32_t)sizeof(double) : 0;
+    if (n > LLFT_MAX_DATA_BYTES) n = LLFT_MAX_DATA_BYTES;
+    int r, e;
+    struct bk b;
+    if (replaying(&b, LLFT_C_GETLOADAVG, op, la, n)) {
+        r = (int)b.h.ret;
+        e = b.h.err;
+        bk_end(&b);
+    } else {
+        r = R(getloadavg)(la, nelem);
+        e = r < 0 ? errno : 0;
+        pr_append(LLFT_C_GETLOADAVG, op, r, e, 0, 0, la, r > 0 ? (uint32_t)r * (uint32_t)sizeof(double) : 0);
+    }
+    errno = e ? e : errno;
+    return r;
+}
+
+EXPORT int getloadavg(double la[], int nelem) {
+    HOOK(1, R(getloadavg)(la, nelem), loadavg_call(la, nelem));
 }
 
 static int is_random_path(const char *p) {

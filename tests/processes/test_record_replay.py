@@ -215,3 +215,19 @@ def test_udp_external_client_without_server(tmp_path):
     for _ in range(2):
         p, _ = replay(str(tmp_path / "trace"), str(work))
         assert p.stdout == out
+
+
+def test_load_average_is_recorded_input(tmp_path):
+    """os.getloadavg() differs between replicas (libc reads /proc/loadavg through its own
+    internal calls): the shim records the call, and a replay prints the recorded values."""
+    from determinizer import orderinfo
+    work = tmp_path / "work"
+    work.mkdir()
+    trace = str(tmp_path / "trace")
+    out, _ = record([PYTHON3, program("loadavg.py")], trace, str(work))
+    with open(f"{trace}/orderinfo.bin", "rb") as f:
+        entries = orderinfo.decode(f.read())
+    loads = [e for e in entries if e.call == orderinfo.Call.GETLOADAVG]
+    assert len(loads) == 3 and all(len(e.data) == 3 * 8 and e.ret == 3 for e in loads)
+    p, _ = replay(trace, str(work))
+    assert p.stdout == out
