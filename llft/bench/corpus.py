@@ -20,18 +20,16 @@ the README's compatibility table is made from this command's output.
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from contextlib import redirect_stderr
 
 from determinizer import orderinfo
 from llft.bench import report
-from determinizer.recordreplay import EXIT_DIVERGED, TRACE_FILE, record, replay
+from determinizer.recordreplay import EXIT_DIVERGED, TRACE_FILE
 
 # The issue's four failing modules, three that replayed, and more of the same kinds.
 DEFAULT_MODULES = [
@@ -62,23 +60,20 @@ def _test_cmd(module: str) -> list[str]:
     return [sys.executable, "-m", "test", "-u", "network", "--timeout", "0", module]
 
 
-def _run_to_files(work: str, name: str, fn, *args, **kw) -> tuple[int, bytes, str, float]:
-    """Run fn(*args, stdout=file, stderr=file, **kw); (status, stdout, stderr, seconds)."""
+def _run(cmd: list[str], work: str, name: str, timeout: float) -> tuple[int, bytes, str, float]:
+    """Run one command in `work`, its output kept in NAME.out/.err there (a pipe could fill up
+    and block the program); (status, stdout, stderr, seconds). Every phase goes through here,
+    each bounded by `timeout` (subprocess.TimeoutExpired past it)."""
     out_path, err_path = os.path.join(work, name + ".out"), os.path.join(work, name + ".err")
-    said = io.StringIO()         # what record()/replay() themselves say (the divergence report)
     t0 = time.monotonic()
-    with open(out_path, "wb") as out, open(err_path, "wb") as err, redirect_stderr(said):
-        rc = fn(*args, stdout=out, stderr=err, **kw)
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        rc = subprocess.run(cmd, stdout=out, stderr=err, cwd=work, timeout=timeout).returncode
     seconds = time.monotonic() - t0
     with open(out_path, "rb") as f:
         stdout = f.read()
     with open(err_path, "rb") as f:
-        stderr = said.getvalue() + f.read().decode(errors="replace")
+        stderr = f.read().decode(errors="replace")
     return rc, stdout, stderr, seconds
-
-
-def _plain(cmd, *, stdout, stderr, cwd, timeout) -> int:
-    return subprocess.run(cmd, stdout=stdout, stderr=stderr, cwd=cwd, timeout=timeout).returncode
 
 
 def _reason(rc: int, stdout: bytes, stderr: str, want_rc: int, want_out: bytes) -> str:
@@ -99,13 +94,16 @@ def _reason(rc: int, stdout: bytes, stderr: str, want_rc: int, want_out: bytes) 
 
 def measure(module: str, replays: int, work: str, timeout: float, stall_ms: int) -> dict:
     cmd = _test_cmd(module)
+    trace = os.path.join(work, "trace")
+    llft = [sys.executable, "-m", "llft"]
     row: dict = {"module": module}
+    phase = "plain run"
     try:
-        rc, _, _, plain_s = _run_to_files(work, "plain", _plain, cmd, cwd=work, timeout=timeout)
+        rc, _, _, plain_s = _run(cmd, work, "plain", timeout)
         row.update(plain_s=round(plain_s, 2), plain_exit=rc)
-        trace = os.path.join(work, "trace")
-        rec_rc, rec_out, _, rec_s = _run_to_files(work, "record", record, cmd, trace,
-                                                  cwd=work, quiet=True)
+        phase = "record"
+        rec_rc, rec_out, _, rec_s = _run(llft + ["record", "-q", "--trace", trace, "--"] + cmd,
+                                         work, "record", timeout)
         with open(os.path.join(trace, TRACE_FILE), "rb") as f:
             entries, nbytes = orderinfo.split(f.read())
         row.update(record_s=round(rec_s, 2), record_exit=rec_rc,
@@ -113,15 +111,16 @@ def measure(module: str, replays: int, work: str, timeout: float, stall_ms: int)
                    entries=entries, trace_kb=round(nbytes / 1024))
         identical, reasons = 0, []
         for i in range(replays):
-            rc, out, err, _ = _run_to_files(work, f"replay{i}", replay, None, trace,
-                                            stall_ms=stall_ms, quiet=False)
+            phase = f"replay {i}"
+            rc, out, err, _ = _run(llft + ["replay", "--stall-ms", str(stall_ms), "--trace", trace],
+                                   work, f"replay{i}", timeout)
             why = _reason(rc, out, err, rec_rc, rec_out)
             identical += not why
             if why:
                 reasons.append(why)
         row.update(identical=f"{identical}/{replays}", first_failure=reasons[0] if reasons else "")
     except subprocess.TimeoutExpired:
-        row.update(first_failure=f"plain run over {timeout:.0f} s")
+        row.update(first_failure=f"{phase} over {timeout:.0f} s")
     return row
 
 
