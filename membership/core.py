@@ -996,12 +996,12 @@ class Membership:
     def _primary_tick(self, now_us: int) -> None:
         c = self.cfg
         silent = self._silent_backups(now_us)
-        why = [f"{b:016x}"[:6] + " silent for "
+        why = [short_id(b) + " silent for "
                + f"{(now_us - self._last_heard.get(b, now_us)) // 1000} ms" for b in silent]
         ch = self._pending
         if ch is not None:
             late = self._unacked_late(ch, now_us) - silent
-            why += [f"{b:016x}"[:6] + f" did not acknowledge change {ch.change} in "
+            why += [short_id(b) + f" did not acknowledge change {ch.change} in "
                     f"{(now_us - ch.started_us) // 1000} ms" for b in late]
             silent |= late
             if silent:
