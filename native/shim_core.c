@@ -97,7 +97,7 @@ int gil_held(void) {
     return cur != NULL && cur == py_tstate_this();
 }
 void *gil_drop(void) {
-    if (!py_save_thread || !gil_held()) return NULL;
+    if (!py_save_thread || g_gil_ordered || !gil_held()) return NULL;
     __atomic_fetch_add(&g_ctl->stats[LLFT_ST_GIL_DROPS], 1, __ATOMIC_RELAXED);
     return py_save_thread();
 }

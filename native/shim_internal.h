@@ -8,6 +8,7 @@
  *   shim_random.c   getrandom, /dev/urandom, getloadavg
  *   shim_locks.c    semaphores and pthread mutexes (CMTS)
  *   shim_threads.c  pthread_create (logical thread ids)
+ *   shim_gil.c      the GIL's hand-offs (ordered once a second thread exists)
  *   shim_process.c  stat and waitpid (the app's private companions)
  *   shim_net.c      sockets (CSCS): the fd table, kinds, private and external sockets,
  *                   readiness; every socket hook
@@ -176,8 +177,16 @@ int64_t mono_ns(void);
 /* ------------------------------------------------------------------ GIL (shim_core.c) */
 
 int gil_held(void);
-void *gil_drop(void);
+void *gil_drop(void);     /* NULL (nothing dropped) once hand-offs are ordered */
 void gil_take(void *ts);
+/* shim_gil.c: ordered hand-offs */
+extern int g_gil_ordered;
+extern pthread_mutex_t *g_gil_mutex, *g_gil_switch_mutex;
+static inline int is_gil_mutex(const pthread_mutex_t *m) {
+    return m && (m == g_gil_mutex || m == g_gil_switch_mutex);
+}
+int gil_lock(pthread_mutex_t *m);
+void gil_order_start(void);
 
 /* ------------------------------------------------------------------ divergence */
 

@@ -25,6 +25,9 @@ PROGRAMS = {
     "ext_client": (["ext_client.py", "{port}"], ["client_out.txt"], True),
     "private_child": (["private_child.py"], [], False),
     "asyncio_prog": (["asyncio_prog.py", "{port}"], [], True),
+    # races only the GIL's hand-offs arbitrate (shim_gil.c)
+    "gil_feeders": (["gil_feeders.py"], [], False),
+    "serve_forever_flag": (["serve_forever_flag.py"], [], False),
 }
 
 
@@ -139,8 +142,9 @@ def test_replay_reports_a_stall_instead_of_hanging(tmp_path):
     """A thread waiting for its turn behind a call that never comes: a stall report."""
     src = tmp_path / "stall.py"
     src.write_text(
-        "import threading, time\n"
+        "import os, threading, time\n"
         "lock = threading.Lock()\n"
+        "r, wr = os.pipe()\n"
         "def w():\n"
         "    with lock: time.time()\n"
         "t = threading.Thread(target=w); t.start(); t.join()\n"
@@ -149,11 +153,12 @@ def test_replay_reports_a_stall_instead_of_hanging(tmp_path):
     work.mkdir()
     trace = str(tmp_path / "trace")
     record([PYTHON3, str(src)], trace, str(work))
-    # the changed worker blocks forever (on a pipe: not determinized) before its lock:
-    # main, joining it, waits in vain
+    # the changed worker blocks forever (on a pipe: not determinized, and it released
+    # the GIL as the primary's worker did at the same point) before its lock: main,
+    # joining it, waits in vain
     changed = tmp_path / "stall2.py"
     changed.write_text(src.read_text().replace(
-        "    with lock: time.time()", "    import os; os.read(os.pipe()[0], 1)\n    with lock: time.time()"))
+        "    with lock: time.time()", "    os.read(r, 1)\n    with lock: time.time()"))
     p, _ = replay(trace, str(work), cmd=[PYTHON3, str(changed)], stall_ms=800, check=False)
     err = p.stderr.decode()
     assert p.returncode == EXIT_DIVERGED, err
