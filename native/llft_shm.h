@@ -70,7 +70,8 @@ enum llft_op_class {
     LLFT_OPC_MUTEX  = 3,   /* idem, pthread mutexes of C extensions         */
     LLFT_OPC_THREAD = 4,   /* per-thread operations (random, sleep, create) */
     LLFT_OPC_FD     = 5,   /* low bits: logical fd id (creator<<32|count)   */
-    LLFT_OPC_GIL    = 6    /* the GIL (one operation: its hand-offs)         */
+    LLFT_OPC_GIL    = 6,   /* the GIL (one operation: its hand-offs)         */
+    LLFT_OPC_WHERE  = 7    /* low bits: thread; LLFT_C_WHERE annotations only */
 };
 
 /* Calls (the record's `call` field): the kinds of entry. Printable names in
@@ -324,6 +325,7 @@ static inline void llft_op_name(uint64_t op, char *buf, size_t n) {
     case LLFT_OPC_THREAD: snprintf(buf, n, "thread %llu", (unsigned long long)low); break;
     case LLFT_OPC_FD: snprintf(buf, n, "socket %llu:%llu", hi32, lo32); break;
     case LLFT_OPC_GIL: snprintf(buf, n, "GIL"); break;
+    case LLFT_OPC_WHERE: snprintf(buf, n, "thread %llu", (unsigned long long)low); break;
     default: snprintf(buf, n, "op %#llx", (unsigned long long)op);
     }
 }

@@ -129,6 +129,27 @@ def test_changed_program_is_a_divergence(tmp_path):
     assert p.elapsed < 2.0, f"divergence took {p.elapsed:.2f}s to report"
 
 
+def test_divergence_report_names_where_the_primary_made_the_call(tmp_path):
+    """Recorded with LLFT_TRACE_WHERE=1, the trace keeps each call's Python location; the
+    report then names the replaying thread's stack AND where the recording thread was."""
+    import os
+    work = tmp_path / "w"
+    work.mkdir()
+    trace = str(tmp_path / "trace")
+    record([PYTHON3, program("clocks.py")], trace, str(work), env=dict(os.environ, LLFT_TRACE_WHERE="1"))
+    src = open(program("clocks.py")).read()
+    line = src.splitlines().index('print("monotonic", time.monotonic())') + 1
+    changed = tmp_path / "clocks.py"
+    changed.write_text(src.replace('print("monotonic", time.monotonic())',
+                                   'time.time(); print("monotonic", time.monotonic())', 1))
+    p, _ = replay(trace, str(work), cmd=[PYTHON3, str(changed)], check=False)
+    err = p.stderr.decode()
+    assert p.returncode == EXIT_DIVERGED, err
+    assert "the program made clock_gettime(clock 0)" in err
+    assert f"was made at clocks.py:{line} in <module>" in err, err       # the primary's side
+    assert f'File "{changed}", line {line}' in err, err                   # the backup's stack
+
+
 def test_changed_threaded_program_is_a_divergence(tmp_path):
     """A worker thread that takes an extra lock: reported with its logical thread id."""
     p, err = _replay_changed(tmp_path, "threads_locks.py", "        with rlock:\n            with rlock:",
