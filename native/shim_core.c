@@ -340,6 +340,7 @@ int bk_begin(struct bk *b, unsigned call, uint64_t op, void *payload, uint32_t c
             if (__atomic_load_n(&g_ctl->feed_done, __ATOMIC_ACQUIRE)) {
                 if (llft_ring_peek(r, data, LLFT_TRING_CAP_BYTES)) continue;
                 if (call == LLFT_C_PRIVATE_RECV) { gil_take(b->gil); b->gil = NULL; return BK_NO_HINT; }
+                if (call == LLFT_C_GIL_TAKE && t_tid == 0) return BK_EXTRA;   /* exiting */
                 if (t_tid == 0) {   /* the primary's process ended through its main thread */
                     char on[64];
                     llft_op_name(op, on, sizeof on);
@@ -380,6 +381,11 @@ int bk_begin(struct bk *b, unsigned call, uint64_t op, void *payload, uint32_t c
             continue;
         }
         break;
+    }
+    if (call == LLFT_C_GIL_TAKE && b->h.call != LLFT_C_GIL_TAKE) {
+        gil_take(b->gil);   /* nothing consumed: the thread's next record stays */
+        b->gil = NULL;
+        return BK_EXTRA;
     }
     if (b->h.call != call || b->h.op != op || b->h.n != t_n || b->h.tid != (uint32_t)t_tid) {
         char on_exp[64], on_got[64];

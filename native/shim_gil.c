@@ -69,13 +69,24 @@ int g_gil_ordered;                /* every GIL take is an ordered call */
 pthread_mutex_t *g_gil_mutex, *g_gil_switch_mutex;
 static int g_preempt_pending;      /* primary: a waiter asked the holder to drop */
 
+/* Which drop a take follows: the dropping thread and its call count then. A take
+ * record carries the last drop before it (ret = tid << 40 | n); a backup thread whose
+ * turn has come also waits until that thread has dropped the GIL with that many calls
+ * made. So an EXTRA drop and take at a backup (a private read that came short, and
+ * the read after it that passed through as hints do) does not open the GIL to the
+ * next thread in the primary's order: that thread waits for the drop it followed. */
+#define DROP_N_BITS 40
+static uint64_t g_last_drop;                      /* primary, under the GIL's mutex */
+static uint64_t g_drop_n[LLFT_MAX_THREADS];       /* backup: per thread, t_n at its last drop + 1 */
+static uint32_t g_drop_seq, g_drop_waiters;       /* futex: bumped at every drop */
+
 static int (*real_cond_timedwait)(pthread_cond_t *, pthread_mutex_t *, const struct timespec *);
 
 static TLS int t_held;             /* this thread holds the GIL (known from its takes:
                                       CPython clears the thread's own state before the
                                       last drop of an ending thread) */
 static TLS int t_taking;           /* between take_gil's two locks */
-static TLS int t_replayed;         /* backup: t_take_bk is this take's record */
+static TLS int t_replayed;         /* backup: 1 t_take_bk is this take's record, 2 an extra take */
 static TLS int t_asked;            /* this take asked the holder to drop */
 static TLS int64_t t_wait_cpu0;    /* process CPU time when this take began to wait */
 static TLS struct bk t_take_bk;
@@ -130,6 +141,22 @@ void gil_order_start(void) {
     __atomic_store_n(&g_gil_ordered, 1, __ATOMIC_RELEASE);
 }
 
+/* Backup: wait until the drop this take followed at the primary has happened here. */
+static void wait_for_drop(uint64_t drop) {
+    uint32_t tid = (uint32_t)(drop >> DROP_N_BITS);
+    uint64_t n = drop & ((1ull << DROP_N_BITS) - 1);
+    if (!drop || tid >= LLFT_MAX_THREADS || (int)tid == t_tid) return;
+    struct stallw sw = {0, 0};
+    for (;;) {
+        uint32_t seq = __atomic_load_n(&g_drop_seq, __ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&g_drop_n[tid], __ATOMIC_ACQUIRE) >= n + 1) return;
+        __atomic_fetch_add(&g_drop_waiters, 1, __ATOMIC_ACQ_REL);
+        llft_futex(&g_drop_seq, FUTEX_WAIT_PRIVATE, seq, WAIT_SLICE_MS);
+        __atomic_fetch_sub(&g_drop_waiters, 1, __ATOMIC_ACQ_REL);
+        stall_check(&sw, "the GIL's drop it followed", LLFT_C_GIL_TAKE, LLFT_OP(LLFT_OPC_GIL, 0));
+    }
+}
+
 /* pthread_mutex_lock on the GIL's mutex or switch mutex (shim_locks.c). Takes are
  * ordered whatever t_guard says: a take inside the shim (a collection's finalizers)
  * is as much a hand-off as any other. */
@@ -137,6 +164,12 @@ int gil_lock(pthread_mutex_t *m) {
     if (!g_gil_ordered || !g_active || t_tid < 0 || getpid() != g_pid) return R(pthread_mutex_lock)(m);
     if (m == g_gil_mutex && t_held) {
         t_held = 0;   /* drop_gil */
+        int r = R(pthread_mutex_lock)(m);
+        __atomic_store_n(&g_last_drop, ((uint64_t)(uint32_t)t_tid << DROP_N_BITS) | t_n, __ATOMIC_RELEASE);
+        __atomic_store_n(&g_drop_n[t_tid], t_n + 1, __ATOMIC_RELEASE);
+        __atomic_fetch_add(&g_drop_seq, 1, __ATOMIC_ACQ_REL);
+        if (__atomic_load_n(&g_drop_waiters, __ATOMIC_ACQUIRE)) llft_futex_wake_all(&g_drop_seq, 0);
+        return r;
     } else if (m == g_gil_mutex && !t_taking) {
         t_taking = 1;
         t_replayed = 0;
@@ -144,19 +177,27 @@ int gil_lock(pthread_mutex_t *m) {
         t_wait_cpu0 = 0;
         t_take_sw.since = 0;
         t_guard++;
-        if (backup_now() && bk_begin(&t_take_bk, LLFT_C_GIL_TAKE, LLFT_OP(LLFT_OPC_GIL, 0), NULL, 0) == BK_RECORD)
-            t_replayed = 1;
+        if (backup_now()) {
+            int got = bk_begin(&t_take_bk, LLFT_C_GIL_TAKE, LLFT_OP(LLFT_OPC_GIL, 0), NULL, 0);
+            if (got == BK_RECORD) {
+                t_replayed = 1;
+                wait_for_drop((uint64_t)t_take_bk.h.ret);
+            } else if (got == BK_EXTRA) {
+                t_replayed = 2;   /* not in the trace: take it, record nothing */
+            }
+        }
         t_guard--;
     } else if (m == g_gil_switch_mutex && t_taking) {
         /* take_gil's `_ready:` with the GIL mutex held: this thread owns the GIL */
         t_taking = 0;
         t_held = 1;
         t_guard++;
-        if (t_replayed) {
+        if (t_replayed == 1) {
             bk_end(&t_take_bk);
-        } else {
+        } else if (!t_replayed) {
             uint32_t pre = __atomic_exchange_n(&g_preempt_pending, 0, __ATOMIC_ACQ_REL);
-            pr_append(LLFT_C_GIL_TAKE, LLFT_OP(LLFT_OPC_GIL, 0), 0, 0, pre ? LLFT_GIL_PREEMPTED : 0, 0, NULL, 0);
+            pr_append(LLFT_C_GIL_TAKE, LLFT_OP(LLFT_OPC_GIL, 0), (int64_t)__atomic_load_n(&g_last_drop, __ATOMIC_ACQUIRE),
+                      0, pre ? LLFT_GIL_PREEMPTED : 0, 0, NULL, 0);
         }
         t_guard--;
     }
@@ -166,7 +207,7 @@ int gil_lock(pthread_mutex_t *m) {
 /* take_gil's wait while another thread holds the GIL. Returning ETIMEDOUT makes
  * CPython ask the holder to drop it (gil_drop_request); returning 0 makes it look again. */
 static int gil_wait(pthread_cond_t *c, pthread_mutex_t *m) {
-    if (t_replayed && (t_take_bk.h.aux & LLFT_GIL_PREEMPTED) && !t_asked) {
+    if (t_replayed == 1 && (t_take_bk.h.aux & LLFT_GIL_PREEMPTED) && !t_asked) {
         t_asked = 1;      /* the primary preempted the holder here: so do we */
         return ETIMEDOUT;
     }
@@ -175,13 +216,15 @@ static int gil_wait(pthread_cond_t *c, pthread_mutex_t *m) {
     dl.tv_nsec += GIL_WAIT_SLICE_NS;
     if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
     real_cond_timedwait(c, m, &dl);
-    if (t_replayed) {
-        t_guard++;
-        stall_check(&t_take_sw, "the GIL's holder to release it", LLFT_C_GIL_TAKE, LLFT_OP(LLFT_OPC_GIL, 0));
-        t_guard--;
+    if (t_replayed) {   /* a backup preempts only where the primary did */
+        if (t_replayed == 1) {
+            t_guard++;
+            stall_check(&t_take_sw, "the GIL's holder to release it", LLFT_C_GIL_TAKE, LLFT_OP(LLFT_OPC_GIL, 0));
+            t_guard--;
+        }
         return 0;
     }
-    if (t_asked) return 0;   /* a backup preempts only where the primary did */
+    if (t_asked) return 0;
     int64_t now = process_cpu_ns();
     if (!t_wait_cpu0) t_wait_cpu0 = now;
     if (now - t_wait_cpu0 < GIL_PREEMPT_CPU_NS) return 0;

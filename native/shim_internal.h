@@ -216,6 +216,7 @@ void stall_check(struct stallw *s, const char *what, unsigned call, uint64_t op)
 #define BK_PRIMARY 0   /* promoted meanwhile and no record left: act as a primary */
 #define BK_RECORD  1   /* b->h is this call's record, its turn has come */
 #define BK_NO_HINT 2   /* a private read with no size hint: pass through */
+#define BK_EXTRA   3   /* a GIL take the trace does not have here (shim_gil.c) */
 int bk_begin(struct bk *b, unsigned call, uint64_t op, void *payload, uint32_t cap);
 void bk_end(struct bk *b);
 
