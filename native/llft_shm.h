@@ -93,6 +93,10 @@ enum llft_call {
                               (payload, text) at its next call; an annotation, not a call */
 };
 
+/* flags bits 8-15 of any record: a signal whose handler ran in the recording thread
+ * since its previous record (shim_signals.c); bits 0-7 are the call's own flags. */
+enum llft_flag_bits { LLFT_SIGNAL_SHIFT = 8, LLFT_CALL_FLAGS_MASK = 0xff };
+
 /* aux of a GIL_TAKE record: the holder had been asked to drop the GIL (a preemption). */
 enum llft_gil_flag { LLFT_GIL_PREEMPTED = 1 };
 

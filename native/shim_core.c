@@ -239,7 +239,7 @@ void pr_append(unsigned call, uint64_t op, int64_t ret, int32_t err, uint32_t au
     struct llft_rec h;
     memset(&h, 0, sizeof h);
     h.call = (uint16_t)call;
-    h.flags = flags;
+    h.flags = (uint16_t)(flags | (sig_take_pending() << LLFT_SIGNAL_SHIFT));
     h.tid = (uint32_t)t_tid;
     h.n = t_n++;
     h.op = op;
@@ -361,6 +361,8 @@ int bk_begin(struct bk *b, unsigned call, uint64_t op, void *payload, uint32_t c
         t = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
         llft_ring_copy_out(data, LLFT_TRING_CAP_BYTES, t, &b->h, LLFT_REC_HDR);
         b->h.len = len;
+        b->sig = b->h.flags >> LLFT_SIGNAL_SHIFT;
+        b->h.flags &= LLFT_CALL_FLAGS_MASK;
         if (b->h.call == LLFT_C_WHERE) {   /* an annotation: keep it for a report */
             uint32_t d = b->h.dlen < sizeof t_where - 1 ? b->h.dlen : (uint32_t)sizeof t_where - 1;
             llft_ring_copy_out(data, LLFT_TRING_CAP_BYTES, t + LLFT_REC_HDR, t_where, d);
@@ -378,6 +380,7 @@ int bk_begin(struct bk *b, unsigned call, uint64_t op, void *payload, uint32_t c
         if (is_hint && call != LLFT_C_PRIVATE_RECV && b->h.n == t_n) {
             bk_wait_turn(b, b->h.call, b->h.op);   /* skip a hint the program did not use */
             bk_complete(b);
+            if (b->sig) sig_replay(b->sig);
             continue;
         }
         break;
@@ -409,6 +412,7 @@ int bk_begin(struct bk *b, unsigned call, uint64_t op, void *payload, uint32_t c
 
 void bk_end(struct bk *b) {
     bk_complete(b);
+    if (b->sig) sig_replay(b->sig);
     gil_take(b->gil);
     b->gil = NULL;
 }

@@ -9,6 +9,7 @@
  *   shim_locks.c    semaphores and pthread mutexes (CMTS)
  *   shim_threads.c  pthread_create (logical thread ids)
  *   shim_gil.c      the GIL's hand-offs (ordered once a second thread exists)
+ *   shim_signals.c  signal handlers: which record a signal interrupted
  *   shim_process.c  stat and waitpid (the app's private companions)
  *   shim_net.c      sockets (CSCS): the fd table, kinds, private and external sockets,
  *                   readiness; every socket hook
@@ -208,6 +209,7 @@ struct bk {
     struct llft_rec h;
     struct opctr *ctr;
     void *gil;      /* thread state saved if we released the GIL to wait */
+    int sig;        /* a signal to raise when the record completes (shim_signals.c) */
 };
 /* Stall detection: a wait with no progress anywhere for stall_ms is reported. */
 struct stallw { int64_t since; uint32_t progress; };
@@ -248,6 +250,8 @@ static inline int replaying(struct bk *b, unsigned call, uint64_t op, void *payl
 /* ------------------------------------------------------------------ across units */
 
 void sleep_barrier(struct bk *b);                       /* shim_time.c */
+int sig_take_pending(void);                             /* shim_signals.c */
+void sig_replay(int sig);
 void gc_point(int may_collect);                         /* shim_gc.c */
 ssize_t random_call(unsigned call, int fd, void *buf, size_t n, unsigned flags);  /* shim_random.c */
 

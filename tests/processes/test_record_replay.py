@@ -257,3 +257,23 @@ def test_load_average_is_recorded_input(tmp_path):
     assert len(loads) == 3 and all(len(e.data) == 3 * 8 and e.ret == 3 for e in loads)
     p, _ = replay(trace, str(work))
     assert p.stdout == out
+
+
+def test_signal_that_interrupted_a_call_is_replayed(tmp_path):
+    """SIGALRM interrupts epoll_wait at the primary (EINTR) and its handler raises. The
+    record carries the signal; a backup raises it when it replays that call (its own
+    timer's signal is dropped), so the handler's exception comes at the same point."""
+    import signal
+    from determinizer import orderinfo
+    work = tmp_path / "work"
+    work.mkdir()
+    trace = str(tmp_path / "trace")
+    out, _ = record([PYTHON3, program("signal_interrupt.py")], trace, str(work))
+    assert out.startswith(b"interrupted after"), out
+    with open(f"{trace}/orderinfo.bin", "rb") as f:
+        entries = orderinfo.decode(f.read())
+    interrupted = [e for e in entries if e.flags >> 8 == signal.SIGALRM]
+    assert [e.call for e in interrupted] == [orderinfo.Call.EPOLL_WAIT] and interrupted[0].err == 4
+    for _ in range(2):
+        p, _ = replay(trace, str(work))
+        assert p.stdout == out
