@@ -105,6 +105,7 @@ void *gil_drop(void) {
     return py_save_thread();
 }
 void gil_take(void *ts) { if (ts) py_restore_thread(ts); }
+void gil_yield(void) { py_restore_thread(py_save_thread()); }
 
 /* ------------------------------------------------------------------ divergence */
 
@@ -251,6 +252,8 @@ void pr_append(unsigned call, uint64_t op, int64_t ret, int32_t err, uint32_t au
 
 /* ------------------------------------------------------------------ backup */
 
+uint64_t g_thread_n[LLFT_MAX_THREADS];   /* backup: records each thread has completed */
+
 /* Per-operation completed-record counters: the head of each o.orderinfo queue. */
 struct opctr { uint64_t key; uint32_t count; uint32_t waiters; };
 static struct opctr *g_optab;  /* OPTAB_SIZE entries, mmap'd at activation */
@@ -317,6 +320,7 @@ static void bk_complete(struct bk *b) {
     __atomic_fetch_add(&g_ctl->progress, 1, __ATOMIC_ACQ_REL);
     __atomic_fetch_add(&g_ctl->stats[LLFT_ST_RECORDS], 1, __ATOMIC_RELAXED);
     t_n++;
+    __atomic_store_n(&g_thread_n[t_tid], t_n, __ATOMIC_RELEASE);
     if (g_debug) debug_line("rep", &b->h);
 }
 
@@ -381,6 +385,13 @@ int bk_begin(struct bk *b, unsigned call, uint64_t op, void *payload, uint32_t c
             bk_wait_turn(b, b->h.call, b->h.op);   /* skip a hint the program did not use */
             bk_complete(b);
             if (b->sig) sig_replay(b->sig);
+            continue;
+        }
+        if (b->h.call == LLFT_C_GIL_TAKE && call != LLFT_C_GIL_TAKE && b->h.n == t_n && gil_held()) {
+            /* The primary's thread dropped the GIL here and took it back (it was
+             * preempted, or blocked in a call this one does not make): yield, so the
+             * threads it let run, run now. The take consumes that record. */
+            gil_yield();
             continue;
         }
         break;

@@ -181,7 +181,7 @@ int gil_lock(pthread_mutex_t *m) {
             int got = bk_begin(&t_take_bk, LLFT_C_GIL_TAKE, LLFT_OP(LLFT_OPC_GIL, 0), NULL, 0);
             if (got == BK_RECORD) {
                 t_replayed = 1;
-                wait_for_drop((uint64_t)t_take_bk.h.ret);
+                if (!(t_take_bk.h.aux & LLFT_GIL_PREEMPTED)) wait_for_drop((uint64_t)t_take_bk.h.ret);
             } else if (got == BK_EXTRA) {
                 t_replayed = 2;   /* not in the trace: take it, record nothing */
             }
@@ -208,8 +208,16 @@ int gil_lock(pthread_mutex_t *m) {
  * CPython ask the holder to drop it (gil_drop_request); returning 0 makes it look again. */
 static int gil_wait(pthread_cond_t *c, pthread_mutex_t *m) {
     if (t_replayed == 1 && (t_take_bk.h.aux & LLFT_GIL_PREEMPTED) && !t_asked) {
-        t_asked = 1;      /* the primary preempted the holder here: so do we */
-        return ETIMEDOUT;
+        /* The primary preempted the holder here: so do we, once the holder has made
+         * as many calls as it had when the primary's dropped the GIL (a holder that
+         * reaches its next call first yields there, bk_begin). */
+        uint64_t drop = (uint64_t)t_take_bk.h.ret;
+        uint32_t tid = (uint32_t)(drop >> DROP_N_BITS);
+        uint64_t n = drop & ((1ull << DROP_N_BITS) - 1);
+        if (tid >= LLFT_MAX_THREADS || __atomic_load_n(&g_thread_n[tid], __ATOMIC_ACQUIRE) >= n) {
+            t_asked = 1;
+            return ETIMEDOUT;
+        }
     }
     struct timespec dl;
     R(clock_gettime)(CLOCK_MONOTONIC, &dl);

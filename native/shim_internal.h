@@ -180,6 +180,8 @@ int64_t mono_ns(void);
 int gil_held(void);
 void *gil_drop(void);     /* NULL (nothing dropped) once hand-offs are ordered */
 void gil_take(void *ts);
+void gil_yield(void);     /* drop the GIL and take it back (ordered hand-offs) */
+extern uint64_t g_thread_n[LLFT_MAX_THREADS];   /* backup: records completed per thread */
 /* shim_gil.c: ordered hand-offs */
 extern int g_gil_ordered;
 extern pthread_mutex_t *g_gil_mutex, *g_gil_switch_mutex;
