@@ -87,7 +87,7 @@ enum llft_call {
     LLFT_C_CONNECT = 50, LLFT_C_ACCEPT, LLFT_C_RECV, LLFT_C_SEND, LLFT_C_POLL,
     LLFT_C_SELECT, LLFT_C_EPOLL_WAIT, LLFT_C_GETSOCKOPT, LLFT_C_GETSOCKNAME,
     LLFT_C_GETPEERNAME, LLFT_C_SHUTDOWN,
-    LLFT_C_STAT = 61, LLFT_C_WAITPID, LLFT_C_PRIVATE_RECV,
+    LLFT_C_STAT = 61, LLFT_C_WAITPID, LLFT_C_PRIVATE_RECV, LLFT_C_GETPID,
     LLFT_C_GIL_TAKE = 70,  /* a thread took the GIL (aux: LLFT_GIL_PREEMPTED) */
     LLFT_C_WHERE = 71      /* LLFT_TRACE_WHERE: the recording thread's Python location
                               (payload, text) at its next call; an annotation, not a call */
@@ -312,6 +312,7 @@ static inline const char *llft_call_name(unsigned c) {
     case LLFT_C_STAT: return "stat";
     case LLFT_C_WAITPID: return "waitpid";
     case LLFT_C_PRIVATE_RECV: return "recv(private)";
+    case LLFT_C_GETPID: return "getpid";
     case LLFT_C_GIL_TAKE: return "take the GIL";
     case LLFT_C_WHERE: return "where";
     default: return "?";

@@ -74,7 +74,8 @@ int g_active;
 int g_debug;
 static int g_trace_where;          /* LLFT_TRACE_WHERE=1: a WHERE annotation before each record */
 static TLS char t_where[400];      /* backup: the recording thread's location at its last record */
-static TLS int t_where_fd = -1;    /* primary: memfd the Python stack is dumped into */
+static int g_where_fd = -1;        /* primary: memfd the Python stacks are dumped into */
+static int g_where_spin;
 pid_t g_pid;
 struct llft_shm *g_shm;
 struct llft_ctl *g_ctl;
@@ -188,14 +189,25 @@ static void ring_append(struct llft_rec *h, const void *data, uint32_t dlen) {
 static size_t where_text(char *out, size_t cap) {
     void *ts = py_tstate_this ? py_tstate_this() : NULL;
     if (!ts || !py_dump_traceback || cap < 2) return 0;
-    if (t_where_fd < 0) t_where_fd = (int)syscall(SYS_memfd_create, "llft-where", 1u /* CLOEXEC */);
-    if (t_where_fd < 0) return 0;
+    while (__atomic_exchange_n(&g_where_spin, 1, __ATOMIC_ACQUIRE)) __builtin_ia32_pause();
+    if (g_where_fd < 0) {
+        /* the highest descriptor allowed: a backup has no such fd, and the app's next
+         * fds must get the same numbers as there */
+        struct rlimit rl;
+        int fd = (int)syscall(SYS_memfd_create, "llft-where", 1u /* CLOEXEC */);
+        if (fd >= 0 && getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur > 64) {
+            g_where_fd = dup3(fd, (int)(rl.rlim_cur < MAX_FDS ? rl.rlim_cur : MAX_FDS) - 1, O_CLOEXEC);
+        }
+        if (fd >= 0) R(close)(fd);
+    }
+    ssize_t n = -1;
     char raw[2048];
-    lseek(t_where_fd, 0, SEEK_SET);
-    if (ftruncate(t_where_fd, 0)) return 0;
-    py_dump_traceback(t_where_fd, ts);
-    lseek(t_where_fd, 0, SEEK_SET);
-    ssize_t n = R(read)(t_where_fd, raw, sizeof raw - 1);
+    if (g_where_fd >= 0 && lseek(g_where_fd, 0, SEEK_SET) == 0 && ftruncate(g_where_fd, 0) == 0) {
+        py_dump_traceback(g_where_fd, ts);
+        lseek(g_where_fd, 0, SEEK_SET);
+        n = R(read)(g_where_fd, raw, sizeof raw - 1);
+    }
+    __atomic_store_n(&g_where_spin, 0, __ATOMIC_RELEASE);
     if (n <= 0) return 0;
     raw[n] = 0;
     /* lines: '  File "PATH", line N in FUNC' */
@@ -387,11 +399,18 @@ int bk_begin(struct bk *b, unsigned call, uint64_t op, void *payload, uint32_t c
             if (b->sig) sig_replay(b->sig);
             continue;
         }
-        if (b->h.call == LLFT_C_GIL_TAKE && call != LLFT_C_GIL_TAKE && b->h.n == t_n && gil_held()) {
+        if (b->h.call == LLFT_C_GIL_TAKE && call != LLFT_C_GIL_TAKE && b->h.n == t_n) {
             /* The primary's thread dropped the GIL here and took it back (it was
-             * preempted, or blocked in a call this one does not make): yield, so the
-             * threads it let run, run now. The take consumes that record. */
-            gil_yield();
+             * preempted, or blocked in a call this one does not make). Holding the GIL:
+             * yield, so the threads it let run, run now (the take consumes the record).
+             * Not holding it: the take's turn passes (skipped like an unused hint). */
+            if (gil_held()) {
+                gil_yield();
+            } else {
+                bk_wait_turn(b, b->h.call, b->h.op);
+                bk_complete(b);
+                if (b->sig) sig_replay(b->sig);
+            }
             continue;
         }
         break;
@@ -498,10 +517,11 @@ static void llft_init(void) {
     LLFT_REAL_SYMBOLS(REAL_RESOLVE)
     strip_env();
     pthread_atfork(NULL, NULL, child_after_fork);
-    g_pid = getpid();
+    g_pid = R(getpid)();
     g_ctl->active_pid = (uint32_t)g_pid;
     t_tid = 0;
     __atomic_store_n(&g_active, 1, __ATOMIC_RELEASE);
+    process_activate();
 out:
     t_guard--;
 }

@@ -161,7 +161,7 @@ static void wait_for_drop(uint64_t drop) {
  * ordered whatever t_guard says: a take inside the shim (a collection's finalizers)
  * is as much a hand-off as any other. */
 int gil_lock(pthread_mutex_t *m) {
-    if (!g_gil_ordered || !g_active || t_tid < 0 || getpid() != g_pid) return R(pthread_mutex_lock)(m);
+    if (!g_gil_ordered || !g_active || t_tid < 0) return R(pthread_mutex_lock)(m);   /* a forked child: inactive */
     if (m == g_gil_mutex && t_held) {
         t_held = 0;   /* drop_gil */
         int r = R(pthread_mutex_lock)(m);

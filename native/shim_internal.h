@@ -42,6 +42,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -120,7 +121,9 @@
     X(ssize_t, readv, (int, const struct iovec *, int)) \
     X(ssize_t, writev, (int, const struct iovec *, int)) \
     X(int, stat64, (const char *, struct stat64 *)) \
-    X(pid_t, waitpid, (pid_t, int *, int))
+    X(pid_t, waitpid, (pid_t, int *, int)) \
+    X(pid_t, getpid, (void)) \
+    X(int, kill, (pid_t, int))
 
 void *resolve(const char *name);
 #define REAL_DECLARE(ret, name, args) \
@@ -281,5 +284,6 @@ void time_activate(void);
 void gc_activate(void);
 void net_activate(void);
 void group_activate(void);
+void process_activate(void);   /* once active: the group's process id (shim_process.c) */
 
 #endif /* LLFT_SHIM_INTERNAL_H */

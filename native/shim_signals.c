@@ -13,7 +13,8 @@
  * had arrived during the call at the primary. At a backup, timer signals (SIGALRM,
  * SIGVTALRM, SIGPROF) that really arrive are dropped: the primary's are replayed instead.
  * A signal that arrives while a thread runs Python code (no call in progress) is replayed
- * at the end of that thread's next ordered call: later than at the primary.
+ * at the end of that thread's next ordered call: later than at the primary. Signals the
+ * process sends itself are not recorded (the backup's code sends them again).
  * Fault signals (SEGV, BUS, ILL, FPE, ABRT, TRAP) are never wrapped.
  */
 #include "shim_internal.h"
@@ -35,7 +36,11 @@ static int timer_signal(int sig) { return sig == SIGALRM || sig == SIGVTALRM || 
 static void sig_wrapper(int sig, siginfo_t *info, void *ctx) {
     if (t_tid >= 0 && g_active && !t_sig_replaying && timer_signal(sig) && backup_now())
         return;   /* the primary's own occurrence is replayed */
-    if (t_tid >= 0 && g_active) t_sig_pending = sig;
+    /* a signal this process sent itself (kill(getpid()), raise, pthread_kill) is sent
+     * again by the same code at a backup: only the others are inputs */
+    int self_sent = info && (info->si_code == SI_USER || info->si_code == SI_TKILL
+                             || info->si_code == SI_QUEUE) && info->si_pid == g_pid;
+    if (t_tid >= 0 && g_active && !self_sent) t_sig_pending = sig;
     const struct sigaction *o = &g_orig[sig];
     if (o->sa_flags & SA_SIGINFO) o->sa_sigaction(sig, info, ctx);
     else if (o->sa_handler != SIG_DFL && o->sa_handler != SIG_IGN) o->sa_handler(sig);
@@ -44,7 +49,7 @@ static void sig_wrapper(int sig, siginfo_t *info, void *ctx) {
 EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old) {
     if (!real_sigaction)
         real_sigaction = (int (*)(int, const struct sigaction *, struct sigaction *))resolve("sigaction");
-    if (!g_active || getpid() != g_pid || !wrappable(sig)) return real_sigaction(sig, act, old);
+    if (!g_active || R(getpid)() != g_pid || !wrappable(sig)) return real_sigaction(sig, act, old);
     struct sigaction mine, prev;
     const struct sigaction *use = act;
     if (act && act->sa_handler != SIG_DFL && act->sa_handler != SIG_IGN) {
@@ -78,7 +83,7 @@ void sig_replay(int sig) {
         R(write)(2, line, (size_t)k);
     }
     t_sig_replaying = 1;
-    syscall(SYS_tgkill, getpid(), (pid_t)syscall(SYS_gettid), sig);
+    syscall(SYS_tgkill, R(getpid)(), (pid_t)syscall(SYS_gettid), sig);
     t_sig_replaying = 0;
     t_sig_pending = 0;
 }

@@ -28,6 +28,7 @@ PROGRAMS = {
     # races only the GIL's hand-offs arbitrate (shim_gil.c)
     "gil_feeders": (["gil_feeders.py"], [], False),
     "serve_forever_flag": (["serve_forever_flag.py"], [], False),
+    "pid_visible": (["pid_visible.py"], [], False),
 }
 
 

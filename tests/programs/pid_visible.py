@@ -1,0 +1,9 @@
+"""The process id is an input (logging puts it in every LogRecord): a backup must see
+the primary's, and kill() of that pid must still reach this process."""
+import os
+import signal
+
+got = []
+signal.signal(signal.SIGUSR1, lambda *a: got.append(os.getpid()))
+os.kill(os.getpid(), signal.SIGUSR1)
+print("pid", os.getpid(), "handler saw", got)
