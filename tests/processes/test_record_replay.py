@@ -29,6 +29,7 @@ PROGRAMS = {
     "gil_feeders": (["gil_feeders.py"], [], False),
     "serve_forever_flag": (["serve_forever_flag.py"], [], False),
     "pid_visible": (["pid_visible.py"], [], False),
+    "udp_inprocess": (["udp_inprocess.py"], [], False),
 }
 
 
