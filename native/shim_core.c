@@ -409,6 +409,7 @@ int bk_begin(struct bk *b, unsigned call, uint64_t op, void *payload, uint32_t c
             } else {
                 bk_wait_turn(b, b->h.call, b->h.op);
                 bk_complete(b);
+                gil_passed_take();
                 if (b->sig) sig_replay(b->sig);
             }
             continue;

@@ -141,6 +141,17 @@ void gil_order_start(void) {
     __atomic_store_n(&g_gil_ordered, 1, __ATOMIC_RELEASE);
 }
 
+static void note_drop(void) {
+    __atomic_store_n(&g_drop_n[t_tid], t_n + 1, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&g_drop_seq, 1, __ATOMIC_ACQ_REL);
+    if (__atomic_load_n(&g_drop_waiters, __ATOMIC_ACQUIRE)) llft_futex_wake_all(&g_drop_seq, 0);
+}
+
+/* Backup: a take of the trace this thread did not make while it held no GIL (bk_begin
+ * passed its turn): at the primary the thread took the GIL and dropped it again with
+ * this many calls made, and the next taker may wait for that drop. */
+void gil_passed_take(void) { if (g_gil_ordered && t_tid >= 0) note_drop(); }
+
 /* Backup: wait until the drop this take followed at the primary has happened here. */
 static void wait_for_drop(uint64_t drop) {
     uint32_t tid = (uint32_t)(drop >> DROP_N_BITS);
@@ -166,9 +177,7 @@ int gil_lock(pthread_mutex_t *m) {
         t_held = 0;   /* drop_gil */
         int r = R(pthread_mutex_lock)(m);
         __atomic_store_n(&g_last_drop, ((uint64_t)(uint32_t)t_tid << DROP_N_BITS) | t_n, __ATOMIC_RELEASE);
-        __atomic_store_n(&g_drop_n[t_tid], t_n + 1, __ATOMIC_RELEASE);
-        __atomic_fetch_add(&g_drop_seq, 1, __ATOMIC_ACQ_REL);
-        if (__atomic_load_n(&g_drop_waiters, __ATOMIC_ACQUIRE)) llft_futex_wake_all(&g_drop_seq, 0);
+        note_drop();
         return r;
     } else if (m == g_gil_mutex && !t_taking) {
         t_taking = 1;

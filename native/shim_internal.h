@@ -193,6 +193,7 @@ static inline int is_gil_mutex(const pthread_mutex_t *m) {
 }
 int gil_lock(pthread_mutex_t *m);
 void gil_order_start(void);
+void gil_passed_take(void);
 
 /* ------------------------------------------------------------------ divergence */
 
