@@ -10,8 +10,9 @@
  * thread, that a signal's handler ran. The next record that thread appends carries the
  * signal number (flags bits 8-15, LLFT_SIGNAL_SHIFT); a backup raises that signal in the
  * same thread when it completes the record, i.e. before the replayed call returns, as it
- * had arrived during the call at the primary. At a backup, timer signals (SIGALRM,
- * SIGVTALRM, SIGPROF) that really arrive are dropped: the primary's are replayed instead.
+ * had arrived during the call at the primary. At a backup, timer and child signals
+ * (SIGALRM, SIGVTALRM, SIGPROF, SIGCHLD) that really arrive are dropped: their sources
+ * exist there too, at other times; the primary's are replayed instead.
  * A signal that arrives while a thread runs Python code (no call in progress) is replayed
  * at the end of that thread's next ordered call: later than at the primary. Signals the
  * process sends itself are not recorded (the backup's code sends them again).
@@ -31,7 +32,10 @@ static int wrappable(int sig) {
     return sig > 0 && sig < NSIG_WRAP && sig != SIGSEGV && sig != SIGBUS && sig != SIGILL
            && sig != SIGFPE && sig != SIGABRT && sig != SIGTRAP && sig != SIGKILL && sig != SIGSTOP;
 }
-static int timer_signal(int sig) { return sig == SIGALRM || sig == SIGVTALRM || sig == SIGPROF; }
+/* Signals whose source exists at a backup too, at another time: timers and children. */
+static int timer_signal(int sig) {
+    return sig == SIGALRM || sig == SIGVTALRM || sig == SIGPROF || sig == SIGCHLD;
+}
 
 static void sig_wrapper(int sig, siginfo_t *info, void *ctx) {
     if (t_tid >= 0 && g_active && !t_sig_replaying && timer_signal(sig) && backup_now())
