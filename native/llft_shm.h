@@ -41,7 +41,7 @@
 #include <sys/syscall.h>
 
 #define LLFT_SHM_MAGIC        0x314654464c4c0000ULL
-#define LLFT_SHM_VERSION      2u   /* 2: group connections (ctl.group_*, ctl.div_*) */
+#define LLFT_SHM_VERSION      3u   /* 2: group connections (ctl.group_*, ctl.div_*); 3: GIL records */
 
 /* ==== cdef begin ====================================================================
  * Everything up to cdef end is also read by cffi (native/shm_build.py): the Python
@@ -69,7 +69,9 @@ enum llft_op_class {
     LLFT_OPC_SEM    = 2,   /* low bits: logical lock id (creator<<32|count) */
     LLFT_OPC_MUTEX  = 3,   /* idem, pthread mutexes of C extensions         */
     LLFT_OPC_THREAD = 4,   /* per-thread operations (random, sleep, create) */
-    LLFT_OPC_FD     = 5    /* low bits: logical fd id (creator<<32|count)   */
+    LLFT_OPC_FD     = 5,   /* low bits: logical fd id (creator<<32|count)   */
+    LLFT_OPC_GIL    = 6,   /* the GIL (one operation: its hand-offs)         */
+    LLFT_OPC_WHERE  = 7    /* low bits: thread; LLFT_C_WHERE annotations only */
 };
 
 /* Calls (the record's `call` field): the kinds of entry. Printable names in
@@ -85,8 +87,18 @@ enum llft_call {
     LLFT_C_CONNECT = 50, LLFT_C_ACCEPT, LLFT_C_RECV, LLFT_C_SEND, LLFT_C_POLL,
     LLFT_C_SELECT, LLFT_C_EPOLL_WAIT, LLFT_C_GETSOCKOPT, LLFT_C_GETSOCKNAME,
     LLFT_C_GETPEERNAME, LLFT_C_SHUTDOWN,
-    LLFT_C_STAT = 61, LLFT_C_WAITPID, LLFT_C_PRIVATE_RECV
+    LLFT_C_STAT = 61, LLFT_C_WAITPID, LLFT_C_PRIVATE_RECV, LLFT_C_GETPID,
+    LLFT_C_GIL_TAKE = 70,  /* a thread took the GIL (aux: LLFT_GIL_PREEMPTED) */
+    LLFT_C_WHERE = 71      /* LLFT_TRACE_WHERE: the recording thread's Python location
+                              (payload, text) at its next call; an annotation, not a call */
 };
+
+/* flags bits 8-15 of any record: a signal whose handler ran in the recording thread
+ * since its previous record (shim_signals.c); bits 0-7 are the call's own flags. */
+enum llft_flag_bits { LLFT_SIGNAL_SHIFT = 8, LLFT_CALL_FLAGS_MASK = 0xff };
+
+/* aux of a GIL_TAKE record: the holder had been asked to drop the GIL (a preemption). */
+enum llft_gil_flag { LLFT_GIL_PREEMPTED = 1 };
 
 /* Socket kinds (docs/DESIGN.md "Three kinds of connection"), in record `flags` of
  * CONNECT; LLFT_SK_GROUP also in the flags of the accept/recv/send records of group
@@ -300,6 +312,9 @@ static inline const char *llft_call_name(unsigned c) {
     case LLFT_C_STAT: return "stat";
     case LLFT_C_WAITPID: return "waitpid";
     case LLFT_C_PRIVATE_RECV: return "recv(private)";
+    case LLFT_C_GETPID: return "getpid";
+    case LLFT_C_GIL_TAKE: return "take the GIL";
+    case LLFT_C_WHERE: return "where";
     default: return "?";
     }
 }
@@ -314,6 +329,8 @@ static inline void llft_op_name(uint64_t op, char *buf, size_t n) {
     case LLFT_OPC_MUTEX: snprintf(buf, n, "mutex %llu:%llu", hi32, lo32); break;
     case LLFT_OPC_THREAD: snprintf(buf, n, "thread %llu", (unsigned long long)low); break;
     case LLFT_OPC_FD: snprintf(buf, n, "socket %llu:%llu", hi32, lo32); break;
+    case LLFT_OPC_GIL: snprintf(buf, n, "GIL"); break;
+    case LLFT_OPC_WHERE: snprintf(buf, n, "thread %llu", (unsigned long long)low); break;
     default: snprintf(buf, n, "op %#llx", (unsigned long long)op);
     }
 }

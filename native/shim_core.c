@@ -72,6 +72,10 @@ void *resolve(const char *name) {
 
 int g_active;
 int g_debug;
+static int g_trace_where;          /* LLFT_TRACE_WHERE=1: a WHERE annotation before each record */
+static TLS char t_where[400];      /* backup: the recording thread's location at its last record */
+static int g_where_fd = -1;        /* primary: memfd the Python stacks are dumped into */
+static int g_where_spin;
 pid_t g_pid;
 struct llft_shm *g_shm;
 struct llft_ctl *g_ctl;
@@ -97,11 +101,12 @@ int gil_held(void) {
     return cur != NULL && cur == py_tstate_this();
 }
 void *gil_drop(void) {
-    if (!py_save_thread || !gil_held()) return NULL;
+    if (!py_save_thread || g_gil_ordered || !gil_held()) return NULL;
     __atomic_fetch_add(&g_ctl->stats[LLFT_ST_GIL_DROPS], 1, __ATOMIC_RELAXED);
     return py_save_thread();
 }
 void gil_take(void *ts) { if (ts) py_restore_thread(ts); }
+void gil_yield(void) { py_restore_thread(py_save_thread()); }
 
 /* ------------------------------------------------------------------ divergence */
 
@@ -112,6 +117,10 @@ static void vdiverge(int64_t gconn, int64_t goff, const char *fmt, va_list ap) {
     char msg[LLFT_REPORT_BYTES];
     int k = vsnprintf(msg, sizeof msg - 1, fmt, ap);
     if (k < 0) k = 0;
+    if (k > (int)sizeof msg - 2) k = (int)sizeof msg - 2;
+    if (t_where[0] && k < (int)sizeof msg - 64)   /* LLFT_TRACE_WHERE was set at the primary */
+        k += snprintf(msg + k, sizeof msg - 1 - (size_t)k, "\nllft: at the primary, thread %d's call #%llu "
+                      "was made at %s", t_tid, (unsigned long long)t_n, t_where);
     if (k > (int)sizeof msg - 2) k = (int)sizeof msg - 2;
     msg[k] = '\n';
     msg[k + 1] = 0;
@@ -157,18 +166,7 @@ static void debug_line(const char *what, const struct llft_rec *h) {
 
 /* ------------------------------------------------------------------ primary */
 
-void pr_append(unsigned call, uint64_t op, int64_t ret, int32_t err, uint32_t aux,
-               uint16_t flags, const void *data, uint32_t dlen) {
-    struct llft_rec h;
-    memset(&h, 0, sizeof h);
-    h.call = (uint16_t)call;
-    h.flags = flags;
-    h.tid = (uint32_t)t_tid;
-    h.n = t_n++;
-    h.op = op;
-    h.ret = ret;
-    h.err = err;
-    h.aux = aux;
+static void ring_append(struct llft_rec *h, const void *data, uint32_t dlen) {
     if (dlen > LLFT_MAX_DATA_BYTES) dlen = LLFT_MAX_DATA_BYTES;
     uint32_t len = llft_align8(LLFT_REC_HDR + dlen);
     struct llft_ring *r = &g_shm->out;
@@ -180,12 +178,93 @@ void pr_append(unsigned call, uint64_t op, int64_t ret, int32_t err, uint32_t au
         while (!llft_ring_wait_space(r, LLFT_OUT_CAP_BYTES, pos, len, WAIT_SLICE_MS)) {}
         gil_take(gil);
     }
-    llft_ring_commit(r, g_shm->out_data, LLFT_OUT_CAP_BYTES, pos, &h, data, dlen);
+    llft_ring_commit(r, g_shm->out_data, LLFT_OUT_CAP_BYTES, pos, h, data, dlen);
     __atomic_fetch_add(&g_ctl->stats[LLFT_ST_RECORDS], 1, __ATOMIC_RELAXED);
-    if (g_debug) debug_line("rec", &h);
+    if (g_debug) debug_line("rec", h);
+}
+
+/* "x.py:28 in consumer < threading.py:982 in run < ...": the innermost frames of the
+ * calling thread's Python stack, from CPython's async-signal-safe dumper (it reads the
+ * thread's frames without allocating, so it works without the GIL too). */
+static size_t where_text(char *out, size_t cap) {
+    void *ts = py_tstate_this ? py_tstate_this() : NULL;
+    if (!ts || !py_dump_traceback || cap < 2) return 0;
+    while (__atomic_exchange_n(&g_where_spin, 1, __ATOMIC_ACQUIRE)) __builtin_ia32_pause();
+    if (g_where_fd < 0) {
+        /* the highest descriptor allowed: a backup has no such fd, and the app's next
+         * fds must get the same numbers as there */
+        struct rlimit rl;
+        int fd = (int)syscall(SYS_memfd_create, "llft-where", 1u /* CLOEXEC */);
+        if (fd >= 0 && getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur > 64) {
+            g_where_fd = dup3(fd, (int)(rl.rlim_cur < MAX_FDS ? rl.rlim_cur : MAX_FDS) - 1, O_CLOEXEC);
+        }
+        if (fd >= 0) R(close)(fd);
+    }
+    ssize_t n = -1;
+    char raw[2048];
+    if (g_where_fd >= 0 && lseek(g_where_fd, 0, SEEK_SET) == 0 && ftruncate(g_where_fd, 0) == 0) {
+        py_dump_traceback(g_where_fd, ts);
+        lseek(g_where_fd, 0, SEEK_SET);
+        n = R(read)(g_where_fd, raw, sizeof raw - 1);
+    }
+    __atomic_store_n(&g_where_spin, 0, __ATOMIC_RELEASE);
+    if (n <= 0) return 0;
+    raw[n] = 0;
+    /* lines: '  File "PATH", line N in FUNC' */
+    size_t k = 0;
+    int frames = 0;
+    for (char *line = strstr(raw, "File \""); line && frames < 4; line = strstr(line, "File \"")) {
+        char *path = line + 6, *q = strchr(path, '"');
+        char *eol = strchr(line, '\n');
+        if (!q || !eol) break;
+        *eol = 0;
+        char *base = path;
+        for (char *c = path; c < q; c++) if (*c == '/') base = c + 1;
+        char *ln = strstr(q, "line ");
+        int w = snprintf(out + k, cap - k, "%s%.*s:%s", frames ? " < " : "", (int)(q - base), base,
+                         ln ? ln + 5 : "?");
+        if (w < 0 || (size_t)w >= cap - k) break;
+        k += (size_t)w;
+        frames++;
+        line = eol + 1;
+    }
+    return k;
+}
+
+/* LLFT_TRACE_WHERE: the next record's Python location, as an annotation (same n, an
+ * operation of its own: it takes no turn and is skipped by a backup, which keeps it for
+ * its divergence report). */
+static void where_append(void) {
+    char text[sizeof t_where];
+    size_t n = where_text(text, sizeof text);
+    struct llft_rec h;
+    memset(&h, 0, sizeof h);
+    h.call = LLFT_C_WHERE;
+    h.tid = (uint32_t)t_tid;
+    h.n = t_n;
+    h.op = LLFT_OP(LLFT_OPC_WHERE, (uint64_t)t_tid);
+    ring_append(&h, text, (uint32_t)n);
+}
+
+void pr_append(unsigned call, uint64_t op, int64_t ret, int32_t err, uint32_t aux,
+               uint16_t flags, const void *data, uint32_t dlen) {
+    if (__builtin_expect(g_trace_where, 0)) where_append();
+    struct llft_rec h;
+    memset(&h, 0, sizeof h);
+    h.call = (uint16_t)call;
+    h.flags = (uint16_t)(flags | (sig_take_pending() << LLFT_SIGNAL_SHIFT));
+    h.tid = (uint32_t)t_tid;
+    h.n = t_n++;
+    h.op = op;
+    h.ret = ret;
+    h.err = err;
+    h.aux = aux;
+    ring_append(&h, data, dlen);
 }
 
 /* ------------------------------------------------------------------ backup */
+
+uint64_t g_thread_n[LLFT_MAX_THREADS];   /* backup: records each thread has completed */
 
 /* Per-operation completed-record counters: the head of each o.orderinfo queue. */
 struct opctr { uint64_t key; uint32_t count; uint32_t waiters; };
@@ -253,6 +332,7 @@ static void bk_complete(struct bk *b) {
     __atomic_fetch_add(&g_ctl->progress, 1, __ATOMIC_ACQ_REL);
     __atomic_fetch_add(&g_ctl->stats[LLFT_ST_RECORDS], 1, __ATOMIC_RELAXED);
     t_n++;
+    __atomic_store_n(&g_thread_n[t_tid], t_n, __ATOMIC_RELEASE);
     if (g_debug) debug_line("rep", &b->h);
 }
 
@@ -276,6 +356,7 @@ int bk_begin(struct bk *b, unsigned call, uint64_t op, void *payload, uint32_t c
             if (__atomic_load_n(&g_ctl->feed_done, __ATOMIC_ACQUIRE)) {
                 if (llft_ring_peek(r, data, LLFT_TRING_CAP_BYTES)) continue;
                 if (call == LLFT_C_PRIVATE_RECV) { gil_take(b->gil); b->gil = NULL; return BK_NO_HINT; }
+                if (call == LLFT_C_GIL_TAKE && t_tid == 0) return BK_EXTRA;   /* exiting */
                 if (t_tid == 0) {   /* the primary's process ended through its main thread */
                     char on[64];
                     llft_op_name(op, on, sizeof on);
@@ -296,6 +377,16 @@ int bk_begin(struct bk *b, unsigned call, uint64_t op, void *payload, uint32_t c
         t = __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
         llft_ring_copy_out(data, LLFT_TRING_CAP_BYTES, t, &b->h, LLFT_REC_HDR);
         b->h.len = len;
+        b->sig = b->h.flags >> LLFT_SIGNAL_SHIFT;
+        b->h.flags &= LLFT_CALL_FLAGS_MASK;
+        if (b->h.call == LLFT_C_WHERE) {   /* an annotation: keep it for a report */
+            uint32_t d = b->h.dlen < sizeof t_where - 1 ? b->h.dlen : (uint32_t)sizeof t_where - 1;
+            llft_ring_copy_out(data, LLFT_TRING_CAP_BYTES, t + LLFT_REC_HDR, t_where, d);
+            t_where[d] = 0;
+            llft_ring_pop(r, data, LLFT_TRING_CAP_BYTES, len);
+            __atomic_fetch_add(&g_ctl->progress, 1, __ATOMIC_ACQ_REL);
+            continue;
+        }
         int is_hint = b->h.call == LLFT_C_PRIVATE_RECV;
         if (call == LLFT_C_PRIVATE_RECV && !(is_hint && b->h.op == op && b->h.n == t_n)) {
             gil_take(b->gil);
@@ -305,9 +396,30 @@ int bk_begin(struct bk *b, unsigned call, uint64_t op, void *payload, uint32_t c
         if (is_hint && call != LLFT_C_PRIVATE_RECV && b->h.n == t_n) {
             bk_wait_turn(b, b->h.call, b->h.op);   /* skip a hint the program did not use */
             bk_complete(b);
+            if (b->sig) sig_replay(b->sig);
+            continue;
+        }
+        if (b->h.call == LLFT_C_GIL_TAKE && call != LLFT_C_GIL_TAKE && b->h.n == t_n) {
+            /* The primary's thread dropped the GIL here and took it back (it was
+             * preempted, or blocked in a call this one does not make). Holding the GIL:
+             * yield, so the threads it let run, run now (the take consumes the record).
+             * Not holding it: the take's turn passes (skipped like an unused hint). */
+            if (gil_held()) {
+                gil_yield();
+            } else {
+                bk_wait_turn(b, b->h.call, b->h.op);
+                bk_complete(b);
+                gil_passed_take();
+                if (b->sig) sig_replay(b->sig);
+            }
             continue;
         }
         break;
+    }
+    if (call == LLFT_C_GIL_TAKE && b->h.call != LLFT_C_GIL_TAKE) {
+        gil_take(b->gil);   /* nothing consumed: the thread's next record stays */
+        b->gil = NULL;
+        return BK_EXTRA;
     }
     if (b->h.call != call || b->h.op != op || b->h.n != t_n || b->h.tid != (uint32_t)t_tid) {
         char on_exp[64], on_got[64];
@@ -331,6 +443,7 @@ int bk_begin(struct bk *b, unsigned call, uint64_t op, void *payload, uint32_t c
 
 void bk_end(struct bk *b) {
     bk_complete(b);
+    if (b->sig) sig_replay(b->sig);
     gil_take(b->gil);
     b->gil = NULL;
 }
@@ -389,6 +502,7 @@ static void llft_init(void) {
     if (ot == MAP_FAILED) goto out;
     g_optab = ot;
     g_debug = getenv("LLFT_DEBUG") ? atoi(getenv("LLFT_DEBUG")) : 0;
+    g_trace_where = getenv("LLFT_TRACE_WHERE") ? atoi(getenv("LLFT_TRACE_WHERE")) : 0;
     net_activate();
     group_activate();
     py_is_initialized = (int (*)(void))dlsym(RTLD_DEFAULT, "Py_IsInitialized");
@@ -404,10 +518,11 @@ static void llft_init(void) {
     LLFT_REAL_SYMBOLS(REAL_RESOLVE)
     strip_env();
     pthread_atfork(NULL, NULL, child_after_fork);
-    g_pid = getpid();
+    g_pid = R(getpid)();
     g_ctl->active_pid = (uint32_t)g_pid;
     t_tid = 0;
     __atomic_store_n(&g_active, 1, __ATOMIC_RELEASE);
+    process_activate();
 out:
     t_guard--;
 }

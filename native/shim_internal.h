@@ -8,6 +8,8 @@
  *   shim_random.c   getrandom, /dev/urandom, getloadavg
  *   shim_locks.c    semaphores and pthread mutexes (CMTS)
  *   shim_threads.c  pthread_create (logical thread ids)
+ *   shim_gil.c      the GIL's hand-offs (ordered once a second thread exists)
+ *   shim_signals.c  signal handlers: which record a signal interrupted
  *   shim_process.c  stat and waitpid (the app's private companions)
  *   shim_net.c      sockets (CSCS): the fd table, kinds, private and external sockets,
  *                   readiness; every socket hook
@@ -40,6 +42,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -118,7 +121,9 @@
     X(ssize_t, readv, (int, const struct iovec *, int)) \
     X(ssize_t, writev, (int, const struct iovec *, int)) \
     X(int, stat64, (const char *, struct stat64 *)) \
-    X(pid_t, waitpid, (pid_t, int *, int))
+    X(pid_t, waitpid, (pid_t, int *, int)) \
+    X(pid_t, getpid, (void)) \
+    X(int, kill, (pid_t, int))
 
 void *resolve(const char *name);
 #define REAL_DECLARE(ret, name, args) \
@@ -176,8 +181,19 @@ int64_t mono_ns(void);
 /* ------------------------------------------------------------------ GIL (shim_core.c) */
 
 int gil_held(void);
-void *gil_drop(void);
+void *gil_drop(void);     /* NULL (nothing dropped) once hand-offs are ordered */
 void gil_take(void *ts);
+void gil_yield(void);     /* drop the GIL and take it back (ordered hand-offs) */
+extern uint64_t g_thread_n[LLFT_MAX_THREADS];   /* backup: records completed per thread */
+/* shim_gil.c: ordered hand-offs */
+extern int g_gil_ordered;
+extern pthread_mutex_t *g_gil_mutex, *g_gil_switch_mutex;
+static inline int is_gil_mutex(const pthread_mutex_t *m) {
+    return m && (m == g_gil_mutex || m == g_gil_switch_mutex);
+}
+int gil_lock(pthread_mutex_t *m);
+void gil_order_start(void);
+void gil_passed_take(void);
 
 /* ------------------------------------------------------------------ divergence */
 
@@ -199,6 +215,7 @@ struct bk {
     struct llft_rec h;
     struct opctr *ctr;
     void *gil;      /* thread state saved if we released the GIL to wait */
+    int sig;        /* a signal to raise when the record completes (shim_signals.c) */
 };
 /* Stall detection: a wait with no progress anywhere for stall_ms is reported. */
 struct stallw { int64_t since; uint32_t progress; };
@@ -207,6 +224,7 @@ void stall_check(struct stallw *s, const char *what, unsigned call, uint64_t op)
 #define BK_PRIMARY 0   /* promoted meanwhile and no record left: act as a primary */
 #define BK_RECORD  1   /* b->h is this call's record, its turn has come */
 #define BK_NO_HINT 2   /* a private read with no size hint: pass through */
+#define BK_EXTRA   3   /* a GIL take the trace does not have here (shim_gil.c) */
 int bk_begin(struct bk *b, unsigned call, uint64_t op, void *payload, uint32_t cap);
 void bk_end(struct bk *b);
 
@@ -238,6 +256,8 @@ static inline int replaying(struct bk *b, unsigned call, uint64_t op, void *payl
 /* ------------------------------------------------------------------ across units */
 
 void sleep_barrier(struct bk *b);                       /* shim_time.c */
+int sig_take_pending(void);                             /* shim_signals.c */
+void sig_replay(int sig);
 void gc_point(int may_collect);                         /* shim_gc.c */
 ssize_t random_call(unsigned call, int fd, void *buf, size_t n, unsigned flags);  /* shim_random.c */
 
@@ -265,5 +285,6 @@ void time_activate(void);
 void gc_activate(void);
 void net_activate(void);
 void group_activate(void);
+void process_activate(void);   /* once active: the group's process id (shim_process.c) */
 
 #endif /* LLFT_SHIM_INTERNAL_H */

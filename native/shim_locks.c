@@ -163,6 +163,7 @@ static int mutex_op(unsigned call, pthread_mutex_t *m, const struct timespec *ab
     return r;
 }
 EXPORT int pthread_mutex_lock(pthread_mutex_t *m) {
+    if (__builtin_expect(is_gil_mutex(m), 0)) return gil_lock(m);   /* shim_gil.c */
     HOOK(lock_lookup(m), R(pthread_mutex_lock)(m), mutex_op(LLFT_C_MUTEX_LOCK, m, NULL));
 }
 EXPORT int pthread_mutex_trylock(pthread_mutex_t *m) {

@@ -196,6 +196,25 @@ static int in_process_tree(uint16_t port) {
     return found;
 }
 
+/* A loopback datagram port bound by one of this process's own sockets: its server is
+ * in the process (logging's and socketserver's in-process UDP servers), so it is at
+ * every replica and the datagrams must really be sent there. */
+static int own_dgram_port(uint16_t port) {
+    for (int fd = 0; fd < MAX_FDS; fd++) {
+        if (g_fd[fd].kind != FDK_PRIVATE) continue;
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        int type = 0;
+        socklen_t tl = sizeof type;
+        if (R(getsockname)(fd, (struct sockaddr *)&ss, &sl) == 0
+            && (ss.ss_family == AF_INET || ss.ss_family == AF_INET6)
+            && addr_port((struct sockaddr *)&ss) == port
+            && R(getsockopt)(fd, SOL_SOCKET, SO_TYPE, &type, &tl) == 0 && type == SOCK_DGRAM)
+            return 1;
+    }
+    return 0;
+}
+
 static int classify_peer(const struct sockaddr *a) {
     if (!a || a->sa_family == AF_UNIX) return LLFT_SK_PRIVATE;
     if (a->sa_family != AF_INET && a->sa_family != AF_INET6) return LLFT_SK_PRIVATE;
@@ -204,7 +223,7 @@ static int classify_peer(const struct sockaddr *a) {
     for (int i = 0; i < g_n_ext_ports; i++)
         if (g_ext_ports[i] == p) return LLFT_SK_EXTERNAL;
     /* loopback: private only if the listener is inside the replica's process tree */
-    return in_process_tree(p) ? LLFT_SK_PRIVATE : LLFT_SK_EXTERNAL;
+    return in_process_tree(p) || own_dgram_port(p) ? LLFT_SK_PRIVATE : LLFT_SK_EXTERNAL;
 }
 
 uint32_t fnv1a(const void *p, size_t n, uint32_t h) {
@@ -488,14 +507,18 @@ static ssize_t priv_recv(int fd, void *buf, size_t n, int flags, int kindcall) {
 }
 
 /* An unconnected datagram socket meets its peer at sendto/recvfrom: any peer but a
- * unix socket is external (decided from the address alone, so every replica agrees
- * without a record). */
+ * unix socket or a loopback port of the process's own is external (decided from the
+ * address and the process's own sockets, so every replica agrees without a record). */
 static int dgram_external(int fd, const struct sockaddr *peer) {
     if (fd_kind(fd) != FDK_SOCK) return 0;
     int type = 0;
     socklen_t tl = sizeof type;
     if (R(getsockopt)(fd, SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || type != SOCK_DGRAM) return 0;
     if (peer && peer->sa_family == AF_UNIX) return 0;
+    if (peer && addr_is_loopback(peer) && own_dgram_port(addr_port(peer))) {
+        g_fd[fd].kind = FDK_PRIVATE;
+        return 0;
+    }
     g_fd[fd].kind = FDK_EXTERNAL;
     return 1;
 }

@@ -14,6 +14,40 @@
  */
 #include "shim_internal.h"
 
+/* The process id is an input like the clock: a replicated program puts it in what it
+ * sends (logging's LogRecord.process, test_logging's socket handlers), and every replica
+ * has its own. The primary records its pid as its main thread's first entry (at
+ * activation); getpid() returns that group pid everywhere, and kill() of the group pid
+ * reaches this process (os.kill(os.getpid(), sig) works at a backup). Children's pids
+ * are not virtualized. */
+static pid_t g_group_pid;
+
+void process_activate(void) {
+    uint64_t op = thread_op();
+    struct bk b;
+    pid_t group_pid;
+    if (replaying(&b, LLFT_C_GETPID, op, NULL, 0)) {
+        group_pid = (pid_t)b.h.ret;
+        bk_end(&b);
+    } else {
+        group_pid = g_pid;
+        pr_append(LLFT_C_GETPID, op, g_pid, 0, 0, 0, NULL, 0);
+    }
+    /* Recorded always, applied only on request: replicas that share a host (tests, the
+     * demo) would otherwise share every file named after the process id. */
+    const char *on = getenv("LLFT_GROUP_PID");
+    if (on && on[0] == '1') g_group_pid = group_pid;
+}
+EXPORT pid_t getpid(void) {
+    if (!g_active || !g_group_pid) return R(getpid)();
+    pid_t real = R(getpid)();
+    return real == g_pid ? g_group_pid : real;   /* a forked child: its own */
+}
+EXPORT int kill(pid_t pid, int sig) {
+    if (g_active && g_group_pid && pid == g_group_pid && R(getpid)() == g_pid) pid = g_pid;
+    return R(kill)(pid, sig);
+}
+
 static int stat64_ordered(const char *path, struct stat64 *st) {
     uint64_t op = thread_op();
     int r, e;

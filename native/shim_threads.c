@@ -54,5 +54,8 @@ static int pthread_create_ordered(pthread_t *th, const pthread_attr_t *attr,
 EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg) {
     if (!active_here()) return R(pthread_create)(th, attr, fn, arg);
     gc_point(0);   /* automatic GC off before a second thread exists */
+    t_guard++;
+    gil_order_start();   /* and GIL hand-offs ordered (shim_gil.c) */
+    t_guard--;
     return GUARDED(pthread_create_ordered(th, attr, fn, arg));
 }

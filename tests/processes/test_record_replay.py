@@ -25,7 +25,19 @@ PROGRAMS = {
     "ext_client": (["ext_client.py", "{port}"], ["client_out.txt"], True),
     "private_child": (["private_child.py"], [], False),
     "asyncio_prog": (["asyncio_prog.py", "{port}"], [], True),
+    # races only the GIL's hand-offs arbitrate (shim_gil.c)
+    "gil_feeders": (["gil_feeders.py"], [], False),
+    "serve_forever_flag": (["serve_forever_flag.py"], [], False),
+    "pid_visible": (["pid_visible.py"], [], False),
+    "udp_inprocess": (["udp_inprocess.py"], [], False),
 }
+
+
+@pytest.fixture(autouse=True)
+def group_pid(monkeypatch):
+    # the process id is virtualized only on request (replicas sharing a host would share
+    # files named after it); pid_visible.py checks the requested mode
+    monkeypatch.setenv("LLFT_GROUP_PID", "1")
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +138,27 @@ def test_changed_program_is_a_divergence(tmp_path):
     assert p.elapsed < 2.0, f"divergence took {p.elapsed:.2f}s to report"
 
 
+def test_divergence_report_names_where_the_primary_made_the_call(tmp_path):
+    """Recorded with LLFT_TRACE_WHERE=1, the trace keeps each call's Python location; the
+    report then names the replaying thread's stack AND where the recording thread was."""
+    import os
+    work = tmp_path / "w"
+    work.mkdir()
+    trace = str(tmp_path / "trace")
+    record([PYTHON3, program("clocks.py")], trace, str(work), env=dict(os.environ, LLFT_TRACE_WHERE="1"))
+    src = open(program("clocks.py")).read()
+    line = src.splitlines().index('print("monotonic", time.monotonic())') + 1
+    changed = tmp_path / "clocks.py"
+    changed.write_text(src.replace('print("monotonic", time.monotonic())',
+                                   'time.time(); print("monotonic", time.monotonic())', 1))
+    p, _ = replay(trace, str(work), cmd=[PYTHON3, str(changed)], check=False)
+    err = p.stderr.decode()
+    assert p.returncode == EXIT_DIVERGED, err
+    assert "the program made clock_gettime(clock 0)" in err
+    assert f"was made at clocks.py:{line} in <module>" in err, err       # the primary's side
+    assert f'File "{changed}", line {line}' in err, err                   # the backup's stack
+
+
 def test_changed_threaded_program_is_a_divergence(tmp_path):
     """A worker thread that takes an extra lock: reported with its logical thread id."""
     p, err = _replay_changed(tmp_path, "threads_locks.py", "        with rlock:\n            with rlock:",
@@ -139,8 +172,9 @@ def test_replay_reports_a_stall_instead_of_hanging(tmp_path):
     """A thread waiting for its turn behind a call that never comes: a stall report."""
     src = tmp_path / "stall.py"
     src.write_text(
-        "import threading, time\n"
+        "import os, threading, time\n"
         "lock = threading.Lock()\n"
+        "r, wr = os.pipe()\n"
         "def w():\n"
         "    with lock: time.time()\n"
         "t = threading.Thread(target=w); t.start(); t.join()\n"
@@ -149,11 +183,12 @@ def test_replay_reports_a_stall_instead_of_hanging(tmp_path):
     work.mkdir()
     trace = str(tmp_path / "trace")
     record([PYTHON3, str(src)], trace, str(work))
-    # the changed worker blocks forever (on a pipe: not determinized) before its lock:
-    # main, joining it, waits in vain
+    # the changed worker blocks forever (on a pipe: not determinized, and it released
+    # the GIL as the primary's worker did at the same point) before its lock: main,
+    # joining it, waits in vain
     changed = tmp_path / "stall2.py"
     changed.write_text(src.read_text().replace(
-        "    with lock: time.time()", "    import os; os.read(os.pipe()[0], 1)\n    with lock: time.time()"))
+        "    with lock: time.time()", "    os.read(r, 1)\n    with lock: time.time()"))
     p, _ = replay(trace, str(work), cmd=[PYTHON3, str(changed)], stall_ms=800, check=False)
     err = p.stderr.decode()
     assert p.returncode == EXIT_DIVERGED, err
@@ -231,3 +266,23 @@ def test_load_average_is_recorded_input(tmp_path):
     assert len(loads) == 3 and all(len(e.data) == 3 * 8 and e.ret == 3 for e in loads)
     p, _ = replay(trace, str(work))
     assert p.stdout == out
+
+
+def test_signal_that_interrupted_a_call_is_replayed(tmp_path):
+    """SIGALRM interrupts epoll_wait at the primary (EINTR) and its handler raises. The
+    record carries the signal; a backup raises it when it replays that call (its own
+    timer's signal is dropped), so the handler's exception comes at the same point."""
+    import signal
+    from determinizer import orderinfo
+    work = tmp_path / "work"
+    work.mkdir()
+    trace = str(tmp_path / "trace")
+    out, _ = record([PYTHON3, program("signal_interrupt.py")], trace, str(work))
+    assert out.startswith(b"interrupted after"), out
+    with open(f"{trace}/orderinfo.bin", "rb") as f:
+        entries = orderinfo.decode(f.read())
+    interrupted = [e for e in entries if e.flags >> 8 == signal.SIGALRM]
+    assert [e.call for e in interrupted] == [orderinfo.Call.EPOLL_WAIT] and interrupted[0].err == 4
+    for _ in range(2):
+        p, _ = replay(trace, str(work))
+        assert p.stdout == out

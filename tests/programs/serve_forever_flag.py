@@ -1,0 +1,34 @@
+"""socketserver's race in small (test_httpservers): serve_forever polls the flag that
+shutdown() sets from another thread without a lock, so how many polls the server makes
+is decided by the GIL's hand-offs. Prints what the server saw (differs between plain runs)."""
+import socket
+import socketserver
+import threading
+
+
+class Handler(socketserver.StreamRequestHandler):
+    def handle(self):
+        self.wfile.write(self.rfile.readline().upper())
+
+
+class Server(socketserver.ThreadingTCPServer):
+    polls = 0
+
+    def service_actions(self):   # called once per serve_forever poll
+        Server.polls += 1
+
+
+server = Server(("127.0.0.1", 0), Handler)
+t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.001})
+t.start()
+replies = []
+for i in range(20):
+    with socket.create_connection(server.server_address) as c:
+        c.sendall(b"hello %d\n" % i)
+        replies.append(c.makefile("rb").readline())
+    spin = sum(range(300000))     # work between requests while the server polls
+server.shutdown()
+t.join()
+server.server_close()
+print("replies", len(replies), replies[-1])
+print("polls", Server.polls)
