@@ -119,6 +119,7 @@ class Outcome:
     fault: Fault
     target: str = ""
     settled: bool = False
+    resumed: bool = False       # the clients got replies again after the settle
     settle_s: float = 0.0
     takeovers: int = 0
     views: int = 0
@@ -133,7 +134,7 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        return (self.settled and not self.lost and not self.duplicated and not self.wrong
+        return (self.settled and self.resumed and not self.lost and not self.duplicated and not self.wrong
                 and not self.diverged)
 
 
@@ -336,7 +337,8 @@ class Campaign:
                                   f"{json.dumps(self.lc.status()['members'])[:600]}")
             with got:
                 base = replies[0]
-            if not wait_replies(base + RESUME_REPLIES, REPLY_TIMEOUT_S):
+            out.resumed = wait_replies(base + RESUME_REPLIES, REPLY_TIMEOUT_S)
+            if not out.resumed:
                 out.errors.append("the clients got no replies after the group settled")
         finally:
             stop.set()
