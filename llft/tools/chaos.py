@@ -298,6 +298,7 @@ class Campaign:
     def run_fault(self, f: Fault) -> Outcome:
         out = Outcome(f)
         view0 = self._status()["view"] or 0
+        departed0 = set(self.departed)
         resets0, promoted0 = self.log_counts()
         replies = [0]
         got = threading.Condition()
@@ -355,7 +356,8 @@ class Campaign:
         out.views = (st["view"] or 0) - view0
         resets, promoted = self.log_counts()
         out.resets, out.takeovers = resets - resets0, promoted - promoted0
-        out.diverged = sum(1 for m in st["members"] if m["diverged"]) + len(st["departed"])
+        out.diverged = (sum(1 for m in st["members"] if m["diverged"])
+                        + len(self.departed - departed0))
         return out
 
     # ---- the end ---------------------------------------------------------------------------
