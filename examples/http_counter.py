@@ -3,7 +3,7 @@ connection per request (HTTP/1.0: the server closes the connection after each re
 
 Nothing here knows about llft. It shares examples/kv_counter.py's state and reply line:
 
-    python examples/http_counter.py [PORT]      (default 8000, listens on 0.0.0.0)
+    python examples/http_counter.py [PORT]      (default 9000, listens on 0.0.0.0)
 
     GET /incr/<key>   -> 200, body: OK <key> <key_count> <global_count> <time.time()!r> <8 hex>
     GET /get/<key>    -> 200 "OK <key> <value>" | 404
@@ -39,7 +39,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main() -> int:
-    port = int(sys.argv[1]) if len(sys.argv) > 1 else 8000
+    port = int(sys.argv[1]) if len(sys.argv) > 1 else 9000
     ThreadingHTTPServer.daemon_threads = True
     ThreadingHTTPServer(("0.0.0.0", port), Handler).serve_forever()
     return 0

@@ -559,6 +559,9 @@ def campaign(workdir: str, wl: Workload, faults: list[Fault], replicas: int, cli
     except (ClusterError, OSError) as e:
         setup_error = f"{type(e).__name__}: {e}"
         say(f"llft chaos: {setup_error}")
+    except KeyboardInterrupt:
+        setup_error = f"interrupted after {len(outcomes)} of {len(faults)} faults"
+        say(f"llft chaos: {setup_error}; stopping the cluster")
     finally:
         leftovers = c.stop()
     return Report(seed, wl.name, replicas, outcomes, leftovers, c.exits, setup_error)
@@ -604,6 +607,8 @@ def run(args) -> int:
     print(table(rep))
     for x in rep.leftovers:
         print(f"leftover: {x}")
+    if rep.setup_error:
+        print(f"campaign stopped: {rep.setup_error}")
     failed = [o.fault.index for o in rep.outcomes if not o.ok]
     argv = (f"llft chaos --workload {args.workload} --seed {args.seed} --faults {args.faults}"
             f" --replicas {args.replicas} --clients {args.clients}"
