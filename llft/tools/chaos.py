@@ -74,6 +74,8 @@ DELAY_S = (0.1, 1.5)            # the random moment: after the round's clients g
 SETTLE_TIMEOUT_S = 120.0        # deadline for the group to settle after a heal
 RESUME_REPLIES = 20             # replies after the settle that show the service is back
 REPLY_TIMEOUT_S = 60.0          # a client waiting longer than this for a reply: lost
+STALLED_FAULTS = 3              # the service answered no client after this many faults in a
+                                # row: the campaign stops (the group no longer serves)
 
 
 @dataclass(frozen=True)
@@ -539,6 +541,7 @@ def campaign(workdir: str, wl: Workload, faults: list[Fault], replicas: int, cli
     c = Campaign(workdir, wl, replicas, clients, say)
     outcomes: list[Outcome] = []
     setup_error = ""
+    stalled = 0
     try:
         c.start()
         say(f"{replicas} replicas of examples/{wl.script} and a gateway on "
@@ -554,8 +557,12 @@ def campaign(workdir: str, wl: Workload, faults: list[Fault], replicas: int, cli
                 + ("" if o.ok else "  <-- FAILED"))
             for e in o.errors[:3]:
                 say(f"        {e}")
-            if not o.settled:
-                break                           # the group is in no state for more faults
+            stalled = 0 if o.resumed else stalled + 1
+            if not o.settled or stalled >= STALLED_FAULTS:
+                # the group is in no state for more faults: say so, keep its logs
+                setup_error = (f"fault {f.index}: " + ("the group did not settle" if not
+                               o.settled else f"no replies after {stalled} faults in a row"))
+                break
     except (ClusterError, OSError) as e:
         setup_error = f"{type(e).__name__}: {e}"
         say(f"llft chaos: {setup_error}")
