@@ -240,20 +240,32 @@ class _CounterCheck:
         self.last_clock = clock
 
 
+def _counter_loop(tr: ClientTrace, check: _CounterCheck, requests: int, name: str,
+                  exchange: Callable[[str], bytes], stop: threading.Event,
+                  deadline: float | None) -> None:
+    """Request after request: `exchange(what)` sends one (counting it in tr.sent) and
+    returns its reply line, which `check` judges."""
+    for n in range(requests):
+        if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+            return
+        what = f"{name} #{n + 1}"
+        t0 = time.monotonic()
+        line = exchange(what)
+        check.reply(what, line, t0, time.monotonic())
+
+
 def _counter_client(tr: ClientTrace, conn: _Conn, key: str, requests: int,
                     expect_first: int | None, problems: list, stop: threading.Event,
                     deadline: float | None) -> None:
     req = f"INCR {key}\n".encode()
-    check = _CounterCheck(tr, key, expect_first, problems)
-    for n in range(requests):
-        if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
-            return
-        what = f"INCR #{n + 1}"
-        t0 = time.monotonic()
+
+    def exchange(what: str) -> bytes:
         conn.send(req, what)
         tr.sent += 1
-        line = conn.readline(what)
-        check.reply(what, line, t0, time.monotonic())
+        return conn.readline(what)
+
+    _counter_loop(tr, _CounterCheck(tr, key, expect_first, problems), requests, "INCR",
+                  exchange, stop, deadline)
 
 
 def _http_client(tr: ClientTrace, host: str, port: int, timeout_s: float, key: str,
@@ -261,12 +273,8 @@ def _http_client(tr: ClientTrace, host: str, port: int, timeout_s: float, key: s
                  stop: threading.Event, deadline: float | None) -> None:
     """examples/http_counter.py: one new connection per request (HTTP/1.0 style: the
     server closes it after the reply); the reply body is a counter line."""
-    check = _CounterCheck(tr, key, expect_first, problems)
-    for n in range(requests):
-        if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
-            return
-        what = f"GET /incr/{key} #{n + 1}"
-        t0 = time.monotonic()
+
+    def exchange(what: str) -> bytes:
         c = http.client.HTTPConnection(host, port, timeout=timeout_s)
         try:
             c.request("GET", f"/incr/{key}")
@@ -281,7 +289,10 @@ def _http_client(tr: ClientTrace, host: str, port: int, timeout_s: float, key: s
             c.close()
         if resp.status != 200:
             raise _Fail(f"{what}: HTTP {resp.status} {body[:100]!r}")
-        check.reply(what, body.rstrip(b"\n"), t0, time.monotonic())
+        return body.rstrip(b"\n")
+
+    _counter_loop(tr, _CounterCheck(tr, key, expect_first, problems), requests,
+                  f"GET /incr/{key}", exchange, stop, deadline)
 
 
 def _echo_client(tr: ClientTrace, conn: _Conn, size: int, requests: int,
