@@ -141,12 +141,14 @@ class Outcome:
 
 
 def classify(r: LoadResult) -> tuple[int, int, int]:
-    """(lost, duplicated, wrong) replies of one round of clients."""
+    """(lost, duplicated, wrong) replies of one round of clients. A wrong reply that
+    ended its client (unreadable, crossed) is wrong, not lost as well."""
     dup = r.global_repeats + sum(1 for e in r.errors if "twice" in e)
-    wrong = sum(1 for e in r.errors
-                if any(w in e for w in ("backwards", "unexpected reply", "malformed",
-                                        "crossed", "not above", "never?", "differ")))
-    return r.requests - r.replies, dup, wrong
+    fatal = sum(1 for e in r.errors
+                if any(w in e for w in ("unexpected reply", "malformed", "crossed", "differ")))
+    wrong = fatal + sum(1 for e in r.errors
+                        if any(w in e for w in ("backwards", "not above", "never?")))
+    return max(0, r.requests - r.replies - fatal), dup, wrong
 
 
 class Campaign:
