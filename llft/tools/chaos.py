@@ -1,7 +1,8 @@
 """`llft chaos`: a seeded fault campaign against a replicated service, every reply checked.
 
     llft chaos [--workload kv|http] [--faults 20] [--seed 1] [--replicas 3] [--clients 2]
-               [--kinds kill_primary,pause_primary,...] [--only 3,7] [--keep] [--json FILE]
+               [--kinds kill_primary,pause_primary,...] [--only 3,7] [--fresh-every N]
+               [--keep] [--json FILE]
 
 A LocalCluster (llft/tools/cluster.py: `llft run` replicas + `llft gateway`) runs the
 workload's unmodified service; for each fault of the schedule, checking clients
@@ -539,11 +540,32 @@ def table(rep: Report) -> str:
 
 
 def campaign(workdir: str, wl: Workload, faults: list[Fault], replicas: int, clients: int,
-             seed: int, say=print) -> Report:
+             seed: int, say=print, fresh_every: int = 0) -> Report:
+    """Run `faults` against one cluster, or with `fresh_every` N against a fresh cluster
+    for every N faults (the group's log, which every joiner replays, grows with the
+    campaign: open item 3 of docs/ARCHITECTURE.md). A cluster that stops serving ends
+    its share of the faults; the next share gets a fresh cluster."""
+    size = fresh_every if fresh_every > 0 else max(1, len(faults))
+    shares = [faults[i:i + size] for i in range(0, len(faults), size)] or [[]]
+    rep = Report(seed, wl.name, replicas, [], [], 0)
+    stops = []
+    for k, share in enumerate(shares):
+        folder = workdir if len(shares) == 1 else os.path.join(workdir, f"cluster{k}")
+        stop, interrupted = _one_cluster(folder, wl, share, replicas, clients, seed, say, rep)
+        if stop:
+            stops.append(stop)
+        if interrupted:
+            break
+    rep.setup_error = "; ".join(stops)
+    return rep
+
+
+def _one_cluster(workdir: str, wl: Workload, faults: list[Fault], replicas: int,
+                 clients: int, seed: int, say, rep: Report) -> tuple[str, bool]:
+    """Faults against one new cluster, into `rep`; (why it stopped early, interrupted)."""
+    os.makedirs(workdir, exist_ok=True)
     c = Campaign(workdir, wl, replicas, clients, say)
-    outcomes: list[Outcome] = []
-    setup_error = ""
-    stalled = 0
+    stop, interrupted, stalled, done = "", False, 0, 0
     try:
         c.start()
         say(f"{replicas} replicas of examples/{wl.script} and a gateway on "
@@ -551,7 +573,8 @@ def campaign(workdir: str, wl: Workload, faults: list[Fault], replicas: int, cli
             f"(seed {seed})")
         for f in faults:
             o = c.run_fault(f)
-            outcomes.append(o)
+            rep.outcomes.append(o)
+            done += 1
             say(f"[{f.index:3d}] {f.kind:13s} {o.target}: settled "
                 f"{'in %.1f s' % o.settle_s if o.settled else 'NO'}, takeovers {o.takeovers},"
                 f" resets {o.resets}, pause {o.pause_s * 1000:.0f} ms, replies {o.replies},"
@@ -562,18 +585,20 @@ def campaign(workdir: str, wl: Workload, faults: list[Fault], replicas: int, cli
             stalled = 0 if o.resumed else stalled + 1
             if not o.settled or stalled >= STALLED_FAULTS:
                 # the group is in no state for more faults: say so, keep its logs
-                setup_error = (f"fault {f.index}: " + ("the group did not settle" if not
-                               o.settled else f"no replies after {stalled} faults in a row"))
+                stop = (f"fault {f.index}: " + ("the group did not settle" if not o.settled
+                        else f"no replies after {stalled} faults in a row")
+                        + f" ({len(faults) - done} faults of this cluster skipped)")
                 break
     except (ClusterError, OSError) as e:
-        setup_error = f"{type(e).__name__}: {e}"
-        say(f"llft chaos: {setup_error}")
+        stop = f"{type(e).__name__}: {e}"
+        say(f"llft chaos: {stop}")
     except KeyboardInterrupt:
-        setup_error = f"interrupted after {len(outcomes)} of {len(faults)} faults"
-        say(f"llft chaos: {setup_error}; stopping the cluster")
+        stop, interrupted = f"interrupted after {len(rep.outcomes)} faults", True
+        say(f"llft chaos: {stop}; stopping the cluster")
     finally:
-        leftovers = c.stop()
-    return Report(seed, wl.name, replicas, outcomes, leftovers, c.exits, setup_error)
+        rep.leftovers += c.stop()
+        rep.exits += c.exits
+    return stop, interrupted
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -586,6 +611,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated fault kinds (default: all: {','.join(KINDS)})")
     p.add_argument("--only", default="",
                    help="run only these fault indexes of the schedule (e.g. 3,7)")
+    p.add_argument("--fresh-every", type=int, default=0, metavar="N",
+                   help="a fresh cluster for every N faults (default: one cluster)")
     p.add_argument("--keep", action="store_true", help="keep the work folder (logs, status)")
     p.add_argument("--json", default="", help="also write the report as JSON to this file")
 
@@ -608,7 +635,8 @@ def run(args) -> int:
     work = tempfile.mkdtemp(prefix="llft-chaos-")
     try:
         rep = campaign(work, WORKLOADS[args.workload], faults, args.replicas, args.clients,
-                       args.seed, say=lambda s: print(s, flush=True))
+                       args.seed, say=lambda s: print(s, flush=True),
+                       fresh_every=args.fresh_every)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -621,7 +649,8 @@ def run(args) -> int:
     failed = [o.fault.index for o in rep.outcomes if not o.ok]
     argv = (f"llft chaos --workload {args.workload} --seed {args.seed} --faults {args.faults}"
             f" --replicas {args.replicas} --clients {args.clients}"
-            + (f" --kinds {args.kinds}" if args.kinds != ",".join(KINDS) else ""))
+            + (f" --kinds {args.kinds}" if args.kinds != ",".join(KINDS) else "")
+            + (f" --fresh-every {args.fresh_every}" if args.fresh_every else ""))
     if failed:
         print(f"failed faults: {failed}; re-run one: {argv} --only {failed[0]} --keep")
     print("RESULT: " + ("OK" if rep.ok else "FAILED") + f"  ({argv})")
