@@ -620,13 +620,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     kinds = [k for k in args.kinds.split(",") if k]
     bad = [k for k in kinds if k not in KINDS]
-    if bad or args.replicas < 2 or args.faults < 0 or args.clients < 1:
-        print(f"llft chaos: {'unknown kinds ' + ','.join(bad) if bad else ''}"
-              "(--replicas >= 2, --faults >= 0, --clients >= 1)", file=sys.stderr)
+    if bad:
+        print(f"llft chaos: unknown fault kinds {','.join(bad)} (known: {','.join(KINDS)})",
+              file=sys.stderr)
+        return 2
+    if args.replicas < 2 or args.faults < 0 or args.clients < 1 or args.fresh_every < 0:
+        print("llft chaos: needs --replicas >= 2, --faults >= 0, --clients >= 1, "
+              "--fresh-every >= 0", file=sys.stderr)
+        return 2
+    try:
+        only = {int(x) for x in args.only.split(",") if x}
+    except ValueError:
+        print(f"llft chaos: --only {args.only!r}: expected fault indexes such as 3,7",
+              file=sys.stderr)
         return 2
     try:
         faults = schedule(args.seed, args.faults, kinds, args.replicas)
-        only = {int(x) for x in args.only.split(",") if x}
     except ValueError as e:
         print(f"llft chaos: {e}", file=sys.stderr)
         return 2
