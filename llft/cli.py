@@ -14,6 +14,7 @@ import sys
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("llft.demos.service", "run the local replicated demo (the main job)"),
+    "chaos": ("llft.tools.chaos", "a seeded fault campaign against a replicated service, every reply checked"),
     "run": ("llft.runtime.agent", "run one replica of a group: llft run --config F --group G -- CMD..."),
     "gateway": ("llft.runtime.gateway", "carry plain TCP clients into a group"),
     "status": ("llft.runtime.status", "show a group's members, primary, view, lag and counters"),

@@ -55,8 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--blocks", type=int, default=4,
                    help="interleave the configurations in this many blocks")
     p.add_argument("--replicas", default="1,2,3", help="llft group sizes to measure")
-    p.add_argument("--fault-timeout-ms", type=float, default=200.0,
-                   help="fault_timeout_ms of the llft clusters (failure-free path)")
+    p.add_argument("--fault-timeout-ms", type=float, default=None,
+                   help="fault_timeout_ms of the llft clusters (default: the "
+                   "configuration's default)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: clock only, K 0,10,100,1000, 20 round trips, 2 blocks")
     p.add_argument("--results", default=report.DEFAULT_RESULTS_DIR)
@@ -174,7 +175,7 @@ def run(args) -> int:
              "threading.Lock acquired and released) and the reply carries a digest of the "
              "values. tcp: the plain process reached directly (no shim, no replication); "
              "llft_Nr: N replicas under `llft run` through `llft gateway`, fault_timeout_ms = "
-             f"{args.fault_timeout_ms:g}; every operation is recorded by the primary's shim "
+             f"{report.detector_ms(args.fault_timeout_ms)}; every operation is recorded by the primary's shim "
              "and its order information rides on the reply's data message (output commit), "
              "then is replayed by the backups. One phase per replica count (group started, "
              "measured interleaved with tcp, stopped); extra_us and ratios are to the tcp "

@@ -83,6 +83,14 @@ class Table:
         return path
 
 
+def detector_ms(fault_timeout_ms: float | None) -> str:
+    """How a bench's notes name the detector it ran with (None: the configuration's)."""
+    if fault_timeout_ms is None:
+        from llft.runtime.config import ClusterConfig
+        return f"{ClusterConfig.fault_timeout_ms:g} (the default)"
+    return f"{fault_timeout_ms:g}"
+
+
 def machine_line() -> str:
     return (f"{platform.node()} · {os.cpu_count()} cores · Python {platform.python_version()} · "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")

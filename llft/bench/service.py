@@ -13,9 +13,8 @@ Phases: one per replica count. The group is started (`llft run` replicas, then t
 gateway, then one echo through it), measured interleaved with tcp and proxy, and
 stopped, so no idle group loads the machine (2 cores) while another is measured. llft
 ratios are to the tcp samples of the same phase; the tcp and proxy rows pool all phases.
-The llft clusters run with `--fault-timeout-ms` (default 200): this bench measures the
-failure-free path, and on 2 busy cores shorter detectors give false suspicions
-(the configuration's default is 100 ms).
+The llft clusters run with the configuration's default detector unless
+`--fault-timeout-ms` is given.
 
 latency: this process is the client; one persistent TCP connection per configuration;
 for each size (`--sizes`), `--rounds` request/reply round trips per configuration, taken
@@ -71,10 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "5; throughput 1, since every block opens new connections and the gateway "
                    "cannot close a connection at the servers yet)")
     p.add_argument("--replicas", default="1,2,3", help="llft group sizes to measure")
-    p.add_argument("--fault-timeout-ms", type=float, default=200.0,
-                   help="fault_timeout_ms of the llft clusters: this bench measures the "
-                   "failure-free path, and on 2 busy cores shorter detectors give false "
-                   "suspicions (the configuration's default is 100 ms)")
+    p.add_argument("--fault-timeout-ms", type=float, default=None,
+                   help="fault_timeout_ms of the llft clusters (default: the "
+                   "configuration's default)")
     p.add_argument("--no-proxy", action="store_true", help="leave out the plain TCP proxy")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: sizes 64,1024, 50 rounds, clients 1,4, 0.5 s, 2 blocks")
@@ -138,7 +136,7 @@ class Setup:
     LocalCluster per replica count, started for its phase (`add_cluster`) and stopped
     after it (`stop_cluster`), so idle groups do not load the 2 cores meanwhile."""
 
-    def __init__(self, tmp: str, proxy: bool, fault_timeout_ms: float = 200.0,
+    def __init__(self, tmp: str, proxy: bool, fault_timeout_ms: float | None = None,
                  app: str = ECHO, probe: tuple[bytes, bytes] = (b"ping\n", b"ping\n"),
                  group_prefix: str = "echo"):
         """`app`: the service program (run as `python APP PORT`); `probe`: one request
@@ -197,7 +195,8 @@ class Setup:
         from llft.tools.cluster import LocalCluster
         lc = LocalCluster(os.path.join(self.tmp, f"llft{n}"), group=f"{self.group_prefix}{n}",
                           service_port=SERVICE_PORT,
-                          extra_cluster=f"fault_timeout_ms = {self.fault_timeout_ms:g}")
+                          extra_cluster="" if self.fault_timeout_ms is None
+                          else f"fault_timeout_ms = {self.fault_timeout_ms:g}")
         self.clusters.append(lc)
         t.cluster = lc
         t.diag = lambda: "; ".join(f"{name}.log: {_last_lines(lc.log_tail(name))}"
@@ -481,7 +480,7 @@ def run(args) -> int:
              "llft); llft_Nr: N replicas under `llft run`, reached through `llft gateway` "
              "(client -> gateway over TCP, gateway -> group over LLFT multicast, the "
              "primary's agent -> app over loopback TCP), with fault_timeout_ms = "
-             f"{args.fault_timeout_ms:g} (failure-free path; `llft bench failover` measures "
+             f"{report.detector_ms(args.fault_timeout_ms)} (failure-free path; `llft bench failover` measures "
              "failures). One phase per replica count: that group is started, measured "
              "interleaved in blocks with tcp and proxy, and stopped (no idle group loads the "
              "2 cores meanwhile); llft ratios are to the tcp samples of the same phase; the "

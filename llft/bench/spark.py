@@ -62,8 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kill-after", type=int, default=3,
                    help="kill once the sink holds this many windows")
     p.add_argument("--repeat", type=int, default=2, help="kills (runs) per setup")
-    p.add_argument("--fault-timeout-ms", type=int, default=300,
-                   help="fault_timeout_ms of the llft group")
+    p.add_argument("--fault-timeout-ms", type=float, default=None,
+                   help="fault_timeout_ms of the llft group (default: the configuration's "
+                   "default)")
     p.add_argument("--run-timeout", type=float, default=400,
                    help="seconds per run before it is reported as failed")
     p.add_argument("--quick", action="store_true",
@@ -276,7 +277,7 @@ def _notes(args, wl: sparkrun.Workload, k: int, rows: dict, kills: report.Table,
         f"is SIGKILLed once the sink holds {k} windows; {args.repeat} run(s) per setup.",
         "",
         "- **llft_2r**: 2 replicas under `llft run` behind `llft gateway` "
-        f"(fault_timeout_ms = {args.fault_timeout_ms}); SIGKILL of the primary's agent (its "
+        f"(fault_timeout_ms = {report.detector_ms(args.fault_timeout_ms)}); SIGKILL of the primary's agent (its "
         "driver dies by PR_SET_PDEATHSIG, the driver's JVM on stdin EOF). promoted_ms: the "
         "backup is primary.",
         "- **checkpoint**: the driver with `--checkpoint DIR` on a fixed port under "

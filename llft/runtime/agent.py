@@ -111,7 +111,7 @@ from llft.runtime import config as config_mod
 from llft.runtime import keys
 from llft.runtime import logs, proctree
 from llft.runtime import status as status_files
-from llft.runtime.application import AppMode, Application
+from llft.runtime.application import AppMode, Application, raise_agent_priority
 from llft.runtime.driver import Driver
 from llft.runtime.tasks import TaskSet
 from llft.runtime.transport import Endpoint
@@ -676,6 +676,7 @@ def run(args) -> int:
     if not cmd:
         print("llft run: no command: llft run --config F --group G -- CMD...", file=sys.stderr)
         return 2
+    why_not = raise_agent_priority()    # before any thread starts (nice is per thread)
     try:
         cfg = config_mod.load(args.config)
         config_mod.check_interface(cfg)
@@ -684,6 +685,8 @@ def run(args) -> int:
         print(f"llft run: {e}", file=sys.stderr)
         return 2
     logs.setup(args.group)              # the birth id joins the name once drawn (run)
+    if why_not:
+        log.warning(why_not)
     try:
         return asyncio.run(agent.run())
     except OSError as e:

@@ -162,7 +162,7 @@ def reference(workdir: str, wl: Workload, timeout_s: float = 600) -> Result:
 
 
 def replicated(workdir: str, wl: Workload, replicas: int = 2, kill_after: list[int] = (),
-               fault_timeout_ms: int = 300, timeout_s: float = 600, on_event=None,
+               fault_timeout_ms: float | None = None, timeout_s: float = 600, on_event=None,
                group: str = "nexmark") -> Result:
     """`replicas` x `llft run` of the pipeline, a gateway, the generator and the sink
     through it; the primary is SIGKILLed once the sink holds each of `kill_after`
@@ -171,7 +171,9 @@ def replicated(workdir: str, wl: Workload, replicas: int = 2, kill_after: list[i
     t0 = time.monotonic()
     port = free_port()
     lc = LocalCluster(workdir, group=group, service_port=port,
-                      extra_cluster=f"fault_timeout_ms = {fault_timeout_ms}")
+                      # None: the configuration's default detector (what tests use)
+                      extra_cluster="" if fault_timeout_ms is None
+                      else f"fault_timeout_ms = {fault_timeout_ms:g}")
     st = None
     try:
         for i in range(replicas):

@@ -14,7 +14,8 @@ random per run, so the per-key counts start at 1 even against a long-running ser
 Checked for every reply: exactly one reply per request, in order (the key echoed back);
 per-key counts strictly consecutive 1, 2, 3...; global counts unique across all clients
 (repeats reported) and increasing per client; the service's clock never going backwards
-per client. echo mode (examples/echo.py, or a group of `llft.tools.streamdemo --echo`): sends
+per client. http mode (examples/http_counter.py): the same counter checks, each request
+`GET /incr/<key>` on a new connection (one connection per request). echo mode (examples/echo.py, or a group of `llft.tools.streamdemo --echo`): sends
 `--size` random bytes per request and expects exactly them back.
 
 A connection failure, a reply timeout (`timeout_s`, default 30 s) or a wrong reply ends
@@ -30,6 +31,7 @@ Library:
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import secrets
@@ -42,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 MAX_ERRORS = 20
-MODES = ("counter", "echo")
+MODES = ("counter", "echo", "http")
 
 
 @dataclass
@@ -199,22 +201,17 @@ def wait_listening(host: str, port: int, timeout_s: float = 10.0) -> bool:
         pause = min(pause * 2, 0.2)
 
 
-def _counter_client(tr: ClientTrace, conn: _Conn, key: str, requests: int,
-                    expect_first: int | None, problems: list, stop: threading.Event,
-                    deadline: float | None) -> None:
-    req = f"INCR {key}\n".encode()
-    last_count = None if expect_first is None else expect_first - 1
-    last_global = 0
-    last_clock = float("-inf")
-    for n in range(requests):
-        if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
-            return
-        what = f"INCR #{n + 1}"
-        t0 = time.monotonic()
-        conn.send(req, what)
-        tr.sent += 1
-        line = conn.readline(what)
-        t1 = time.monotonic()
+class _CounterCheck:
+    """The checks of one counter client's replies (module doc), request after request."""
+
+    def __init__(self, tr: ClientTrace, key: str, expect_first: int | None, problems: list):
+        self.tr, self.key, self.problems = tr, key, problems
+        self.last_count = None if expect_first is None else expect_first - 1
+        self.last_global = 0
+        self.last_clock = float("-inf")
+
+    def reply(self, what: str, line: bytes, t0: float, t1: float) -> None:
+        tr, key, problems = self.tr, self.key, self.problems
         parts = line.decode("utf-8", "replace").split()
         if len(parts) != 6 or parts[0] != "OK":
             raise _Fail(f"{what}: unexpected reply {line[:100]!r}")
@@ -228,19 +225,74 @@ def _counter_client(tr: ClientTrace, conn: _Conn, key: str, requests: int,
             raise _Fail(f"{what}: malformed reply {line[:100]!r}") from None
         tr.globals_.append(gcount)
         tr.replied(t0, t1)
-        if last_count is not None and count != last_count + 1:
+        if self.last_count is not None and count != self.last_count + 1:
             problems.append(f"client {tr.index}: {what}: key count {count}, expected "
-                            f"{last_count + 1} (a request executed "
-                            f"{'twice' if count <= last_count else 'never'}?)")
-        last_count = count
-        if gcount <= last_global:
+                            f"{self.last_count + 1} (a request executed "
+                            f"{'twice' if count <= self.last_count else 'never'}?)")
+        self.last_count = count
+        if gcount <= self.last_global:
             problems.append(f"client {tr.index}: {what}: global count {gcount} not above "
-                            f"the previous {last_global}")
-        last_global = gcount
-        if clock < last_clock:
+                            f"the previous {self.last_global}")
+        self.last_global = gcount
+        if clock < self.last_clock:
             problems.append(f"client {tr.index}: {what}: service clock went backwards "
-                            f"({last_clock!r} -> {clock!r})")
-        last_clock = clock
+                            f"({self.last_clock!r} -> {clock!r})")
+        self.last_clock = clock
+
+
+def _counter_loop(tr: ClientTrace, check: _CounterCheck, requests: int, name: str,
+                  exchange: Callable[[str], bytes], stop: threading.Event,
+                  deadline: float | None) -> None:
+    """Request after request: `exchange(what)` sends one (counting it in tr.sent) and
+    returns its reply line, which `check` judges."""
+    for n in range(requests):
+        if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+            return
+        what = f"{name} #{n + 1}"
+        t0 = time.monotonic()
+        line = exchange(what)
+        check.reply(what, line, t0, time.monotonic())
+
+
+def _counter_client(tr: ClientTrace, conn: _Conn, key: str, requests: int,
+                    expect_first: int | None, problems: list, stop: threading.Event,
+                    deadline: float | None) -> None:
+    req = f"INCR {key}\n".encode()
+
+    def exchange(what: str) -> bytes:
+        conn.send(req, what)
+        tr.sent += 1
+        return conn.readline(what)
+
+    _counter_loop(tr, _CounterCheck(tr, key, expect_first, problems), requests, "INCR",
+                  exchange, stop, deadline)
+
+
+def _http_client(tr: ClientTrace, host: str, port: int, timeout_s: float, key: str,
+                 requests: int, expect_first: int | None, problems: list,
+                 stop: threading.Event, deadline: float | None) -> None:
+    """examples/http_counter.py: one new connection per request (HTTP/1.0 style: the
+    server closes it after the reply); the reply body is a counter line."""
+
+    def exchange(what: str) -> bytes:
+        c = http.client.HTTPConnection(host, port, timeout=timeout_s)
+        try:
+            c.request("GET", f"/incr/{key}")
+            tr.sent += 1
+            resp = c.getresponse()
+            body = resp.read()
+        except socket.timeout:
+            raise _Fail(f"no reply to {what} within the timeout") from None
+        except (OSError, http.client.HTTPException) as e:
+            raise _Fail(f"connection failed during {what}: {type(e).__name__}: {e}") from None
+        finally:
+            c.close()
+        if resp.status != 200:
+            raise _Fail(f"{what}: HTTP {resp.status} {body[:100]!r}")
+        return body.rstrip(b"\n")
+
+    _counter_loop(tr, _CounterCheck(tr, key, expect_first, problems), requests,
+                  f"GET /incr/{key}", exchange, stop, deadline)
 
 
 def _echo_client(tr: ClientTrace, conn: _Conn, size: int, requests: int,
@@ -292,11 +344,15 @@ def run_load(host: str, port: int, *, clients: int = 4, requests: int = 1000,
         local: list[str] = []
         conn = None
         try:
-            conn = _Conn(host, port, timeout_s)
-            if mode == "counter":
-                _counter_client(tr, conn, f"{run_prefix}c{tr.index}", requests,
-                                expect_first, local, stop, deadline)
+            key = f"{run_prefix}c{tr.index}"
+            if mode == "http":
+                _http_client(tr, host, port, timeout_s, key, requests, expect_first, local,
+                             stop, deadline)
+            elif mode == "counter":
+                conn = _Conn(host, port, timeout_s)
+                _counter_client(tr, conn, key, requests, expect_first, local, stop, deadline)
             else:
+                conn = _Conn(host, port, timeout_s)
                 _echo_client(tr, conn, size, requests, local, stop, deadline)
         except _Fail as e:
             tr.error = f"client {tr.index}: {e}"
@@ -320,7 +376,7 @@ def run_load(host: str, port: int, *, clients: int = 4, requests: int = 1000,
     elapsed = time.monotonic() - started
 
     repeats = 0
-    if mode == "counter":
+    if mode in ("counter", "http"):
         seen = Counter(g for tr in traces for g in tr.globals_)
         repeats = sum(1 for n in seen.values() if n > 1)
         if repeats:

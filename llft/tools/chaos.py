@@ -1,0 +1,671 @@
+"""`llft chaos`: a seeded fault campaign against a replicated service, every reply checked.
+
+    llft chaos [--workload kv|http] [--faults 20] [--seed 1] [--replicas 3] [--clients 2]
+               [--kinds kill_primary,pause_primary,...] [--only 3,7] [--fresh-every N]
+               [--keep] [--json FILE]
+
+A LocalCluster (llft/tools/cluster.py: `llft run` replicas + `llft gateway`) runs the
+workload's unmodified service; for each fault of the schedule, checking clients
+(llft/tools/loadclient.py: exactly once, in order, counters consecutive, clock monotone)
+run through the gateway, the fault is injected at a random moment while they run, then
+healed, and the campaign waits until the group has settled (a condition on the status
+files with a deadline: every replica a member, running its application, one primary
+with a promoted application) and the clients got replies again, before the next fault.
+
+Faults are data (`Fault`): the schedule is a pure function of (seed, count, kinds,
+replicas), so a campaign that failed is re-run exactly with the same arguments, and one
+fault of it alone with `--only INDEX`. Kinds:
+
+  kill_primary    SIGKILL the primary's agent (its application dies with it); healed by
+                  starting a new replica, which rejoins as a backup
+  kill_backup     the same for a backup
+  kill_both       the primary and a backup at once (3 or more replicas)
+  pause_primary   SIGSTOP the primary's agent and its whole process tree for 0.2-3 s (a
+                  GC-like or VM pause; longer than the detector, so a live primary is
+                  replaced and must reset and rejoin when it resumes), then SIGCONT
+  pause_backup    the same for a backup
+  cpu_hog         cores + 1 busy processes next to the group for 0.5-3 s
+  jvm_start       a real JVM with a heavy start-up next to the group (java compiling a
+                  source file in memory, then 64 threads allocating and hashing for
+                  0.5-3 s): what Spark's JVMs do to the agents' timing
+  restart         SIGTERM a member (primary or backup) and start a new one: the clean
+                  leave and the start-up of a new replica (interpreter, shim, replay of
+                  the group's log) while the clients run
+
+Counted per fault and in total (the table at the end): takeovers (applications promoted
+at a new primary, from the logs), view changes (the status view number), resets (from
+the logs), the longest client-visible pause, lost replies (requests without a correct
+reply), duplicated replies (a request executed twice: a key count not advancing by one,
+or a global count seen twice), other wrong replies (crossed, malformed, clock going
+backwards), divergences (reported by the replicas) and, at the end, leftover processes
+(psutil: every process the campaign saw or started must be gone after the cluster
+stopped). The campaign's exit status is 0 only if all of them are zero and every fault
+settled.
+
+Not yet: network namespaces (replicas in separate namespaces with links cut and
+healed); the PySpark workload (see docs/RELIABILITY.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import psutil
+
+from llft import EXAMPLES_DIR
+from llft.runtime import proctree
+from llft.tools.cluster import ClusterError, LocalCluster
+from llft.tools.loadclient import LoadResult, run_load
+
+KINDS = ("kill_primary", "kill_backup", "kill_both", "pause_primary", "pause_backup",
+         "cpu_hog", "jvm_start", "restart")
+HOLD_S = {"pause_primary": (0.2, 3.0), "pause_backup": (0.2, 3.0), "cpu_hog": (0.5, 3.0),
+          "jvm_start": (0.5, 3.0)}
+DELAY_S = (0.1, 1.5)            # the random moment: after the round's clients got replies
+SETTLE_TIMEOUT_S = 120.0        # deadline for the group to settle after a heal
+RESUME_REPLIES = 20             # replies after the settle that show the service is back
+REPLY_TIMEOUT_S = 60.0          # a client waiting longer than this for a reply: lost
+STALLED_FAULTS = 3              # the service answered no client after this many faults in a
+                                # row: the campaign stops (the group no longer serves)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    script: str                 # examples/<script> PORT
+    mode: str                   # llft.tools.loadclient mode
+
+
+WORKLOADS = {
+    "kv": Workload("kv", "kv_counter.py", "counter"),
+    "http": Workload("http", "http_counter.py", "http"),
+}
+
+
+@dataclass(frozen=True)
+class Fault:
+    index: int
+    kind: str
+    delay_s: float              # injected this long after the round's clients got replies
+    hold_s: float               # pause / hog / JVM duration (0: kills, restarts)
+    pick: int                   # which member, among the candidates in rank order (modulo)
+
+
+def schedule(seed: int, faults: int, kinds=KINDS, replicas: int = 3) -> list[Fault]:
+    """The campaign's faults: a pure function of its arguments."""
+    kinds = [k for k in kinds if not (k == "kill_both" and replicas < 3)]
+    if not kinds:
+        raise ValueError("no fault kind applies (kill_both needs 3 or more replicas)")
+    rng = random.Random(seed)
+    out = []
+    for i in range(faults):
+        kind = rng.choice(kinds)
+        lo, hi = HOLD_S.get(kind, (0.0, 0.0))
+        out.append(Fault(i, kind, round(rng.uniform(*DELAY_S), 3),
+                         round(rng.uniform(lo, hi), 3), rng.randrange(1 << 16)))
+    return out
+
+
+@dataclass
+class Outcome:
+    """What one fault did, as the clients, the status files and the logs saw it."""
+    fault: Fault
+    target: str = ""
+    settled: bool = False
+    resumed: bool = False       # the clients got replies again after the settle
+    settle_s: float = 0.0
+    takeovers: int = 0
+    views: int = 0
+    resets: int = 0
+    replies: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    wrong: int = 0
+    diverged: int = 0
+    pause_s: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return (self.settled and self.resumed and not self.lost and not self.duplicated and not self.wrong
+                and not self.diverged)
+
+
+def classify(r: LoadResult) -> tuple[int, int, int]:
+    """(lost, duplicated, wrong) replies of one round of clients. A wrong reply that
+    ended its client (unreadable, crossed) is wrong, not lost as well."""
+    dup = r.global_repeats + sum(1 for e in r.errors if "twice" in e)
+    fatal = sum(1 for e in r.errors
+                if any(w in e for w in ("unexpected reply", "malformed", "crossed", "differ")))
+    wrong = fatal + sum(1 for e in r.errors
+                        if any(w in e for w in ("backwards", "not above", "never?")))
+    return max(0, r.requests - r.replies - fatal), dup, wrong
+
+
+class Campaign:
+    def __init__(self, workdir: str, workload: Workload, replicas: int, clients: int,
+                 say=print):
+        self.workdir, self.wl, self.n, self.clients, self.say = (
+            workdir, workload, replicas, clients, say)
+        self.lc = LocalCluster(workdir, group="chaos", service_port=_free_port())
+        self.app = [sys.executable, os.path.join(EXAMPLES_DIR, workload.script),
+                    str(self.lc.cfg.group("chaos").service_port)]
+        self.replicas: list[str] = []           # names of the replicas we run now
+        self.started = 0
+        self.seen: dict[int, float] = {}        # pid -> create time, for the leftover check
+        self.extra: list[subprocess.Popen] = []  # hogs and JVMs the campaign started
+        self.departed: set[int] = set()
+        self.exits = 0
+        self.host, self.port = "", 0
+
+    # ---- the cluster ---------------------------------------------------------------------
+    def start(self) -> None:
+        for _ in range(self.n):
+            self._new_replica()
+            self.lc.wait_members(len(self.replicas), timeout_s=SETTLE_TIMEOUT_S)
+        self.host, self.port = self.lc.start_gateway()
+        self._remember(self.lc.procs["gateway"].pid)
+
+    def _new_replica(self) -> str:
+        self.started += 1
+        name = f"r{self.started}"
+        p = self.lc.start_replica(name, self.app)
+        self._remember(p.pid)
+        self.replicas.append(name)
+        return name
+
+    def _remember(self, pid) -> None:
+        if not pid:
+            return
+        try:
+            self.seen.setdefault(pid, psutil.Process(pid).create_time())
+        except psutil.Error:
+            pass
+
+    def _status(self) -> dict:
+        st = self.lc.status()
+        for m in st["members"] + st["joining"]:
+            self._remember(m.get("agent_pid"))
+            self._remember(m.get("app_pid"))
+        for d in st["departed"]:
+            self.departed.add(d["birth"])
+        return st
+
+    def _settled(self) -> bool:
+        # a replica that stopped on its own (its app exited, a fatal error) is replaced
+        for name in list(self.replicas):
+            if not self.lc.alive(name):
+                self.exits += 1
+                self.replicas.remove(name)
+                self.say(f"  {name} exited by itself (status {self.lc.procs[name].returncode})"
+                         f": {_last_line(self.lc.log_tail(name, 400))}; starting a new one")
+                self._new_replica()
+        st = self._status()
+        pids = {self.lc.procs[n].pid for n in self.replicas}
+        ms = st["members"]
+        return (len(ms) == self.n and {m["agent_pid"] for m in ms} == pids
+                and not st["joining"]
+                and all(m["app_pid"] and m["app_mode"] in ("primary", "backup") for m in ms)
+                and sum(m["role"] == "primary" and m["app_mode"] == "primary"
+                        for m in ms) == 1)
+
+    def members(self) -> list[dict]:
+        ms = self._status()["members"]
+        for m in ms:
+            m["name"] = self.lc.name_of(m["agent_pid"])
+        return [m for m in ms if m["name"] in self.replicas]
+
+    def log_counts(self) -> tuple[int, int]:
+        """(resets, promotions) in every replica log so far."""
+        resets = promoted = 0
+        for name in self.lc.logs:
+            if name.startswith("r"):
+                text = self.lc.log_tail(name, 1 << 30)
+                resets += text.count(" reset (")
+                promoted += text.count(": application promoted after")
+        return resets, promoted
+
+    # ---- faults ----------------------------------------------------------------------------
+    def inject(self, f: Fault) -> str:
+        """Apply fault f and heal it; returns what it hit."""
+        ms = self.members()
+        primary = [m for m in ms if m["role"] == "primary"]
+        backups = [m for m in ms if m["role"] != "primary"]
+        if f.kind in ("kill_primary", "kill_backup", "kill_both"):
+            victims = []
+            if f.kind != "kill_backup":
+                victims += primary[:1]
+            if f.kind != "kill_primary" and backups:
+                victims.append(backups[f.pick % len(backups)])
+            for m in victims:                   # all signals first: "at once"
+                os.kill(m["agent_pid"], signal.SIGKILL)
+            for m in victims:
+                self.lc.kill(m["name"])         # reaps it
+                self.replicas.remove(m["name"])
+            new = [self._new_replica() for _ in victims]
+            return ", ".join(f"{m['name']} ({m['role']})" for m in victims) + \
+                f" killed; started {', '.join(new)}"
+        if f.kind in ("pause_primary", "pause_backup"):
+            pool = primary if f.kind == "pause_primary" else backups
+            if not pool:
+                return "no such member"
+            m = pool[f.pick % len(pool)]
+            procs = [psutil.Process(m["agent_pid"])] + proctree.descendants(m["agent_pid"])
+            for p in procs:
+                self._remember(p.pid)
+                _signal(p, signal.SIGSTOP)
+            _hold(f.hold_s)                     # the fault itself: the pause lasts this long
+            for p in reversed(procs):
+                _signal(p, signal.SIGCONT)
+            return f"{m['name']} ({m['role']}) stopped {f.hold_s:.2f} s"
+        if f.kind == "cpu_hog":
+            n = (os.cpu_count() or 1) + 1
+            hogs = [self._spawn([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+            _hold(f.hold_s)                     # the fault itself: the hog runs this long
+            for p in hogs:
+                _stop(p)
+            return f"{n} busy processes for {f.hold_s:.2f} s"
+        if f.kind == "jvm_start":
+            p = self._spawn(["java", "-Xms256m", _jvm_source(self.workdir), str(f.hold_s)])
+            try:
+                p.wait(timeout=f.hold_s + 60)
+            except subprocess.TimeoutExpired:
+                pass
+            _stop(p)
+            return f"JVM start-up + 64 threads for {f.hold_s:.2f} s"
+        if f.kind == "restart":
+            if not ms:
+                return "no member"
+            m = ms[f.pick % len(ms)]
+            self.lc.kill(m["name"], signal.SIGTERM)
+            self.replicas.remove(m["name"])
+            return f"{m['name']} ({m['role']}) stopped (SIGTERM); started {self._new_replica()}"
+        raise ValueError(f"unknown fault kind {f.kind!r}")
+
+    def _spawn(self, argv: list[str]) -> subprocess.Popen:
+        with open(os.path.join(self.workdir, "faults.log"), "ab") as log:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                 cwd=self.workdir)
+        self.extra.append(p)
+        self._remember(p.pid)
+        return p
+
+    def run_fault(self, f: Fault) -> Outcome:
+        out = Outcome(f)
+        view0 = self._status()["view"] or 0
+        departed0 = set(self.departed)
+        resets0, promoted0 = self.log_counts()
+        replies = [0]
+        got = threading.Condition()
+
+        def on_reply(_client: int, _n: int) -> None:
+            with got:
+                replies[0] += 1
+                got.notify_all()
+
+        def wait_replies(n: int, timeout_s: float) -> bool:
+            with got:
+                return got.wait_for(lambda: replies[0] >= n or not load.is_alive(),
+                                    timeout_s) and replies[0] >= n
+
+        stop = threading.Event()
+        res: dict = {}
+        load = threading.Thread(target=lambda: res.setdefault("r", run_load(
+            self.host, self.port, clients=self.clients, requests=1 << 30,
+            mode=self.wl.mode, timeout_s=REPLY_TIMEOUT_S, stop=stop, on_reply=on_reply)),
+            daemon=True)
+        load.start()
+        try:
+            if not wait_replies(self.clients, SETTLE_TIMEOUT_S):
+                out.errors.append("the clients got no replies before the fault")
+            _hold(f.delay_s)                    # the random moment of the schedule
+            out.target = self.inject(f)
+            t0 = time.monotonic()
+            deadline = t0 + SETTLE_TIMEOUT_S
+            while not self._settled():
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)                # polling status files, with a deadline
+            out.settled = time.monotonic() <= deadline
+            out.settle_s = time.monotonic() - t0
+            if not out.settled:
+                out.errors.append(f"not settled in {SETTLE_TIMEOUT_S:.0f} s: "
+                                  f"{json.dumps(self.lc.status()['members'])[:600]}")
+            with got:
+                base = replies[0]
+            out.resumed = wait_replies(base + RESUME_REPLIES, REPLY_TIMEOUT_S)
+            if not out.resumed:
+                out.errors.append("the clients got no replies after the group settled")
+        finally:
+            stop.set()
+            load.join(REPLY_TIMEOUT_S + 10)
+        r: LoadResult | None = res.get("r")
+        if r is None:
+            out.errors.append("the clients did not finish")
+        else:
+            out.replies = r.replies
+            out.lost, out.duplicated, out.wrong = classify(r)
+            out.pause_s = r.max_gap_s
+            out.errors += r.errors[:5]
+        st = self._status()
+        out.views = (st["view"] or 0) - view0
+        resets, promoted = self.log_counts()
+        out.resets, out.takeovers = resets - resets0, promoted - promoted0
+        out.diverged = (sum(1 for m in st["members"] if m["diverged"])
+                        + len(self.departed - departed0))
+        return out
+
+    # ---- the end ---------------------------------------------------------------------------
+    def stop(self) -> list[str]:
+        """Stop everything; the processes still alive afterwards (should be none)."""
+        for p in self.extra:
+            _stop(p)
+        for m in self.lc.status()["members"]:
+            self._remember(m.get("agent_pid"))
+            self._remember(m.get("app_pid"))
+            for p in proctree.descendants(m.get("agent_pid") or 0):
+                self._remember(p.pid)
+        self.lc.stop(timeout_s=30)
+        deadline = time.monotonic() + 15
+        while True:
+            left = [p for p in self._alive_seen() if p.pid != os.getpid()]
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)                    # polling exits, with a deadline
+        out = []
+        for p in left:
+            try:
+                out.append(f"pid {p.pid}: {' '.join(p.cmdline())[:120]}")
+                p.kill()
+            except psutil.Error:
+                pass
+        return out
+
+    def _alive_seen(self) -> list[psutil.Process]:
+        alive = []
+        for pid, created in self.seen.items():
+            try:
+                p = psutil.Process(pid)
+                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.Error:
+                pass
+        # and anything running from the campaign's folder that we never saw
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if p.pid not in self.seen and any(self.workdir in a for a in
+                                                  (p.info["cmdline"] or [])):
+                    alive.append(p)
+            except psutil.Error:
+                pass
+        return alive
+
+
+def _signal(p: psutil.Process, sig: int) -> None:
+    try:
+        p.send_signal(sig)          # psutil checks the start time: a reused pid is spared
+    except psutil.Error:
+        pass
+
+
+def _stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        p.kill()
+    p.wait()
+
+
+def _hold(seconds: float) -> None:
+    """A duration that is part of the fault (a pause, a hog, the random moment of
+    injection), never a stand-in for waiting on something."""
+    threading.Event().wait(seconds)
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _last_line(text: str) -> str:
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else ""
+
+
+JVM_SOURCE = """
+import java.security.MessageDigest;
+import java.util.ArrayList;
+public class ChaosJvm {
+    public static void main(String[] a) throws Exception {
+        long end = System.nanoTime() + (long) (Double.parseDouble(a[0]) * 1e9);
+        ArrayList<Thread> ts = new ArrayList<>();
+        for (int i = 0; i < 64; i++) {
+            Thread t = new Thread(() -> {
+                try {
+                    MessageDigest md = MessageDigest.getInstance("SHA-256");
+                    ArrayList<byte[]> keep = new ArrayList<>();
+                    while (System.nanoTime() < end) {
+                        byte[] b = new byte[4096];
+                        keep.add(md.digest(b));
+                        if (keep.size() > 10000) keep.clear();
+                    }
+                } catch (Exception e) { throw new RuntimeException(e); }
+            });
+            t.start();
+            ts.add(t);
+        }
+        for (Thread t : ts) t.join();
+    }
+}
+"""
+
+
+def _jvm_source(workdir: str) -> str:
+    path = os.path.join(workdir, "ChaosJvm.java")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write(JVM_SOURCE)
+    return path
+
+
+# ---- the command ---------------------------------------------------------------------------
+@dataclass
+class Report:
+    seed: int
+    workload: str
+    replicas: int
+    outcomes: list[Outcome]
+    leftovers: list[str]
+    exits: int
+    setup_error: str = ""
+
+    def totals(self) -> dict:
+        o = self.outcomes
+        return {"faults": len(o), "settled": sum(x.settled for x in o),
+                "takeovers": sum(x.takeovers for x in o), "views": sum(x.views for x in o),
+                "resets": sum(x.resets for x in o), "exits": self.exits,
+                "replies": sum(x.replies for x in o),
+                "max_pause_s": max((x.pause_s for x in o), default=0.0),
+                "lost": sum(x.lost for x in o), "duplicated": sum(x.duplicated for x in o),
+                "wrong": sum(x.wrong for x in o), "diverged": sum(x.diverged for x in o),
+                "leftovers": len(self.leftovers)}
+
+    @property
+    def ok(self) -> bool:
+        return not self.setup_error and not self.leftovers and all(x.ok for x in self.outcomes)
+
+    def to_dict(self) -> dict:
+        return {"seed": self.seed, "workload": self.workload, "replicas": self.replicas,
+                "ok": self.ok, "totals": self.totals(), "leftovers": self.leftovers,
+                "setup_error": self.setup_error,
+                "faults": [{**asdict(x.fault), **{k: v for k, v in asdict(x).items()
+                                                  if k != "fault"}, "ok": x.ok}
+                           for x in self.outcomes]}
+
+
+def table(rep: Report) -> str:
+    by_kind: dict[str, list[Outcome]] = {}
+    for o in rep.outcomes:
+        by_kind.setdefault(o.fault.kind, []).append(o)
+    cols = ("kind", "faults", "settled", "takeovers", "views", "resets", "max pause ms",
+            "lost", "dup", "wrong", "diverged")
+    rows = []
+    for kind, os_ in sorted(by_kind.items()):
+        rows.append((kind, len(os_), sum(o.settled for o in os_), sum(o.takeovers for o in os_),
+                     sum(o.views for o in os_), sum(o.resets for o in os_),
+                     f"{max(o.pause_s for o in os_) * 1000:.0f}", sum(o.lost for o in os_),
+                     sum(o.duplicated for o in os_), sum(o.wrong for o in os_),
+                     sum(o.diverged for o in os_)))
+    t = rep.totals()
+    rows.append(("total", t["faults"], t["settled"], t["takeovers"], t["views"], t["resets"],
+                 f"{t['max_pause_s'] * 1000:.0f}", t["lost"], t["duplicated"], t["wrong"],
+                 t["diverged"]))
+    widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) for i, c in enumerate(cols)]
+    line = lambda r: "  ".join(str(v).rjust(w) if i else str(v).ljust(w)  # noqa: E731
+                               for i, (v, w) in enumerate(zip(r, widths)))
+    out = [line(cols), line(["-" * w for w in widths])] + [line(r) for r in rows]
+    out.append(f"replies checked: {t['replies']}; replicas that exited by themselves: "
+               f"{t['exits']}; leftover processes: {t['leftovers']}")
+    return "\n".join(out)
+
+
+def campaign(workdir: str, wl: Workload, faults: list[Fault], replicas: int, clients: int,
+             seed: int, say=print, fresh_every: int = 0) -> Report:
+    """Run `faults` against one cluster, or with `fresh_every` N against a fresh cluster
+    for every N faults (the group's log, which every joiner replays, grows with the
+    campaign: open item 3 of docs/ARCHITECTURE.md). A cluster that stops serving ends
+    its share of the faults; the next share gets a fresh cluster."""
+    size = fresh_every if fresh_every > 0 else max(1, len(faults))
+    shares = [faults[i:i + size] for i in range(0, len(faults), size)] or [[]]
+    rep = Report(seed, wl.name, replicas, [], [], 0)
+    stops = []
+    for k, share in enumerate(shares):
+        folder = workdir if len(shares) == 1 else os.path.join(workdir, f"cluster{k}")
+        stop, interrupted = _one_cluster(folder, wl, share, replicas, clients, seed, say, rep)
+        if stop:
+            stops.append(stop)
+        if interrupted:
+            break
+    rep.setup_error = "; ".join(stops)
+    return rep
+
+
+def _one_cluster(workdir: str, wl: Workload, faults: list[Fault], replicas: int,
+                 clients: int, seed: int, say, rep: Report) -> tuple[str, bool]:
+    """Faults against one new cluster, into `rep`; (why it stopped early, interrupted)."""
+    os.makedirs(workdir, exist_ok=True)
+    c = Campaign(workdir, wl, replicas, clients, say)
+    stop, interrupted, stalled, done = "", False, 0, 0
+    try:
+        c.start()
+        say(f"{replicas} replicas of examples/{wl.script} and a gateway on "
+            f"{c.host}:{c.port}; {clients} {wl.mode} clients; {len(faults)} faults "
+            f"(seed {seed})")
+        for f in faults:
+            o = c.run_fault(f)
+            rep.outcomes.append(o)
+            done += 1
+            say(f"[{f.index:3d}] {f.kind:13s} {o.target}: settled "
+                f"{'in %.1f s' % o.settle_s if o.settled else 'NO'}, takeovers {o.takeovers},"
+                f" resets {o.resets}, pause {o.pause_s * 1000:.0f} ms, replies {o.replies},"
+                f" lost {o.lost}, dup {o.duplicated}, wrong {o.wrong}, diverged {o.diverged}"
+                + ("" if o.ok else "  <-- FAILED"))
+            for e in o.errors[:3]:
+                say(f"        {e}")
+            stalled = 0 if o.resumed else stalled + 1
+            if not o.settled or stalled >= STALLED_FAULTS:
+                # the group is in no state for more faults: say so, keep its logs
+                stop = (f"fault {f.index}: " + ("the group did not settle" if not o.settled
+                        else f"no replies after {stalled} faults in a row")
+                        + f" ({len(faults) - done} faults of this cluster skipped)")
+                break
+    except (ClusterError, OSError) as e:
+        stop = f"{type(e).__name__}: {e}"
+        say(f"llft chaos: {stop}")
+    except KeyboardInterrupt:
+        stop, interrupted = f"interrupted after {len(rep.outcomes)} faults", True
+        say(f"llft chaos: {stop}; stopping the cluster")
+    finally:
+        rep.leftovers += c.stop()
+        rep.exits += c.exits
+    return stop, interrupted
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="kv")
+    p.add_argument("--faults", type=int, default=20, help="faults in the campaign")
+    p.add_argument("--seed", type=int, default=1, help="the schedule's seed")
+    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--clients", type=int, default=2, help="concurrent checking clients")
+    p.add_argument("--kinds", default=",".join(KINDS),
+                   help=f"comma-separated fault kinds (default: all: {','.join(KINDS)})")
+    p.add_argument("--only", default="",
+                   help="run only these fault indexes of the schedule (e.g. 3,7)")
+    p.add_argument("--fresh-every", type=int, default=0, metavar="N",
+                   help="a fresh cluster for every N faults (default: one cluster)")
+    p.add_argument("--keep", action="store_true", help="keep the work folder (logs, status)")
+    p.add_argument("--json", default="", help="also write the report as JSON to this file")
+
+
+def run(args) -> int:
+    kinds = [k for k in args.kinds.split(",") if k]
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        print(f"llft chaos: unknown fault kinds {','.join(bad)} (known: {','.join(KINDS)})",
+              file=sys.stderr)
+        return 2
+    if args.replicas < 2 or args.faults < 0 or args.clients < 1 or args.fresh_every < 0:
+        print("llft chaos: needs --replicas >= 2, --faults >= 0, --clients >= 1, "
+              "--fresh-every >= 0", file=sys.stderr)
+        return 2
+    try:
+        only = {int(x) for x in args.only.split(",") if x}
+    except ValueError:
+        print(f"llft chaos: --only {args.only!r}: expected fault indexes such as 3,7",
+              file=sys.stderr)
+        return 2
+    try:
+        faults = schedule(args.seed, args.faults, kinds, args.replicas)
+    except ValueError as e:
+        print(f"llft chaos: {e}", file=sys.stderr)
+        return 2
+    if only:
+        faults = [f for f in faults if f.index in only]
+    work = tempfile.mkdtemp(prefix="llft-chaos-")
+    try:
+        rep = campaign(work, WORKLOADS[args.workload], faults, args.replicas, args.clients,
+                       args.seed, say=lambda s: print(s, flush=True),
+                       fresh_every=args.fresh_every)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print()
+    print(table(rep))
+    for x in rep.leftovers:
+        print(f"leftover: {x}")
+    if rep.setup_error:
+        print(f"campaign stopped: {rep.setup_error}")
+    failed = [o.fault.index for o in rep.outcomes if not o.ok]
+    argv = (f"llft chaos --workload {args.workload} --seed {args.seed} --faults {args.faults}"
+            f" --replicas {args.replicas} --clients {args.clients}"
+            + (f" --kinds {args.kinds}" if args.kinds != ",".join(KINDS) else "")
+            + (f" --fresh-every {args.fresh_every}" if args.fresh_every else ""))
+    if failed:
+        print(f"failed faults: {failed}; re-run one: {argv} --only {failed[0]} --keep")
+    print("RESULT: " + ("OK" if rep.ok else "FAILED") + f"  ({argv})")
+    if args.keep:
+        print(f"work folder kept: {work}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rep.to_dict(), f, indent=1)
+    return 0 if rep.ok else 1
