@@ -117,9 +117,11 @@ class RemoteProtocolError(ValueError):
 class StateProvider(Protocol):
     """The application state a joining backup needs (filled by the determinizer: the
     group's log of inputs and order info). `checkpoint` runs at the primary at the
-    virtual synchrony point of an addition; `restore` at the joining backup."""
+    virtual synchrony point of an addition; `restore` at the joining backup. A provider
+    may also define `accepts_joiners() -> bool`: False (its log reached its cap,
+    docs/LOG.md) and the primary admits no new backup (applications are ignored)."""
 
-    def checkpoint(self) -> bytes: ...
+    def checkpoint(self) -> bytes | None: ...   # None: no whole state (joiner removed)
 
     def restore(self, data: bytes) -> None: ...
 
@@ -927,6 +929,9 @@ class Membership:
         b = msg.sender
         if any(k.birth == b for k in self.members) or b in self._joiners:
             return
+        accepts = getattr(self.state, "accepts_joiners", None)
+        if accepts is not None and not accepts():
+            return              # no state to give it (the provider says why, once)
         if len(self.members) + len(self._joiners) < MAX_MEMBERS:
             self._joiners.append(b)
         if self.status is Status.PRIMARY:
@@ -1010,14 +1015,24 @@ class Membership:
         if self._pending is None and self.status is Status.PRIMARY:
             self._transfer_tick(now_us)
 
-    def _remove(self, births: set[int], now_us: int) -> None:
+    def remove_backups(self, births: set[int], now_us: int, why: str) -> bool:
+        """The primary drops backups for a reason of its replica's (one that cannot keep
+        up with the primary, docs/LOG.md); True if a change began."""
+        births = {k.birth for k in self.members[1:] if k.birth in births}
+        if self.status is not Status.PRIMARY or not births:
+            return False
+        self._remove(births, now_us, why)
+        return True
+
+    def _remove(self, births: set[int], now_us: int,
+                why: str = "silent or not acknowledging") -> None:
         """Lines 28-34: the primary drops silent / non-acknowledging backups."""
         self._needs_state = [b for b in self._needs_state if b not in births]
         if self._outgoing is not None and self._outgoing.to in births:
             self._outgoing = None
         self._begin_change(MsgType.REMOVE_BACKUP,
                            [k for k in self.members if k.birth not in births], now_us,
-                           "silent or not acknowledging")
+                           why)
 
     def _admit(self, now_us: int) -> None:
         """Line 23: the next precedences, above every precedence ever assigned."""
@@ -1034,6 +1049,9 @@ class Membership:
         if self._outgoing is None and self._needs_state:
             to = self._needs_state.pop(0)
             data = self.state.checkpoint()
+            if data is None:            # the provider has no whole state (docs/LOG.md)
+                self._remove({to}, now_us, "no state to give it: the group's log is full")
+                return
             size = self.cfg.state_chunk_bytes
             chunks = [data[i:i + size] for i in range(0, len(data), size)] or [b""]
             if len(chunks) > MAX_STATE_CHUNKS:
