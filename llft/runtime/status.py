@@ -138,6 +138,7 @@ def group_status(cfg: config_mod.ClusterConfig, group: str) -> dict:
                 "pvn": a.get("pvn"), "lag": lag, "app_lag_entries": app_lag,
                 "lag_ms": 0.0 if m["rank"] == 1 else lag_ms,
                 "lag_entries": reported["entries"] if reported else None,
+                "lag_ready": reported["ready"] if reported else None,
                 "sync": "primary" if m["rank"] == 1 else a.get("sync", "?"),
                 "lag_held": a.get("lag_held"), "log": a.get("log"),
                 "connections": a.get("connections"), "diverged": a.get("diverged"),

@@ -1,0 +1,107 @@
+"""Bounded backup lag with real replicas (docs/LOG.md): `llft run` agents over UDP
+multicast, the preload shim in examples/ticker.py (a process that makes order
+information on its own, every 2 ms), a backup's application slowed by SIGSTOP.
+
+What is checked (counts and bounds read from `llft status`, no timings):
+  * a stopped backup's lag is reported by the primary and crosses the bound; the primary
+    then holds its application (backpressure): its order info stops growing while held;
+  * the primary killed while held: the backup takes over after replaying only the
+    backlog it had when the hold began (nothing the held primary made meanwhile);
+  * a backup that stays beyond the bound is removed (a log line says why), is reset,
+    rejoins, replays the history (`catching-up`) and becomes `ready`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+from llft import EXAMPLES_DIR
+from llft.replica.node import LAG_BOUND_US
+from llft.tools.cluster import LocalCluster
+
+TICKER = [sys.executable, os.path.join(EXAMPLES_DIR, "ticker.py"), "2"]
+BOUND_MS = LAG_BOUND_US / 1000
+
+
+def by_rank(st: dict, rank: int) -> dict | None:
+    return next((m for m in st["members"] if m["rank"] == rank), None)
+
+
+def ready_backup(st: dict) -> bool:
+    b = by_rank(st, 2)
+    return bool(b and b["sync"] == "ready" and b["lag_ready"]
+                and b["lag_ms"] < BOUND_MS)
+
+
+def events(lc: LocalCluster, birth: int) -> list[dict]:
+    path = os.path.join(lc.cfg.status_dir(lc.group), f"{birth:x}.json")
+    with open(path) as f:
+        return json.load(f)["events"]
+
+
+def two_replicas(lc: LocalCluster) -> dict:
+    lc.start_replica("r1", TICKER)
+    lc.wait_members(1)
+    lc.start_replica("r2", TICKER)
+    lc.wait_members(2)
+    return lc.wait_status(ready_backup, 60, "a ready backup within the lag bound")
+
+
+def test_a_stopped_backup_holds_the_primary_and_takes_over_with_only_its_backlog(tmp_path):
+    with LocalCluster(str(tmp_path), group="ticker") as lc:
+        st = two_replicas(lc)
+        backup = by_rank(st, 2)
+        os.kill(backup["app_pid"], signal.SIGSTOP)
+        try:
+            st = lc.wait_status(lambda s: by_rank(s, 1)["lag_held"], 60, "backpressure")
+            prim, b = by_rank(st, 1), by_rank(st, 2)
+            assert prim["counters"]["lag_holds"] >= 1
+            assert b["lag_ms"] >= BOUND_MS
+            out_at_hold = prim["counters"]["oi_chunks_out"]
+            # the backup stays stopped for another bound's worth of its lag; the held
+            # primary makes (almost) nothing meanwhile: at most the pieces that were in
+            # its shim's ring when the hold began
+            st = lc.wait_status(lambda s: (by_rank(s, 2)["lag_ms"] or 0) >= 2 * BOUND_MS
+                                and by_rank(s, 1)["lag_held"], 60, "a longer lag")
+            prim, b = by_rank(st, 1), by_rank(st, 2)
+            assert prim["counters"]["oi_chunks_out"] - out_at_hold <= 2
+            fed_at_kill = b["counters"].get("oi_entries_in", 0)
+            backlog = b["app_lag_entries"]
+            assert backlog is not None and backlog > 0
+            old = lc.kill_primary()
+        finally:
+            os.kill(backup["app_pid"], signal.SIGCONT)
+        new = lc.wait_primary(other_than=old["birth"])
+        assert new["birth"] == backup["birth"]
+        promoted = [e for e in events(lc, new["birth"]) if e["event"] == "promoted"][-1]
+        # what it replayed after the view change is at most the backlog it had at the
+        # kill: nothing arrived from the held primary (and it fed nothing new)
+        assert promoted["replayed"] <= backlog
+        st = lc.status()
+        assert by_rank(st, 1)["counters"].get("oi_entries_in", 0) == fed_at_kill
+        assert "backpressure: backup" in lc.log_tail(old["name"], 20000)
+
+
+def test_a_backup_beyond_the_bound_too_long_is_removed_then_rejoins_and_catches_up(tmp_path):
+    with LocalCluster(str(tmp_path), group="ticker") as lc:
+        st = two_replicas(lc)
+        backup = by_rank(st, 2)
+        name = lc.name_of(backup["agent_pid"])
+        os.kill(backup["app_pid"], signal.SIGSTOP)
+        try:
+            lc.wait_status(lambda s: by_rank(s, 1)["counters"].get("node_lag_removed", 0) >= 1,
+                           120, "the slow backup removed")
+        finally:
+            os.kill(backup["app_pid"], signal.SIGCONT)   # its tree is being killed (reset)
+        primary_log = lc.log_tail(lc.name_of(by_rank(lc.status(), 1)["agent_pid"]), 20000)
+        assert "behind for" in primary_log and "removed" in primary_log
+        # the same agent rejoins as a new member, replays the history, becomes ready
+        st = lc.wait_status(lambda s: ready_backup(s) and by_rank(s, 2)["birth"]
+                            != backup["birth"], 120, "the rejoined backup ready")
+        b = by_rank(st, 2)
+        assert lc.name_of(b["agent_pid"]) == name
+        kinds = [e["event"] for e in events(lc, b["birth"])]
+        assert kinds.index("restored") < kinds.index("ready")
+        assert not by_rank(st, 1)["lag_held"]
