@@ -8,7 +8,9 @@ What is checked (counts and bounds read from `llft status`, no timings):
   * the primary killed while held: the backup takes over after replaying only the
     backlog it had when the hold began (nothing the held primary made meanwhile);
   * a backup that stays beyond the bound is removed (a log line says why), is reset,
-    rejoins, replays the history (`catching-up`) and becomes `ready`.
+    rejoins, replays the history (`catching-up`) and becomes `ready`;
+  * the mechanism itself: a primary's application under the shim makes no entry while
+    its block is held (`Shm.hold`), and continues once released.
 """
 from __future__ import annotations
 
@@ -16,10 +18,13 @@ import json
 import os
 import signal
 import sys
+import time
 
 from llft import EXAMPLES_DIR
 from llft.replica.node import LAG_BOUND_US
 from llft.tools.cluster import LocalCluster
+
+DEADLINE_S = 60.0
 
 TICKER = [sys.executable, os.path.join(EXAMPLES_DIR, "ticker.py"), "2"]
 BOUND_MS = LAG_BOUND_US / 1000
@@ -105,3 +110,36 @@ def test_a_backup_beyond_the_bound_too_long_is_removed_then_rejoins_and_catches_
         kinds = [e["event"] for e in events(lc, b["birth"])]
         assert kinds.index("restored") < kinds.index("ready")
         assert not by_rank(st, 1)["lag_held"]
+
+
+def _until(predicate, what: str):
+    deadline = time.monotonic() + DEADLINE_S
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)             # polling the block's counters, with a deadline
+
+
+def test_a_held_primary_application_makes_no_entry_until_released():
+    from determinizer.runner import shim_env, spawn
+    from determinizer.shm import Shm
+    shm = Shm.create(Shm.PRIMARY)
+    proc = spawn(TICKER, shim_env(dict(os.environ), shm.env()))
+    try:
+        drained = []
+
+        def drain() -> int:
+            drained.append(shm.drain(0))
+            return shm.stats()["records"]
+        _until(lambda: drain() > 10, "the app's first entries")
+        shm.hold(True)
+        _until(lambda: drain() and shm.stats()["held"] >= 1, "the app held")
+        held_at = drain()
+        # however long it stays held, it records nothing (its threads wait in the shim)
+        assert shm.drain(300) == b""
+        assert shm.stats()["records"] == held_at and proc.poll() is None
+        shm.hold(False)
+        _until(lambda: drain() > held_at, "the app running again")
+    finally:
+        proc.kill()
+        proc.wait()
+        shm.close()
