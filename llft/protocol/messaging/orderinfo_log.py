@@ -231,3 +231,6 @@ class OrderInfoLog:
         assert self.bytes == sum(len(ch) for _, ch in self.log), "order-info bytes"
         assert all(pos <= self.last_pos for pos, _ in self.log), "beyond the last position"
         assert all(pos > self.delivered for pos in self.pending), "pending at or below delivered"
+        assert len(self.stamps) <= min(MAX_LAG_STAMPS, self.last_pos), "lag stamps"
+        assert all(d <= self.last_pos for d in self.done.values()), "done beyond the log"
+        assert self.executed <= self.delivered, "executed beyond delivered"
