@@ -1015,15 +1015,6 @@ class Membership:
         if self._pending is None and self.status is Status.PRIMARY:
             self._transfer_tick(now_us)
 
-    def remove_backups(self, births: set[int], now_us: int, why: str) -> bool:
-        """The primary drops backups for a reason of its replica's (one that cannot keep
-        up with the primary, docs/LOG.md); True if a change began."""
-        births = {k.birth for k in self.members[1:] if k.birth in births}
-        if self.status is not Status.PRIMARY or not births:
-            return False
-        self._remove(births, now_us, why)
-        return True
-
     def _remove(self, births: set[int], now_us: int,
                 why: str = "silent or not acknowledging") -> None:
         """Lines 28-34: the primary drops silent / non-acknowledging backups."""

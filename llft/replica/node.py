@@ -82,9 +82,12 @@ executed (`set_executed`); messaging reports it to the primary on ORDER_INFO ack
 primary `lag_hold(now)` says whether a *ready* backup (one that has caught up once:
 a joiner is not held for while it replays the history) is more than `lag_bound_us` of
 the primary's execution behind: the runtime then holds ordering and output commit
-(backpressure). A ready backup above the bound for `lag_give_up_us` is removed (the
-membership change names the reason): a replica that cannot keep up must not stall the
-group for ever.
+(backpressure). A ready backup above the bound for `lag_give_up_us` is *released*: no
+longer ready, so no longer held for, until it is back within the bound (the runtime
+logs it: `last_lag_release`). A replica that cannot keep up must not stall the group for
+ever, and a busy machine is not a dead peer: it is not removed (a reset would make it
+replay the whole history, loading the machine more); a takeover by it may then replay
+more than the bound.
 
 Bounds: MAX_SETTLE_ROUNDS, the log's cap (above), MAX_HELD_ACTIONS. No clock, no I/O, no
 global randomness here.
@@ -107,7 +110,7 @@ MAX_SETTLE_ROUNDS = 64           # cores feeding each other longer than this is 
 LOG_CAP_BYTES = 256 << 20        # the group's log (inputs + order info) kept for joiners
 LOG_CAP_ENTRIES = 1 << 20        # order-info entries in it
 LAG_BOUND_US = 1_000_000         # a ready backup at most ~1 s of execution behind
-LAG_GIVE_UP_US = 10_000_000      # ... or it is removed after this long above the bound
+LAG_GIVE_UP_US = 10_000_000      # ... or it is released after this long above the bound
 MAX_HELD_ACTIONS = 65_536        # node actions not yet taken by the runtime
 
 APP_TAG = 0x00
@@ -172,6 +175,7 @@ class ReplicaNode:
         self.log_full: str | None = None        # why the log was dropped (docs/LOG.md)
         self._ready: set[int] = set()           # primary: backups that caught up once
         self._over_since: dict[int, int] = {}   # primary: ready backup -> above bound since
+        self.last_lag_release: tuple[int, str] | None = None   # (backup, why): for the log
         self.order_info_log: deque[tuple[int, int, bytes]] = deque()   # (pvn, pos, chunk)
         self.oi_upto: dict[int, int] = {}       # pvn -> highest position in the log
         self.skip_out: dict[mg.ConnId, int] = {}
@@ -239,8 +243,8 @@ class ReplicaNode:
 
     def lag_hold(self, now_us: int) -> bool:
         """The primary: True while a ready backup is more than lag_bound_us behind (the
-        runtime holds ordering and output commit); a ready backup above the bound for
-        lag_give_up_us is removed from the group (see the module docstring)."""
+        runtime holds its application: backpressure on ordering); a ready backup above the bound for
+        lag_give_up_us is released: not held for until it is back within the bound."""
         self._now = max(self._now, now_us)
         lags = self.messaging.backup_lag(now_us) if self.live else {}
         for gone in (self._ready | set(self._over_since)) - set(lags):
@@ -260,13 +264,11 @@ class ReplicaNode:
             if now_us - since < self.lag_give_up_us:
                 hold = True
                 continue
-            self._count("lag_removed")
+            self._count("lag_released")
             self._over_since.pop(b)
             self._ready.discard(b)
-            self.membership.remove_backups(
-                {b}, now_us, f"its application stayed more than {bound / 1e6:g} s behind "
-                f"for {self.lag_give_up_us / 1e6:g} s")
-            self._settle()
+            self.last_lag_release = (b, f"its application stayed more than {bound / 1e6:g} s "
+                                        f"behind for {self.lag_give_up_us / 1e6:g} s")
         return hold
 
     def status_snapshot(self) -> dict:

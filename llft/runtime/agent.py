@@ -99,8 +99,9 @@ Lag (docs/LOG.md). Every LAG_CHECK_S the lag task runs:
                 app's threads wait at their next ordered call, so the backups get
                 nothing new to replay and the app produces no output) until the backup
                 is back within the bound. Entries are stamped when drained, which is
-                when the app made them: the app is held, not the drain. The node
-                removes a backup that stays above the bound.
+                when the app made them: the app is held, not the drain. A backup that
+                stays above the bound for the give-up time is released (logged): no
+                longer held for until it is back within the bound.
 """
 from __future__ import annotations
 
@@ -688,7 +689,13 @@ class Agent:
             self._event("ready", replay_s=round(s, 3), entries=self._history_entries)
 
     def _check_lag_bound(self) -> None:
+        released = self.node.stats.get("lag_released", 0)
         held = self.driver.call(self.node.lag_hold, self.driver.clock_us())
+        if self.node.stats.get("lag_released", 0) > released:
+            b, why = self.node.last_lag_release
+            _log(f"backup {b:x} is no longer held for: {why}; a takeover by it may replay "
+                 "more than the bound (held for again once it is back within it)")
+            self._event("lag_released", backup=f"{b:x}")
         if held == self._lag_held:
             return
         self._lag_held = held
