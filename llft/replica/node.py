@@ -83,8 +83,10 @@ primary `lag_hold(now)` says whether a *ready* backup (one that has caught up on
 a joiner is not held for while it replays the history) is more than `lag_bound_us` of
 the primary's execution behind: the runtime then holds ordering and output commit
 (backpressure). A ready backup above the bound for `lag_give_up_us` is *released*: no
-longer ready, so no longer held for, until it is back within the bound (the runtime
-logs it: `last_lag_release`). A replica that cannot keep up must not stall the group for
+longer ready, so no longer held for, until it has been back within the bound for
+`lag_give_up_us` in a row (hysteresis: a backup that keeps falling behind on a busy
+machine would otherwise stall the group again and again); the runtime logs the release
+(`last_lag_release`). A replica that cannot keep up must not stall the group for
 ever, and a busy machine is not a dead peer: it is not removed (a reset would make it
 replay the whole history, loading the machine more); a takeover by it may then replay
 more than the bound.
@@ -175,6 +177,7 @@ class ReplicaNode:
         self.log_full: str | None = None        # why the log was dropped (docs/LOG.md)
         self._ready: set[int] = set()           # primary: backups that caught up once
         self._over_since: dict[int, int] = {}   # primary: ready backup -> above bound since
+        self._released: dict[int, int | None] = {}   # released backup -> within bound since
         self.last_lag_release: tuple[int, str] | None = None   # (backup, why): for the log
         self.order_info_log: deque[tuple[int, int, bytes]] = deque()   # (pvn, pos, chunk)
         self.oi_upto: dict[int, int] = {}       # pvn -> highest position in the log
@@ -244,15 +247,26 @@ class ReplicaNode:
     def lag_hold(self, now_us: int) -> bool:
         """The primary: True while a ready backup is more than lag_bound_us behind (the
         runtime holds its application: backpressure on ordering); a ready backup above the bound for
-        lag_give_up_us is released: not held for until it is back within the bound."""
+        lag_give_up_us is released: not held for until it has been back within the
+        bound for lag_give_up_us."""
         self._now = max(self._now, now_us)
         lags = self.messaging.backup_lag(now_us) if self.live else {}
-        for gone in (self._ready | set(self._over_since)) - set(lags):
+        for gone in (self._ready | set(self._over_since) | set(self._released)) - set(lags):
             self._ready.discard(gone)
             self._over_since.pop(gone, None)
+            self._released.pop(gone, None)
         hold = False
         bound = self.lag_bound_us
         for b, (_, age, caught_up) in lags.items():
+            if b in self._released:
+                if age > bound:
+                    self._released[b] = None
+                elif self._released[b] is None:
+                    self._released[b] = now_us
+                elif now_us - self._released[b] >= self.lag_give_up_us:
+                    del self._released[b]
+                    self._ready.add(b)
+                continue
             if b not in self._ready:
                 if caught_up and age <= bound:
                     self._ready.add(b)
@@ -267,6 +281,7 @@ class ReplicaNode:
             self._count("lag_released")
             self._over_since.pop(b)
             self._ready.discard(b)
+            self._released[b] = None
             self.last_lag_release = (b, f"its application stayed more than {bound / 1e6:g} s "
                                         f"behind for {self.lag_give_up_us / 1e6:g} s")
         return hold

@@ -101,7 +101,7 @@ Lag (docs/LOG.md). Every LAG_CHECK_S the lag task runs:
                 is back within the bound. Entries are stamped when drained, which is
                 when the app made them: the app is held, not the drain. A backup that
                 stays above the bound for the give-up time is released (logged): no
-                longer held for until it is back within the bound.
+                longer held for until it has stayed within the bound as long.
 """
 from __future__ import annotations
 
@@ -694,7 +694,8 @@ class Agent:
         if self.node.stats.get("lag_released", 0) > released:
             b, why = self.node.last_lag_release
             _log(f"backup {b:x} is no longer held for: {why}; a takeover by it may replay "
-                 "more than the bound (held for again once it is back within it)")
+                 "more than the bound (held for again once it has stayed within it as "
+                 "long)")
             self._event("lag_released", backup=f"{b:x}")
         if held == self._lag_held:
             return
