@@ -38,7 +38,7 @@ JOIN_TIMEOUT_S = 180.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ages", default="5,15,30,60",
+    p.add_argument("--ages", default="5,10,15,20",
                    help="group ages (s) at which a replica joins")
     p.add_argument("--tick-ms", type=float, default=1.0, help="the ticker's period")
     p.add_argument("--work", type=int, default=2000,
@@ -70,8 +70,9 @@ def _joiner_ready(lc: LocalCluster, name: str) -> tuple[int, list[dict]]:
                 if _first(evs, "ready"):
                     return m["birth"], evs
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{name} not ready in {JOIN_TIMEOUT_S:.0f} s: "
-                               f"{lc.log_tail(name)}")
+            resets = lc.log_tail(name, 10**7).count(" reset (")
+            raise TimeoutError(f"{name} not ready in {JOIN_TIMEOUT_S:.0f} s ({resets} resets "
+                               "while joining; its log: " + lc.logs[name] + ")")
         time.sleep(0.05)             # polling status files, with a deadline
 
 
