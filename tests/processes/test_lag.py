@@ -15,6 +15,7 @@ What is checked (counts and bounds read from `llft status`, no timings):
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -55,12 +56,21 @@ def two_replicas(lc: LocalCluster) -> dict:
     return lc.wait_status(ready_backup, 60, "a ready backup within the lag bound")
 
 
+@contextlib.contextmanager
+def a_stopped_backup(lc: LocalCluster):
+    """Two replicas, the backup ready; its application SIGSTOPped inside the block
+    (SIGCONT at its end). Yields the backup's status line."""
+    backup = by_rank(two_replicas(lc), 2)
+    os.kill(backup["app_pid"], signal.SIGSTOP)
+    try:
+        yield backup
+    finally:
+        os.kill(backup["app_pid"], signal.SIGCONT)
+
+
 def test_a_stopped_backup_holds_the_primary_and_takes_over_with_only_its_backlog(tmp_path):
     with LocalCluster(str(tmp_path), group="ticker") as lc:
-        st = two_replicas(lc)
-        backup = by_rank(st, 2)
-        os.kill(backup["app_pid"], signal.SIGSTOP)
-        try:
+        with a_stopped_backup(lc) as backup:
             st = lc.wait_status(lambda s: by_rank(s, 1)["lag_held"], 60, "backpressure")
             prim, b = by_rank(st, 1), by_rank(st, 2)
             assert prim["counters"]["lag_holds"] >= 1
@@ -77,8 +87,6 @@ def test_a_stopped_backup_holds_the_primary_and_takes_over_with_only_its_backlog
             backlog = b["app_lag_entries"]
             assert backlog is not None and backlog > 0
             old = lc.kill_primary()
-        finally:
-            os.kill(backup["app_pid"], signal.SIGCONT)
         new = lc.wait_primary(other_than=old["birth"])
         assert new["birth"] == backup["birth"]
         promoted = [e for e in events(lc, new["birth"]) if e["event"] == "promoted"][-1]
@@ -92,10 +100,7 @@ def test_a_stopped_backup_holds_the_primary_and_takes_over_with_only_its_backlog
 
 def test_a_backup_beyond_the_bound_too_long_is_released_and_ready_again_later(tmp_path):
     with LocalCluster(str(tmp_path), group="ticker") as lc:
-        st = two_replicas(lc)
-        backup = by_rank(st, 2)
-        os.kill(backup["app_pid"], signal.SIGSTOP)
-        try:
+        with a_stopped_backup(lc) as backup:
             st = lc.wait_status(
                 lambda s: by_rank(s, 1)["counters"].get("node_lag_released", 0) >= 1
                 and not by_rank(s, 1)["lag_held"], 120, "the slow backup released")
@@ -104,8 +109,6 @@ def test_a_backup_beyond_the_bound_too_long_is_released_and_ready_again_later(tm
             st = lc.wait_status(lambda s: by_rank(s, 1)["counters"]["oi_chunks_out"]
                                 > out + 10, 60, "the primary running on")
             assert by_rank(st, 2)["lag_ready"] is False
-        finally:
-            os.kill(backup["app_pid"], signal.SIGCONT)
         # it catches up and is ready (held for) again: the same member, never reset
         st = lc.wait_status(ready_backup, 120, "the released backup ready again")
         assert by_rank(st, 2)["birth"] == backup["birth"]
