@@ -15,6 +15,8 @@ This is the API the replica runtime calls to pump order information:
     feeder.done()                        # no more will come (trace end): a thread that
                                          # wants more is reported as diverged
     shm.promote()                        # backup -> primary (the shim keeps its CTS offset)
+    shm.hold(True|False)                 # primary: ordered calls wait while held
+                                         # (backpressure from a lagging backup)
     shm.diverged, shm.report, shm.stats()
     # group connections (env LLFT_SERVICE_PORT=<service port>, see native/shim_net.c)
     shm.group_port                       # real loopback port of the app's group listener, 0 until
@@ -93,6 +95,14 @@ class Shm:
     def promote(self) -> None:
         lib.llft_set_mode(self._base, self.PRIMARY)
 
+    def hold(self, on: bool) -> None:
+        """Primary: while on, the app's threads wait at their next ordered call."""
+        lib.llft_set_hold(self._base, 1 if on else 0)
+
+    @property
+    def held(self) -> bool:
+        return bool(self._get(CtlWord.HOLD))
+
     # ---- state
     def _get(self, word: CtlWord) -> int:
         return lib.llft_get(self._base, word)
@@ -139,7 +149,7 @@ class Shm:
         return ffi.string(lib.llft_report(self._base)).decode(errors="replace").strip()
 
     def stats(self) -> dict[str, int]:
-        """{"records": ..., "waits": ..., "gil_drops": ..., "ring_full": ...}"""
+        """{"records": ..., "waits": ..., "gil_drops": ..., "ring_full": ..., "held": ...}"""
         return {st.name.lower(): lib.llft_stat(self._base, st) for st in Stat}
 
     def close(self) -> None:

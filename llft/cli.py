@@ -39,6 +39,7 @@ BENCHMARKS: dict[str, str] = {
     "ndlatency": "llft.bench.ndlatency",
     "spark": "llft.bench.spark",
     "corpus": "llft.bench.corpus",
+    "join": "llft.bench.join",
     "all": "llft.bench.all",
 }
 

@@ -117,9 +117,11 @@ class RemoteProtocolError(ValueError):
 class StateProvider(Protocol):
     """The application state a joining backup needs (filled by the determinizer: the
     group's log of inputs and order info). `checkpoint` runs at the primary at the
-    virtual synchrony point of an addition; `restore` at the joining backup."""
+    virtual synchrony point of an addition; `restore` at the joining backup. A provider
+    may also define `accepts_joiners() -> bool`: False (its log reached its cap,
+    docs/LOG.md) and the primary admits no new backup (applications are ignored)."""
 
-    def checkpoint(self) -> bytes: ...
+    def checkpoint(self) -> bytes | None: ...   # None: no whole state (joiner removed)
 
     def restore(self, data: bytes) -> None: ...
 
@@ -927,6 +929,9 @@ class Membership:
         b = msg.sender
         if any(k.birth == b for k in self.members) or b in self._joiners:
             return
+        accepts = getattr(self.state, "accepts_joiners", None)
+        if accepts is not None and not accepts():
+            return              # no state to give it (the provider says why, once)
         if len(self.members) + len(self._joiners) < MAX_MEMBERS:
             self._joiners.append(b)
         if self.status is Status.PRIMARY:
@@ -1039,6 +1044,9 @@ class Membership:
         if self._outgoing is None and self._needs_state:
             to = self._needs_state.pop(0)
             data = self.state.checkpoint()
+            if data is None:            # the provider has no whole state (docs/LOG.md)
+                self._remove({to}, now_us, [short_id(to) + ": no state to give it, the group's log is full"])
+                return
             size = self.cfg.state_chunk_bytes
             chunks = [data[i:i + size] for i in range(0, len(data), size)] or [b""]
             if len(chunks) > MAX_STATE_CHUNKS:

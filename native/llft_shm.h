@@ -41,7 +41,7 @@
 #include <sys/syscall.h>
 
 #define LLFT_SHM_MAGIC        0x314654464c4c0000ULL
-#define LLFT_SHM_VERSION      3u   /* 2: group connections (ctl.group_*, ctl.div_*); 3: GIL records */
+#define LLFT_SHM_VERSION      4u   /* 2: group connections (ctl.group_*, ctl.div_*); 3: GIL records; 4: ctl.hold */
 
 /* ==== cdef begin ====================================================================
  * Everything up to cdef end is also read by cffi (native/shm_build.py): the Python
@@ -110,14 +110,15 @@ enum llft_stat {
     LLFT_ST_RECORDS   = 0,   /* records appended (primary) or completed (backup) */
     LLFT_ST_WAITS     = 1,   /* backup: waits that had to sleep */
     LLFT_ST_GIL_DROPS = 2,   /* backup: waits done after releasing the GIL */
-    LLFT_ST_RING_FULL = 3    /* primary: appends that waited for the drainer */
+    LLFT_ST_RING_FULL = 3,   /* primary: appends that waited for the drainer */
+    LLFT_ST_HELD      = 4    /* primary: appends that waited while ctl.hold was set */
 };
 
 /* The ctl words the agent reads (llft_get in native/shm_build.py). */
 enum llft_ctl_word {
     LLFT_CTL_MODE = 0, LLFT_CTL_ACTIVE_PID, LLFT_CTL_FEED_DONE, LLFT_CTL_DIVERGED,
     LLFT_CTL_NEXT_TID, LLFT_CTL_PROGRESS, LLFT_CTL_GROUP_PORT, LLFT_CTL_GROUP_FAMILY,
-    LLFT_CTL_DIV_SET, LLFT_CTL_DIV_CONN
+    LLFT_CTL_DIV_SET, LLFT_CTL_DIV_CONN, LLFT_CTL_HOLD
 };
 
 /* One order-information entry (t, o, n, d). d = (ret, err, aux, payload). The wire
@@ -181,6 +182,11 @@ struct llft_ctl {
     uint32_t div_set;
     uint32_t div_conn;
     uint64_t div_offset;
+    /* primary: backpressure (docs/LOG.md). While the agent holds it non-zero (a backup's
+     * application is beyond the lag bound), every ordered call waits, without the GIL,
+     * before it records: the app stops where its next entry would be. A futex word. */
+    uint32_t hold;
+    uint32_t pad_hold;
 };
 struct llft_shm {
     struct llft_ctl  ctl;

@@ -248,6 +248,15 @@ static void where_append(void) {
 
 void pr_append(unsigned call, uint64_t op, int64_t ret, int32_t err, uint32_t aux,
                uint16_t flags, const void *data, uint32_t dlen) {
+    if (__atomic_load_n(&g_ctl->hold, __ATOMIC_ACQUIRE)) {
+        /* A backup is beyond the lag bound: wait, without the GIL, until the agent
+         * lets go (bounded slices: the word may change without a wake-up we see). */
+        __atomic_fetch_add(&g_ctl->stats[LLFT_ST_HELD], 1, __ATOMIC_RELAXED);
+        void *gil = gil_drop();
+        while (__atomic_load_n(&g_ctl->hold, __ATOMIC_ACQUIRE))
+            llft_futex(&g_ctl->hold, FUTEX_WAIT, 1, WAIT_SLICE_MS);
+        gil_take(gil);
+    }
     if (__builtin_expect(g_trace_where, 0)) where_append();
     struct llft_rec h;
     memset(&h, 0, sizeof h);

@@ -42,6 +42,7 @@ FUNCTIONS = """
     void llft_feed_done(void *base);
     uint32_t llft_get(void *base, int what);
     void llft_set_mode(void *base, uint32_t mode);
+    void llft_set_hold(void *base, uint32_t on);
     uint64_t llft_stat(void *base, int i);
     const char *llft_report(void *base);
     const char *llft_call_name(unsigned c);
@@ -208,6 +209,7 @@ uint32_t llft_get(void *base, int what) {
     case LLFT_CTL_GROUP_FAMILY: return __atomic_load_n(&c->group_family, __ATOMIC_ACQUIRE);
     case LLFT_CTL_DIV_SET: return __atomic_load_n(&c->div_set, __ATOMIC_ACQUIRE);
     case LLFT_CTL_DIV_CONN: return __atomic_load_n(&c->div_conn, __ATOMIC_ACQUIRE);
+    case LLFT_CTL_HOLD: return __atomic_load_n(&c->hold, __ATOMIC_ACQUIRE);
     }
     return 0;
 }
@@ -222,6 +224,11 @@ void llft_set_mode(void *base, uint32_t mode) {
             __atomic_fetch_add(&s->tring[t].pub_seq, 1, __ATOMIC_ACQ_REL);
             llft_futex_wake_all(&s->tring[t].pub_seq, 1);
         }
+}
+void llft_set_hold(void *base, uint32_t on) {
+    struct llft_ctl *c = &((struct llft_shm *)base)->ctl;
+    __atomic_store_n(&c->hold, on ? 1u : 0u, __ATOMIC_RELEASE);
+    if (!on) llft_futex_wake_all(&c->hold, 1);
 }
 uint64_t llft_stat(void *base, int i) {
     return __atomic_load_n(&((struct llft_shm *)base)->ctl.stats[i & 7], __ATOMIC_RELAXED);

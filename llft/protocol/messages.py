@@ -80,7 +80,9 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
     MsgType.KEEP_ALIVE: {},
     MsgType.NACK: {"missing": list},                 # message sequence numbers wanted
     MsgType.HEARTBEAT: {"rank": int},
-    MsgType.ORDER_INFO: {"upto": int},                 # order-info position carried
+    # upto: order-info position carried (primary) / delivered (backup's ack); done: the
+    # position the backup's application has executed (its lag report; 0 from a primary)
+    MsgType.ORDER_INFO: {"upto": int, "done": int},
     # membership: "change" numbers the versions of one proposal / the changes inside a view;
     # "max_precedence" is the highest precedence ever assigned, so a new primary continues
     # above it; "old_primary" (birth id) names, with old_pvn, the view a proposal replaces

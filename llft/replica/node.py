@@ -69,9 +69,30 @@ bytes its replaying application writes on each connection (the group already sen
 them), and emits `Restored(streams, order_info, app_state)`: the application replays
 those inputs, then continues with ordinary deliveries.
 
-Bounds: MAX_SETTLE_ROUNDS, MAX_INPUT_LOG_BYTES (the checkpoint grows with the group's
-history until the determinizer trims it with application checkpoints),
-MAX_ORDER_INFO_LOG, MAX_HELD_ACTIONS. No clock, no I/O, no global randomness here.
+The log's cap (docs/LOG.md). The log grows with the group's history (joiners replay it
+all) up to `log_cap_bytes` (delivered inputs + order-info bytes) or `log_cap_entries`
+order-info entries. Reaching either is a state, not a crash: the node drops the log
+(`log_full` says why; the runtime logs it once), keeps only stream offsets, and from
+then on admits no new backup (`accepts_joiners` is False: membership ignores their
+applications; a joiner admitted before gets no checkpoint and is removed). The group
+runs on with the members it has.
+
+Backup lag (docs/LOG.md). A backup's runtime tells the node how far its application has
+executed (`set_executed`); messaging reports it to the primary on ORDER_INFO acks. At the
+primary `lag_hold(now)` says whether a *ready* backup (one that has caught up once:
+a joiner is not held for while it replays the history) is more than `lag_bound_us` of
+the primary's execution behind: the runtime then holds ordering and output commit
+(backpressure). A ready backup above the bound for `lag_give_up_us` is *released*: no
+longer ready, so no longer held for, until it has been back within the bound for
+`lag_give_up_us` in a row (hysteresis: a backup that keeps falling behind on a busy
+machine would otherwise stall the group again and again); the runtime logs the release
+(`last_lag_release`). A replica that cannot keep up must not stall the group for
+ever, and a busy machine is not a dead peer: it is not removed (a reset would make it
+replay the whole history, loading the machine more); a takeover by it may then replay
+more than the bound.
+
+Bounds: MAX_SETTLE_ROUNDS, the log's cap (above), MAX_HELD_ACTIONS. No clock, no I/O, no
+global randomness here.
 """
 from __future__ import annotations
 
@@ -88,8 +109,10 @@ from llft.replica.actions import (ACTION_TYPES, Deliver, NodeAction, OrderInfo, 
 from membership import core as mb
 
 MAX_SETTLE_ROUNDS = 64           # cores feeding each other longer than this is a bug
-MAX_INPUT_LOG_BYTES = 64 << 20   # delivered bytes kept for checkpoints, all connections
-MAX_ORDER_INFO_LOG = 1 << 20     # order-info entries kept for checkpoints
+LOG_CAP_BYTES = 256 << 20        # the group's log (inputs + order info) kept for joiners
+LOG_CAP_ENTRIES = 1 << 20        # order-info entries in it
+LAG_BOUND_US = 1_000_000         # a ready backup at most ~1 s of execution behind
+LAG_GIVE_UP_US = 10_000_000      # ... or it is released after this long above the bound
 MAX_HELD_ACTIONS = 65_536        # node actions not yet taken by the runtime
 
 APP_TAG = 0x00
@@ -128,8 +151,12 @@ class ReplicaNode:
     def __init__(self, group: str, rng: random.Random, *,
                  membership_config: mb.Config | None = None,
                  messaging_config: mg.MessagingConfig | None = None,
-                 app_state: AppState | None = None):
+                 app_state: AppState | None = None,
+                 log_cap_bytes: int = LOG_CAP_BYTES, log_cap_entries: int = LOG_CAP_ENTRIES,
+                 lag_bound_us: int = LAG_BOUND_US, lag_give_up_us: int = LAG_GIVE_UP_US):
         self.group = group
+        self.log_cap_bytes, self.log_cap_entries = log_cap_bytes, log_cap_entries
+        self.lag_bound_us, self.lag_give_up_us = lag_bound_us, lag_give_up_us
         self.messaging_config = messaging_config or mg.MessagingConfig()
         self.app_state = app_state or _NoAppState()
         self.membership = mb.Membership(membership_config or mb.Config(group=group), rng,
@@ -145,7 +172,14 @@ class ReplicaNode:
         self.live = False                       # messaging fed (member holding state)
         self.started_pvn = 0                    # primary view whose marker we logged
         self.streams: dict[mg.ConnId, bytearray] = {}
+        self.stream_base: dict[mg.ConnId, int] = {}   # bytes dropped (the log was full)
         self.input_bytes = 0
+        self.oi_log_bytes = 0
+        self.log_full: str | None = None        # why the log was dropped (docs/LOG.md)
+        self._ready: set[int] = set()           # primary: backups that caught up once
+        self._over_since: dict[int, int] = {}   # primary: ready backup -> above bound since
+        self._released: dict[int, int | None] = {}   # released backup -> within bound since
+        self.last_lag_release: tuple[int, str] | None = None   # (backup, why): for the log
         self.order_info_log: deque[tuple[int, int, bytes]] = deque()   # (pvn, pos, chunk)
         self.oi_upto: dict[int, int] = {}       # pvn -> highest position in the log
         self.skip_out: dict[mg.ConnId, int] = {}
@@ -194,6 +228,65 @@ class ReplicaNode:
         """The highest order-info position of view `pvn` this replica holds (0: none)."""
         return self.oi_upto.get(pvn, 0)
 
+    def accepts_joiners(self) -> bool:
+        """Membership asks before admitting a backup: only with the whole log."""
+        return self.log_full is None
+
+    def set_executed(self, pvn: int, pos: int) -> None:
+        """A backup: its application executed order info of view `pvn` up to `pos`."""
+        if self.live and pvn == self.messaging.pvn and not self.messaging.is_primary:
+            self.messaging.set_executed(pos)
+
+    def backup_lag(self, now_us: int) -> dict[int, dict]:
+        """The primary: each backup's lag (entries = order-info positions its application
+        has not executed, ms = age of the oldest of them, ready = caught up once)."""
+        if not self.live:
+            return {}
+        return {b: {"entries": n, "ms": round(age / 1000, 1), "ready": b in self._ready}
+                for b, (n, age, _) in self.messaging.backup_lag(now_us).items()}
+
+    def lag_hold(self, now_us: int) -> bool:
+        """The primary: True while a ready backup is more than lag_bound_us behind (the
+        runtime holds its application: backpressure on ordering); a ready backup above the bound for
+        lag_give_up_us is released: not held for until it has been back within the
+        bound for lag_give_up_us."""
+        self._now = max(self._now, now_us)
+        lags = self.messaging.backup_lag(now_us) if self.live else {}
+        for gone in (self._ready | set(self._over_since) | set(self._released)) - set(lags):
+            self._ready.discard(gone)
+            self._over_since.pop(gone, None)
+            self._released.pop(gone, None)
+        hold = False
+        bound = self.lag_bound_us
+        for b, (_, age, caught_up) in lags.items():
+            if b in self._released:
+                if age > bound:
+                    self._released[b] = None
+                elif self._released[b] is None:
+                    self._released[b] = now_us
+                elif now_us - self._released[b] >= self.lag_give_up_us:
+                    del self._released[b]
+                    self._ready.add(b)
+                continue
+            if b not in self._ready:
+                if caught_up and age <= bound:
+                    self._ready.add(b)
+                continue
+            if age <= bound:
+                self._over_since.pop(b, None)
+                continue
+            since = self._over_since.setdefault(b, now_us)
+            if now_us - since < self.lag_give_up_us:
+                hold = True
+                continue
+            self._count("lag_released")
+            self._over_since.pop(b)
+            self._ready.discard(b)
+            self._released[b] = None
+            self.last_lag_release = (b, f"its application stayed more than {bound / 1e6:g} s "
+                                        f"behind for {self.lag_give_up_us / 1e6:g} s")
+        return hold
+
     def status_snapshot(self) -> dict:
         """The replica as `llft status` shows it (the agent adds its own fields)."""
         m = self.membership
@@ -212,6 +305,11 @@ class ReplicaNode:
             "members": members,
             "order_info": {"produced": e.order_info_produced() if e.is_primary else None,
                            "delivered": self.order_info_delivered(m.pvn)},
+            "backup_lag": {f"{b:x}": v for b, v in self.backup_lag(self._now).items()}
+            if e.is_primary else {},
+            "log": {"input_bytes": self.input_bytes, "order_info_bytes": self.oi_log_bytes,
+                    "entries": len(self.order_info_log), "cap_bytes": self.log_cap_bytes,
+                    "cap_entries": self.log_cap_entries, "full": self.log_full},
             "stats": dict(self.stats),
         }
     # ==== end of the public API of the runtime ==============================================
@@ -318,7 +416,10 @@ class ReplicaNode:
         return bytes(self.streams.get(conn, b""))
 
     # ---- StateProvider (membership calls these) ------------------------------------------
-    def checkpoint(self) -> bytes:
+    def checkpoint(self) -> bytes | None:
+        if self.log_full is not None:
+            self._count("checkpoints_refused")
+            return None                     # membership removes the joiner (docs/LOG.md)
         blob = {"v": CHECKPOINT_VERSION,
                 "streams": [[cid[0], cid[1], int(cid[2]), bytes(b)]
                             for cid, b in self.streams.items()],
@@ -400,18 +501,21 @@ class ReplicaNode:
             self._emit(a)
         elif isinstance(a, mg.Deliver):
             buf = self.streams.setdefault(a.conn, bytearray())
+            end = self.stream_base.get(a.conn, 0) + len(buf)    # delivered up to
             off, data = a.offset, a.data
-            if off + len(data) <= len(buf):
+            if off + len(data) <= end:
                 self._count("dup_delivery")
                 return
-            if off < len(buf):
-                data, off = data[len(buf) - off:], len(buf)
-            if off > len(buf):
+            if off < end:
+                data, off = data[end - off:], end
+            if off > end:
                 self._count("gap_delivery")             # a messaging bug: the sim says so
-            self.input_bytes += len(data)
-            if self.input_bytes > MAX_INPUT_LOG_BYTES:
-                raise RuntimeError(f"input log beyond MAX_INPUT_LOG_BYTES={MAX_INPUT_LOG_BYTES}")
-            buf += data
+            if self.log_full is None:
+                self.input_bytes += len(data)
+                buf += data
+                self._check_log_cap()
+            else:
+                self.stream_base[a.conn] = off + len(data)
             self._emit(Deliver(a.conn, off, data))
         elif isinstance(a, mg.DeliverOrderInfo):
             ch = a.chunk
@@ -457,11 +561,27 @@ class ReplicaNode:
                 self._log_order_info(a.pvn, pos, None)   # the old view's marker
 
     def _log_order_info(self, pvn: int, pos: int, chunk: bytes | None) -> None:
-        if len(self.order_info_log) >= MAX_ORDER_INFO_LOG:
-            raise RuntimeError(f"order-info log beyond MAX_ORDER_INFO_LOG={MAX_ORDER_INFO_LOG}")
-        self.order_info_log.append((pvn, pos, chunk))
         if pos > self.oi_upto.get(pvn, 0):
             self.oi_upto[pvn] = pos
+        if self.log_full is None:
+            self.order_info_log.append((pvn, pos, chunk))
+            self.oi_log_bytes += len(chunk or b"")
+            self._check_log_cap()
+
+    def _check_log_cap(self) -> None:
+        """The log reached its cap: drop it, keep the stream offsets (docs/LOG.md)."""
+        if (self.input_bytes + self.oi_log_bytes <= self.log_cap_bytes
+                and len(self.order_info_log) <= self.log_cap_entries):
+            return
+        self.log_full = (f"the group's log reached its cap ({self.input_bytes} input bytes "
+                         f"+ {self.oi_log_bytes} order-info bytes, "
+                         f"{len(self.order_info_log)} entries; caps {self.log_cap_bytes} "
+                         f"bytes, {self.log_cap_entries} entries)")
+        self._count("log_full")
+        for cid, buf in self.streams.items():
+            self.stream_base[cid] = self.stream_base.get(cid, 0) + len(buf)
+            buf.clear()
+        self.order_info_log.clear()
 
     # ---- a joining backup applies the checkpoint ---------------------------------------
     def _apply_restore(self) -> None:
@@ -474,18 +594,21 @@ class ReplicaNode:
             return
         if blob.get("v") != CHECKPOINT_VERSION:
             raise ValueError(f"checkpoint version {blob.get('v')} unknown")
-        for remote, seq, role, data in blob["streams"]:
-            self.streams[(remote, seq, Role(role))] = bytearray(data)
+        streams = {(remote, seq, Role(role)): bytes(data)
+                   for remote, seq, role, data in blob["streams"]}
+        for cid, data in streams.items():
+            self.streams[cid] = bytearray(data)
             self.input_bytes += len(data)
         for pvn, pos, chunk in blob["oi"]:
             self._log_order_info(pvn, pos, chunk)
         for cid, out_offset in self.messaging.restore(blob["messaging"]).items():
             self.skip_out[cid] = out_offset     # the group already sent these bytes
             self.streams.setdefault(cid, bytearray())
+            streams.setdefault(cid, b"")
         self.app_state.restore(blob["app"])
-        self._emit(Restored(tuple((cid, bytes(b)) for cid, b in self.streams.items()),
-                            tuple((p, q, c) for p, q, c in self.order_info_log
-                                  if c is not None),
+        # from the blob: a joiner whose own log fills up while restoring still replays all
+        self._emit(Restored(tuple(streams.items()),
+                            tuple((p, q, c) for p, q, c in blob["oi"] if c is not None),
                             blob["app"]))
 
     def _count(self, key: str, n: int = 1) -> None:

@@ -85,11 +85,29 @@ changes, resets and promotions say why.
 
 Status: every STATUS_PERIOD_S and at each change the agent writes
 `<runtime_dir>/<group>/<birth>.json` (atomically), read by `llft status`.
+
+Lag (docs/LOG.md). Every LAG_CHECK_S the lag task runs:
+  at a backup   the shim's progress counter (entries the app completed) is turned into
+                the order-info position the app executed (`_marks`: per position fed,
+                the running count of shim entries up to it) and given to the node, which
+                reports it to the primary on its ORDER_INFO acks. A joiner is
+                `catching-up` until its app has executed the history it was restored
+                with (and its own lag is within the bound), then `ready` (logged once,
+                with the replay's duration: `llft bench join`).
+  at a primary  `node.lag_hold`: while a ready backup is more than the bound behind,
+                the agent holds the shim (`Shm.hold`: backpressure on ordering, the
+                app's threads wait at their next ordered call, so the backups get
+                nothing new to replay and the app produces no output) until the backup
+                is back within the bound. Entries are stamped when drained, which is
+                when the app made them: the app is held, not the drain. A backup that
+                stays above the bound for the give-up time is released (logged): no
+                longer held for until it has stayed within the bound as long.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import logging
 import os
 import random
@@ -126,6 +144,7 @@ TAG_SHIM, TAG_CONN = b"S", b"C"
 PIGGYBACK_BYTES = 16 << 10       # order info a message may carry (output commit, above)
 APP_STATE_VERSION = 1
 EXIT_TASK_FAILED = 70            # a background task of the agent failed (EX_SOFTWARE)
+LAG_CHECK_S = 0.02               # backups report execution / the primary checks the bound
 
 log = logging.getLogger("llft.run")
 
@@ -204,6 +223,17 @@ class Agent:
         self.unregistered: list[AppConn] = []  # primary: delivered on, no "C" yet
         self._connect_queue: asyncio.Queue = asyncio.Queue()
         self._oi_pending: list[bytes] = []    # drained, not yet accepted by messaging
+        # backup: (pvn, pos, shim entries fed up to it, monotonic time it came) per
+        # position not yet executed; positions executed are reported to the node
+        self._marks: collections.deque = collections.deque()
+        self._fed_total = 0                   # shim entries handed to this app
+        self._history_entries = 0             # ... of them, the restored history
+        self._sync = "none"                   # backup: "catching-up" -> "ready"
+        self._restored_mono = 0.0
+        self._own_lag = {"entries": 0, "ms": 0.0}
+        self._lag_held = False                # primary: backpressure on (see docstring)
+        self._promote_from = 0                # entries executed when promotion began
+        self._held_since = 0.0
 
     @property
     def mode(self) -> AppMode:
@@ -235,6 +265,7 @@ class Agent:
             self.driver.start()
             self._start_connector()
             self.tasks.spawn(self._status_loop(), "status")
+            self.tasks.spawn(self._lag_loop(), "lag")
             _log(f"group {self.group}: birth {self.node.birth:x} joining "
                  f"({self.gcfg.address.mcast_addr}:{self.gcfg.address.port})")
             await self.stop_event.wait()
@@ -331,7 +362,7 @@ class Agent:
             pass                        # the node acted on it; nothing for the agent
         handlers = {
             actions.Deliver: self._deliver,
-            actions.OrderInfo: lambda a: self._handle_entry(a.chunk),
+            actions.OrderInfo: lambda a: self._handle_entry(a.chunk, a.pvn, a.pos),
             actions.ViewSwitch: self._view_switch,
             actions.Restored: self._start_backup,
             actions.RestartApp: self._restart_app,
@@ -359,6 +390,8 @@ class Agent:
     def _view_switch(self, a: actions.ViewSwitch) -> None:
         if a.primary:
             self._become_primary(a.pvn)
+        else:
+            self._mark(a.pvn, a.pos)            # the marker is executed in its turn
         self._event("view", pvn=a.pvn, primary=a.primary)
 
     def _membership_changed(self, a: actions.MembershipChanged) -> None:
@@ -436,11 +469,13 @@ class Agent:
         self._connect_queue.put_nowait(c)
 
     # -- order info at a backup --
-    def _handle_entry(self, chunk: bytes) -> None:
+    def _handle_entry(self, chunk: bytes, pvn: int, pos: int) -> None:
         tag, body = chunk[:1], chunk[1:]
         if tag == TAG_SHIM:
             self.app.feed(body)
+            self._fed_total += orderinfo.split(body)[0]
             self._count("oi_entries_in", 1)
+            self._mark(pvn, pos)
         elif tag == TAG_CONN:
             k, remote, seq, role = msgpack.unpackb(body)
             cid = (remote, seq, Role(role))
@@ -449,6 +484,7 @@ class Agent:
                 c = self.conns[cid] = AppConn(cid)
             if c.index < 0:
                 self._registered(c, k)
+            self._mark(pvn, pos)
         else:
             self._count("bad_agent_entry")
 
@@ -470,6 +506,7 @@ class Agent:
             _log(f"primary of view {pvn} (founder); application pid {self.app.proc.pid}: "
                  f"{self._why_primary(pvn)}")
         elif self.mode is AppMode.BACKUP:
+            self._promote_from = self.app.consumed_entries or 0
             self.app.begin_promotion()
             self.tasks.spawn(self._promote(pvn, self.app), f"promote-view-{pvn}")
 
@@ -492,9 +529,14 @@ class Agent:
                 self.unregistered.append(c)
         self._register_new()
         ms = (time.monotonic() - t0) * 1000
+        replayed = (app.fed_entries or 0) - self._promote_from
         _log(f"primary of view {pvn}: application promoted after {ms:.1f} ms "
-             f"({app.fed_entries} entries replayed): {self._why_primary(pvn)}")
-        self._event("promoted", pvn=pvn, wait_ms=round(ms, 3))
+             f"({replayed} entries replayed since the view change, {app.fed_entries} in "
+             f"all): {self._why_primary(pvn)}")
+        self._marks.clear()
+        self._sync = "none"
+        self._event("promoted", pvn=pvn, wait_ms=round(ms, 3), replayed=replayed,
+                    fed=app.fed_entries)
 
     def _start_backup(self, a: actions.Restored) -> None:
         app = self._restored_app or {}
@@ -504,13 +546,16 @@ class Agent:
         for cid, data in streams.items():
             c = self.conns.setdefault(cid, AppConn(cid))
             c.pending[:0] = data
-        for _, _, chunk in a.order_info:
-            self._handle_entry(chunk)
+        for pvn, pos, chunk in a.order_info:
+            self._handle_entry(chunk, pvn, pos)
+        self._history_entries = self._fed_total
+        self._sync = "catching-up"
+        self._restored_mono = time.monotonic()
         _log(f"backup (rank {self.node.rank}) of view {self.node.pvn}: replaying "
-             f"{len(a.order_info)} order-info chunks and "
+             f"{len(a.order_info)} order-info chunks ({self._history_entries} entries) and "
              f"{sum(len(d) for d in streams.values())} input bytes; "
-             f"application pid {self.app.proc.pid}")
-        self._event("restored", chunks=len(a.order_info))
+             f"application pid {self.app.proc.pid}; catching up")
+        self._event("restored", chunks=len(a.order_info), entries=self._history_entries)
 
     def _feed_failed(self, app: Application, why: str) -> None:
         if app is not self.app:
@@ -607,6 +652,70 @@ class Agent:
         self.driver.progress.clear()
         await self.driver.progress.wait()
 
+    # ---- lag (see the module docstring) -----------------------------------------------------
+    def _mark(self, pvn: int, pos: int) -> None:
+        """Backup: position `pos` of view `pvn` is executed once the app has completed
+        every shim entry fed so far."""
+        if self.mode is AppMode.BACKUP:
+            self._marks.append((pvn, pos, self._fed_total, time.monotonic()))
+
+    async def _lag_loop(self) -> None:
+        while True:
+            await asyncio.sleep(LAG_CHECK_S)    # a reporting period
+            if self.mode is AppMode.BACKUP:
+                self._report_executed()
+            elif self.mode is AppMode.PRIMARY:
+                self._check_lag_bound()
+
+    def _report_executed(self) -> None:
+        consumed = self.app.consumed_entries
+        if consumed is None:
+            return
+        done = None
+        while self._marks and self._marks[0][2] <= consumed:
+            done = self._marks.popleft()
+        if done is not None:
+            self.node.set_executed(done[0], done[1])
+        now = time.monotonic()
+        oldest = self._marks[0][3] if self._marks else now
+        self._own_lag = {"entries": self._fed_total - consumed,
+                         "ms": round((now - oldest) * 1000, 1)}
+        if (self._sync == "catching-up" and consumed >= self._history_entries
+                and (now - oldest) * 1e6 <= self.node.lag_bound_us):
+            self._sync = "ready"
+            s = now - self._restored_mono
+            _log(f"caught up: the application replayed the history it joined with "
+                 f"({self._history_entries} entries) in {s:.2f} s; ready")
+            self._event("ready", replay_s=round(s, 3), entries=self._history_entries)
+
+    def _check_lag_bound(self) -> None:
+        released = self.node.stats.get("lag_released", 0)
+        held = self.driver.call(self.node.lag_hold, self.driver.clock_us())
+        if self.node.stats.get("lag_released", 0) > released:
+            b, why = self.node.last_lag_release
+            _log(f"backup {b:x} is no longer held for: {why}; a takeover by it may replay "
+                 "more than the bound (held for again once it has stayed within it as "
+                 "long)")
+            self._event("lag_released", backup=f"{b:x}")
+        if held == self._lag_held:
+            return
+        self._lag_held = held
+        self.app.hold(held)
+        lags = self.node.backup_lag(self.driver.clock_us())
+        worst = max(lags.items(), key=lambda kv: kv[1]["ms"], default=None)
+        if held:
+            self._held_since = time.monotonic()
+            self._count("lag_holds")
+            who = f"{worst[0]:x} is {worst[1]['ms']:.0f} ms ({worst[1]['entries']} " \
+                  f"positions) behind" if worst else "a backup is behind"
+            _log(f"backpressure: backup {who}, beyond the bound of "
+                 f"{self.node.lag_bound_us / 1000:.0f} ms: the application is held at "
+                 "its next ordered call")
+        else:
+            ms = (time.monotonic() - self._held_since) * 1000
+            _log(f"backpressure released after {ms:.0f} ms: backups within the bound")
+        self._write_status()
+
     # ---- status --------------------------------------------------------------------------
     async def _status_loop(self) -> None:
         next_orphan_check = 0.0
@@ -614,6 +723,10 @@ class Agent:
             self._write_status()
             if self.app.diverged:
                 self._diverged()
+            if self.node.log_full and not self.counters.get("log_full_logged"):
+                self.counters["log_full_logged"] = 1
+                log.warning(f"{self.node.log_full}: it was dropped; this group admits no new "
+                            "replica from now on (docs/LOG.md)")
             if time.monotonic() >= next_orphan_check:
                 # orphans reparented to us (subreaper) are reaped; descendants that left
                 # their app's session are named to the watchdog
@@ -643,6 +756,8 @@ class Agent:
                 "fed_entries": app.fed_entries,
                 "consumed_entries": app.consumed_entries,
             },
+            "sync": self._sync, "own_lag": self._own_lag if self._sync != "none" else None,
+            "lag_held": self._lag_held,
             "connections": len(self.registered),
             "diverged": app.divergence,
             "counters": {**self.counters, **{f"node_{k}": v for k, v in node_stats.items()}},

@@ -216,6 +216,12 @@ class Application:
             return False
         return self._feed_busy[0] == 0 and f.consumed >= f.fed_entries
 
+    def hold(self, on: bool) -> None:
+        """Primary: backpressure (a backup beyond the lag bound): the app's threads wait
+        at their next ordered call while on."""
+        if self._mapped and self.mode is AppMode.PRIMARY:
+            self.shm.hold(on)
+
     def promote(self) -> None:
         if self.closed:
             return                            # reset or stopped meanwhile: nothing to do

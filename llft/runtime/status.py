@@ -13,7 +13,12 @@ the view with host "?" and no pids.
 JSON (`--json`):
     {"group": G, "view": pvn, "primary": birth,
      "members": [{"birth", "role", "rank", "precedence", "host", "agent_pid", "app_pid",
-                  "lag", "diverged", "counters", ...}, ...],
+                  "lag", "lag_ms", "lag_entries", "sync", "lag_held", "log", "diverged",
+                  "counters", ...}, ...],
+`lag` counts order-info positions the replica has not received; `lag_ms` is how old the
+oldest entry is that its application has not executed (the primary's measure, which the
+lag bound holds, docs/LOG.md); `sync` is "catching-up" for a joiner still replaying the
+history it joined with, then "ready".
      "gateways": [...], "departed": [...]}
 Exit status: 0 if the group has a primary, 1 if none was found, 2 on a configuration error.
 """
@@ -119,6 +124,11 @@ def group_status(cfg: config_mod.ClusterConfig, group: str) -> dict:
             app_lag = None
             if oi.get("fed_entries") is not None and oi.get("consumed_entries") is not None:
                 app_lag = max(0, oi["fed_entries"] - oi["consumed_entries"])
+            # how far its application is behind the primary's: the primary's measure
+            # (what backpressure acts on), else the replica's own (another host's primary)
+            reported = (prim.get("backup_lag") or {}).get(f"{m['birth']:x}")
+            own = a.get("own_lag") or {}
+            lag_ms = reported["ms"] if reported else own.get("ms")
             members.append({
                 "birth": m["birth"], "birth_hex": f"{m['birth']:x}",
                 "role": a.get("role", "primary" if m["rank"] == 1 else "backup"),
@@ -126,6 +136,11 @@ def group_status(cfg: config_mod.ClusterConfig, group: str) -> dict:
                 "host": a.get("host", "?"), "agent_pid": a.get("agent_pid"),
                 "app_pid": a.get("app_pid"), "app_mode": a.get("app_mode"),
                 "pvn": a.get("pvn"), "lag": lag, "app_lag_entries": app_lag,
+                "lag_ms": 0.0 if m["rank"] == 1 else lag_ms,
+                "lag_entries": reported["entries"] if reported else None,
+                "lag_ready": reported["ready"] if reported else None,
+                "sync": "primary" if m["rank"] == 1 else a.get("sync", "?"),
+                "lag_held": a.get("lag_held"), "log": a.get("log"),
                 "connections": a.get("connections"), "diverged": a.get("diverged"),
                 "counters": a.get("counters", {})})
     in_view = {m["birth"] for m in members}
@@ -140,11 +155,15 @@ def group_status(cfg: config_mod.ClusterConfig, group: str) -> dict:
                           "diverged": d.get("diverged")} for d in departed]}
 
 
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
 def render(st: dict) -> str:
     lines = [f"group {st['group']}: view {st['view']}, primary "
              + (f"{st['primary']:x}" if st["primary"] else "none")]
     hdr = f"{'rank':>4} {'role':8} {'prec':>4} {'birth':16} {'host':12} {'agent':>7} " \
-          f"{'app':>7} {'lag':>5} {'conns':>5}  divergence"
+          f"{'app':>7} {'lag':>5} {'lag ms':>7} {'sync':11} {'conns':>5}  divergence"
     lines.append(hdr)
     for m in st["members"]:
         d = m["diverged"]
@@ -152,7 +171,13 @@ def render(st: dict) -> str:
         lines.append(f"{m['rank']:>4} {m['role']:8} {m['precedence']:>4} {m['birth_hex']:16} "
                      f"{str(m['host'])[:12]:12} {str(m['agent_pid']):>7} "
                      f"{str(m['app_pid']):>7} {str(m['lag']):>5} "
+                     f"{_ms(m['lag_ms']):>7} {str(m['sync'])[:11]:11} "
                      f"{str(m['connections']):>5}  {div}")
+        if m["lag_held"]:
+            lines.append("     backpressure: the application is held (a backup is beyond "
+                         "the lag bound)")
+        if (m["log"] or {}).get("full"):
+            lines.append(f"     log full, joins refused: {m['log']['full']}")
     for j in st["joining"]:
         lines.append(f"   - {str(j['role']):8}      {j['birth_hex']:16} {str(j['host'])[:12]:12}"
                      f" {str(j['agent_pid']):>7}  (not in the view yet)")

@@ -41,6 +41,10 @@ Checks on every schedule:
   order info   every backup delivers order info of each view exactly once, in position
                order, with the bytes its primary added (the view marker first); after
                faults stop every live backup has all of its current view;
+  lag          a backup's application executes each entry as it is delivered
+               (`set_executed`); a primary never counts as executed (`done`, the lag
+               report on ORDER_INFO acks, docs/LOG.md) a position that backup has not
+               delivered in that view; after faults stop every backup's reported lag is 0;
   liveness     all of the above within LIVENESS_BOUND_US after the faults stop.
 
 Scenario lines (llft/sim/campaign.py has the format and the runner): `set faults loss P
@@ -116,6 +120,8 @@ class App:
                 self._input(cid, 0, data)
         for p, q, _ in node.order_info_log:
             self.oi_next[p] = max(self.oi_next.get(p, 1), q + 1)
+        if restored is not None:          # it replays the history at once
+            node.set_executed(node.pvn, self.oi_next.get(node.pvn, 1) - 1)
         if self.group == "c":
             for seq in range(1, self.s.n_conns + 1):
                 cid = node.open("s", seq, Role.CLIENT)
@@ -440,6 +446,20 @@ class Schedule:
         elif pos not in exp or exp[pos] != chunk:
             self.violation(f"{node_id}: order info {pos} of view {pvn} is not the primary's")
         app.oi_next[pvn] = pos + 1
+        app.node.set_executed(pvn, pos)     # the app executes what it is given at once
+        self._check_lag(app.group)
+
+    def _check_lag(self, g: str) -> None:
+        """A primary's lag report never claims a backup executed what it does not hold."""
+        nodes = {self.sim.core(n).birth: self.sim.core(n) for n in self._live(g)}
+        for p in nodes.values():
+            if not (p.live and p.messaging.is_primary):
+                continue
+            for b, done in p.messaging.order_info.done.items():
+                held = nodes[b].order_info_delivered(p.messaging.pvn) if b in nodes else None
+                if held is not None and done > held:
+                    self.violation(f"{g}: primary {p.birth} counts {done} positions of view "
+                                   f"{p.messaging.pvn} executed by {b}, which holds {held}")
 
     # -- faults -----------------------------------------------------------------------------
     def _live(self, g: str) -> list[str]:
@@ -643,6 +663,10 @@ class Schedule:
                     got = app.oi_next.get(c.pvn, 1) - 1
                     if got != want:
                         out.append(f"{n}: order info {got}/{want} of view {c.pvn}")
+                    lag = p.backup_lag(self.sim.now_us).get(c.birth)
+                    if lag is not None and lag["entries"]:
+                        out.append(f"{n}: the primary reports a lag of {lag['entries']} "
+                                   "positions")
         return out
 
 

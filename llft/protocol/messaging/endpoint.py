@@ -169,7 +169,7 @@ class MessagingEndpoint:
                         if b != primary_birth_id]
         for gone in set(self.reports) - set(self.backups):
             del self.reports[gone]
-        self.order_info.set_backups(self.backups)
+        self.order_info.set_backups(self.backups, self._now)
         self._digest_changed()
         if pvn > old_pvn:
             self.pvn = pvn
@@ -185,7 +185,7 @@ class MessagingEndpoint:
     def _become_primary(self, old_pvn: int) -> None:
         now = self._now
         self.reports.clear()
-        self.order_info.become_primary()
+        self.order_info.become_primary(now)
         self.phase2_pvn = self.pvn
         for c in self.conns.values():
             c.begin_resync(old_pvn)
@@ -236,7 +236,7 @@ class MessagingEndpoint:
             self._now = max(self._now, now_us)
         if not self.is_primary:
             raise ProtocolError("only the primary produces order info")
-        pos = self.order_info.append(chunk)
+        pos = self.order_info.append(chunk, self._now)
         if self.backups:
             self.timers.arm(Timer.ORDER_INFO_INTRA, None,
                             self._now + self.config.order_info_intra_us)
@@ -254,6 +254,20 @@ class MessagingEndpoint:
     def oi_delivered(self) -> int:
         """A backup: the order-info positions of this view delivered so far."""
         return self.order_info.delivered
+
+    def set_executed(self, pos: int) -> None:
+        """A backup: its application executed this view's order info up to `pos`
+        (reported to the primary on the next ORDER_INFO ack; docs/LOG.md)."""
+        oi = self.order_info
+        oi.executed = max(oi.executed, min(pos, oi.delivered))
+
+    def backup_lag(self, now_us: int) -> dict[int, tuple[int, int, bool]]:
+        """The primary: per backup, (positions its application has not executed, age in
+        us of the oldest of them, whether it has caught up with what it joined at)."""
+        if not self.is_primary:
+            return {}
+        oi = self.order_info
+        return {b: (*oi.lag(b, now_us), oi.caught_up_once(b)) for b in self.backups}
 
     def order_info_unprotected_bytes(self) -> int:
         """Order info that no backup-acknowledgment and no remote reflection covers yet:
@@ -942,7 +956,10 @@ class MessagingEndpoint:
         self._answer_local_nacks(msg.body["missing"])
 
     def _on_order_info_ack(self, msg: Message) -> None:
-        if msg.pvn == self.pvn and self.order_info.on_ack(msg.sender, msg.body["upto"]):
+        if msg.pvn != self.pvn:
+            return
+        self.order_info.on_done(msg.sender, msg.body["done"])
+        if self.order_info.on_ack(msg.sender, msg.body["upto"]):
             self._gc_order_info()
 
     def _on_primary_heartbeat(self, msg: Message) -> None:
@@ -972,8 +989,9 @@ class MessagingEndpoint:
             self.reported_w = self.timestamp_watermark()
             self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": self.rank()},
                                                back=self.reported_w, ack=self.digest()))
-            if self.order_info.acked != self.order_info.delivered:
-                self._order_info_ack()
+            oi = self.order_info
+            if oi.acked != oi.delivered or oi.done_acked != oi.executed:
+                self._order_info_ack()      # the lag report rides on it
 
     # ---------------------------------------------------------------- order info ---
     def _oi_accept(self, sec: list, path: str) -> None:
@@ -988,7 +1006,9 @@ class MessagingEndpoint:
     def _order_info_ack(self) -> None:
         oi = self.order_info
         oi.acked = oi.delivered
-        self._emit(self.group, self._intra(MsgType.ORDER_INFO, {"upto": oi.delivered}))
+        oi.done_acked = oi.executed
+        self._emit(self.group, self._intra(MsgType.ORDER_INFO, {"upto": oi.delivered,
+                                                                "done": oi.executed}))
 
     def _order_info_intra(self) -> None:
         floor = self.order_info.floor()
@@ -998,7 +1018,7 @@ class MessagingEndpoint:
         sec = self.order_info.section(self.pvn, floor)
         if sec is not None:
             self._emit(self.group, self._intra(
-                MsgType.ORDER_INFO, {"upto": section_end(sec)[1]},
+                MsgType.ORDER_INFO, {"upto": section_end(sec)[1], "done": 0},
                 order_info=pack_trailer(0, sec, None)))
         self.timers.set(Timer.ORDER_INFO_INTRA, None, self._now + self.config.order_info_intra_us)
 

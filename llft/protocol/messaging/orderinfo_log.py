@@ -24,6 +24,15 @@ the chunks now deliverable, exactly once and in position order; chunks beyond a 
 (at most max_order_info_pending). Positions restart at 1 in a new primary view
 (`new_view`); a backup that becomes primary starts an empty log (`become_primary`).
 
+Lag (docs/LOG.md, "Bounded backup lag"). A backup's acknowledgment also carries `done`,
+the position its application has *executed* (the runtime tells it: `executed`); it rides
+on ORDER_INFO acks the backup sends anyway (when it delivered something new, or at its
+heartbeat when execution advanced since its last ack). The primary stamps each position
+with the time it was appended and reports, per backup, the positions not executed and
+the age of the oldest of them (`lag`): an upper bound on the primary's execution the
+backup would replay at a takeover. Stamps are kept for positions some backup has not
+executed, at most MAX_LAG_STAMPS (beyond that the oldest go: ages read low).
+
 Sections are [pvn, first_pos, [chunk, ...]] (trailer.py); the chunks stay opaque (the
 determinizer's codec). Bounds: max_order_info_bytes held at the primary (BufferFull),
 max_piggyback_bytes per message, max_order_info_pending at a backup.
@@ -32,13 +41,16 @@ from __future__ import annotations
 
 from collections import deque
 
+MAX_LAG_STAMPS = 1 << 16            # positions' append times kept for lag (see above)
+
 from llft.protocol.messaging.config import BufferFull, MessagingConfig
 from llft.protocol.messaging.trailer import Section
 
 
 class OrderInfoLog:
     __slots__ = ("config", "backups", "next_pos", "log", "bytes", "acks",
-                 "delivered", "pending", "acked")
+                 "delivered", "pending", "acked", "done", "joined_at", "stamps", "view_us",
+                 "executed", "done_acked")
 
     def __init__(self, config: MessagingConfig):
         self.config = config
@@ -48,25 +60,45 @@ class OrderInfoLog:
         self.log: deque[tuple[int, bytes]] = deque()   # (pos, chunk) not acked by all
         self.bytes = 0
         self.acks: dict[int, int] = {}      # backup birth id -> position acked
+        self.done: dict[int, int] = {}      # backup birth id -> position executed
+        self.joined_at: dict[int, int] = {} # backup -> last position when it appeared
+        self.stamps: deque[int] = deque()   # append times (us) of consecutive positions
+        self.view_us = 0                    # when this view's log started (position 0)
         # backup side
         self.delivered = 0                  # delivered up to (this primary view)
         self.pending: dict[int, bytes] = {} # beyond a gap
         self.acked = 0                      # what our last ORDER_INFO acked
+        self.executed = 0                   # our application executed up to (runtime)
+        self.done_acked = 0                 # what our last ORDER_INFO said of it
 
     # ---- views ----
-    def set_backups(self, backups: list[int]) -> None:
+    def set_backups(self, backups: list[int], now_us: int = 0) -> None:
+        if not self.stamps:
+            self.view_us = now_us       # lag ages count from here until a stamp exists
         self.backups = tuple(backups)
         for gone in set(self.acks) - set(self.backups):
             del self.acks[gone]
+        for gone in set(self.joined_at) - set(self.backups):
+            del self.joined_at[gone]
+            self.done.pop(gone, None)
+        for b in self.backups:
+            self.joined_at.setdefault(b, self.last_pos)
+        self._trim_stamps()
 
     def new_view(self) -> None:
         """A higher primary view: positions restart at 1."""
         self.delivered = 0
         self.pending.clear()
         self.acked = 0
+        self.executed = 0
+        self.done_acked = 0
 
-    def become_primary(self) -> None:
+    def become_primary(self, now_us: int = 0) -> None:
         self.acks.clear()
+        self.done.clear()
+        self.joined_at = {b: 0 for b in self.backups}
+        self.stamps.clear()
+        self.view_us = now_us
         self.next_pos = 1
         self.log.clear()
         self.bytes = 0
@@ -77,12 +109,18 @@ class OrderInfoLog:
     def last_pos(self) -> int:
         return self.next_pos - 1
 
-    def append(self, chunk: bytes) -> int:
+    def append(self, chunk: bytes, now_us: int = 0) -> int:
         """A new chunk's position (kept only while there are backups to hold it)."""
         if self.bytes + len(chunk) > self.config.max_order_info_bytes:
             raise BufferFull("order info not yet acknowledged by the backups")
         pos = self.next_pos
         self.next_pos += 1
+        if self.backups:
+            self.stamps.append(now_us)
+            if len(self.stamps) > MAX_LAG_STAMPS:
+                self.stamps.popleft()
+        else:
+            self.stamps.clear()
         if self.backups:
             self.log.append((pos, bytes(chunk)))
             self.bytes += len(chunk)
@@ -133,6 +171,41 @@ class OrderInfoLog:
         self.acks[backup] = min(upto, self.last_pos)
         return True
 
+    def on_done(self, backup: int, upto: int) -> None:
+        """A backup's application executed positions up to `upto`."""
+        if upto > self.done.get(backup, 0):
+            self.done[backup] = min(upto, self.last_pos)
+            self._trim_stamps()
+
+    def _stamp_of(self, pos: int) -> int:
+        """When position `pos` was appended (the oldest stamp kept if older)."""
+        first = self.next_pos - len(self.stamps)     # position of stamps[0]
+        if not self.stamps:
+            return self.view_us
+        return self.stamps[max(0, min(pos - first, len(self.stamps) - 1))]
+
+    def _trim_stamps(self) -> None:
+        if not self.backups:
+            self.stamps.clear()
+            return
+        floor = min(max(self.done.get(b, 0), self.joined_at.get(b, 0)) for b in self.backups)
+        first = self.next_pos - len(self.stamps)
+        for _ in range(min(len(self.stamps), floor + 1 - first)):
+            self.stamps.popleft()
+
+    def lag(self, backup: int, now_us: int) -> tuple[int, int]:
+        """(positions not executed, age in us of the oldest of them) of `backup`."""
+        done = self.done.get(backup, 0)
+        behind = self.last_pos - done
+        if behind <= 0:
+            return 0, 0
+        return behind, max(0, now_us - self._stamp_of(done + 1))
+
+    def caught_up_once(self, backup: int) -> bool:
+        """The backup executed past where the log stood when it joined (a joiner has
+        replayed the history it was given)."""
+        return self.done.get(backup, 0) >= self.joined_at.get(backup, 0)
+
     def gc(self) -> None:
         """Drop what every backup holds."""
         floor = self.floor()
@@ -160,3 +233,6 @@ class OrderInfoLog:
         assert self.bytes == sum(len(ch) for _, ch in self.log), "order-info bytes"
         assert all(pos <= self.last_pos for pos, _ in self.log), "beyond the last position"
         assert all(pos > self.delivered for pos in self.pending), "pending at or below delivered"
+        assert len(self.stamps) <= min(MAX_LAG_STAMPS, self.last_pos), "lag stamps"
+        assert all(d <= self.last_pos for d in self.done.values()), "done beyond the log"
+        assert self.executed <= self.delivered, "executed beyond delivered"

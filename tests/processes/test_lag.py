@@ -1,0 +1,150 @@
+"""Bounded backup lag with real replicas (docs/LOG.md): `llft run` agents over UDP
+multicast, the preload shim in examples/ticker.py (a process that makes order
+information on its own, every 2 ms), a backup's application slowed by SIGSTOP.
+
+What is checked (counts and bounds read from `llft status`, no timings):
+  * a stopped backup's lag is reported by the primary and crosses the bound; the primary
+    then holds its application (backpressure): its order info stops growing while held;
+  * the primary killed while held: the backup takes over after replaying only the
+    backlog it had when the hold began (nothing the held primary made meanwhile);
+  * a backup that stays beyond the bound past the give-up time is released (a log line
+    says why): the primary runs on without it; once back within the bound it is ready
+    again, the same member (a busy machine is not a dead peer: no reset);
+  * the mechanism itself: a primary's application under the shim makes no entry while
+    its block is held (`Shm.hold`), and continues once released.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+
+from llft import EXAMPLES_DIR
+from llft.replica.node import LAG_BOUND_US
+from llft.tools.cluster import LocalCluster
+
+DEADLINE_S = 60.0
+
+TICKER = [sys.executable, os.path.join(EXAMPLES_DIR, "ticker.py"), "2"]
+BOUND_MS = LAG_BOUND_US / 1000
+
+
+def by_rank(st: dict, rank: int) -> dict | None:
+    return next((m for m in st["members"] if m["rank"] == rank), None)
+
+
+def ready_backup(st: dict) -> bool:
+    b = by_rank(st, 2)
+    return bool(b and b["sync"] == "ready" and b["lag_ready"]
+                and b["lag_ms"] < BOUND_MS)
+
+
+def events(lc: LocalCluster, birth: int) -> list[dict]:
+    path = os.path.join(lc.cfg.status_dir(lc.group), f"{birth:x}.json")
+    with open(path) as f:
+        return json.load(f)["events"]
+
+
+def two_replicas(lc: LocalCluster) -> dict:
+    lc.start_replica("r1", TICKER)
+    lc.wait_members(1)
+    lc.start_replica("r2", TICKER)
+    lc.wait_members(2)
+    return lc.wait_status(ready_backup, 60, "a ready backup within the lag bound")
+
+
+@contextlib.contextmanager
+def a_stopped_backup(lc: LocalCluster):
+    """Two replicas, the backup ready; its application SIGSTOPped inside the block
+    (SIGCONT at its end). Yields the backup's status line."""
+    backup = by_rank(two_replicas(lc), 2)
+    os.kill(backup["app_pid"], signal.SIGSTOP)
+    try:
+        yield backup
+    finally:
+        os.kill(backup["app_pid"], signal.SIGCONT)
+
+
+def test_a_stopped_backup_holds_the_primary_and_takes_over_with_only_its_backlog(tmp_path):
+    with LocalCluster(str(tmp_path), group="ticker") as lc:
+        with a_stopped_backup(lc) as backup:
+            st = lc.wait_status(lambda s: by_rank(s, 1)["lag_held"], 60, "backpressure")
+            prim, b = by_rank(st, 1), by_rank(st, 2)
+            assert prim["counters"]["lag_holds"] >= 1
+            assert b["lag_ms"] >= BOUND_MS
+            out_at_hold = prim["counters"]["oi_chunks_out"]
+            # the backup stays stopped for another bound's worth of its lag; the held
+            # primary makes (almost) nothing meanwhile: at most the pieces that were in
+            # its shim's ring when the hold began
+            st = lc.wait_status(lambda s: (by_rank(s, 2)["lag_ms"] or 0) >= 2 * BOUND_MS
+                                and by_rank(s, 1)["lag_held"], 60, "a longer lag")
+            prim, b = by_rank(st, 1), by_rank(st, 2)
+            assert prim["counters"]["oi_chunks_out"] - out_at_hold <= 2
+            fed_at_kill = b["counters"].get("oi_entries_in", 0)
+            backlog = b["app_lag_entries"]
+            assert backlog is not None and backlog > 0
+            old = lc.kill_primary()
+        new = lc.wait_primary(other_than=old["birth"])
+        assert new["birth"] == backup["birth"]
+        promoted = [e for e in events(lc, new["birth"]) if e["event"] == "promoted"][-1]
+        # what it replayed after the view change is at most the backlog it had at the
+        # kill: nothing arrived from the held primary (and it fed nothing new)
+        assert promoted["replayed"] <= backlog
+        st = lc.status()
+        assert by_rank(st, 1)["counters"].get("oi_entries_in", 0) == fed_at_kill
+        assert "backpressure: backup" in lc.log_tail(old["name"], 20000)
+
+
+def test_a_backup_beyond_the_bound_too_long_is_released_and_ready_again_later(tmp_path):
+    with LocalCluster(str(tmp_path), group="ticker") as lc:
+        with a_stopped_backup(lc) as backup:
+            st = lc.wait_status(
+                lambda s: by_rank(s, 1)["counters"].get("node_lag_released", 0) >= 1
+                and not by_rank(s, 1)["lag_held"], 120, "the slow backup released")
+            out = by_rank(st, 1)["counters"]["oi_chunks_out"]
+            # no longer held for: the primary runs on while the backup is still stopped
+            st = lc.wait_status(lambda s: by_rank(s, 1)["counters"]["oi_chunks_out"]
+                                > out + 10, 60, "the primary running on")
+            assert by_rank(st, 2)["lag_ready"] is False
+        # it catches up and is ready (held for) again: the same member, never reset
+        st = lc.wait_status(ready_backup, 120, "the released backup ready again")
+        assert by_rank(st, 2)["birth"] == backup["birth"]
+        primary_log = lc.log_tail(lc.name_of(by_rank(st, 1)["agent_pid"]), 20000)
+        assert "is no longer held for: its application stayed more than" in primary_log
+        assert "reset (" not in lc.log_tail(lc.name_of(backup["agent_pid"]), 20000)
+
+
+def _until(predicate, what: str):
+    deadline = time.monotonic() + DEADLINE_S
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)             # polling the block's counters, with a deadline
+
+
+def test_a_held_primary_application_makes_no_entry_until_released():
+    from determinizer.runner import shim_env, spawn
+    from determinizer.shm import Shm
+    shm = Shm.create(Shm.PRIMARY)
+    proc = spawn(TICKER, shim_env(dict(os.environ), shm.env()))
+    try:
+        drained = []
+
+        def drain() -> int:
+            drained.append(shm.drain(0))
+            return shm.stats()["records"]
+        _until(lambda: drain() > 10, "the app's first entries")
+        shm.hold(True)
+        _until(lambda: drain() and shm.stats()["held"] >= 1, "the app held")
+        held_at = drain()
+        # however long it stays held, it records nothing (its threads wait in the shim)
+        assert shm.drain(300) == b""
+        assert shm.stats()["records"] == held_at and proc.poll() is None
+        shm.hold(False)
+        _until(lambda: drain() > held_at, "the app running again")
+    finally:
+        proc.kill()
+        proc.wait()
+        shm.close()
