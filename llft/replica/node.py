@@ -148,6 +148,7 @@ class ReplicaNode:
         self.order_info_log: deque[tuple[int, int, bytes]] = deque()   # (pvn, pos, chunk)
         self.oi_upto: dict[int, int] = {}       # pvn -> highest position in the log
         self.skip_out: dict[mg.ConnId, int] = {}
+        self.ends: dict[mg.ConnId, bool] = {}   # remote streams that ended (abort?)
         self._restore_blob: bytes | None = None
 
     # ==== public API of the runtime =========================================================
@@ -287,6 +288,14 @@ class ReplicaNode:
         self._settle()
         return n
 
+    def close(self, conn: mg.ConnId, abort: bool, now_us: int) -> None:
+        """The application closed (or, `abort`, reset) its side of `conn`."""
+        if not self.live:
+            raise NotReady("the replica holds no group state yet")
+        self._now = max(self._now, now_us)
+        self.messaging.close(conn, abort, now_us)
+        self._settle()
+
     def add_order_info(self, chunk: bytes, now_us: int) -> int:
         """The primary's order-info entry (the determinizer's chunk); its position."""
         if self.membership.status is not mb.Status.PRIMARY or not self.live:
@@ -306,6 +315,7 @@ class ReplicaNode:
         blob = {"v": CHECKPOINT_VERSION,
                 "streams": [[cid[0], cid[1], int(cid[2]), bytes(b)]
                             for cid, b in self.streams.items()],
+                "ends": [[cid[0], cid[1], int(cid[2]), abort] for cid, abort in self.ends.items()],
                 "oi": [list(x) for x in self.order_info_log],
                 "messaging": self.messaging.snapshot(), "app": self.app_state.checkpoint()}
         self._count("checkpoints")
@@ -414,6 +424,12 @@ class ReplicaNode:
         elif isinstance(a, mg.RecoveredOrderInfo):
             self._recovered(a)
             self._emit(a)
+        elif isinstance(a, mg.Closed):
+            self.ends[a.conn] = a.abort
+            self._emit(a)
+        elif isinstance(a, mg.Freed):
+            self.skip_out.pop(a.conn, None)
+            self._emit(a)
         elif isinstance(a, (mg.Opened, mg.Resynced)):
             self._emit(a)
         else:
@@ -460,6 +476,8 @@ class ReplicaNode:
         for remote, seq, role, data in blob["streams"]:
             self.streams[(remote, seq, Role(role))] = bytearray(data)
             self.input_bytes += len(data)
+        for remote, seq, role, abort in blob.get("ends", ()):
+            self.ends[(remote, seq, Role(role))] = bool(abort)
         for pvn, pos, chunk in blob["oi"]:
             self._log_order_info(pvn, pos, chunk)
         for cid, out_offset in self.messaging.restore(blob["messaging"]).items():
@@ -469,7 +487,7 @@ class ReplicaNode:
         self._emit(Restored(tuple((cid, bytes(b)) for cid, b in self.streams.items()),
                             tuple((p, q, c) for p, q, c in self.order_info_log
                                   if c is not None),
-                            blob["app"]))
+                            blob["app"], tuple(self.ends.items())))
 
     def _count(self, key: str, n: int = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + n

@@ -104,10 +104,14 @@ import zlib
 from collections import deque
 from typing import Any
 
+import msgpack
+
 from llft.protocol.messages import (DATA_TYPES, MEMBERSHIP_CORE_TYPES, MEMBERSHIP_TYPES,
-                                    STREAM_OPEN, Message, MsgType, Role, Send)
-from llft.protocol.messaging.actions import (Deliver, DeliverOrderInfo, Opened, Phase2Done,
-                                             RecoveredOrderInfo, Resynced)
+                                    STREAM_END, STREAM_FIN, STREAM_OPEN, STREAM_RST, Message,
+                                    MsgType, Role, Send)
+from llft.protocol.messaging.actions import (Closed, Deliver, DeliverOrderInfo, Freed, Opened,
+                                             Phase2Done, RecoveredOrderInfo, Resynced)
+from llft.protocol.messaging.closed import ClosedSeqs
 from llft.protocol.messaging.config import (INTRA_CONN_SEQ, BufferFull, ConnId,
                                             MessagingConfig, ProtocolError)
 from llft.protocol.messaging.connection import Connection, ReceiveSequence, SendState
@@ -133,7 +137,8 @@ class MessagingEndpoint:
         self.clock = 0                      # Lamport clock
         self.gw = 0                         # mygroupwatermark (backups: as told by primary)
         self.conns: dict[ConnId, Connection] = {}
-        self.reports: dict[int, tuple[int, int]] = {}   # backup -> (watermark, digest)
+        # backup -> (watermark, digest, frees applied) from its last HEARTBEAT
+        self.reports: dict[int, tuple[int, int, int]] = {}
         self.last_heard_us: dict[int, int] = {}
         self._digest: int | None = None
         self._actions: list[Any] = []
@@ -144,6 +149,17 @@ class MessagingEndpoint:
         self.order_info = OrderInfoLog(self.config)
         self.phase2_pvn: int | None = None  # new primary: the view whose phase 2 runs
         self.stats: dict[str, int] = {}
+        self.closed = ClosedSeqs()          # connections freed here (never come back)
+        self._ending: set[ConnId] = set()   # connections whose own stream has ended
+        # primary: the connections it freed in this view that some backup may not have
+        # applied yet, (cid, digest item) from position freed_base on (HEARTBEATs carry them)
+        self.freed_log: deque[tuple[ConnId, int]] = deque()
+        self.freed_base = 0
+        self.freed_applied = 0              # backup: its primary's frees applied, this view
+        # the last connections freed here (any view): after a change of primary they
+        # reconcile the new primary's set with its backups' (see _reconcile_frees)
+        self.recent_frees: deque[ConnId] = deque(maxlen=self.config.max_freed_pending)
+        self.carry: list[ConnId] = []       # backup: recent frees of earlier views, reported
 
     # ======================================================================== views ===
     @property
@@ -168,6 +184,7 @@ class MessagingEndpoint:
                         if b != primary_birth_id]
         for gone in set(self.reports) - set(self.backups):
             del self.reports[gone]
+        self._trim_freed_log()
         self.order_info.set_backups(self.backups)
         self._digest_changed()
         if pvn > old_pvn:
@@ -175,6 +192,8 @@ class MessagingEndpoint:
             # order-info positions, like msns, restart at 1 in a new primary view
             self.order_info.new_view()
             self.timers.clear(Timer.ORDER_INFO_ACK)
+            # like order-info positions, the positions of frees restart in a new view
+            self._reconcile_frees()
             if self.is_primary and not was_primary and old_pvn > 0:
                 self._become_primary(old_pvn)
         self._gc_order_info()
@@ -197,6 +216,8 @@ class MessagingEndpoint:
     # ================================================================ application ===
     def open(self, remote_group: str, conn_seq: int, role: Role = Role.CLIENT) -> ConnId:
         cid = (remote_group, conn_seq, Role(role))
+        if cid in self.closed:
+            raise ProtocolError(f"connection {cid} was closed and freed here")
         self._conn(cid)
         return cid
 
@@ -211,6 +232,12 @@ class MessagingEndpoint:
         The primary sends them (window permitting); a backup logs them."""
         if now_us is not None:
             self._now = max(self._now, now_us)
+        c = self.conns.get(conn)
+        if c is None and conn in self.closed or c is not None and (
+                c.peer_done or c.send.end is not None):
+            # the remote end has our whole stream, or our stream ended: nothing to carry
+            self._count("discarded_bytes", len(data))
+            return len(data)
         c = self._conn(conn)
         n = min(len(data), self.send_space(conn))
         step = self.config.max_payload_bytes
@@ -227,6 +254,32 @@ class MessagingEndpoint:
             else:
                 self._trim_log(c)       # a lagging backup: the remote may be ahead of it
         return n
+
+    def close(self, conn: ConnId, abort: bool = False, now_us: int | None = None) -> None:
+        """Our application's stream on `conn` ends after every byte it sent: a FIN, or a
+        reset if `abort`. The end takes one unit of the stream's offsets (the remote
+        delivers it after every byte, exactly once: `Closed`). Repeated calls, and calls
+        for a connection already freed, do nothing."""
+        if now_us is not None:
+            self._now = max(self._now, now_us)
+        c = self.conns.get(conn)
+        if c is None or c.send.end is not None:
+            return
+        c.send.end = c.send.out_offset
+        c.send.abort = abort
+        self._ending.add(conn)
+        if c.peer_done:
+            c.send.out_offset += 1
+        elif self.is_primary:
+            c.send.queue_segment(b"\0")
+        else:
+            c.send.log_segment(b"\0")
+        self._mark_known(c)
+        if self.is_primary:
+            self._flush(c)
+        else:
+            self._trim_log(c)
+        self._reap()
 
     def add_order_info(self, chunk: bytes, now_us: int | None = None) -> int:
         """Append an opaque order-info chunk (primary); returns its position."""
@@ -277,8 +330,11 @@ class MessagingEndpoint:
                           "rx": [rx.pvn, rx.upto, rx.ts] if rx is not None else None,
                           "delivered": c.recv.delivered, "out_offset": c.send.out_offset,
                           "next_msn": c.send.next_msn + len(c.send.queue), "log": log,
-                          "remote_delivered": c.remote_view.delivered})
-        return {"pvn": self.pvn, "oi_upto": self.order_info.last_pos, "conns": conns}
+                          "remote_delivered": c.remote_view.delivered,
+                          "end": [c.send.end, c.send.abort, c.recv.end, c.recv.abort]})
+        return {"pvn": self.pvn, "oi_upto": self.order_info.last_pos, "conns": conns,
+                "closed": self.closed.to_list(),
+                "freed": self.freed_base + len(self.freed_log)}
 
     def restore(self, snapshot: dict) -> dict[ConnId, int]:
         """Install a primary's `snapshot()` at a joining backup, after `set_view`, as if
@@ -299,12 +355,18 @@ class MessagingEndpoint:
             c.send.log = deque((msn, off, data) for msn, off, data in s["log"])
             c.send.log_bytes = sum(len(d) for _, _, d in s["log"])
             c.remote_view.delivered = s["remote_delivered"]
+            c.send.end, c.send.abort, c.recv.end, c.recv.abort = s["end"]
+            if c.send.end is not None:
+                self._ending.add(cid)
             c.mark_known()
             self._digest_changed()
-            produced[cid] = c.send.out_offset
+            # bytes the application wrote (our end marker is not one of them)
+            produced[cid] = c.send.out_offset if c.send.end is None else c.send.end
+        self.closed = ClosedSeqs.from_list(snapshot["closed"])
         if snapshot["pvn"] == self.pvn:
             # positions of this view the joiner's log already holds
             self.order_info.delivered = snapshot["oi_upto"]
+            self.freed_applied = snapshot["freed"]
         return produced
 
     # ============================================================ sans-IO surface ===
@@ -340,6 +402,7 @@ class MessagingEndpoint:
         if local_nacks:
             self._emit(self.group, self._intra(MsgType.NACK, {"missing": local_nacks}))
         self._after_event()
+        self._reap()
 
     # ---- timer handlers (named in the tables at the end of this module) ----
     def _heartbeat_due(self) -> None:
@@ -419,6 +482,7 @@ class MessagingEndpoint:
             if msg.dst_group == self.group:
                 self._handle_intra(msg)
                 self._after_event()
+                self._reap()
             # else: our own group's message to a remote group (not addressed to us)
             return
         if msg.dst_group != self.group:
@@ -427,6 +491,16 @@ class MessagingEndpoint:
             return      # membership's
         cid = (msg.src_group, msg.conn_seq, Role(1 - msg.role))
         c = self.conns.get(cid)
+        if c is None and cid in self.closed:
+            # freed here: a late, duplicated or retransmitted message. A remote primary
+            # still sending on it has not learned that we are done: the primary tells it.
+            self._count("rx_freed_conn")
+            if (self.is_primary and msg.type in PRIMARY_ONLY_TYPES
+                    and msg.type is not MsgType.CLOSED):
+                self._emit(msg.src_group, self._closed_msg(cid))
+            return
+        if c is None and msg.type is MsgType.CLOSED:
+            return
         if c is None:
             if len(self.conns) >= self.config.max_connections:
                 self._count("conn_refused")
@@ -437,6 +511,7 @@ class MessagingEndpoint:
         if self.is_primary:
             self._gc_all_received()
         self._after_event()
+        self._reap()
 
     # ================================================================= inter-group ===
     def _handle_inter(self, c: Connection, msg: Message) -> None:
@@ -445,6 +520,10 @@ class MessagingEndpoint:
         ack, how far it delivered our stream), then the handler of this message type
         for our role, then the trailer (sent-up-to, order info)."""
         t = msg.type
+        if t in DATA_TYPES and msg.body["flags"] & STREAM_END and msg.body["data"]:
+            # the last byte of this message is the end marker (any view: one stream)
+            c.recv.end = msg.body["offset"] + len(msg.body["data"]) - 1
+            c.recv.abort = bool(msg.body["flags"] & STREAM_RST)
         from_primary = t in PRIMARY_ONLY_TYPES
         if from_primary:
             rx = c.recv.view
@@ -642,7 +721,14 @@ class MessagingEndpoint:
             return
         if offset < c.recv.delivered:
             data = data[c.recv.delivered - offset:]
-        self._actions.append(Deliver(c.cid, c.recv.delivered, data))
+        start, e = c.recv.delivered, c.recv.end
+        if e is not None and start <= e < end:
+            if e > start:
+                self._actions.append(Deliver(c.cid, start, data[:e - start]))
+            self._actions.append(Closed(c.cid, e, c.recv.abort))
+            self._count("stream_ends")
+        else:
+            self._actions.append(Deliver(c.cid, start, data))
         c.recv.delivered = end
         while c.recv.ahead:
             ready = [o for o in c.recv.ahead if o <= c.recv.delivered]
@@ -666,6 +752,9 @@ class MessagingEndpoint:
             if not c.send.sent_open:
                 flags = STREAM_OPEN
                 c.send.sent_open = True
+            e = c.send.end
+            if e is not None and offset <= e < offset + len(data):
+                flags |= STREAM_RST if c.send.abort else STREAM_FIN
             mtype = MsgType.REQUEST if c.role == Role.CLIENT else MsgType.REPLY
             msg = self._msg(c, mtype, {"offset": offset, "data": data, "flags": flags},
                             msn=c.send.next_msn)
@@ -846,9 +935,115 @@ class MessagingEndpoint:
             self._count("resync_gap")       # the log lost bytes the remote lacks
         self._actions.append(Resynced(c.cid, resend_from, remote_sent_to))
         self._flush(c)
+        self._phase2_check()
+
+    def _phase2_check(self) -> None:
         if self.phase2_pvn is not None and not any(x.resyncing for x in self.conns.values()):
             self._actions.append(Phase2Done(self.phase2_pvn))
             self.phase2_pvn = None
+
+    # ======================================================= stream end and freeing ===
+    def _on_closed(self, c: Connection, msg: Message) -> None:
+        """The remote primary freed the connection: it has our whole stream, we have its
+        (a new primary's phase 2 ends here on this connection)."""
+        if c.peer_done:
+            return
+        c.peer_finished()
+        for kind in (Timer.RETRANSMIT, Timer.NEW_PRIMARY_VIEW, Timer.THROTTLE_END):
+            self.timers.clear(kind, c.cid)
+        self._count("peer_freed")
+        self._phase2_check()
+
+    def _closed_msg(self, cid: ConnId) -> Message:
+        self.clock += 1
+        return Message(type=MsgType.CLOSED, src_group=self.group, dst_group=cid[0],
+                       conn_seq=cid[1], role=cid[2], pvn=self.pvn,
+                       precedence=self.precedence, sender=self.birth_id, ts=self.clock)
+
+    def _reap(self) -> None:
+        """Primary: free every connection whose streams both ended and that nobody needs
+        any more: the remote group has ours (the sent list is empty: its watermark covers
+        our end) and our whole group has the remote's (its end delivered, the received
+        list empty: our group watermark covers it), or the remote group said CLOSED.
+        Backups free what their primary freed (`_apply_frees`)."""
+        if not self._ending or not self.is_primary:
+            return
+        for cid in list(self._ending):
+            c = self.conns.get(cid)
+            if c is None:
+                self._ending.discard(cid)
+                continue
+            if c.resyncing or (self.backups and len(self.freed_log)
+                               >= self.config.max_freed_pending):
+                continue
+            if c.peer_done or (not c.send.queue and not c.send.sent and c.recv.finished
+                               and not c.recv.received):
+                if not c.recv.finished:
+                    self._count("freed_unfinished")     # the sim flags the missing end
+                self._free(c)
+
+    def _free(self, c: Connection) -> None:
+        cid = c.cid
+        del self.conns[cid]
+        self._ending.discard(cid)
+        self.recent_frees.append(cid)
+        for kind in CONNECTION_TIMERS:
+            self.timers.clear(kind, cid)
+        self.closed.add(cid)
+        if self.is_primary and self.backups:
+            self.freed_log.append((cid, _item_hash(c) if c.known else 0))
+        if c.known:
+            self._digest_changed()
+        self._actions.append(Freed(cid))
+        self._count("freed")
+        if c.resyncing:
+            self._phase2_check()
+
+    def _apply_frees(self, data: bytes) -> None:
+        """Backup: the frees of its primary (HEARTBEAT), in order, each once. The primary
+        freed a connection only once our watermark covered the remote's whole stream on
+        it: we delivered all of it; what our application still writes there is dropped."""
+        try:
+            first, entries = msgpack.unpackb(data)
+            cids = [(g, int(seq), Role(role)) for g, seq, role in entries]
+            first = int(first)
+        except (ValueError, TypeError, KeyError, msgpack.UnpackException):
+            self._count("bad_frees")
+            return
+        for i, cid in enumerate(cids):
+            if first + i != self.freed_applied:
+                continue
+            c = self.conns.get(cid)
+            if c is not None:
+                self._free(c)
+            else:
+                self.closed.add(cid)
+            self.freed_applied += 1
+
+    def _reconcile_frees(self) -> None:
+        """A new primary view. The old primary's last frees may have reached some members
+        and not others. The new primary re-announces the frees it made recently (its
+        backups apply those they still hold); a backup reports its own recent frees in its
+        HEARTBEATs until its digest matches the primary's (the primary frees those it
+        still holds: the old primary had found them done)."""
+        self.freed_base = self.freed_applied = 0
+        self.freed_log.clear()
+        if self.is_primary:
+            self.freed_log.extend((cid, 0) for cid in self.recent_frees)
+            self.carry = []
+        else:
+            self.carry = list(self.recent_frees)[-FREES_PER_HEARTBEAT:]
+
+    def _trim_freed_log(self) -> None:
+        if not self.backups:
+            self.freed_base += len(self.freed_log)
+            self.freed_log.clear()
+        if not self.freed_log or any(b not in self.reports for b in self.backups):
+            return
+        low = min(self.reports[b][2] for b in self.backups)
+        while self.freed_log and self.freed_base < low:
+            self.freed_log.popleft()
+            self.freed_base += 1
 
     # ================================================================= intra-group ===
     def _handle_intra(self, msg: Message) -> None:
@@ -867,7 +1062,25 @@ class MessagingEndpoint:
 
     # ---- intra-group handlers, by (type, role): the table at the end of this module ----
     def _on_backup_heartbeat(self, msg: Message) -> None:
-        self.reports[msg.sender] = (msg.back, msg.ack)
+        applied = 0
+        if msg.order_info and msg.pvn == self.pvn:
+            try:
+                report = msgpack.unpackb(msg.order_info)
+                applied = int(report[0])
+                carried = [(g, int(seq), Role(role)) for g, seq, role in report[1]] \
+                    if len(report) > 1 else []
+            except (ValueError, TypeError, IndexError, KeyError, msgpack.UnpackException):
+                self._count("bad_freed_report")
+                carried = []
+            for cid in carried:         # freed by an earlier primary: done here too
+                c = self.conns.get(cid)
+                if c is not None:
+                    self._count("freed_carried")
+                    self._free(c)
+                else:
+                    self.closed.add(cid)
+        self.reports[msg.sender] = (msg.back, msg.ack, applied)
+        self._trim_freed_log()
         self._gc_all_received()
 
     def _on_local_nack(self, msg: Message) -> None:
@@ -881,6 +1094,10 @@ class MessagingEndpoint:
         # the primary's group watermark holds for the connections it knew (its digest in
         # `ack`); a message on a connection we learned of later may have a lower ts, so
         # only a watermark over our own set of connections counts
+        if msg.order_info:
+            self._apply_frees(msg.order_info)
+        if msg.ack == self.digest():
+            self.carry = []             # our set of connections is the primary's
         if msg.ack == self.digest() and msg.back > self.gw:
             self.gw = msg.back
             self._gc_all_received()
@@ -896,13 +1113,22 @@ class MessagingEndpoint:
         if not self.backups and self.is_primary:
             return
         if self.is_primary:
+            frees = b""
+            if self.freed_log:
+                frees = msgpack.packb([self.freed_base, [
+                    [g, seq, int(role)] for (g, seq, role), _ in
+                    list(self.freed_log)[:FREES_PER_HEARTBEAT]]])
             self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": 1},
                                                back=self.group_watermark(),
-                                               ack=self.digest()))
+                                               ack=self.digest(), order_info=frees))
         else:
             self.reported_w = self.timestamp_watermark()
-            self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": self.rank()},
-                                               back=self.reported_w, ack=self.digest()))
+            self._emit(self.group, self._intra(
+                MsgType.HEARTBEAT, {"rank": self.rank()}, back=self.reported_w,
+                ack=self.digest(),
+                order_info=msgpack.packb([self.freed_applied, [
+                    [g, seq, int(role)] for g, seq, role in self.carry]])
+                if self.freed_applied or self.carry else b""))
             if self.order_info.acked != self.order_info.delivered:
                 self._order_info_ack()
 
@@ -963,10 +1189,9 @@ class MessagingEndpoint:
             return self.gw
         w = self.timestamp_watermark()
         if self.backups:
-            d = self.digest()
             for b in self.backups:
                 rep = self.reports.get(b)
-                if rep is None or rep[1] != d:
+                if rep is None or rep[1] != self._digest_at(rep[2]):
                     return 0
                 if rep[0] < w:
                     w = rep[0]
@@ -981,13 +1206,20 @@ class MessagingEndpoint:
             self.gw = 0         # learned for another set of connections: not valid now
 
     def digest(self) -> int:
-        """Digest of the known connections and their remote views (HEARTBEAT `ack`)."""
+        """Digest of the known connections and their remote views (HEARTBEAT `ack`): a
+        sum of one hash per connection, so that the primary can tell what a backup's
+        digest must be while it has not applied the primary's latest frees yet."""
         if self._digest is None:
-            items = sorted((c.remote, c.seq, int(c.role),
-                            c.recv.view.pvn if c.recv.view else -1)
-                           for c in self.conns.values() if c.known)
-            self._digest = zlib.crc32(repr(items).encode()) & 0x7FFFFFFF
+            self._digest = sum(_item_hash(c) for c in self.conns.values()
+                               if c.known) & DIGEST_MASK
         return self._digest
+
+    def _digest_at(self, applied: int) -> int:
+        """The primary's digest as a backup that applied `applied` frees of this view
+        computes it (the connections freed since are still in its set)."""
+        extra = sum(h for i, (_, h) in enumerate(self.freed_log)
+                    if self.freed_base + i >= applied)
+        return (self.digest() + extra) & DIGEST_MASK
 
     def _gc_sent(self, c: Connection) -> None:
         if c.send.drop_covered(c.remote_view.group_watermark):
@@ -1090,6 +1322,11 @@ class MessagingEndpoint:
             throttled = c.state is SendState.THROTTLED
             assert throttled == (self.timers.due(Timer.THROTTLE_END, c.cid) is not None), \
                 f"{c.cid}: THROTTLED and the THROTTLE_END timer disagree"
+            assert c.cid not in self.closed, f"{c.cid}: freed and still held"
+        # a freed connection leaves nothing behind: no timer, no pending end
+        for kind, key in self.timers.keys():
+            assert key is None or key in self.conns, f"timer {kind} of a freed connection {key}"
+        assert all(cid in self.conns for cid in self._ending), "an ending connection was freed"
         self.order_info.check()
 
     def buffer_sizes(self) -> dict[str, int]:
@@ -1111,6 +1348,15 @@ class MessagingEndpoint:
         return out
 
 
+DIGEST_MASK = 0x7FFFFFFF
+FREES_PER_HEARTBEAT = 256
+
+
+def _item_hash(c: Connection) -> int:
+    return zlib.crc32(repr((c.remote, c.seq, int(c.role),
+                            c.recv.view.pvn if c.recv.view else -1)).encode())
+
+
 # Primary and backup duties, as data: method names (looked up at call time), by
 # (message type, am_primary). A message not listed is not that role's business (for
 # inter-group messages the common part -- remote view, acks, trailer -- runs anyway).
@@ -1128,6 +1374,7 @@ _INTER_GROUP_HANDLERS: dict[tuple[MsgType, bool], str] = {
     (MsgType.NACK, True): "_on_remote_nack",
     (MsgType.NEW_PRIMARY_VIEW, True): "_answer_npv",
     (MsgType.NEW_PRIMARY_VIEW_ACK, True): "_on_npv_ack",
+    (MsgType.CLOSED, True): "_on_closed",
 }
 _INTRA_GROUP_HANDLERS: dict[tuple[MsgType, bool], str] = {
     (MsgType.HEARTBEAT, True): "_on_backup_heartbeat",
