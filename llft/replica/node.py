@@ -212,6 +212,9 @@ class ReplicaNode:
             "members": members,
             "order_info": {"produced": e.order_info_produced() if e.is_primary else None,
                            "delivered": self.order_info_delivered(m.pvn)},
+            # messaging connections held now, and the freed ones as ranges of seqs
+            "streams": {"open": len(e.conns), "closed_ranges": e.closed.ranges(),
+                        "freed": e.stats.get("freed", 0)},
             "stats": dict(self.stats),
         }
     # ==== end of the public API of the runtime ==============================================
@@ -488,6 +491,10 @@ class ReplicaNode:
                             tuple((p, q, c) for p, q, c in self.order_info_log
                                   if c is not None),
                             blob["app"], tuple(self.ends.items())))
+        for cid in self.streams:
+            if cid not in self.messaging.conns:
+                # the group freed it before we joined: the app replays it, no more
+                self._emit(mg.Freed(cid))
 
     def _count(self, key: str, n: int = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + n

@@ -127,6 +127,8 @@ def group_status(cfg: config_mod.ClusterConfig, group: str) -> dict:
                 "app_pid": a.get("app_pid"), "app_mode": a.get("app_mode"),
                 "pvn": a.get("pvn"), "lag": lag, "app_lag_entries": app_lag,
                 "connections": a.get("connections"), "diverged": a.get("diverged"),
+                "connections_open": a.get("connections_open"), "streams": a.get("streams"),
+                "rss_kb": a.get("rss_kb"),
                 "counters": a.get("counters", {})})
     in_view = {m["birth"] for m in members}
     others = [{"birth": a["birth"], "birth_hex": f"{a['birth']:x}", "role": a.get("role"),
