@@ -100,7 +100,8 @@ class SendSide:
     consecutive msns ending at last_msn; remote_ack <= last_msn."""
     __slots__ = ("out_offset", "queue", "queue_bytes", "next_msn", "sent", "sent_bytes",
                  "log", "log_bytes", "remote_ack", "rto_us", "fa_count", "last_send_us",
-                 "sent_open", "old_pvn", "last_back", "ka_urgent", "end", "abort")
+                 "sent_open", "old_pvn", "last_back", "ka_urgent", "end", "abort",
+                 "first_ts")
 
     def __init__(self, rto_us: int):
         self.out_offset = 0                 # end of the bytes our app produced
@@ -121,6 +122,7 @@ class SendSide:
         self.ka_urgent = False              # group watermark news for the remote sender
         self.end: int | None = None         # offset of our stream's end marker (closed)
         self.abort = False                  # ... and it is a reset, not a FIN
+        self.first_ts = 0                   # ts of the first message we sent on it
 
     @property
     def last_msn(self) -> int:

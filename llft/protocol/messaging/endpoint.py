@@ -160,6 +160,8 @@ class MessagingEndpoint:
         # reconcile the new primary's set with its backups' (see _reconcile_frees)
         self.recent_frees: deque[ConnId] = deque(maxlen=self.config.max_freed_pending)
         self.carry: list[ConnId] = []       # backup: recent frees of earlier views, reported
+        # CLOSED answers sent lately (cid -> time): a retransmitted window gets one answer
+        self._closed_answered: dict[ConnId, int] = {}
 
     # ======================================================================== views ===
     @property
@@ -497,7 +499,7 @@ class MessagingEndpoint:
             self._count("rx_freed_conn")
             if (self.is_primary and msg.type in PRIMARY_ONLY_TYPES
                     and msg.type is not MsgType.CLOSED):
-                self._emit(msg.src_group, self._closed_msg(cid))
+                self._answer_closed(cid)
             return
         if c is None and msg.type is MsgType.CLOSED:
             return
@@ -758,6 +760,8 @@ class MessagingEndpoint:
             mtype = MsgType.REQUEST if c.role == Role.CLIENT else MsgType.REPLY
             msg = self._msg(c, mtype, {"offset": offset, "data": data, "flags": flags},
                             msn=c.send.next_msn)
+            if not c.send.first_ts:
+                c.send.first_ts = msg.ts
             c.send.next_msn += 1
             c.send.sent.append(msg)
             c.send.sent_bytes += len(data)
@@ -953,6 +957,18 @@ class MessagingEndpoint:
             self.timers.clear(kind, c.cid)
         self._count("peer_freed")
         self._phase2_check()
+
+    def _answer_closed(self, cid: ConnId) -> None:
+        """CLOSED, at most once per retransmit_us per connection (a remote primary
+        retransmits a whole window at once); the memory of it is bounded."""
+        last = self._closed_answered.get(cid)
+        if last is not None and self._now - last < self.config.retransmit_us:
+            return
+        self._closed_answered.pop(cid, None)
+        self._closed_answered[cid] = self._now
+        while len(self._closed_answered) > CLOSED_ANSWERS_KEPT:
+            del self._closed_answered[next(iter(self._closed_answered))]
+        self._emit(cid[0], self._closed_msg(cid))
 
     def _closed_msg(self, cid: ConnId) -> Message:
         self.clock += 1
@@ -1170,7 +1186,16 @@ class MessagingEndpoint:
         w = None
         for c in self.conns.values():
             if c.known:
-                ts = c.recv.view.ts if c.recv.view is not None else 0
+                if c.recv.view is not None:
+                    ts = c.recv.view.ts
+                elif c.role is Role.CLIENT:
+                    # We opened it and never heard back: the remote can only answer
+                    # after receiving our first message, so above its ts (Lamport).
+                    # Without this, every just-opened connection pinned the watermark
+                    # at 0 and short connections starved everybody's garbage collection.
+                    ts = c.send.first_ts
+                else:
+                    ts = 0
                 if c.recv.old_view is not None or c.recv.ahead:
                     ts = 0          # a gap in the stream: nothing may be collected yet
                 elif c.recv.old_ts is not None:
@@ -1349,6 +1374,7 @@ class MessagingEndpoint:
 
 
 DIGEST_MASK = 0x7FFFFFFF
+CLOSED_ANSWERS_KEPT = 256
 FREES_PER_HEARTBEAT = 256
 
 
