@@ -115,7 +115,8 @@ def generate(seed: int, loss: float = 0.0, dup: float = 0.0, reorder: float = 0.
             total = rng.randint(0, MAX_STREAM_BYTES) if rng.random() < 0.9 else 0
             rng.randbytes(total)           # the content is stream_bytes(); keeps the draws
             writes.append(("writes", k, direction, *_sizes(rng, total)))
-            if rng.random() < END_P:
+            if rng.random() < END_P or (direction == "c2s" and total == 0):
+                # (the client speaks first: a connection is opened by its first message)
                 ends.append(("end", k, direction, "rst" if rng.random() < RST_P else "fin"))
     head += writes + ends
     for g in groups:

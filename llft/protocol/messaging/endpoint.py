@@ -95,6 +95,26 @@ primary for the missing bytes by offset; until a member has delivered up to ther
 watermark stays where the old view left it. The precedence check of lines 18-20 and
 phase 1 belong to membership.
 
+Stream end and freeing. `close(conn, abort)` ends our application's stream: the end is
+one unit of the stream's offsets (a marker byte, flagged STREAM_FIN or STREAM_RST on the
+message that carries it), so everything above -- ordering, retransmission, NACKs by msn
+or offset, the resend of phase 2, a backup's log -- carries it like data, and the
+receiver emits `Closed(conn, offset, abort)` exactly once, after the last byte. A primary
+frees a connection (`Freed`; every timer and byte of it gone, its seq added to `closed`)
+once both ends are in, the sent list is empty (the remote group watermark covers our
+end: every remote member has our stream) and the received list is empty (our group
+watermark covers the remote's end), or once the remote primary answered CLOSED. A
+primary answers any message on a connection it freed with CLOSED (at most once per
+retransmit_us per connection): "both streams are complete on my side". Backups free on
+their primary's word: its HEARTBEATs carry the frees its backups have not all applied
+(in the `order_info` field), each backup's HEARTBEAT how many it applied, and the digest
+is a sum over connections, so the primary knows the digest of a backup that has not
+applied the latest frees yet. After a change of primary the new primary re-announces its
+recent frees and backups report theirs until digests match (`_reconcile_frees`). A
+server end does not send before the opener's first message arrived (`_flush`), so the
+opener counts a connection it never heard back on at the ts of its first message
+(`timestamp_watermark`). No per-connection timer or message exists for an ended stream.
+
 Bounds are in `MessagingConfig`; rules are in the tables of rules.py and the dispatch
 tables below. No clock, no I/O, no randomness here.
 """
@@ -676,8 +696,11 @@ class MessagingEndpoint:
 
     def _new_remote_view(self, c: Connection, pvn: int, flush: bool) -> None:
         # a backup keeps filling the old view's gaps locally (unless phase 2 flushed it)
+        first = c.recv.view is None
         c.recv.new_view(pvn, keep_old_gaps=not flush and not self.is_primary)
         self._digest_changed()
+        if first:
+            self._flush(c)          # what we queued before the opener's first message
 
     # ------------------------------------------------------------------ receiving ---
     def _rx_data(self, c: Connection, rx: ReceiveSequence, msg: Message) -> None:
@@ -745,6 +768,12 @@ class MessagingEndpoint:
     def _flush(self, c: Connection) -> None:
         """Send queued segments while the window, byte bound and throttle allow."""
         if not self.is_primary or c.state is not SendState.STREAMING:
+            return
+        if c.role is Role.SERVER and c.recv.view is None:
+            # The end that opened the connection speaks first: until its first message
+            # reaches us we only queue. So every message on a connection has a larger
+            # ts than the opener's first one (Lamport), which lets the opener count a
+            # connection it never heard back on at that ts (timestamp_watermark).
             return
         config = self.config
         while c.send.queue and len(c.send.sent) < config.window_msgs:
