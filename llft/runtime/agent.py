@@ -446,8 +446,11 @@ class Agent:
 
     def _end_stream(self, c: AppConn) -> None:
         if not c.end:
-            if c.writer.can_write_eof():
-                c.writer.write_eof()            # after the bytes still buffered
+            try:
+                if not c.writer.is_closing() and c.writer.can_write_eof():
+                    c.writer.write_eof()        # after the bytes still buffered
+            except OSError:
+                self._count("eof_to_closed_app_conn")   # the app reset it meanwhile
             return
         self.tasks.spawn(self._reset_app_conn(c), f"reset-conn-{c.index}")
 

@@ -221,8 +221,11 @@ class Gateway:
             task.add_done_callback(self.tasks.discard)
         else:
             self.counters["fins_out"] += 1
-            if cl.writer.can_write_eof():
-                cl.writer.write_eof()       # after the bytes still buffered
+            try:
+                if cl.writer.can_write_eof():
+                    cl.writer.write_eof()   # after the bytes still buffered
+            except OSError:
+                self.counters["eof_to_gone_client"] += 1
 
     async def _reset_client(self, cl: Client) -> None:
         """A reset after every byte before it: the client's socket gets them all, then

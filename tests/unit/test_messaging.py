@@ -662,3 +662,18 @@ def test_closed_sets_stay_a_few_ranges():
     assert ("G", 2, Role.SERVER) not in c and ("G", 11, Role.SERVER) not in c
     assert all(("G", s, Role.SERVER) in c for s in range(3, 11))
     assert ("G", 5, Role.CLIENT) not in c
+
+
+def test_the_server_end_speaks_after_the_openers_first_message():
+    """So every message on a connection is above the opener's first ts, and a connection
+    the opener never heard back on counts at that ts, not 0, in its watermark."""
+    a, b = pair()
+    p, q = a[1], b[2]
+    assert q.send(CONN_B, b"early", now_us=0) == 5
+    assert not sends(q.take_actions(), MsgType.REPLY)          # queued, not sent
+    p.send(CONN_A, b"hello", now_us=0)
+    first = sends(p.take_actions(), MsgType.REQUEST)[0]
+    assert p.timestamp_watermark() == first.ts                 # not pinned at 0
+    q.handle_message(first, 10)
+    replies = sends(q.take_actions(), MsgType.REPLY)
+    assert [r.body["data"] for r in replies] == [b"early"] and replies[0].ts > first.ts

@@ -542,8 +542,11 @@ class MessagingEndpoint:
         ack, how far it delivered our stream), then the handler of this message type
         for our role, then the trailer (sent-up-to, order info)."""
         t = msg.type
-        if t in DATA_TYPES and msg.body["flags"] & STREAM_END and msg.body["data"]:
-            # the last byte of this message is the end marker (any view: one stream)
+        if (t in DATA_TYPES and msg.body["flags"] & STREAM_END and msg.body["data"]
+                and c.recv.end is None):
+            # the last byte of this message is the end marker (any view: one stream;
+            # the first end heard is the end -- a stream the app reset may be cut at
+            # another point by a backup's agent, and nobody reads it any more)
             c.recv.end = msg.body["offset"] + len(msg.body["data"]) - 1
             c.recv.abort = bool(msg.body["flags"] & STREAM_RST)
         from_primary = t in PRIMARY_ONLY_TYPES
@@ -735,6 +738,9 @@ class MessagingEndpoint:
 
     def _deliver(self, c: Connection, offset: int, data: bytes) -> None:
         end = offset + len(data)
+        if c.recv.finished:
+            self._count("after_end" if end > c.recv.delivered else "dup_bytes")
+            return
         if end <= c.recv.delivered:
             self._count("dup_bytes")
             return
