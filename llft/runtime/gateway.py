@@ -246,6 +246,7 @@ class Gateway:
         if cl.closed:
             return
         cl.closed = True
+        self.clients.pop(cl.conn, None)
         self.counters[f"clients_dropped_{why}"] += 1
         if not cl.client_done:
             cl.client_done = True
@@ -321,7 +322,9 @@ class Gateway:
             "kind": "gateway", "group": self.group, "gateway_group": self.gcfg.gateway_group,
             "pid": os.getpid(), "birth": self.birth, "listen": list(self.bound or ()),
             "started": self.started, "updated": time.time(),
-            "clients": len(self.clients), "clients_total": c["clients_total"],
+            # clients still sending (a client that half-closed waits for the group's end)
+            "clients": sum(not cl.client_done for cl in self.clients.values()),
+            "clients_total": c["clients_total"],
             "clients_refused": c["clients_refused"],
             "bytes_in": c["bytes_in"], "bytes_out": c["bytes_out"],
             "duplicate_bytes": c["duplicate_bytes"],
