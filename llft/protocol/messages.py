@@ -38,6 +38,8 @@ class MsgType(enum.IntEnum):
     NACK = 6
     HEARTBEAT = 7
     ORDER_INFO = 8          # intra-group path for order info with no outgoing message to ride on
+    CLOSED = 9              # a primary's answer on a connection it freed: both streams ended
+                            # and every member of its group has the remote's whole stream
     # membership (multicast on the intra-group connection, except NEW_PRIMARY_VIEW*);
     # numbered from FIRST_MEMBERSHIP_TYPE
     PROPOSE_PRIMARY = 20
@@ -83,6 +85,7 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
     # upto: order-info position carried (primary) / delivered (backup's ack); done: the
     # position the backup's application has executed (its lag report; 0 from a primary)
     MsgType.ORDER_INFO: {"upto": int, "done": int},
+    MsgType.CLOSED: {},
     # membership: "change" numbers the versions of one proposal / the changes inside a view;
     # "max_precedence" is the highest precedence ever assigned, so a new primary continues
     # above it; "old_primary" (birth id) names, with old_pvn, the view a proposal replaces
@@ -106,6 +109,13 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
 
 # flags of a data message's stream
 STREAM_OPEN = 1   # first message of a connection's stream
+# The end of a stream is one unit of its offset space (like TCP's FIN): the last byte of
+# the message that carries one of these flags is not application data but the end marker,
+# so the end is ordered, retransmitted, de-duplicated and resent after a change of
+# primary exactly like data.
+STREAM_FIN = 2    # the application closed its side (shutdown(SHUT_WR) or close)
+STREAM_RST = 4    # the application aborted the connection (a TCP reset)
+STREAM_END = STREAM_FIN | STREAM_RST
 
 
 @dataclass(slots=True)

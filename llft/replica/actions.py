@@ -19,7 +19,9 @@ and, passed through for status and checks (the node already acted on them):
 
     from membership     MembershipChanged, ViewEntered, BeginPhase2, ViewStarted,
                         StateRestored, Reset
-    from messaging      Opened, Resynced, Phase2Done, RecoveredOrderInfo
+    from messaging      Closed (a remote stream ended after its last Deliver), Freed
+                        (the connection is gone), Opened, Resynced, Phase2Done,
+                        RecoveredOrderInfo
 
 A runtime dispatches on these types (a `match` or a table of handlers) and treats any
 other object as a bug.
@@ -61,6 +63,7 @@ class Restored:
     streams: tuple[tuple[mg.ConnId, bytes], ...]
     order_info: tuple[tuple[int, int, bytes], ...]
     app_state: bytes
+    ends: tuple[tuple[mg.ConnId, bool], ...] = ()   # streams that ended there (abort?)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,15 +79,16 @@ class RestartApp:
 MembershipChanged, ViewEntered = mb.MembershipChanged, mb.ViewEntered
 BeginPhase2, ViewStarted = mb.BeginPhase2, mb.ViewStarted
 StateRestored, Reset = mb.StateRestored, mb.Reset
+Closed, Freed = mg.Closed, mg.Freed
 Opened, Resynced = mg.Opened, mg.Resynced
 Phase2Done, RecoveredOrderInfo = mg.Phase2Done, mg.RecoveredOrderInfo
 
 NODE_OWN = (Deliver, OrderInfo, ViewSwitch, Restored, RestartApp)
 FROM_MEMBERSHIP = (MembershipChanged, ViewEntered, BeginPhase2, ViewStarted, StateRestored,
                    Reset)
-FROM_MESSAGING = (Opened, Resynced, Phase2Done, RecoveredOrderInfo)
+FROM_MESSAGING = (Closed, Freed, Opened, Resynced, Phase2Done, RecoveredOrderInfo)
 ACTION_TYPES = (Send,) + NODE_OWN + FROM_MEMBERSHIP + FROM_MESSAGING
 
 NodeAction = (Send | Deliver | OrderInfo | ViewSwitch | Restored | RestartApp
               | MembershipChanged | ViewEntered | BeginPhase2 | ViewStarted | StateRestored
-              | Reset | Opened | Resynced | Phase2Done | RecoveredOrderInfo)
+              | Reset | Closed | Freed | Opened | Resynced | Phase2Done | RecoveredOrderInfo)

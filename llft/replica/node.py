@@ -183,6 +183,7 @@ class ReplicaNode:
         self.order_info_log: deque[tuple[int, int, bytes]] = deque()   # (pvn, pos, chunk)
         self.oi_upto: dict[int, int] = {}       # pvn -> highest position in the log
         self.skip_out: dict[mg.ConnId, int] = {}
+        self.ends: dict[mg.ConnId, bool] = {}   # remote streams that ended (abort?)
         self._restore_blob: bytes | None = None
 
     # ==== public API of the runtime =========================================================
@@ -310,6 +311,9 @@ class ReplicaNode:
             "log": {"input_bytes": self.input_bytes, "order_info_bytes": self.oi_log_bytes,
                     "entries": len(self.order_info_log), "cap_bytes": self.log_cap_bytes,
                     "cap_entries": self.log_cap_entries, "full": self.log_full},
+            # messaging connections held now, and the freed ones as ranges of seqs
+            "streams": {"open": len(e.conns), "closed_ranges": e.closed.ranges(),
+                        "freed": e.stats.get("freed", 0)},
             "stats": dict(self.stats),
         }
     # ==== end of the public API of the runtime ==============================================
@@ -397,6 +401,14 @@ class ReplicaNode:
         self._settle()
         return n
 
+    def close(self, conn: mg.ConnId, abort: bool, now_us: int) -> None:
+        """The application closed (or, `abort`, reset) its side of `conn`."""
+        if not self.live:
+            raise NotReady("the replica holds no group state yet")
+        self._now = max(self._now, now_us)
+        self.messaging.close(conn, abort, now_us)
+        self._settle()
+
     def add_order_info(self, chunk: bytes, now_us: int) -> int:
         """The primary's order-info entry (the determinizer's chunk); its position."""
         # Not before the view's marker: a new primary takes its predecessor's last order
@@ -423,6 +435,7 @@ class ReplicaNode:
         blob = {"v": CHECKPOINT_VERSION,
                 "streams": [[cid[0], cid[1], int(cid[2]), bytes(b)]
                             for cid, b in self.streams.items()],
+                "ends": [[cid[0], cid[1], int(cid[2]), abort] for cid, abort in self.ends.items()],
                 "oi": [list(x) for x in self.order_info_log],
                 "messaging": self.messaging.snapshot(), "app": self.app_state.checkpoint()}
         self._count("checkpoints")
@@ -535,6 +548,12 @@ class ReplicaNode:
         elif isinstance(a, mg.RecoveredOrderInfo):
             self._recovered(a)
             self._emit(a)
+        elif isinstance(a, mg.Closed):
+            self.ends[a.conn] = a.abort
+            self._emit(a)
+        elif isinstance(a, mg.Freed):
+            self.skip_out.pop(a.conn, None)
+            self._emit(a)
         elif isinstance(a, (mg.Opened, mg.Resynced)):
             self._emit(a)
         else:
@@ -599,6 +618,8 @@ class ReplicaNode:
         for cid, data in streams.items():
             self.streams[cid] = bytearray(data)
             self.input_bytes += len(data)
+        for remote, seq, role, abort in blob.get("ends", ()):
+            self.ends[(remote, seq, Role(role))] = bool(abort)
         for pvn, pos, chunk in blob["oi"]:
             self._log_order_info(pvn, pos, chunk)
         for cid, out_offset in self.messaging.restore(blob["messaging"]).items():
@@ -609,7 +630,11 @@ class ReplicaNode:
         # from the blob: a joiner whose own log fills up while restoring still replays all
         self._emit(Restored(tuple(streams.items()),
                             tuple((p, q, c) for p, q, c in blob["oi"] if c is not None),
-                            blob["app"]))
+                            blob["app"], tuple(self.ends.items())))
+        for cid in self.streams:
+            if cid not in self.messaging.conns:
+                # the group freed it before we joined: the app replays it, no more
+                self._emit(mg.Freed(cid))
 
     def _count(self, key: str, n: int = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + n

@@ -113,6 +113,7 @@ import os
 import random
 import signal
 import socket
+import struct
 import sys
 import time
 from dataclasses import dataclass, field
@@ -149,6 +150,15 @@ LAG_CHECK_S = 0.02               # backups report execution / the primary checks
 log = logging.getLogger("llft.run")
 
 
+def _rss_kb() -> int | None:
+    """This agent's resident memory (status: flat memory under many short connections)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _log(msg: str) -> None:
     log.info(msg)
 
@@ -161,6 +171,9 @@ class AppConn:
     pending: bytearray = field(default_factory=bytearray)   # delivered, not yet written
     writer: asyncio.StreamWriter | None = None
     reader_task: asyncio.Task | None = None
+    end: bool | None = None          # the remote stream ended: abort?  (None: not yet)
+    app_done: bool = False           # the app closed its side (our reader saw the end)
+    freed: bool = False              # messaging freed the connection
 
 
 class Agent:
@@ -219,7 +232,7 @@ class Agent:
                                on_spawn=self._app_spawned,
                                on_stopped=self._app_tree_gone)
         self.conns: dict[mg.ConnId, AppConn] = {}
-        self.registered: list[AppConn] = []   # by index
+        self.registered = 0                   # "C" entries so far (the next index)
         self.unregistered: list[AppConn] = []  # primary: delivered on, no "C" yet
         self._connect_queue: asyncio.Queue = asyncio.Queue()
         self._oi_pending: list[bytes] = []    # drained, not yet accepted by messaging
@@ -370,6 +383,8 @@ class Agent:
             actions.MembershipChanged: self._membership_changed,
             actions.ViewEntered: lambda a: self._write_status(),
             actions.Opened: ignore,     # registered on its first delivery
+            actions.Closed: self._closed,
+            actions.Freed: self._freed,
             actions.Resynced: ignore, actions.Phase2Done: ignore,
             actions.BeginPhase2: ignore, actions.ViewStarted: ignore,
             actions.StateRestored: ignore,
@@ -447,11 +462,65 @@ class Agent:
         if self.mode is AppMode.PRIMARY and c.index < 0:
             self._register_new()
 
+    def _closed(self, a: actions.Closed) -> None:
+        """The remote stream ended after its last byte: the app's recv returns 0 there
+        (a FIN), or the connection is reset (at every replica: the shim orders it)."""
+        c = self.conns.get(a.conn)
+        if c is None:
+            c = self.conns[a.conn] = AppConn(a.conn)
+            if self.mode is AppMode.PRIMARY:
+                self.unregistered.append(c)
+        c.end = a.abort
+        self._count("stream_resets_in" if a.abort else "stream_fins_in")
+        if c.writer is not None:
+            self._end_stream(c)
+        if self.mode is AppMode.PRIMARY and c.index < 0:
+            self._register_new()            # a stream that ended before any byte
+
+    def _end_stream(self, c: AppConn) -> None:
+        if not c.end:
+            try:
+                if not c.writer.is_closing() and c.writer.can_write_eof():
+                    c.writer.write_eof()        # after the bytes still buffered
+            except OSError:
+                self._count("eof_to_closed_app_conn")   # the app reset it meanwhile
+            return
+        self.tasks.spawn(self._reset_app_conn(c), f"reset-conn-{c.index}")
+
+    async def _reset_app_conn(self, c: AppConn) -> None:
+        """A reset after every byte before it: wait until the app's socket has them all,
+        then close with SO_LINGER 0 (a RST: the app's recv fails with ECONNRESET)."""
+        writer = c.writer
+        writer.transport.set_write_buffer_limits(high=0)
+        try:
+            await writer.drain()
+        except ConnectionError:
+            return
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    def _freed(self, a: actions.Freed) -> None:
+        c = self.conns.get(a.conn)
+        if c is None:
+            return
+        c.freed = True
+        self._count("connections_freed")
+        self._forget_if_done(c)
+
+    def _forget_if_done(self, c: AppConn) -> None:
+        """Messaging freed it and the app closed its side: nothing of it is left here."""
+        if c.freed and c.app_done and self.conns.get(c.cid) is c:
+            del self.conns[c.cid]
+            if c.writer is not None and c.end is not True:
+                c.writer.close()
+
     def _register_new(self) -> None:
         """Primary: give every connection delivered on a "C" entry, in delivery order."""
         while self.unregistered:
             c = self.unregistered[0]
-            k = len(self.registered)
+            k = self.registered
             entry = TAG_CONN + msgpack.packb([k, c.cid[0], c.cid[1], int(c.cid[2])])
             try:
                 self.node.add_order_info(entry, self.driver.clock_us())
@@ -461,11 +530,11 @@ class Agent:
             self._registered(c, k)
 
     def _registered(self, c: AppConn, k: int) -> None:
-        if k != len(self.registered):
+        if k != self.registered:
             raise RuntimeError(f"connection {k} registered out of order "
-                               f"(expected {len(self.registered)})")
+                               f"(expected {self.registered})")
         c.index = k
-        self.registered.append(c)
+        self.registered += 1
         self._connect_queue.put_nowait(c)
 
     # -- order info at a backup --
@@ -546,6 +615,8 @@ class Agent:
         for cid, data in streams.items():
             c = self.conns.setdefault(cid, AppConn(cid))
             c.pending[:0] = data
+        for cid, abort in a.ends:
+            self.conns.setdefault(cid, AppConn(cid)).end = abort
         for pvn, pos, chunk in a.order_info:
             self._handle_entry(chunk, pvn, pos)
         self._history_entries = self._fed_total
@@ -615,17 +686,22 @@ class Agent:
             if c.pending:
                 writer.write(bytes(c.pending))
                 c.pending.clear()
-            c.reader_task = self.tasks.spawn(self._read_app(c, reader), f"read-conn-{c.index}")
+            if c.end is not None:
+                self._end_stream(c)
+            c.reader_task = self.tasks.spawn(self._read_app(app, c, reader),
+                                             f"read-conn-{c.index}")
             self._count("connections")
 
-    async def _read_app(self, c: AppConn, reader: asyncio.StreamReader) -> None:
+    async def _read_app(self, app: Application, c: AppConn,
+                        reader: asyncio.StreamReader) -> None:
         while True:
+            abort = False
             try:
                 data = await reader.read(READ_BYTES)
             except ConnectionError:
-                data = b""                  # the app was killed (a reset) or reset it
+                data, abort = b"", True     # the app reset it (or was killed: a reset)
             if not data:
-                self._count("app_closed")
+                self._app_closed(app, c, abort)
                 return
             if self.mode is AppMode.PRIMARY:
                 # Output commit: every order-info entry this output depends on is in the
@@ -647,6 +723,21 @@ class Agent:
                 view = view[n:]
                 if view:
                     await self._wait_progress()
+
+    def _app_closed(self, app: Application, c: AppConn, abort: bool) -> None:
+        """The app closed (FIN) or reset its side of `c`: our stream on it ends there.
+        Not when the app itself is going (killed by a reset, or the agent stopping)."""
+        self._count("app_resets" if abort else "app_closed")
+        if app is not self.app or app.closed or self.stop_event.is_set():
+            return
+        if c.end is True and abort:
+            abort = False                   # our own reset of its socket, not the app's
+        try:
+            self.driver.call(self.node.close, c.cid, abort, self.driver.clock_us())
+        except rp.NotReady:
+            self._count("close_not_ready")
+        c.app_done = True
+        self._forget_if_done(c)
 
     async def _wait_progress(self) -> None:
         self.driver.progress.clear()
@@ -758,7 +849,9 @@ class Agent:
             },
             "sync": self._sync, "own_lag": self._own_lag if self._sync != "none" else None,
             "lag_held": self._lag_held,
-            "connections": len(self.registered),
+            "connections": self.registered,
+            "connections_open": len(self.conns),
+            "rss_kb": _rss_kb(),
             "diverged": app.divergence,
             "counters": {**self.counters, **{f"node_{k}": v for k, v in node_stats.items()}},
             "transport": self.endpoint.stats() if not self.endpoint.closed else {},

@@ -26,6 +26,14 @@ connection the servers still remember from an earlier gateway.
   may resend bytes the client already has) and treats bytes beyond it (a gap) as a bug:
   counted, logged, and the client is disconnected rather than given a corrupt stream.
   So each client sees every reply byte exactly once, across failovers.
+- Ends: a client's FIN (EOF) or reset ends its stream into the group
+  (`MessagingEndpoint.close`), ordered after its last byte: the app's recv returns 0
+  (or fails with ECONNRESET) exactly there, at every replica. The group's end (`Closed`,
+  after its last byte) becomes a FIN to the client (`write_eof`: a half-close; the
+  client may still send) or a reset (SO_LINGER 0 once every byte is out). When both
+  ends are in and acknowledged messaging frees the connection (`Freed`): the client's
+  socket is closed and nothing of it is left here. The gateway dropping a client (a
+  gap, a client that does not read, shutdown) is a reset into the group.
 - Slow clients: the gateway reads a client's next request only after its pending replies
   drained below the writer's high-water mark (`drain()`), so a request/reply client that
   does not read cannot make the group produce unbounded output; a client whose unread
@@ -47,13 +55,10 @@ Processes: the gateway starts none (no child process to clean up).
 
 Known limits
 ------------
-- There is no stream close in the messaging protocol yet: when a client disconnects the
-  gateway drops it, but the servers never learn that the connection ended (their
-  application's socket stays open) and the messaging connection stays in both ends'
-  tables; replies that still arrive for it are counted (`orphan_bytes`) and discarded.
-  Every client ever accepted therefore costs a connection slot, up to
-  `MAX_CONNECTIONS` here and the servers' own `max_connections`; beyond that new
-  clients are refused. A half-close by the client (EOF on its side) is a disconnect.
+- Open connections are bounded by messaging's `max_connections` (closed ones do not
+  count); beyond it new clients are refused. Each open connection still has its own
+  acks and timers (streams are not yet multiplexed in one group-pair connection:
+  docs/ARCHITECTURE.md, open items).
 - Many concurrent clients: each is its own messaging connection, and messaging's fixed
   retransmission timeout (4 ms, not adapted to the measured round trip) plus its
   FIRST_ACK/SECOND_ACK traffic collapse under load on a 2-core host: through a 1-member
@@ -72,6 +77,8 @@ import logging
 import os
 import secrets
 import signal
+import socket
+import struct
 import sys
 import time
 from collections import Counter
@@ -83,14 +90,14 @@ from llft.runtime import status as status_files
 from llft.runtime.driver import Driver
 from llft.runtime.tasks import TaskSet
 from llft.protocol.messages import Role
-from llft.protocol.messaging import BufferFull, Deliver, MessagingConfig, MessagingEndpoint, Opened
+from llft.protocol.messaging import (BufferFull, Closed, Deliver, Freed, MessagingConfig,
+                                     MessagingEndpoint, Opened)
 from llft.runtime.transport import Endpoint
 
 log = logging.getLogger("llft.runtime.gateway")
 
 STATUS_INTERVAL_S = 0.5
 READ_BYTES = 64 << 10
-MAX_CONNECTIONS = 4096                  # messaging connections (clients ever accepted)
 MAX_CLIENT_BACKLOG_BYTES = 32 << 20     # unread replies before a client is dropped
 CONN_SEQ_BITS = 40
 EXIT_TASK_FAILED = 70                   # a background task failed (EX_SOFTWARE)
@@ -107,7 +114,8 @@ class Client:
     writer: asyncio.StreamWriter
     peer: str
     next_offset: int = 0                # next reply byte offset the client expects
-    closed: bool = False
+    closed: bool = False                # nothing more is written to the client
+    client_done: bool = False           # the client's stream ended (FIN/RST sent in)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -129,8 +137,7 @@ class Gateway:
         self.conn_base = secrets.randbits(CONN_SEQ_BITS)
         self.core = MessagingEndpoint(
             self.gcfg.gateway_group, self.birth,
-            MessagingConfig(max_connections=MAX_CONNECTIONS,
-                            heartbeat_us=max(500, int(cfg.heartbeat_ms * 1000))))
+            MessagingConfig(heartbeat_us=max(500, int(cfg.heartbeat_ms * 1000))))
         self.endpoint = Endpoint(key, self.gcfg.gateway_group, lambda m: None,
                                  groups=cfg.group_map(), interface=cfg.interface,
                                  ttl=cfg.ttl, birth_id=self.birth)
@@ -152,6 +159,14 @@ class Gateway:
     def _on_action(self, action) -> None:
         if isinstance(action, Deliver):
             self._deliver(action)
+        elif isinstance(action, Closed):
+            self._group_closed(action)
+        elif isinstance(action, Freed):
+            self.counters["connections_freed"] += 1
+            cl = self.clients.pop(action.conn, None)
+            if cl is not None and not cl.closed:
+                cl.closed = True
+                cl.writer.close()           # after the bytes (and FIN) still buffered
         elif isinstance(action, Opened):
             # nobody should open a connection towards a gateway
             self.counters["unexpected_opens"] += 1
@@ -191,12 +206,51 @@ class Gateway:
                         transport.get_write_buffer_size())
             self._drop(cl, "slow")
 
+    def _group_closed(self, a: Closed) -> None:
+        """The group's stream to this client ended after its last byte: a FIN (the app
+        closed or shut down its side), or a reset."""
+        cl = self.clients.get(a.conn)
+        if cl is None or cl.closed or cl.writer.is_closing():
+            self.counters["orphan_ends"] += 1
+            return
+        if a.abort:
+            self.counters["resets_out"] += 1
+            cl.closed = True
+            task = asyncio.ensure_future(self._reset_client(cl))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        else:
+            self.counters["fins_out"] += 1
+            try:
+                if cl.writer.can_write_eof():
+                    cl.writer.write_eof()   # after the bytes still buffered
+            except OSError:
+                self.counters["eof_to_gone_client"] += 1
+
+    async def _reset_client(self, cl: Client) -> None:
+        """A reset after every byte before it: the client's socket gets them all, then
+        a RST (SO_LINGER 0)."""
+        cl.writer.transport.set_write_buffer_limits(high=0)
+        try:
+            await cl.writer.drain()
+        except ConnectionError:
+            return
+        sock = cl.writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        cl.writer.transport.abort()
+
     def _drop(self, cl: Client, why: str) -> None:
+        """The gateway gives up on a client (a gap, a client that does not read, the
+        gateway stopping): its socket closes and the group sees a reset."""
         if cl.closed:
             return
         cl.closed = True
         self.clients.pop(cl.conn, None)
         self.counters[f"clients_dropped_{why}"] += 1
+        if not cl.client_done:
+            cl.client_done = True
+            self.driver.call(self.core.close, cl.conn, True, self.driver.clock_us())
         try:
             cl.writer.close()
         except Exception:   # noqa: BLE001 -- already broken
@@ -217,19 +271,20 @@ class Gateway:
         except BufferFull:
             self.counters["clients_refused"] += 1
             log.warning("refusing client %s: %d connections in use "
-                        "(no stream close yet)", peer_s, len(self.core.conns))
+                        "(messaging's max_connections)", peer_s, len(self.core.conns))
             writer.close()
             self.tasks.discard(task)
             return
         cl = Client(number, cid, writer, peer_s)
         self.clients[cid] = cl
         self.counters["clients_total"] += 1
+        abort = False
         try:
             while not cl.closed:
                 await writer.drain()            # backpressure: replies first
                 data = await reader.read(READ_BYTES)
                 if not data:
-                    break
+                    break                       # FIN: the client sends nothing more
                 self.counters["bytes_in"] += len(data)
                 view = memoryview(data)
                 while view and not cl.closed:
@@ -240,15 +295,24 @@ class Gateway:
                         await self.driver.wait_for(
                             lambda: cl.closed or self.core.send_space(cid) > 0, 3600.0)
         except (ConnectionError, OSError):
-            pass
+            abort = True                        # the client reset its connection
         except asyncio.CancelledError:
             pass
         except Exception:   # noqa: BLE001 -- a bug: this client goes, the others stay
             self.counters["client_handler_errors"] += 1
             log.exception("client %d (%s): unexpected error; disconnecting the client",
                           number, peer_s)
+            self._drop(cl, "error")
         finally:
-            self._drop(cl, "disconnected")
+            if not cl.client_done:
+                # the client's stream ends here, in order after its last byte; the
+                # connection stays until the group's stream ends too (then Freed)
+                cl.client_done = True
+                self.counters["resets_in" if abort else "fins_in"] += 1
+                self.driver.call(self.core.close, cid, abort, self.driver.clock_us())
+                if abort:
+                    cl.closed = True
+                    writer.close()
             self.tasks.discard(task)
 
     # -- status -------------------------------------------------------------------------
@@ -258,7 +322,9 @@ class Gateway:
             "kind": "gateway", "group": self.group, "gateway_group": self.gcfg.gateway_group,
             "pid": os.getpid(), "birth": self.birth, "listen": list(self.bound or ()),
             "started": self.started, "updated": time.time(),
-            "clients": len(self.clients), "clients_total": c["clients_total"],
+            # clients still sending (a client that half-closed waits for the group's end)
+            "clients": sum(not cl.client_done for cl in self.clients.values()),
+            "clients_total": c["clients_total"],
             "clients_refused": c["clients_refused"],
             "bytes_in": c["bytes_in"], "bytes_out": c["bytes_out"],
             "duplicate_bytes": c["duplicate_bytes"],

@@ -142,6 +142,8 @@ def group_status(cfg: config_mod.ClusterConfig, group: str) -> dict:
                 "sync": "primary" if m["rank"] == 1 else a.get("sync", "?"),
                 "lag_held": a.get("lag_held"), "log": a.get("log"),
                 "connections": a.get("connections"), "diverged": a.get("diverged"),
+                "connections_open": a.get("connections_open"), "streams": a.get("streams"),
+                "rss_kb": a.get("rss_kb"),
                 "counters": a.get("counters", {})})
     in_view = {m["birth"] for m in members}
     others = [{"birth": a["birth"], "birth_hex": f"{a['birth']:x}", "role": a.get("role"),

@@ -14,6 +14,11 @@ messaging). Then faults stop, and the checks are:
   * exactly once, in order: every Deliver continues its stream exactly where the last
     one ended, with the bytes the primary's application wrote; at the end every live
     member of the destination group has the whole stream of every connection;
+  * stream ends: a stream the application closed (FIN) or aborted (RST) ends with one
+    `Closed` at every live member of the other group, exactly once, after its last
+    byte, with the right kind; nothing is delivered after it; a connection whose two
+    streams ended is freed at every live replica of both groups (`Freed` once, no
+    state, no timer left: `MessagingEndpoint.check`), and stays freed;
   * order info: every live backup receives positions 1..n, exactly once, in order, with
     the primary's bytes;
   * authentication: nothing forged or corrupted is delivered (the byte comparison), and
@@ -29,7 +34,8 @@ scenario script (format and runner: llft/sim/campaign.py). Its lines: `set fault
 dup P reorder P corrupt P`, `set messaging payload B window N`, `seed sim N` (the kernel),
 `seed app N` (the applications' pacing), `group G BID...` (birth ids in rank order, the
 first is the primary), `conn K CLIENT SERVER seq N`, `writes K c2s|s2c SIZE...` (a stream,
-cut as its primary's application writes it), `recut NODE K DIR SIZE...` (a replica that
+cut as its primary's application writes it), `end K c2s|s2c fin|rst` (the application
+closes or aborts after its last write), `recut NODE K DIR SIZE...` (a replica that
 cuts it differently), `order-info G SIZE...` (chunks G's primary adds); events `app NODE`
 (its application starts), `crash NODE`, `partition NODE... [| NODE...]` (unlisted nodes
 form one more side), `heal`, `inject G forged|garbage|flipped ...` (see `Schedule._inject`)
@@ -44,8 +50,8 @@ from dataclasses import dataclass, field
 
 from llft.protocol import wire
 from llft.protocol.messages import Message, MsgType, Role
-from llft.protocol.messaging import (BufferFull, Deliver, DeliverOrderInfo, MessagingConfig,
-                                     MessagingEndpoint)
+from llft.protocol.messaging import (BufferFull, Closed, Deliver, DeliverOrderInfo, Freed,
+                                     MessagingConfig, MessagingEndpoint)
 from llft.sim.campaign import (Campaign, Outcome, Param, Script, ScenarioError,
                                run_until_done, sides, us)
 from llft.sim.kernel import NetConfig, Sim
@@ -63,6 +69,8 @@ CORRUPT_P = 0.01
 PARTITION_P = 0.3                   # chance of one transient partition per schedule
 PARTITION_US_MAX = 30_000
 FORGED_PER_SCHEDULE = 6
+END_P = 0.85                        # a stream ends (closed by its application) ...
+RST_P = 0.2                         # ... by an abort rather than a FIN
 
 
 def stream_bytes(label: str, n: int) -> bytes:
@@ -96,7 +104,7 @@ def generate(seed: int, loss: float = 0.0, dup: float = 0.0, reorder: float = 0.
         bids = [rng.getrandbits(62) + 1 for _ in range(size)]
         head.append(("group", g, *bids))
         groups[g] = [f"{g}.{i}" for i in range(size)]
-    conns, writes = [], []
+    conns, writes, ends = [], [], []
     seqs: dict[str, int] = {}
     for k in range(1, rng.randint(1, 4) + 1):
         a, b = rng.sample(sorted(groups), 2)
@@ -107,7 +115,10 @@ def generate(seed: int, loss: float = 0.0, dup: float = 0.0, reorder: float = 0.
             total = rng.randint(0, MAX_STREAM_BYTES) if rng.random() < 0.9 else 0
             rng.randbytes(total)           # the content is stream_bytes(); keeps the draws
             writes.append(("writes", k, direction, *_sizes(rng, total)))
-    head += writes
+            if rng.random() < END_P or (direction == "c2s" and total == 0):
+                # (the client speaks first: a connection is opened by its first message)
+                ends.append(("end", k, direction, "rst" if rng.random() < RST_P else "fin"))
+    head += writes + ends
     for g in groups:
         sizes = []
         for _ in range(rng.randint(0, MAX_ORDER_INFO_CHUNKS)):
@@ -187,6 +198,9 @@ class _Replica:
     oi_done: int = 0
     got: dict = field(default_factory=dict)          # conn id -> bytearray delivered
     oi_got: dict = field(default_factory=dict)      # pvn -> chunks delivered
+    ended: dict = field(default_factory=dict)       # conn id -> abort, from Closed
+    freed: set = field(default_factory=set)         # conn ids Freed
+    closed_own: set = field(default_factory=set)    # conn ids our app closed
 
 
 class Schedule:
@@ -235,6 +249,8 @@ class Schedule:
                                             for i, n in enumerate(args[1:])]
             elif verb == "recut":
                 recuts.append(args)
+            elif verb == "end":
+                self.conns[conn_index[args[0]]][3]["end " + args[1]] = args[2] == "rst"
         self.crashed: set[str] = set()
         for g, reps in self.groups.items():
             for rep in reps:
@@ -256,6 +272,8 @@ class Schedule:
             cid = (b, seq, Role.CLIENT) if direction == "c2s" else (a, seq, Role.SERVER)
             self.cuts[(node, cid)] = _cut(streams[direction][0], [int(w) for w in sizes])
         self.conn_ids = {k: self.conns[i] for k, i in conn_index.items()}
+        self.own_end = {(rep.node, cid): mine for rep in self.by_node.values()
+                        for cid, mine, _ in self._ends(rep)}
 
     # -- expectations ------------------------------------------------------------------
     def _streams(self, rep: _Replica):
@@ -281,6 +299,15 @@ class Schedule:
                 out[(a, seq, Role.SERVER)] = streams["c2s"][0]
         return out
 
+    def _ends(self, rep: _Replica):
+        """conn id -> (how this replica's app ends its stream, how the remote's ends):
+        True for an abort, False for a FIN, None if it does not end."""
+        for a, b, seq, streams in self.conns:
+            if rep.group == a:
+                yield (b, seq, Role.CLIENT), streams.get("end c2s"), streams.get("end s2c")
+            elif rep.group == b:
+                yield (a, seq, Role.SERVER), streams.get("end s2c"), streams.get("end c2s")
+
     def _violation(self, what: str) -> None:
         if len(self.violations) < 5:
             self.violations.append(what)
@@ -288,6 +315,27 @@ class Schedule:
     # -- actions -----------------------------------------------------------------------
     def _on_action(self, node: str, action, now_us: int) -> None:
         rep = self.by_node[node]
+        if isinstance(action, (Deliver, Closed)) and (action.conn in rep.ended
+                                                      or action.conn in rep.freed):
+            self._violation(f"{node} {action.conn}: {type(action).__name__} after the "
+                            f"stream's end or the connection's free")
+            return
+        if isinstance(action, Closed):
+            got = len(rep.got.get(action.conn, b""))
+            exp = self._expected(rep).get(action.conn)
+            want = dict((cid, theirs) for cid, _, theirs in self._ends(rep)).get(action.conn)
+            if exp is None or got != len(exp) or action.offset != got or want is None \
+                    or want != action.abort:
+                self._violation(f"{node} {action.conn}: end (abort={action.abort}) at "
+                                f"{action.offset} after {got} bytes; expected "
+                                f"{None if exp is None else len(exp)} bytes, abort={want}")
+            rep.ended[action.conn] = action.abort
+            return
+        if isinstance(action, Freed):
+            if action.conn in rep.freed:
+                self._violation(f"{node} {action.conn}: freed twice")
+            rep.freed.add(action.conn)
+            return
         if isinstance(action, Deliver):
             buf = rep.got.setdefault(action.conn, bytearray())
             exp = self._expected(rep).get(action.conn)
@@ -331,6 +379,11 @@ class Schedule:
                         busy = busy or idx < len(cuts)
                         break
                 rep.progress[cid] = (idx, done)
+                if idx >= len(cuts) and cid not in rep.closed_own:
+                    mine = self.own_end[(rep.node, cid)]
+                    if mine is not None:
+                        rep.core.close(cid, abort=mine, now_us=sim.now_us)
+                        rep.closed_own.add(cid)
             if rep.primary:
                 chunks = self.order_info[rep.group]
                 while rep.oi_done < len(chunks):
@@ -477,6 +530,13 @@ class Schedule:
             for cid, cuts in self._writes(rep):
                 if rep.progress.get(cid, (0, 0))[0] < len(cuts):
                     out.append(f"{rep.node} {cid}: app still writing")
+            for cid, mine, theirs in self._ends(rep):
+                if theirs is not None and cid not in rep.ended:
+                    out.append(f"{rep.node} {cid}: stream end not delivered")
+                if mine is not None and theirs is not None and (
+                        cid in rep.core.conns or cid not in rep.freed
+                        or cid not in rep.core.closed):
+                    out.append(f"{rep.node} {cid}: both streams ended, not freed")
             if not rep.primary:
                 pvn = rep.core.pvn
                 want = len(self.oi_added.get((rep.group, pvn), []))

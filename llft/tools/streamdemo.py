@@ -33,7 +33,7 @@ import time
 from llft.runtime import keys
 from llft.runtime.driver import Driver
 from llft.protocol.messages import Role
-from llft.protocol.messaging import Deliver, MessagingConfig, MessagingEndpoint
+from llft.protocol.messaging import Closed, Deliver, MessagingConfig, MessagingEndpoint
 from llft.runtime.transport import Endpoint, Faults, GroupMap
 
 CHUNK_BYTES = 64 << 10          # the sending application writes this much at a time
@@ -77,6 +77,10 @@ async def main_async(args) -> int:
             pending.append((action.conn, action.data))
             echo_pump()
             return
+        if isinstance(action, Closed) and args.echo:
+            pending.append((action.conn, action.abort))   # the end is echoed too, in order
+            echo_pump()
+            return
         if isinstance(action, Deliver):
             if action.offset != state["bytes"]:
                 state["errors"].append(f"offset {action.offset} != expected {state['bytes']}")
@@ -92,6 +96,10 @@ async def main_async(args) -> int:
         # Write back what flow control admits now; echo_loop retries the rest.
         while pending:
             conn, data = pending[0]
+            if isinstance(data, bool):
+                core.close(conn, data, driver.clock_us())
+                pending.pop(0)
+                continue
             n = core.send(conn, data, driver.clock_us())
             if n < len(data):
                 pending[0] = (conn, data[n:])

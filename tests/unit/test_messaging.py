@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 
 from llft.protocol.messages import Message, MsgType, Role
-from llft.protocol.messaging import (RESPONDS_TO_FIRST_ACK, BufferFull, Deliver,
-                                    DeliverOrderInfo, Duty, MessagingConfig, MessagingEndpoint,
+from llft.protocol.messaging import (RESPONDS_TO_FIRST_ACK, BufferFull, Closed, Deliver,
+                                    DeliverOrderInfo, Duty, Freed, MessagingConfig,
+                                    MessagingEndpoint,
                                     Opened, Phase2Done, ProtocolError, RecoveredOrderInfo,
                                     Resynced, Send, Timer, pack_trailer, unpack_trailer)
 from llft.sim.kernel import NetConfig, Sim
@@ -608,3 +609,96 @@ def test_order_info_log_delivers_in_order_once():
     p.gc()
     assert [pos for pos, _ in p.log] == [3] and p.unprotected_bytes() == 1
     p.check()
+
+
+# ---- stream ends (FIN / RST) and freeing ------------------------------------------------
+def _request_reply_close(sim, a, b, request, reply, client_abort=False, server_abort=False):
+    """Every replica's app: the client sends `request` then ends its stream; the server
+    replies `reply` once it saw the request's end, then ends its own."""
+    events = {x: [] for x in {**a, **b}}
+
+    def on_action(node, action, now):
+        events[node].append(action)
+        if node in b and isinstance(action, Closed):
+            e = b[node]
+            e.send(CONN_B, reply, now_us=now)
+            e.close(CONN_B, abort=server_abort, now_us=now)
+
+    for x, e in {**a, **b}.items():
+        sim.add_node(x, e, ["A" if x in a else "B"], on_action)
+    for x, e in a.items():
+        def start(s, e=e):
+            e.send(CONN_A, request, now_us=s.now_us)
+            e.close(CONN_A, abort=client_abort, now_us=s.now_us)
+        sim.at(0, start, x)
+    return events
+
+
+@pytest.mark.parametrize("client_abort,server_abort", [(False, False), (True, False),
+                                                        (False, True)])
+def test_stream_end_is_delivered_once_after_the_data_and_state_is_freed(client_abort,
+                                                                        server_abort):
+    sim = Sim(3, NetConfig(loss=0.2, dup=0.1, reorder=0.2))
+    a, b = pair(a_members=(1, 4), b_members=(2, 3))
+    request, reply = b"GET /" * 70, b"200 OK " * 90
+    events = _request_reply_close(sim, a, b, request, reply, client_abort, server_abort)
+    sim.run_until(100_000)
+    sim.set_faults(NetConfig())
+    sim.run_until(400_000)
+    for x, evs in events.items():
+        conn, data, abort = (CONN_B, request, client_abort) if x in b else \
+            (CONN_A, reply, server_abort)
+        ends = [i for i, ev in enumerate(evs) if isinstance(ev, Closed)]
+        assert len(ends) == 1, (x, evs)
+        end = evs[ends[0]]
+        assert (end.conn, end.offset, end.abort) == (conn, len(data), abort)
+        assert b"".join(ev.data for ev in evs[:ends[0]] if isinstance(ev, Deliver)) == data
+        assert not any(isinstance(ev, Deliver) for ev in evs[ends[0]:])
+        assert [ev.conn for ev in evs if isinstance(ev, Freed)] == [conn]
+    for e in {**a, **b}.values():
+        assert not e.conns and all(k is None for _, k in e.timers.keys())
+        assert (CONN_A if e.group == "A" else CONN_B) in e.closed
+        e.check()
+
+
+def test_a_message_for_a_freed_connection_is_answered_closed_and_never_reopens():
+    sim = Sim(4, NetConfig())
+    a, b = pair()
+    _request_reply_close(sim, a, b, b"q", b"r")
+    sim.run_until(200_000)
+    q = b[2]
+    assert not q.conns and CONN_B in q.closed
+    late = Message(MsgType.KEEP_ALIVE, "A", "B", 1, Role.CLIENT, 1, 1, 1, ts=10**6)
+    q.handle_message(late, 300_000)
+    acts = q.take_actions()
+    assert [m.type for m in sends(acts)] == [MsgType.CLOSED]
+    assert not q.conns and not any(isinstance(x, Opened) for x in acts)
+    assert q.send(CONN_B, b"after", now_us=300_000) == 5 and not q.conns   # discarded
+    with pytest.raises(ProtocolError):
+        q.open("A", 1, Role.SERVER)
+
+
+def test_closed_sets_stay_a_few_ranges():
+    from llft.protocol.messaging.closed import ClosedSeqs
+    c = ClosedSeqs()
+    for seq in [5, 3, 4, 9, 7, 8, 6, 10]:
+        c.add(("G", seq, Role.SERVER))
+    assert c.ranges() == 1
+    assert ("G", 2, Role.SERVER) not in c and ("G", 11, Role.SERVER) not in c
+    assert all(("G", s, Role.SERVER) in c for s in range(3, 11))
+    assert ("G", 5, Role.CLIENT) not in c
+
+
+def test_the_server_end_speaks_after_the_openers_first_message():
+    """So every message on a connection is above the opener's first ts, and a connection
+    the opener never heard back on counts at that ts, not 0, in its watermark."""
+    a, b = pair()
+    p, q = a[1], b[2]
+    assert q.send(CONN_B, b"early", now_us=0) == 5
+    assert not sends(q.take_actions(), MsgType.REPLY)          # queued, not sent
+    p.send(CONN_A, b"hello", now_us=0)
+    first = sends(p.take_actions(), MsgType.REQUEST)[0]
+    assert p.timestamp_watermark() == first.ts                 # not pinned at 0
+    q.handle_message(first, 10)
+    replies = sends(q.take_actions(), MsgType.REPLY)
+    assert [r.body["data"] for r in replies] == [b"early"] and replies[0].ts > first.ts

@@ -16,6 +16,7 @@ The parts (each module opens with its own theory of operation):
     orderinfo_log.py  the order-info log: the primary's chunks until backups hold them,
                       piggyback sections, a backup's in-order delivery
     trailer.py        what the messaging core carries in a message's `order_info` field
+    closed.py         ClosedSeqs: the connections this replica freed, as merged ranges
     rules.py          protocol rules as tables (who answers a FIRST_ACK, primary-only types)
     actions.py        what the endpoint asks of its driver (Send, Deliver, ...)
     config.py         MessagingConfig (every bound), BufferFull, ProtocolError, ConnId
@@ -25,17 +26,18 @@ API (the driver, the replica node and membership use only this)
     e.set_view(pvn, primary_birth_id, [(birth_id, precedence), ...], my_birth_id, now_us)
     cid = e.open(remote_group, conn_seq, Role.CLIENT)   # remote-opened: Opened(cid)
     e.send(cid, data, now_us) -> bytes accepted;  e.send_space(cid)
+    e.close(cid, abort=False, now_us)   # our stream ends (FIN, or RST if abort)
     e.add_order_info(chunk, now_us) -> position   (primary; BufferFull at the bound)
     e.order_info_unprotected_bytes(), e.order_info_held(), e.order_info_produced()
     e.handle_message(msg, now_us); e.handle_timer(now_us); e.next_timer_us();
-    e.take_actions() -> [Send | Deliver | DeliverOrderInfo | Opened | Resynced |
-                         RecoveredOrderInfo | Phase2Done]
+    e.take_actions() -> [Send | Deliver | Closed | Freed | DeliverOrderInfo | Opened |
+                         Resynced | RecoveredOrderInfo | Phase2Done]
     e.snapshot() -> dict;  e.restore(snapshot) -> {cid: our stream's end}   (a joiner)
     e.buffer_sizes(), e.stats, e.last_heard_us (intra-group liveness, for membership),
     e.check() (invariants, for the simulator)
 """
-from llft.protocol.messaging.actions import (ACTION_TYPES, Deliver, DeliverOrderInfo,
-                                             MessagingAction, Opened, Phase2Done,
+from llft.protocol.messaging.actions import (ACTION_TYPES, Closed, Deliver, DeliverOrderInfo,
+                                             Freed, MessagingAction, Opened, Phase2Done,
                                              RecoveredOrderInfo, Resynced, Send)
 from llft.protocol.messaging.config import (INTRA_CONN_SEQ, BufferFull, ConnId,
                                             MessagingConfig, ProtocolError)
@@ -44,7 +46,7 @@ from llft.protocol.messaging.rules import PRIMARY_ONLY_TYPES, RESPONDS_TO_FIRST_
 from llft.protocol.messaging.timers import Timer
 from llft.protocol.messaging.trailer import pack_trailer, unpack_trailer
 
-__all__ = ["ACTION_TYPES", "BufferFull", "ConnId", "Deliver", "DeliverOrderInfo", "Duty",
+__all__ = ["ACTION_TYPES", "BufferFull", "Closed", "ConnId", "Deliver", "Freed", "DeliverOrderInfo", "Duty",
            "INTRA_CONN_SEQ", "MessagingAction", "MessagingConfig", "MessagingEndpoint",
            "Opened", "PRIMARY_ONLY_TYPES", "Phase2Done", "ProtocolError", "RESPONDS_TO_FIRST_ACK",
            "RecoveredOrderInfo", "Resynced", "Send", "Timer", "pack_trailer", "unpack_trailer"]

@@ -21,6 +21,22 @@ class Deliver:
 
 
 @dataclass(frozen=True, slots=True)
+class Closed:
+    """The remote application's stream ended at `offset`, after every byte before it
+    (exactly once): a FIN (it closed or shut down its side), or a reset if `abort`."""
+    conn: ConnId
+    offset: int
+    abort: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Freed:
+    """Both streams of the connection ended and this replica dropped every piece of
+    state it had for it (messages for it are ignored from now on)."""
+    conn: ConnId
+
+
+@dataclass(frozen=True, slots=True)
 class DeliverOrderInfo:
     """A backup: the primary's order-info chunk at `pos`, exactly once, in position order."""
     pos: int                # 1, 2, ... within the primary view `pvn`
@@ -58,7 +74,7 @@ class Phase2Done:
     pvn: int
 
 
-MessagingAction = Send | Deliver | DeliverOrderInfo | Opened | Resynced | RecoveredOrderInfo \
-    | Phase2Done
-ACTION_TYPES = (Send, Deliver, DeliverOrderInfo, Opened, Resynced, RecoveredOrderInfo,
-                Phase2Done)
+MessagingAction = Send | Deliver | Closed | Freed | DeliverOrderInfo | Opened | Resynced \
+    | RecoveredOrderInfo | Phase2Done
+ACTION_TYPES = (Send, Deliver, Closed, Freed, DeliverOrderInfo, Opened, Resynced,
+                RecoveredOrderInfo, Phase2Done)

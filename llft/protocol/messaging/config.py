@@ -22,7 +22,8 @@ class MessagingConfig:
     max_queue_bytes: int = 64 << 10     # app bytes accepted, not yet sent (primary) per conn
     max_log_bytes: int = 256 << 10      # app bytes logged, not yet acked (backup) per conn
     max_placeholders: int = 32          # receive gap bound (== window_msgs: nothing beyond)
-    max_connections: int = 256
+    max_connections: int = 16384        # open at once (freed ones do not count)
+    max_freed_pending: int = 256        # primary: frees its backups have not applied yet
     retransmit_us: int = 4_000
     retransmit_max_us: int = 32_000
     first_ack_delay_us: int = 1_000

@@ -22,7 +22,9 @@ States (`SendState`, the send side; the only way it changes is a transition meth
   STREAMING -throttle-> THROTTLED -unthrottle-> STREAMING
   any -begin_resync-> RESYNC -end_resync-> STREAMING
 `known` (counted in the watermark and the digest) only ever goes from False to True
-(`mark_known`). `check()` asserts the invariants written next to the fields.
+(`mark_known`). `peer_finished` (the remote group freed the connection: CLOSED) empties
+the send side and ends any RESYNC: from then on the connection only waits for our own
+application's end before it is freed (endpoint.py, "Stream end and freeing"). `check()` asserts the invariants written next to the fields.
 """
 from __future__ import annotations
 
@@ -102,7 +104,8 @@ class SendSide:
     consecutive msns ending at last_msn; remote_ack <= last_msn."""
     __slots__ = ("out_offset", "queue", "queue_bytes", "next_msn", "sent", "sent_bytes",
                  "log", "log_bytes", "remote_ack", "rto_us", "fa_count", "last_send_us",
-                 "sent_open", "old_pvn", "last_back", "ka_urgent")
+                 "sent_open", "old_pvn", "last_back", "ka_urgent", "end", "abort",
+                 "first_ts")
 
     def __init__(self, rto_us: int):
         self.out_offset = 0                 # end of the bytes our app produced
@@ -121,6 +124,9 @@ class SendSide:
         self.old_pvn = 0                    # RESYNC: the view we took over from
         self.last_back = 0                  # `back` in the last message we sent on it
         self.ka_urgent = False              # group watermark news for the remote sender
+        self.end: int | None = None         # offset of our stream's end marker (closed)
+        self.abort = False                  # ... and it is a reset, not a FIN
+        self.first_ts = 0                   # ts of the first message we sent on it
 
     @property
     def last_msn(self) -> int:
@@ -167,7 +173,7 @@ class ReceiveSide:
     """The remote primary's stream on one connection.
     Invariant: bytes held ahead of a gap start beyond `delivered`."""
     __slots__ = ("view", "old_view", "delivered", "received", "held", "ahead", "declared",
-                 "max_data_ts", "old_ts", "fa_pending", "fa_tries")
+                 "max_data_ts", "old_ts", "fa_pending", "fa_tries", "end", "abort")
 
     def __init__(self) -> None:
         self.view: ReceiveSequence | None = None      # the remote primary's current view
@@ -183,6 +189,13 @@ class ReceiveSide:
         self.old_ts: int | None = None      # recv_ts frozen at a remote change of primary
         self.fa_pending = 0                 # FIRST_ACK ack value awaiting SECOND_ACK
         self.fa_tries = 0
+        self.end: int | None = None         # offset of the remote stream's end marker
+        self.abort = False
+
+    @property
+    def finished(self) -> bool:
+        """The remote stream's end was delivered (after every byte of it)."""
+        return self.end is not None and self.delivered > self.end
 
     def new_view(self, pvn: int, keep_old_gaps: bool) -> None:
         """The remote group has a new primary (view `pvn`)."""
@@ -248,7 +261,7 @@ class RemoteView:
 
 class Connection:
     __slots__ = ("cid", "remote", "seq", "role", "state", "known", "send", "recv",
-                 "remote_view")
+                 "remote_view", "peer_done")
 
     def __init__(self, cid: ConnId, rto_us: int):
         self.cid = cid
@@ -258,6 +271,7 @@ class Connection:
         self.send = SendSide(rto_us)
         self.recv = ReceiveSide()
         self.remote_view = RemoteView()
+        self.peer_done = False              # the remote primary freed it (CLOSED)
 
     # ---- transitions (the only writers of `state` and `known`) ----
     def _go(self, to: SendState) -> None:
@@ -309,6 +323,21 @@ class Connection:
         s.sent_open = True
         return gap
 
+    def peer_finished(self) -> None:
+        """The remote group freed the connection (CLOSED): it has our whole stream and we
+        have its; nothing is sent on it any more (phase 2 ends here too)."""
+        self.peer_done = True
+        self.state = SendState.STREAMING    # any -> STREAMING: nothing left to throttle/resync
+        s = self.send
+        s.queue.clear()
+        s.queue_bytes = 0
+        s.sent.clear()
+        s.sent_bytes = 0
+        s.log.clear()
+        s.log_bytes = 0
+        s.remote_ack = s.last_msn
+        s.sent_open = True
+
     def check(self) -> None:
         """The invariants (cheap enough for the simulator to call after every event)."""
         self.send.check()
@@ -317,6 +346,11 @@ class Connection:
             assert not self.send.sent, "RESYNC with a sent list"
         if self.state is SendState.THROTTLED:
             assert self.known, "THROTTLED but not known"
+        if self.peer_done:
+            assert not (self.send.sent or self.send.queue or self.send.log), \
+                "data held for a remote end that freed the connection"
+        if self.send.end is not None:
+            assert self.send.out_offset == self.send.end + 1, "bytes after our stream's end"
 
 
 def _cut_log(log: deque[tuple[int, int, bytes]], resend_from: int) -> deque[tuple[int, bytes]]:

@@ -95,6 +95,26 @@ primary for the missing bytes by offset; until a member has delivered up to ther
 watermark stays where the old view left it. The precedence check of lines 18-20 and
 phase 1 belong to membership.
 
+Stream end and freeing. `close(conn, abort)` ends our application's stream: the end is
+one unit of the stream's offsets (a marker byte, flagged STREAM_FIN or STREAM_RST on the
+message that carries it), so everything above -- ordering, retransmission, NACKs by msn
+or offset, the resend of phase 2, a backup's log -- carries it like data, and the
+receiver emits `Closed(conn, offset, abort)` exactly once, after the last byte. A primary
+frees a connection (`Freed`; every timer and byte of it gone, its seq added to `closed`)
+once both ends are in, the sent list is empty (the remote group watermark covers our
+end: every remote member has our stream) and the received list is empty (our group
+watermark covers the remote's end), or once the remote primary answered CLOSED. A
+primary answers any message on a connection it freed with CLOSED (at most once per
+retransmit_us per connection): "both streams are complete on my side". Backups free on
+their primary's word: its HEARTBEATs carry the frees its backups have not all applied
+(in the `order_info` field), each backup's HEARTBEAT how many it applied, and the digest
+is a sum over connections, so the primary knows the digest of a backup that has not
+applied the latest frees yet. After a change of primary the new primary re-announces its
+recent frees and backups report theirs until digests match (`_reconcile_frees`). A
+server end does not send before the opener's first message arrived (`_flush`), so the
+opener counts a connection it never heard back on at the ts of its first message
+(`timestamp_watermark`). No per-connection timer or message exists for an ended stream.
+
 Bounds are in `MessagingConfig`; rules are in the tables of rules.py and the dispatch
 tables below. No clock, no I/O, no randomness here.
 """
@@ -105,10 +125,14 @@ import zlib
 from collections import deque
 from typing import Any
 
+import msgpack
+
 from llft.protocol.messages import (DATA_TYPES, MEMBERSHIP_CORE_TYPES, MEMBERSHIP_TYPES,
-                                    STREAM_OPEN, Message, MsgType, Role, Send)
-from llft.protocol.messaging.actions import (Deliver, DeliverOrderInfo, Opened, Phase2Done,
-                                             RecoveredOrderInfo, Resynced)
+                                    STREAM_END, STREAM_FIN, STREAM_OPEN, STREAM_RST, Message,
+                                    MsgType, Role, Send)
+from llft.protocol.messaging.actions import (Closed, Deliver, DeliverOrderInfo, Freed, Opened,
+                                             Phase2Done, RecoveredOrderInfo, Resynced)
+from llft.protocol.messaging.closed import ClosedSeqs
 from llft.protocol.messaging.config import (INTRA_CONN_SEQ, BufferFull, ConnId,
                                             MessagingConfig, ProtocolError)
 from llft.protocol.messaging.connection import Connection, ReceiveSequence, SendState
@@ -134,7 +158,8 @@ class MessagingEndpoint:
         self.clock = 0                      # Lamport clock
         self.gw = 0                         # mygroupwatermark (backups: as told by primary)
         self.conns: dict[ConnId, Connection] = {}
-        self.reports: dict[int, tuple[int, int]] = {}   # backup -> (watermark, digest)
+        # backup -> (watermark, digest, frees applied) from its last HEARTBEAT
+        self.reports: dict[int, tuple[int, int, int]] = {}
         self.last_heard_us: dict[int, int] = {}
         self._digest: int | None = None
         self._actions: list[Any] = []
@@ -145,6 +170,19 @@ class MessagingEndpoint:
         self.order_info = OrderInfoLog(self.config)
         self.phase2_pvn: int | None = None  # new primary: the view whose phase 2 runs
         self.stats: dict[str, int] = {}
+        self.closed = ClosedSeqs()          # connections freed here (never come back)
+        self._ending: set[ConnId] = set()   # connections whose own stream has ended
+        # primary: the connections it freed in this view that some backup may not have
+        # applied yet, (cid, digest item) from position freed_base on (HEARTBEATs carry them)
+        self.freed_log: deque[tuple[ConnId, int]] = deque()
+        self.freed_base = 0
+        self.freed_applied = 0              # backup: its primary's frees applied, this view
+        # the last connections freed here (any view): after a change of primary they
+        # reconcile the new primary's set with its backups' (see _reconcile_frees)
+        self.recent_frees: deque[ConnId] = deque(maxlen=self.config.max_freed_pending)
+        self.carry: list[ConnId] = []       # backup: recent frees of earlier views, reported
+        # CLOSED answers sent lately (cid -> time): a retransmitted window gets one answer
+        self._closed_answered: dict[ConnId, int] = {}
 
     # ======================================================================== views ===
     @property
@@ -169,6 +207,7 @@ class MessagingEndpoint:
                         if b != primary_birth_id]
         for gone in set(self.reports) - set(self.backups):
             del self.reports[gone]
+        self._trim_freed_log()
         self.order_info.set_backups(self.backups, self._now)
         self._digest_changed()
         if pvn > old_pvn:
@@ -176,6 +215,8 @@ class MessagingEndpoint:
             # order-info positions, like msns, restart at 1 in a new primary view
             self.order_info.new_view()
             self.timers.clear(Timer.ORDER_INFO_ACK)
+            # like order-info positions, the positions of frees restart in a new view
+            self._reconcile_frees()
             if self.is_primary and not was_primary and old_pvn > 0:
                 self._release_all_held()        # ours to decide now
                 self._become_primary(old_pvn)
@@ -199,6 +240,8 @@ class MessagingEndpoint:
     # ================================================================ application ===
     def open(self, remote_group: str, conn_seq: int, role: Role = Role.CLIENT) -> ConnId:
         cid = (remote_group, conn_seq, Role(role))
+        if cid in self.closed:
+            raise ProtocolError(f"connection {cid} was closed and freed here")
         self._conn(cid)
         return cid
 
@@ -213,6 +256,12 @@ class MessagingEndpoint:
         The primary sends them (window permitting); a backup logs them."""
         if now_us is not None:
             self._now = max(self._now, now_us)
+        c = self.conns.get(conn)
+        if c is None and conn in self.closed or c is not None and (
+                c.peer_done or c.send.end is not None):
+            # the remote end has our whole stream, or our stream ended: nothing to carry
+            self._count("discarded_bytes", len(data))
+            return len(data)
         c = self._conn(conn)
         n = min(len(data), self.send_space(conn))
         step = self.config.max_payload_bytes
@@ -229,6 +278,32 @@ class MessagingEndpoint:
             else:
                 self._trim_log(c)       # a lagging backup: the remote may be ahead of it
         return n
+
+    def close(self, conn: ConnId, abort: bool = False, now_us: int | None = None) -> None:
+        """Our application's stream on `conn` ends after every byte it sent: a FIN, or a
+        reset if `abort`. The end takes one unit of the stream's offsets (the remote
+        delivers it after every byte, exactly once: `Closed`). Repeated calls, and calls
+        for a connection already freed, do nothing."""
+        if now_us is not None:
+            self._now = max(self._now, now_us)
+        c = self.conns.get(conn)
+        if c is None or c.send.end is not None:
+            return
+        c.send.end = c.send.out_offset
+        c.send.abort = abort
+        self._ending.add(conn)
+        if c.peer_done:
+            c.send.out_offset += 1
+        elif self.is_primary:
+            c.send.queue_segment(b"\0")
+        else:
+            c.send.log_segment(b"\0")
+        self._mark_known(c)
+        if self.is_primary:
+            self._flush(c)
+        else:
+            self._trim_log(c)
+        self._reap()
 
     def add_order_info(self, chunk: bytes, now_us: int | None = None) -> int:
         """Append an opaque order-info chunk (primary); returns its position."""
@@ -293,8 +368,11 @@ class MessagingEndpoint:
                           "rx": [rx.pvn, rx.upto, rx.ts] if rx is not None else None,
                           "delivered": c.recv.delivered, "out_offset": c.send.out_offset,
                           "next_msn": c.send.next_msn + len(c.send.queue), "log": log,
-                          "remote_delivered": c.remote_view.delivered})
-        return {"pvn": self.pvn, "oi_upto": self.order_info.last_pos, "conns": conns}
+                          "remote_delivered": c.remote_view.delivered,
+                          "end": [c.send.end, c.send.abort, c.recv.end, c.recv.abort]})
+        return {"pvn": self.pvn, "oi_upto": self.order_info.last_pos, "conns": conns,
+                "closed": self.closed.to_list(),
+                "freed": self.freed_base + len(self.freed_log)}
 
     def restore(self, snapshot: dict) -> dict[ConnId, int]:
         """Install a primary's `snapshot()` at a joining backup, after `set_view`, as if
@@ -315,12 +393,18 @@ class MessagingEndpoint:
             c.send.log = deque((msn, off, data) for msn, off, data in s["log"])
             c.send.log_bytes = sum(len(d) for _, _, d in s["log"])
             c.remote_view.delivered = s["remote_delivered"]
+            c.send.end, c.send.abort, c.recv.end, c.recv.abort = s["end"]
+            if c.send.end is not None:
+                self._ending.add(cid)
             c.mark_known()
             self._digest_changed()
-            produced[cid] = c.send.out_offset
+            # bytes the application wrote (our end marker is not one of them)
+            produced[cid] = c.send.out_offset if c.send.end is None else c.send.end
+        self.closed = ClosedSeqs.from_list(snapshot["closed"])
         if snapshot["pvn"] == self.pvn:
             # positions of this view the joiner's log already holds
             self.order_info.delivered = snapshot["oi_upto"]
+            self.freed_applied = snapshot["freed"]
         return produced
 
     # ============================================================ sans-IO surface ===
@@ -356,6 +440,7 @@ class MessagingEndpoint:
         if local_nacks:
             self._emit(self.group, self._intra(MsgType.NACK, {"missing": local_nacks}))
         self._after_event()
+        self._reap()
 
     # ---- timer handlers (named in the tables at the end of this module) ----
     def _heartbeat_due(self) -> None:
@@ -435,6 +520,7 @@ class MessagingEndpoint:
             if msg.dst_group == self.group:
                 self._handle_intra(msg)
                 self._after_event()
+                self._reap()
             # else: our own group's message to a remote group (not addressed to us)
             return
         if msg.dst_group != self.group:
@@ -443,6 +529,16 @@ class MessagingEndpoint:
             return      # membership's
         cid = (msg.src_group, msg.conn_seq, Role(1 - msg.role))
         c = self.conns.get(cid)
+        if c is None and cid in self.closed:
+            # freed here: a late, duplicated or retransmitted message. A remote primary
+            # still sending on it has not learned that we are done: the primary tells it.
+            self._count("rx_freed_conn")
+            if (self.is_primary and msg.type in PRIMARY_ONLY_TYPES
+                    and msg.type is not MsgType.CLOSED):
+                self._answer_closed(cid)
+            return
+        if c is None and msg.type is MsgType.CLOSED:
+            return
         if c is None:
             if len(self.conns) >= self.config.max_connections:
                 self._count("conn_refused")
@@ -453,6 +549,7 @@ class MessagingEndpoint:
         if self.is_primary:
             self._gc_all_received()
         self._after_event()
+        self._reap()
 
     # ================================================================= inter-group ===
     def _handle_inter(self, c: Connection, msg: Message) -> None:
@@ -461,6 +558,13 @@ class MessagingEndpoint:
         ack, how far it delivered our stream), then the handler of this message type
         for our role, then the trailer (sent-up-to, order info)."""
         t = msg.type
+        if (t in DATA_TYPES and msg.body["flags"] & STREAM_END and msg.body["data"]
+                and c.recv.end is None):
+            # the last byte of this message is the end marker (any view: one stream;
+            # the first end heard is the end -- a stream the app reset may be cut at
+            # another point by a backup's agent, and nobody reads it any more)
+            c.recv.end = msg.body["offset"] + len(msg.body["data"]) - 1
+            c.recv.abort = bool(msg.body["flags"] & STREAM_RST)
         from_primary = t in PRIMARY_ONLY_TYPES
         if from_primary:
             rx = c.recv.view
@@ -633,8 +737,11 @@ class MessagingEndpoint:
 
     def _new_remote_view(self, c: Connection, pvn: int, flush: bool) -> None:
         # a backup keeps filling the old view's gaps locally (unless phase 2 flushed it)
+        first = c.recv.view is None
         c.recv.new_view(pvn, keep_old_gaps=not flush and not self.is_primary)
         self._digest_changed()
+        if first:
+            self._flush(c)          # what we queued before the opener's first message
 
     # ------------------------------------------------------------------ receiving ---
     def _rx_data(self, c: Connection, rx: ReceiveSequence, msg: Message) -> None:
@@ -670,7 +777,7 @@ class MessagingEndpoint:
         c.recv.drop_old_view_if_done()
         self._gc_received(c)
 
-    def _release_held(self, c: Connection) -> None:
+    def _release_held(self, c: Connection, force: bool = False) -> None:
         """Deliver what is received in order, at a backup only what its primary has too.
 
         A backup that delivered a remote message its primary never received (lost on the
@@ -689,14 +796,14 @@ class MessagingEndpoint:
         while held:
             m = held[0]
             if m.pvn < cur.pvn:
-                if cur.start is None:
+                if cur.start is None and not force:
                     break               # where the current remote primary resumed: unknown
                 held.popleft()
-                part = self._below_resume_point(c, m)
+                part = m if force else self._below_resume_point(c, m)
                 if part is not None:
                     self._deliver(c, part.body["offset"], part.body["data"])
                 continue
-            if not self.is_primary and m.ts > self.gw:
+            if not self.is_primary and not force and m.ts > self.gw:
                 if m.body["offset"] > c.recv.delivered:     # bytes before it are missing
                     self.timers.arm(Timer.NACK, c.cid, self._now + self.config.nack_delay_us)
                 break
@@ -710,6 +817,9 @@ class MessagingEndpoint:
 
     def _deliver(self, c: Connection, offset: int, data: bytes) -> None:
         end = offset + len(data)
+        if c.recv.finished:
+            self._count("after_end" if end > c.recv.delivered else "dup_bytes")
+            return
         if end <= c.recv.delivered:
             self._count("dup_bytes")
             return
@@ -721,7 +831,14 @@ class MessagingEndpoint:
             return
         if offset < c.recv.delivered:
             data = data[c.recv.delivered - offset:]
-        self._actions.append(Deliver(c.cid, c.recv.delivered, data))
+        start, e = c.recv.delivered, c.recv.end
+        if e is not None and start <= e < end:
+            if e > start:
+                self._actions.append(Deliver(c.cid, start, data[:e - start]))
+            self._actions.append(Closed(c.cid, e, c.recv.abort))
+            self._count("stream_ends")
+        else:
+            self._actions.append(Deliver(c.cid, start, data))
         c.recv.delivered = end
         while c.recv.ahead:
             ready = [o for o in c.recv.ahead if o <= c.recv.delivered]
@@ -737,6 +854,12 @@ class MessagingEndpoint:
         """Send queued segments while the window, byte bound and throttle allow."""
         if not self.is_primary or c.state is not SendState.STREAMING:
             return
+        if c.role is Role.SERVER and c.recv.view is None:
+            # The end that opened the connection speaks first: until its first message
+            # reaches us we only queue. So every message on a connection has a larger
+            # ts than the opener's first one (Lamport), which lets the opener count a
+            # connection it never heard back on at that ts (timestamp_watermark).
+            return
         config = self.config
         while c.send.queue and len(c.send.sent) < config.window_msgs:
             offset, data = c.send.queue.popleft()
@@ -745,9 +868,14 @@ class MessagingEndpoint:
             if not c.send.sent_open:
                 flags = STREAM_OPEN
                 c.send.sent_open = True
+            e = c.send.end
+            if e is not None and offset <= e < offset + len(data):
+                flags |= STREAM_RST if c.send.abort else STREAM_FIN
             mtype = MsgType.REQUEST if c.role == Role.CLIENT else MsgType.REPLY
             msg = self._msg(c, mtype, {"offset": offset, "data": data, "flags": flags},
                             msn=c.send.next_msn)
+            if not c.send.first_ts:
+                c.send.first_ts = msg.ts
             c.send.next_msn += 1
             c.send.sent.append(msg)
             c.send.sent_bytes += len(data)
@@ -928,9 +1056,131 @@ class MessagingEndpoint:
             self._count("resync_gap")       # the log lost bytes the remote lacks
         self._actions.append(Resynced(c.cid, resend_from, remote_sent_to))
         self._flush(c)
+        self._phase2_check()
+
+    def _phase2_check(self) -> None:
         if self.phase2_pvn is not None and not any(x.resyncing for x in self.conns.values()):
             self._actions.append(Phase2Done(self.phase2_pvn))
             self.phase2_pvn = None
+
+    # ======================================================= stream end and freeing ===
+    def _on_closed(self, c: Connection, msg: Message) -> None:
+        """The remote primary freed the connection: it has our whole stream, we have its
+        (a new primary's phase 2 ends here on this connection)."""
+        if c.peer_done:
+            return
+        c.peer_finished()
+        for kind in (Timer.RETRANSMIT, Timer.NEW_PRIMARY_VIEW, Timer.THROTTLE_END):
+            self.timers.clear(kind, c.cid)
+        self._count("peer_freed")
+        self._phase2_check()
+
+    def _answer_closed(self, cid: ConnId) -> None:
+        """CLOSED, at most once per retransmit_us per connection (a remote primary
+        retransmits a whole window at once); the memory of it is bounded."""
+        last = self._closed_answered.get(cid)
+        if last is not None and self._now - last < self.config.retransmit_us:
+            return
+        self._closed_answered.pop(cid, None)
+        self._closed_answered[cid] = self._now
+        while len(self._closed_answered) > CLOSED_ANSWERS_KEPT:
+            del self._closed_answered[next(iter(self._closed_answered))]
+        self._emit(cid[0], self._closed_msg(cid))
+
+    def _closed_msg(self, cid: ConnId) -> Message:
+        self.clock += 1
+        return Message(type=MsgType.CLOSED, src_group=self.group, dst_group=cid[0],
+                       conn_seq=cid[1], role=cid[2], pvn=self.pvn,
+                       precedence=self.precedence, sender=self.birth_id, ts=self.clock)
+
+    def _reap(self) -> None:
+        """Primary: free every connection whose streams both ended and that nobody needs
+        any more: the remote group has ours (the sent list is empty: its watermark covers
+        our end) and our whole group has the remote's (its end delivered, the received
+        list empty: our group watermark covers it), or the remote group said CLOSED.
+        Backups free what their primary freed (`_apply_frees`)."""
+        if not self._ending or not self.is_primary:
+            return
+        for cid in list(self._ending):
+            c = self.conns.get(cid)
+            if c is None:
+                self._ending.discard(cid)
+                continue
+            if c.resyncing or (self.backups and len(self.freed_log)
+                               >= self.config.max_freed_pending):
+                continue
+            if c.peer_done or (not c.send.queue and not c.send.sent and c.recv.finished
+                               and not c.recv.received):
+                if not c.recv.finished:
+                    self._count("freed_unfinished")     # the sim flags the missing end
+                self._free(c)
+
+    def _free(self, c: Connection) -> None:
+        cid = c.cid
+        if c.recv.held:
+            # a backup freeing on its primary's word: the primary freed it only once our
+            # watermark covered the remote's whole stream, so what we hold is the group's
+            self._release_held(c, force=True)
+        del self.conns[cid]
+        self._ending.discard(cid)
+        self.recent_frees.append(cid)
+        for kind in CONNECTION_TIMERS:
+            self.timers.clear(kind, cid)
+        self.closed.add(cid)
+        if self.is_primary and self.backups:
+            self.freed_log.append((cid, _item_hash(c) if c.known else 0))
+        if c.known:
+            self._digest_changed()
+        self._actions.append(Freed(cid))
+        self._count("freed")
+        if c.resyncing:
+            self._phase2_check()
+
+    def _apply_frees(self, data: bytes) -> None:
+        """Backup: the frees of its primary (HEARTBEAT), in order, each once. The primary
+        freed a connection only once our watermark covered the remote's whole stream on
+        it: we delivered all of it; what our application still writes there is dropped."""
+        try:
+            first, entries = msgpack.unpackb(data)
+            cids = [(g, int(seq), Role(role)) for g, seq, role in entries]
+            first = int(first)
+        except (ValueError, TypeError, KeyError, msgpack.UnpackException):
+            self._count("bad_frees")
+            return
+        for i, cid in enumerate(cids):
+            if first + i != self.freed_applied:
+                continue
+            c = self.conns.get(cid)
+            if c is not None:
+                self._free(c)
+            else:
+                self.closed.add(cid)
+            self.freed_applied += 1
+
+    def _reconcile_frees(self) -> None:
+        """A new primary view. The old primary's last frees may have reached some members
+        and not others. The new primary re-announces the frees it made recently (its
+        backups apply those they still hold); a backup reports its own recent frees in its
+        HEARTBEATs until its digest matches the primary's (the primary frees those it
+        still holds: the old primary had found them done)."""
+        self.freed_base = self.freed_applied = 0
+        self.freed_log.clear()
+        if self.is_primary:
+            self.freed_log.extend((cid, 0) for cid in self.recent_frees)
+            self.carry = []
+        else:
+            self.carry = list(self.recent_frees)[-FREES_PER_HEARTBEAT:]
+
+    def _trim_freed_log(self) -> None:
+        if not self.backups:
+            self.freed_base += len(self.freed_log)
+            self.freed_log.clear()
+        if not self.freed_log or any(b not in self.reports for b in self.backups):
+            return
+        low = min(self.reports[b][2] for b in self.backups)
+        while self.freed_log and self.freed_base < low:
+            self.freed_log.popleft()
+            self.freed_base += 1
 
     # ================================================================= intra-group ===
     def _handle_intra(self, msg: Message) -> None:
@@ -949,7 +1199,25 @@ class MessagingEndpoint:
 
     # ---- intra-group handlers, by (type, role): the table at the end of this module ----
     def _on_backup_heartbeat(self, msg: Message) -> None:
-        self.reports[msg.sender] = (msg.back, msg.ack)
+        applied = 0
+        if msg.order_info and msg.pvn == self.pvn:
+            try:
+                report = msgpack.unpackb(msg.order_info)
+                applied = int(report[0])
+                carried = [(g, int(seq), Role(role)) for g, seq, role in report[1]] \
+                    if len(report) > 1 else []
+            except (ValueError, TypeError, IndexError, KeyError, msgpack.UnpackException):
+                self._count("bad_freed_report")
+                carried = []
+            for cid in carried:         # freed by an earlier primary: done here too
+                c = self.conns.get(cid)
+                if c is not None:
+                    self._count("freed_carried")
+                    self._free(c)
+                else:
+                    self.closed.add(cid)
+        self.reports[msg.sender] = (msg.back, msg.ack, applied)
+        self._trim_freed_log()
         self._gc_all_received()
 
     def _on_local_nack(self, msg: Message) -> None:
@@ -966,6 +1234,10 @@ class MessagingEndpoint:
         # the primary's group watermark holds for the connections it knew (its digest in
         # `ack`); a message on a connection we learned of later may have a lower ts, so
         # only a watermark over our own set of connections counts
+        if msg.order_info:
+            self._apply_frees(msg.order_info)
+        if msg.ack == self.digest():
+            self.carry = []             # our set of connections is the primary's
         if msg.ack == self.digest() and msg.back > self.gw:
             self.gw = msg.back
             self._gc_all_received()
@@ -982,13 +1254,22 @@ class MessagingEndpoint:
         if not self.backups and self.is_primary:
             return
         if self.is_primary:
+            frees = b""
+            if self.freed_log:
+                frees = msgpack.packb([self.freed_base, [
+                    [g, seq, int(role)] for (g, seq, role), _ in
+                    list(self.freed_log)[:FREES_PER_HEARTBEAT]]])
             self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": 1},
                                                back=self.group_watermark(),
-                                               ack=self.digest()))
+                                               ack=self.digest(), order_info=frees))
         else:
             self.reported_w = self.timestamp_watermark()
-            self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": self.rank()},
-                                               back=self.reported_w, ack=self.digest()))
+            self._emit(self.group, self._intra(
+                MsgType.HEARTBEAT, {"rank": self.rank()}, back=self.reported_w,
+                ack=self.digest(),
+                order_info=msgpack.packb([self.freed_applied, [
+                    [g, seq, int(role)] for g, seq, role in self.carry]])
+                if self.freed_applied or self.carry else b""))
             oi = self.order_info
             if oi.acked != oi.delivered or oi.done_acked != oi.executed:
                 self._order_info_ack()      # the lag report rides on it
@@ -1033,7 +1314,16 @@ class MessagingEndpoint:
         w = None
         for c in self.conns.values():
             if c.known:
-                ts = c.recv.view.ts if c.recv.view is not None else 0
+                if c.recv.view is not None:
+                    ts = c.recv.view.ts
+                elif c.role is Role.CLIENT:
+                    # We opened it and never heard back: the remote can only answer
+                    # after receiving our first message, so above its ts (Lamport).
+                    # Without this, every just-opened connection pinned the watermark
+                    # at 0 and short connections starved everybody's garbage collection.
+                    ts = c.send.first_ts
+                else:
+                    ts = 0
                 held = c.recv.held
                 if (c.recv.old_view is not None or c.recv.ahead
                         or (held and held[0].body["offset"] > c.recv.delivered)):
@@ -1054,10 +1344,9 @@ class MessagingEndpoint:
             return self.gw
         w = self.timestamp_watermark()
         if self.backups:
-            d = self.digest()
             for b in self.backups:
                 rep = self.reports.get(b)
-                if rep is None or rep[1] != d:
+                if rep is None or rep[1] != self._digest_at(rep[2]):
                     return 0
                 if rep[0] < w:
                     w = rep[0]
@@ -1072,13 +1361,20 @@ class MessagingEndpoint:
             self.gw = 0         # learned for another set of connections: not valid now
 
     def digest(self) -> int:
-        """Digest of the known connections and their remote views (HEARTBEAT `ack`)."""
+        """Digest of the known connections and their remote views (HEARTBEAT `ack`): a
+        sum of one hash per connection, so that the primary can tell what a backup's
+        digest must be while it has not applied the primary's latest frees yet."""
         if self._digest is None:
-            items = sorted((c.remote, c.seq, int(c.role),
-                            c.recv.view.pvn if c.recv.view else -1)
-                           for c in self.conns.values() if c.known)
-            self._digest = zlib.crc32(repr(items).encode()) & 0x7FFFFFFF
+            self._digest = sum(_item_hash(c) for c in self.conns.values()
+                               if c.known) & DIGEST_MASK
         return self._digest
+
+    def _digest_at(self, applied: int) -> int:
+        """The primary's digest as a backup that applied `applied` frees of this view
+        computes it (the connections freed since are still in its set)."""
+        extra = sum(h for i, (_, h) in enumerate(self.freed_log)
+                    if self.freed_base + i >= applied)
+        return (self.digest() + extra) & DIGEST_MASK
 
     def _gc_sent(self, c: Connection) -> None:
         if c.send.drop_covered(c.remote_view.group_watermark):
@@ -1181,6 +1477,11 @@ class MessagingEndpoint:
             throttled = c.state is SendState.THROTTLED
             assert throttled == (self.timers.due(Timer.THROTTLE_END, c.cid) is not None), \
                 f"{c.cid}: THROTTLED and the THROTTLE_END timer disagree"
+            assert c.cid not in self.closed, f"{c.cid}: freed and still held"
+        # a freed connection leaves nothing behind: no timer, no pending end
+        for kind, key in self.timers.keys():
+            assert key is None or key in self.conns, f"timer {kind} of a freed connection {key}"
+        assert all(cid in self.conns for cid in self._ending), "an ending connection was freed"
         self.order_info.check()
 
     def buffer_sizes(self) -> dict[str, int]:
@@ -1202,6 +1503,16 @@ class MessagingEndpoint:
         return out
 
 
+DIGEST_MASK = 0x7FFFFFFF
+CLOSED_ANSWERS_KEPT = 256
+FREES_PER_HEARTBEAT = 256
+
+
+def _item_hash(c: Connection) -> int:
+    return zlib.crc32(repr((c.remote, c.seq, int(c.role),
+                            c.recv.view.pvn if c.recv.view else -1)).encode())
+
+
 # Primary and backup duties, as data: method names (looked up at call time), by
 # (message type, am_primary). A message not listed is not that role's business (for
 # inter-group messages the common part -- remote view, acks, trailer -- runs anyway).
@@ -1219,6 +1530,7 @@ _INTER_GROUP_HANDLERS: dict[tuple[MsgType, bool], str] = {
     (MsgType.NACK, True): "_on_remote_nack",
     (MsgType.NEW_PRIMARY_VIEW, True): "_answer_npv",
     (MsgType.NEW_PRIMARY_VIEW_ACK, True): "_on_npv_ack",
+    (MsgType.CLOSED, True): "_on_closed",
 }
 _INTRA_GROUP_HANDLERS: dict[tuple[MsgType, bool], str] = {
     (MsgType.HEARTBEAT, True): "_on_backup_heartbeat",

@@ -75,5 +75,8 @@ class Timers:
     def next_us(self) -> int | None:
         return min(self._due.values(), default=None)
 
+    def keys(self) -> list[tuple[Timer, Hashable]]:
+        return list(self._due)
+
     def __len__(self) -> int:
         return len(self._due)
