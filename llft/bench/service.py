@@ -138,11 +138,12 @@ class Setup:
     LocalCluster per replica count, started for its phase (`add_cluster`) and stopped
     after it (`stop_cluster`), so idle groups do not load the 2 cores meanwhile."""
 
-    def __init__(self, tmp: str, proxy: bool, fault_timeout_ms: float = 200.0,
+    def __init__(self, tmp: str, proxy: bool, fault_timeout_ms: float | None = 200.0,
                  app: str = ECHO, probe: tuple[bytes, bytes] = (b"ping\n", b"ping\n"),
                  group_prefix: str = "echo"):
         """`app`: the service program (run as `python APP PORT`); `probe`: one request
-        and its exact reply, sent through each new group's whole path first."""
+        and its exact reply, sent through each new group's whole path first;
+        `fault_timeout_ms` None: the configuration's default."""
         self.tmp = tmp
         self.fault_timeout_ms = fault_timeout_ms
         self.app, self.probe, self.group_prefix = app, probe, group_prefix
@@ -197,7 +198,8 @@ class Setup:
         from llft.tools.cluster import LocalCluster
         lc = LocalCluster(os.path.join(self.tmp, f"llft{n}"), group=f"{self.group_prefix}{n}",
                           service_port=SERVICE_PORT,
-                          extra_cluster=f"fault_timeout_ms = {self.fault_timeout_ms:g}")
+                          extra_cluster=(f"fault_timeout_ms = {self.fault_timeout_ms:g}"
+                                         if self.fault_timeout_ms else ""))
         self.clusters.append(lc)
         t.cluster = lc
         t.diag = lambda: "; ".join(f"{name}.log: {_last_lines(lc.log_tail(name))}"
