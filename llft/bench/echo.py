@@ -34,6 +34,7 @@ import psutil
 
 from llft.bench import report
 from llft.bench.service import Setup, measure_round_trips, measure_throughput
+from llft.runtime import status
 
 SIZE = 1024
 
@@ -91,18 +92,22 @@ def _cpu_s(procs: dict[str, psutil.Process]) -> dict[str, float]:
     return out
 
 
+def _agents(target) -> list[dict]:
+    lc = target.cluster
+    return status.read_files(lc.cfg.status_dir(lc.group))[0]
+
+
 def _datagrams(target) -> int:
     """Datagrams the group's agents sent so far (their status files' transport counters)."""
-    st = target.cluster.status()
-    return sum(m.get("transport", {}).get("sent_datagrams", 0) for m in st["members"])
+    return sum(a.get("transport", {}).get("sent_datagrams", 0) for a in _agents(target))
 
 
 def _wait_status_fresh(target, after: float, timeout_s: float = 5.0) -> None:
-    """Until every member's status file was written after monotonic time `after`."""
+    """Until every agent's status file was written after monotonic time `after`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        st = target.cluster.status()
-        if st["members"] and all(m.get("written_mono", 0) > after for m in st["members"]):
+        agents = _agents(target)
+        if agents and all(a.get("written_mono", 0) > after for a in agents):
             return
         time.sleep(0.05)        # polling status files, bounded by the deadline
 
