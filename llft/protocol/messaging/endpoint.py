@@ -19,7 +19,10 @@ Sending (lines 9-17, 45-46). `send(conn, data)` cuts the bytes into segments of 
 as a REQUEST/REPLY with the next msn, a fresh Lamport timestamp, `ack` = last msn
 received without a gap on the connection (piggybacked ack, line 10) and `back` =
 mygroupwatermark, and keeps it in the sent list; it retransmits messages the remote
-primary has not acked after `retransmit_us` (doubling up to `retransmit_max_us`).
+primary has not acked within the connection's retransmission timeout: estimated from
+measured round trips (Jacobson/Karels SRTT + 4 RTTVAR, Karn's rule: no sample from a
+retransmitted message), at least `retransmit_us`, doubling on each timeout up to
+`retransmit_max_us`, and not reset by acks (connection.RtoEstimator).
 Flow control follows the slowest member: the sent list only shrinks when the *remote
 group watermark* covers a message (every remote member has it), and the primary never
 has more than `window_msgs` messages in it; so no remote backup falls out of the window.
@@ -100,6 +103,7 @@ tables below. No clock, no I/O, no randomness here.
 """
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections import deque
 from typing import Any
@@ -133,6 +137,7 @@ class MessagingEndpoint:
         self.clock = 0                      # Lamport clock
         self.gw = 0                         # mygroupwatermark (backups: as told by primary)
         self.conns: dict[ConnId, Connection] = {}
+        self._conn_order: dict[ConnId, int] = {}    # position in conns (timer firing order)
         self.reports: dict[int, tuple[int, int]] = {}   # backup -> (watermark, digest)
         self.last_heard_us: dict[int, int] = {}
         self._digest: int | None = None
@@ -143,6 +148,9 @@ class MessagingEndpoint:
         self._gw_rose = False
         self.order_info = OrderInfoLog(self.config)
         self.phase2_pvn: int | None = None  # new primary: the view whose phase 2 runs
+        # True when membership's heartbeat carries ours (ReplicaNode: one heartbeat per
+        # member per interval, stamped by `stamp_heartbeat`); a bare endpoint sends its own
+        self.heartbeat_external = False
         self.stats: dict[str, int] = {}
 
     # ======================================================================== views ===
@@ -178,7 +186,8 @@ class MessagingEndpoint:
             if self.is_primary and not was_primary and old_pvn > 0:
                 self._become_primary(old_pvn)
         self._gc_order_info()
-        self.timers.arm(Timer.HEARTBEAT, None, self._now)
+        if not self.heartbeat_external:
+            self.timers.arm(Timer.HEARTBEAT, None, self._now)
 
     def _become_primary(self, old_pvn: int) -> None:
         now = self._now
@@ -321,22 +330,26 @@ class MessagingEndpoint:
         is cleared; the backups' local nacks go out as one NACK."""
         self._now = now = max(self._now, now_us)
         not_mine = BACKUP_TIMERS if self.is_primary else PRIMARY_TIMERS
-        for kind in ENDPOINT_TIMERS:
-            if self.timers.expired(kind, None, now):
-                if kind in not_mine:
-                    self.timers.clear(kind)         # armed in the other role
-                else:
-                    getattr(self, _ENDPOINT_TIMER_HANDLERS[kind])()
+        # only the timers due now (the registry's heap), in the order of Timer and of
+        # the connections; each is checked again right before it fires (an earlier
+        # handler may have moved or cleared it)
+        order = self._conn_order
+        due = self.timers.pop_due(now)
+        due.sort(key=lambda k: (-1 if k[1] is None else order[k[1]], _TIMER_RANK[k[0]]))
         local_nacks: list[list] = []
-        for c in self.conns.values():
-            for kind in CONNECTION_TIMERS:
-                if self.timers.expired(kind, c.cid, now):
-                    if kind in not_mine:
-                        self.timers.clear(kind, c.cid)
-                    elif kind is Timer.NACK:
-                        local_nacks.extend(self._nack(c))
-                    else:
-                        getattr(self, _CONNECTION_TIMER_HANDLERS[kind])(c)
+        for kind, key in due:
+            if not self.timers.expired(kind, key, now):
+                continue
+            if kind in not_mine:
+                self.timers.clear(kind, key)        # armed in the other role
+            elif key is None:
+                getattr(self, _ENDPOINT_TIMER_HANDLERS[kind])()
+            elif kind is Timer.NACK:
+                local_nacks.extend(self._nack(self.conns[key]))
+            else:
+                getattr(self, _CONNECTION_TIMER_HANDLERS[kind])(self.conns[key])
+        for k in due:
+            self.timers.keep(k)                     # still set: back into the heap
         if local_nacks:
             self._emit(self.group, self._intra(MsgType.NACK, {"missing": local_nacks}))
         self._after_event()
@@ -579,7 +592,9 @@ class MessagingEndpoint:
         if self.is_primary:
             if a > c.send.remote_ack and a <= c.send.last_msn:
                 c.send.remote_ack = a
-                c.send.rto_us = self.config.retransmit_us
+                c.send.on_acked(a, self._now)       # a round-trip sample (Karn's rule)
+                # progress: the timer restarts for what is still unacked (the timeout
+                # itself stays the estimate: an ack does not reset it to the floor)
                 self.timers.set(Timer.RETRANSMIT, c.cid,
                                 (self._now + c.send.rto_us) if a < c.send.last_msn else None)
 
@@ -671,11 +686,10 @@ class MessagingEndpoint:
                             msn=c.send.next_msn)
             c.send.next_msn += 1
             c.send.sent.append(msg)
+            c.send.sent_at[msg.msn] = self._now
             c.send.sent_bytes += len(data)
             self._emit(c.remote, msg)
-            if self.timers.due(Timer.RETRANSMIT, c.cid) is None:
-                c.send.rto_us = config.retransmit_us
-                self.timers.set(Timer.RETRANSMIT, c.cid, self._now + c.send.rto_us)
+            self.timers.arm(Timer.RETRANSMIT, c.cid, self._now + c.send.rto_us)
             # data carries our ack: a pending FIRST_ACK is superseded
             c.recv.fa_pending = 0
             self.timers.clear(Timer.FIRST_ACK, c.cid)
@@ -689,12 +703,13 @@ class MessagingEndpoint:
         for m in unacked[: self.config.window_msgs]:
             self._emit(c.remote, self._refresh(c, m))
         self._count("retransmit", len(unacked))
-        c.send.rto_us = min(max(c.send.rto_us, self.config.retransmit_us) * 2,
-                            self.config.retransmit_max_us)
+        c.send.rto.timed_out()                      # exponential back-off
         self.timers.set(Timer.RETRANSMIT, c.cid, self._now + c.send.rto_us)
 
     def _refresh(self, c: Connection, m: Message) -> Message:
-        """A retransmission: same msn, ts and data; fresh ack/back."""
+        """A retransmission: same msn, ts and data; fresh ack/back. Its ack gives no
+        round-trip sample (Karn's rule)."""
+        c.send.sent_at.pop(m.msn, None)
         rx = c.recv.view
         return Message(type=m.type, src_group=m.src_group, dst_group=m.dst_group,
                        conn_seq=m.conn_seq, role=m.role, pvn=m.pvn,
@@ -720,7 +735,11 @@ class MessagingEndpoint:
         self._emit(c.remote, self._msg(c, MsgType.FIRST_ACK, {}))
         c.recv.fa_tries += 1
         if c.recv.fa_pending and c.recv.fa_tries < self.config.first_ack_max_tries:
-            self.timers.set(Timer.FIRST_ACK, c.cid, self._now + self.config.first_ack_retry_us)
+            # the remote group answers within a round trip: retry after the connection's
+            # estimated retransmission timeout (at least first_ack_retry_us), so a loaded
+            # remote is not asked again while the answer still waits in its queue
+            self.timers.set(Timer.FIRST_ACK, c.cid,
+                            self._now + max(self.config.first_ack_retry_us, c.send.rto_us))
         else:
             self.timers.clear(Timer.FIRST_ACK, c.cid)
             c.recv.fa_pending = 0
@@ -895,16 +914,35 @@ class MessagingEndpoint:
     def _heartbeat(self) -> None:
         if not self.backups and self.is_primary:
             return
+        back = self._heartbeat_back()
+        self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": self.rank()},
+                                           back=back, ack=self.digest()))
+        self._after_heartbeat()
+
+    def _heartbeat_back(self) -> int:
+        """A heartbeat's `back`: the primary's group watermark, a backup's report."""
         if self.is_primary:
-            self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": 1},
-                                               back=self.group_watermark(),
-                                               ack=self.digest()))
-        else:
-            self.reported_w = self.timestamp_watermark()
-            self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": self.rank()},
-                                               back=self.reported_w, ack=self.digest()))
-            if self.order_info.acked != self.order_info.delivered:
-                self._order_info_ack()
+            return self.group_watermark()
+        self.reported_w = self.timestamp_watermark()
+        return self.reported_w
+
+    def _after_heartbeat(self) -> None:
+        self.timers.clear(Timer.WATERMARK_REPORT)       # reported with this one
+        if not self.is_primary and self.order_info.acked != self.order_info.delivered:
+            self._order_info_ack()
+
+    def stamp_heartbeat(self, msg: Message, now_us: int) -> Message:
+        """Membership's HEARTBEAT `msg`, carrying this core's heartbeat fields (ts,
+        `back`, digest in `ack`): one heartbeat per member per interval serves both
+        cores (`heartbeat_external`). Unchanged if this core has nothing to report."""
+        self._now = max(self._now, now_us)
+        if not self.backups and self.is_primary:
+            return msg
+        back = self._heartbeat_back()
+        self.clock += 1
+        out = dataclasses.replace(msg, ts=self.clock, back=back, ack=self.digest())
+        self._after_heartbeat()
+        return out
 
     # ---------------------------------------------------------------- order info ---
     def _oi_accept(self, sec: list, path: str) -> None:
@@ -955,7 +993,10 @@ class MessagingEndpoint:
                         ts = min(ts, c.recv.old_ts)
                 if w is None or ts < w:
                     w = ts
-        return self.clock if w is None else w
+        # no known connection: nothing to collect. 0, not the Lamport clock: the clock
+        # rises with every message received, and a backup reporting it re-triggered a
+        # report at every member for every heartbeat (a feedback loop of heartbeats)
+        return 0 if w is None else w
 
     def group_watermark(self) -> int:
         """mygroupwatermark (the primary computes it; a backup repeats its primary's)."""
@@ -1017,7 +1058,8 @@ class MessagingEndpoint:
         if c is None:
             if len(self.conns) >= self.config.max_connections:
                 raise BufferFull("too many connections")
-            c = Connection(cid, self.config.retransmit_us)
+            c = Connection(cid, self.config.retransmit_us, self.config.retransmit_max_us)
+            self._conn_order[cid] = len(self.conns)
             self.conns[cid] = c
         return c
 
@@ -1083,10 +1125,14 @@ class MessagingEndpoint:
     # ============================================================ introspection ===
     def check(self) -> None:
         """Assert the invariants of every connection (connection.py) and the endpoint's
-        own: a connection is THROTTLED exactly while its THROTTLE_END timer is armed;
+        own: at most window_msgs in flight per connection; a connection is THROTTLED exactly while its THROTTLE_END timer is armed;
         order info is held only at a primary with backups, below the position reached."""
+        window = self.config.window_msgs
         for c in self.conns.values():
             c.check()
+            # flow control: never more than a window in flight on a connection (sent,
+            # not yet covered by the remote group watermark)
+            assert len(c.send.sent) <= window, f"{c.cid}: {len(c.send.sent)} in flight > window"
             throttled = c.state is SendState.THROTTLED
             assert throttled == (self.timers.due(Timer.THROTTLE_END, c.cid) is not None), \
                 f"{c.cid}: THROTTLED and the THROTTLE_END timer disagree"
@@ -1153,5 +1199,6 @@ _CONNECTION_TIMER_HANDLERS = {
     Timer.KEEPALIVE: "_keepalive",
     Timer.SOLICIT: "_solicit_due",
 }
+_TIMER_RANK = {t: i for i, t in enumerate(Timer)}     # endpoint timers first (timers.py)
 assert set(_ENDPOINT_TIMER_HANDLERS) == set(ENDPOINT_TIMERS)
 assert set(_CONNECTION_TIMER_HANDLERS) == set(CONNECTION_TIMERS)
