@@ -621,6 +621,7 @@ class Agent:
                 proctree.reap_orphans()
                 self.watchdog.report_escapees(self._sessions)
                 self.counters["escapees_watched"] = len(self.watchdog.reported)
+                self.counters.update(proctree.SCAN_STATS)   # their count and cost
             t = time.monotonic()
             await asyncio.sleep(STATUS_PERIOD_S)    # a reporting period
             # how late the loop woke: a busy or starved agent misses heartbeats
@@ -642,6 +643,7 @@ class Agent:
                 **order_info,
                 "fed_entries": app.fed_entries,
                 "consumed_entries": app.consumed_entries,
+                "drain_wakeups": app.drain_wakeups,
             },
             "connections": len(self.registered),
             "diverged": app.divergence,

@@ -69,6 +69,7 @@ NO_STALL_MS = 0x7FFF_FFFF
 # that keeps the cores busy must not get its own replica suspected.
 APP_NICE = 5
 DRAIN_WAIT_MS = 100              # the drain thread's bounded wait (checks its stop event)
+DRAIN_COALESCE_S = 0.0005        # entries not drained by output this long wake the loop
 
 
 class AppMode(enum.Enum):
@@ -127,6 +128,7 @@ class Application:
         self._drain_thread: threading.Thread | None = None
         self._drain_stop = threading.Event()
         self._drained = threading.Event()     # the loop took what the thread asked for
+        self.drain_wakeups = 0                # times the drain thread woke the loop
         self._feed_queue: queue.Queue = queue.Queue()
         self._feeder = None
         self._feed_thread: threading.Thread | None = None
@@ -209,7 +211,15 @@ class Application:
         stop, drained = self._drain_stop, self._drained
         while not stop.is_set():
             if shm.wait(DRAIN_WAIT_MS):
+                # One wake-up of the loop per batch: the output path drains before every
+                # send, so a request's entries usually leave with its reply; only what
+                # is still there after DRAIN_COALESCE_S needs the loop woken (a busy app
+                # producing entries without output: once per interval, not per entry).
                 drained.clear()
+                if drained.wait(DRAIN_COALESCE_S) or stop.is_set() or not shm.wait(0):
+                    continue
+                drained.clear()
+                self.drain_wakeups += 1
                 self.loop.call_soon_threadsafe(self._on_order_info)
                 drained.wait(DRAIN_WAIT_MS / 1000)    # one request at a time
 
