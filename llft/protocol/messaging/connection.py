@@ -216,7 +216,7 @@ class ReceiveSide:
     """The remote primary's stream on one connection.
     Invariant: bytes held ahead of a gap start beyond `delivered`."""
     __slots__ = ("view", "old_view", "delivered", "received", "ahead", "declared",
-                 "max_data_ts", "old_ts", "fa_pending", "fa_tries")
+                 "max_data_ts", "old_ts", "fa_pending", "fa_tries", "told_delivered")
 
     def __init__(self) -> None:
         self.view: ReceiveSequence | None = None      # the remote primary's current view
@@ -229,6 +229,7 @@ class ReceiveSide:
         self.old_ts: int | None = None      # recv_ts frozen at a remote change of primary
         self.fa_pending = 0                 # FIRST_ACK ack value awaiting SECOND_ACK
         self.fa_tries = 0
+        self.told_delivered = 0             # `delivered` in our last trailer on this conn
 
     def new_view(self, pvn: int, keep_old_gaps: bool) -> None:
         """The remote group has a new primary (view `pvn`)."""

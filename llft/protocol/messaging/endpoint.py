@@ -44,7 +44,8 @@ FIRST_ACK with SECOND_ACK only if its own application has produced the acked mes
 with no backup, the primary answers. FIRST_ACKs for the primary's last sent message,
 `first_ack_slowdown` times, throttle the primary (intra-group flow control, lines 65-66)
 until a KEEP_ALIVE or newer ack or `throttle_us`. An idle connection gets a KEEP_ALIVE
-every `keepalive_us`. A backup that sees a SECOND_ACK (or a remote primary's sent-up-to,
+every `keepalive_us`, unless another message to the same group went out meanwhile (its
+trailer states every connection's sent-up-to: one keep-alive per group and interval). A backup that sees a SECOND_ACK (or a remote primary's sent-up-to,
 below) beyond what it received nacks the gap (line 72); after a remote change of primary
 only the sent-up-to counts (the SECOND_ACK may echo an msn of the previous view).
 
@@ -122,6 +123,9 @@ from llft.protocol.messaging.timers import (BACKUP_TIMERS, CONNECTION_TIMERS, EN
 from llft.protocol.messaging.trailer import pack_trailer, section_end, unpack_trailer
 
 
+KEEPALIVE_OWN_EVERY = 4     # an idle connection's own keep-alive: at least every 4 intervals
+
+
 class MessagingEndpoint:
     """The messaging core of one replica of `group` (see the module docstring)."""
 
@@ -138,6 +142,7 @@ class MessagingEndpoint:
         self.gw = 0                         # mygroupwatermark (backups: as told by primary)
         self.conns: dict[ConnId, Connection] = {}
         self._conn_order: dict[ConnId, int] = {}    # position in conns (timer firing order)
+        self._told_us: dict[str, int] = {}  # remote group -> last trailer stating `others`
         self.reports: dict[int, tuple[int, int]] = {}   # backup -> (watermark, digest)
         self.last_heard_us: dict[int, int] = {}
         self._digest: int | None = None
@@ -362,8 +367,9 @@ class MessagingEndpoint:
 
     def _watermark_report_due(self) -> None:
         self.timers.clear(Timer.WATERMARK_REPORT)
-        if self.timestamp_watermark() > self.reported_w:
-            self._heartbeat()
+        if (self.timestamp_watermark() > self.reported_w
+                or self.order_info.acked != self.order_info.delivered):
+            self._order_info_ack()
 
     def _order_info_ack_due(self) -> None:
         self.timers.clear(Timer.ORDER_INFO_ACK)
@@ -557,6 +563,12 @@ class MessagingEndpoint:
                 c2 = self.conns.get((msg.src_group, seq, Role(1 - role)))
                 if c2 is not None and c2.recv.view is not None and c2.recv.view.pvn == msg.pvn:
                     self._declared(c2, c2.recv.view, upto, msg.ts)
+                # the remote group watermark is the group's (every member's watermark over
+                # its known connections), and the sender lists only connections it knows:
+                # it covers c2 as well (a keep-alive on c2 itself is then not needed)
+                if c2 is not None and msg.back > c2.remote_view.group_watermark:
+                    c2.remote_view.group_watermark = msg.back
+                    self._gc_sent(c2)
             if own is not None and self.is_primary:
                 last = section_end(own)
                 lr = c.remote_view.last_order_info
@@ -757,10 +769,22 @@ class MessagingEndpoint:
         if not c.known or c.resyncing:
             self.timers.clear(Timer.KEEPALIVE, c.cid)
             return
-        if c.send.ka_urgent or self._now - c.send.last_send_us >= self.config.keepalive_us:
+        # Any message to the same group states this connection's sent-up-to in its trailer
+        # (`others`), with a fresh ts: one keep-alive per remote group and interval, not
+        # one per connection (with many idle connections those were most of the traffic).
+        # (not `delivered`, which only its own trailer carries: news of it is sent on it);
+        # and each connection still speaks itself every KEEPALIVE_OWN_EVERY intervals,
+        # so what only it carries (ack, delivered) is repeated if a datagram was lost
+        ka = self.config.keepalive_us
+        spoke = c.send.last_send_us
+        if c.recv.told_delivered == c.recv.delivered:
+            spoke = max(spoke, min(self._told_us.get(c.remote, 0),
+                                   c.send.last_send_us + (KEEPALIVE_OWN_EVERY - 1) * ka))
+        if c.send.ka_urgent or self._now - spoke >= ka:
             c.send.ka_urgent = False
             self._emit(c.remote, self._msg(c, MsgType.KEEP_ALIVE, {}))
-        self.timers.set(Timer.KEEPALIVE, c.cid, c.send.last_send_us + self.config.keepalive_us)
+            spoke = self._now
+        self.timers.set(Timer.KEEPALIVE, c.cid, spoke + ka)
 
     def _nack(self, c: Connection) -> list[list]:
         """Nack gaps: the primary on the remote connection, a backup on the local one
@@ -893,6 +917,8 @@ class MessagingEndpoint:
         self._answer_local_nacks(msg.body["missing"])
 
     def _on_order_info_ack(self, msg: Message) -> None:
+        # a backup's report: order info delivered, and its watermark as a HEARTBEAT's
+        self._on_backup_heartbeat(msg)
         if msg.pvn == self.pvn and self.order_info.on_ack(msg.sender, msg.body["upto"]):
             self._gc_order_info()
 
@@ -929,7 +955,9 @@ class MessagingEndpoint:
     def _after_heartbeat(self) -> None:
         self.timers.clear(Timer.WATERMARK_REPORT)       # reported with this one
         if not self.is_primary and self.order_info.acked != self.order_info.delivered:
-            self._order_info_ack()
+            # the order-info report goes when due (it carries the watermark as well)
+            self.timers.arm(Timer.ORDER_INFO_ACK, None,
+                            self._now + self.config.order_info_ack_us)
 
     def stamp_heartbeat(self, msg: Message, now_us: int) -> Message:
         """Membership's HEARTBEAT `msg`, carrying this core's heartbeat fields (ts,
@@ -955,9 +983,17 @@ class MessagingEndpoint:
             self.timers.arm(Timer.ORDER_INFO_ACK, None, self._now + self.config.order_info_ack_us)
 
     def _order_info_ack(self) -> None:
+        """A backup's report to its primary, one message for both of its duties: the
+        order info delivered (`upto`) and its watermark with the digest (`back`, `ack`,
+        as in its HEARTBEAT). Whichever comes due first (ORDER_INFO_ACK, WATERMARK_REPORT)
+        sends it and the other is not needed."""
         oi = self.order_info
         oi.acked = oi.delivered
-        self._emit(self.group, self._intra(MsgType.ORDER_INFO, {"upto": oi.delivered}))
+        self.reported_w = self.timestamp_watermark()
+        self.timers.clear(Timer.ORDER_INFO_ACK)
+        self.timers.clear(Timer.WATERMARK_REPORT)
+        self._emit(self.group, self._intra(MsgType.ORDER_INFO, {"upto": oi.delivered},
+                                           back=self.reported_w, ack=self.digest()))
 
     def _order_info_intra(self) -> None:
         floor = self.order_info.floor()
@@ -1088,6 +1124,8 @@ class MessagingEndpoint:
             others = [[x.seq, int(x.role), x.send.last_msn] for x in self.conns.values()
                       if x.remote == c.remote and x is not c and x.known and not x.resyncing]
             trailer = pack_trailer(sent_upto, own, refl, others, c.recv.delivered)
+            self._told_us[c.remote] = self._now     # ... the others' sent-up-to, told
+            c.recv.told_delivered = c.recv.delivered
         return Message(type=mtype, src_group=self.group, dst_group=c.remote,
                        conn_seq=c.seq, role=c.role, pvn=self.pvn,
                        precedence=self.precedence, sender=self.birth_id, msn=msn,
