@@ -19,8 +19,8 @@ Sending (lines 9-17, 45-46). `send(conn, data)` cuts the bytes into segments of 
 as a REQUEST/REPLY with the next msn, a fresh Lamport timestamp, `ack` = last msn
 received without a gap on the connection (piggybacked ack, line 10) and `back` =
 mygroupwatermark, and keeps it in the sent list; it retransmits messages the remote
-primary has not acked within the connection's retransmission timeout: estimated from
-measured round trips (Jacobson/Karels SRTT + 4 RTTVAR, Karn's rule: no sample from a
+primary has not acked within the retransmission timeout of that remote group (one
+estimate shared by its connections): estimated from measured round trips (Jacobson/Karels SRTT + 4 RTTVAR, Karn's rule: no sample from a
 retransmitted message), at least `retransmit_us`, doubling on each timeout up to
 `retransmit_max_us`, and not reset by acks (connection.RtoEstimator).
 Flow control follows the slowest member: the sent list only shrinks when the *remote
@@ -115,7 +115,8 @@ from llft.protocol.messaging.actions import (Deliver, DeliverOrderInfo, Opened, 
                                              RecoveredOrderInfo, Resynced)
 from llft.protocol.messaging.config import (INTRA_CONN_SEQ, BufferFull, ConnId,
                                             MessagingConfig, ProtocolError)
-from llft.protocol.messaging.connection import Connection, ReceiveSequence, SendState
+from llft.protocol.messaging.connection import (Connection, ReceiveSequence, RtoEstimator,
+                                                SendState)
 from llft.protocol.messaging.orderinfo_log import OrderInfoLog
 from llft.protocol.messaging.rules import PRIMARY_ONLY_TYPES, RESPONDS_TO_FIRST_ACK, Duty
 from llft.protocol.messaging.timers import (BACKUP_TIMERS, CONNECTION_TIMERS, ENDPOINT_TIMERS,
@@ -143,6 +144,7 @@ class MessagingEndpoint:
         self.conns: dict[ConnId, Connection] = {}
         self._conn_order: dict[ConnId, int] = {}    # position in conns (timer firing order)
         self._told_us: dict[str, int] = {}  # remote group -> last trailer stating `others`
+        self._rtos: dict[str, RtoEstimator] = {}    # remote group -> its RTO estimate
         self.reports: dict[int, tuple[int, int]] = {}   # backup -> (watermark, digest)
         self.last_heard_us: dict[int, int] = {}
         self._digest: int | None = None
@@ -1095,6 +1097,13 @@ class MessagingEndpoint:
             if len(self.conns) >= self.config.max_connections:
                 raise BufferFull("too many connections")
             c = Connection(cid, self.config.retransmit_us, self.config.retransmit_max_us)
+            # one round-trip estimate per remote group: every connection to it crosses
+            # the same path and queues, and a connection with one request now and then
+            # would never collect the samples to learn it alone
+            rto = self._rtos.get(cid[0])
+            if rto is None:
+                rto = self._rtos[cid[0]] = c.send.rto
+            c.send.rto = rto
             self._conn_order[cid] = len(self.conns)
             self.conns[cid] = c
         return c
