@@ -133,7 +133,7 @@ class SendSide:
     consecutive msns ending at last_msn; remote_ack <= last_msn."""
     __slots__ = ("out_offset", "queue", "queue_bytes", "next_msn", "sent", "sent_bytes",
                  "log", "log_bytes", "remote_ack", "rto", "fa_count", "last_send_us",
-                 "sent_open", "old_pvn", "last_back", "ka_urgent", "sent_at")
+                 "sent_open", "old_pvn", "last_back", "ka_urgent", "sent_at", "ka_idle")
 
     def __init__(self, rto_us: int, rto_max_us: int | None = None):
         self.out_offset = 0                 # end of the bytes our app produced
@@ -153,6 +153,7 @@ class SendSide:
         self.old_pvn = 0                    # RESYNC: the view we took over from
         self.last_back = 0                  # `back` in the last message we sent on it
         self.ka_urgent = False              # group watermark news for the remote sender
+        self.ka_idle = 0                    # own keep-alives since data last moved on it
 
     @property
     def last_msn(self) -> int:

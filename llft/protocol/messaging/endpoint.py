@@ -124,7 +124,10 @@ from llft.protocol.messaging.timers import (BACKUP_TIMERS, CONNECTION_TIMERS, EN
 from llft.protocol.messaging.trailer import pack_trailer, section_end, unpack_trailer
 
 
-KEEPALIVE_OWN_EVERY = 4     # an idle connection's own keep-alive: at least every 4 intervals
+# an idle connection's own keep-alive: at least every 4 intervals, backing off to 16 while
+# no data moves on it (many idle connections to one group then cost little)
+KEEPALIVE_OWN_EVERY = 4
+KEEPALIVE_OWN_MAX = 16
 
 
 class MessagingEndpoint:
@@ -640,6 +643,7 @@ class MessagingEndpoint:
             return
         if rx.first_offset is None or msg.body["offset"] < rx.first_offset:
             rx.first_offset = msg.body["offset"]
+        c.send.ka_idle = 0                  # data moves: its own keep-alives come sooner
         self._expect(c, rx, m - 1)
         rx.slots[m] = msg
         rx.nacks.discard(m)
@@ -701,6 +705,7 @@ class MessagingEndpoint:
             c.send.next_msn += 1
             c.send.sent.append(msg)
             c.send.sent_at[msg.msn] = self._now
+            c.send.ka_idle = 0
             c.send.sent_bytes += len(data)
             self._emit(c.remote, msg)
             self.timers.arm(Timer.RETRANSMIT, c.cid, self._now + c.send.rto_us)
@@ -780,9 +785,12 @@ class MessagingEndpoint:
         ka = self.config.keepalive_us
         spoke = c.send.last_send_us
         if c.recv.told_delivered == c.recv.delivered:
+            own = min(KEEPALIVE_OWN_EVERY << c.send.ka_idle, KEEPALIVE_OWN_MAX)
             spoke = max(spoke, min(self._told_us.get(c.remote, 0),
-                                   c.send.last_send_us + (KEEPALIVE_OWN_EVERY - 1) * ka))
+                                   c.send.last_send_us + (own - 1) * ka))
         if c.send.ka_urgent or self._now - spoke >= ka:
+            if not c.send.ka_urgent and c.send.ka_idle < 8:
+                c.send.ka_idle += 1
             c.send.ka_urgent = False
             self._emit(c.remote, self._msg(c, MsgType.KEEP_ALIVE, {}))
             spoke = self._now
