@@ -232,6 +232,7 @@ class Agent:
             await self.endpoint.start()
             self.node.start(self.driver.clock_us())
             logs.set_name(logs.replica_name(self.group, self.node.birth))   # drawn at start
+            self.endpoint.birth_id = self.node.birth    # our echoes dropped undecoded
             self.driver.start()
             self._start_connector()
             self.tasks.spawn(self._status_loop(), "status")
@@ -388,6 +389,7 @@ class Agent:
              "the application's process tree is killed; a new one starts when the "
              "state arrives")
         logs.set_name(logs.replica_name(self.group, a.new_birth))
+        self.endpoint.birth_id = a.new_birth
         self._stop_app()
         self.status_file.remove()
         self._reset_app_state()

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_INTERFACE = "127.0.0.1"
 DEFAULT_TTL = 1                       # stay on the local network segment
+OWN_SENT_KEPT = 1024                  # own datagrams remembered to drop their echoes
 DEFAULT_BUFFER_BYTES = 4 << 20        # SO_RCVBUF / SO_SNDBUF asked for
 # Default virtual ports: a group id hashes into this range and into 239.255.0.0/16
 # (administratively scoped multicast); `llft sniff` and the scapy layer look here.
@@ -250,6 +251,7 @@ class Endpoint:
         # its own multicasts; given its birth id, the endpoint drops those echoes.
         self.birth_id = birth_id
         self.counters: Counter[str] = Counter()
+        self._own_sent: dict[bytes, None] = {}   # our latest datagrams, oldest first
         self.rcvbuf_actual_bytes = 0
         self._send_transport: asyncio.DatagramTransport | None = None
         self._recv_transports: list[asyncio.DatagramTransport] = []
@@ -331,7 +333,15 @@ class Endpoint:
         Raises wire.WireError for a message the decoder would refuse (a local bug)."""
         datagrams = self.encoder.encode(msg)
         self.counters["sent_messages"] += 1
+        own = (self.birth_id is not None and msg.sender == self.birth_id
+               and dst_group in self.listen_groups)
         for d in datagrams:
+            if own:
+                # multicast loops our own datagrams back: recognised by their bytes, they
+                # are dropped before HMAC and decoding (a third of an idle agent's input)
+                self._own_sent[d] = None
+                if len(self._own_sent) > OWN_SENT_KEPT:
+                    del self._own_sent[next(iter(self._own_sent))]
             self.send_datagram(dst_group, d)
         return len(datagrams)
 
@@ -380,6 +390,10 @@ class Endpoint:
         if self._closed:                    # a delayed copy outlived the endpoint
             return
         self.counters["processed_datagrams"] += 1
+        if data in self._own_sent:
+            del self._own_sent[data]
+            self.counters["own_messages"] += 1
+            return
         msg = self.decoder.decode(data, self.clock_us())
         if msg is not None and self.birth_id is not None and msg.sender == self.birth_id:
             self.counters["own_messages"] += 1
