@@ -487,11 +487,13 @@ class MessagingEndpoint:
             if rx is None or msg.pvn > rx.pvn:
                 self._new_remote_view(c, msg.pvn, flush=(t == MsgType.NEW_PRIMARY_VIEW))
             self._mark_known(c)
+            # the ack before the watermark: collecting what `back` covers raises the ack
+            # too, and the round-trip sample (RtoEstimator) is taken only from a new ack
+            if t != MsgType.NEW_PRIMARY_VIEW_ACK:
+                self._on_remote_ack(c, msg)
             if msg.back > c.remote_view.group_watermark:
                 c.remote_view.group_watermark = msg.back
                 self._gc_sent(c)
-            if t != MsgType.NEW_PRIMARY_VIEW_ACK:
-                self._on_remote_ack(c, msg)
         trailer = unpack_trailer(msg.order_info)
         if from_primary and trailer is not None and trailer[4] is not None:
             if trailer[4] > c.remote_view.delivered:
