@@ -194,7 +194,8 @@ def run(args) -> int:
                                 per[x.name][f"cpu_us_per_req_{c}"] = "; ".join(
                                     f"{n}={1e6 * (c1[n] - c0[n]) / a['replies']:.0f}"
                                     for n in procs)
-                    if t.error is None and c == clients[-1]:
+                    if idle_rows and t.cluster is not None and c == clients[-1]:
+                        # also (especially) when the load failed: is the group quiet?
                         idle_rows[-1]["after_load_datagrams_per_s"] = measure_after_load(t)
                 for x in targets:
                     per[x.name]["conn_per_req_rps"] = "n/a"
