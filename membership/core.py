@@ -996,28 +996,33 @@ class Membership:
     def _primary_tick(self, now_us: int) -> None:
         c = self.cfg
         silent = self._silent_backups(now_us)
+        why = [short_id(b) + " silent for "
+               + f"{(now_us - self._last_heard.get(b, now_us)) // 1000} ms" for b in silent]
         ch = self._pending
         if ch is not None:
-            silent |= self._unacked_late(ch, now_us)
+            late = self._unacked_late(ch, now_us) - silent
+            why += [short_id(b) + f" did not acknowledge change {ch.change} in "
+                    f"{(now_us - ch.started_us) // 1000} ms" for b in late]
+            silent |= late
             if silent:
-                self._remove(silent, now_us)              # supersedes the pending change
+                self._remove(silent, now_us, why)         # supersedes the pending change
             elif now_us >= ch.sent_us + c.retransmit_us:
                 self._send_change(now_us)
         elif silent:
-            self._remove(silent, now_us)
+            self._remove(silent, now_us, why)
         elif self._joiners and self.status is Status.PRIMARY:
             self._admit(now_us)
         if self._pending is None and self.status is Status.PRIMARY:
             self._transfer_tick(now_us)
 
-    def _remove(self, births: set[int], now_us: int) -> None:
+    def _remove(self, births: set[int], now_us: int, why: list[str]) -> None:
         """Lines 28-34: the primary drops silent / non-acknowledging backups."""
         self._needs_state = [b for b in self._needs_state if b not in births]
         if self._outgoing is not None and self._outgoing.to in births:
             self._outgoing = None
         self._begin_change(MsgType.REMOVE_BACKUP,
                            [k for k in self.members if k.birth not in births], now_us,
-                           "silent or not acknowledging")
+                           "; ".join(sorted(why)))
 
     def _admit(self, now_us: int) -> None:
         """Line 23: the next precedences, above every precedence ever assigned."""

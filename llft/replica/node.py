@@ -149,6 +149,7 @@ class ReplicaNode:
                                               self.messaging_config)
         self.messaging.heartbeat_external = True    # membership's heartbeat carries its
         self.live = False                       # messaging fed (member holding state)
+        self.started_pvn = 0                    # primary view whose marker we logged
         self.streams: dict[mg.ConnId, bytearray] = {}
         self.input_bytes = 0
         self.order_info_log: deque[tuple[int, int, bytes]] = deque()   # (pvn, pos, chunk)
@@ -284,7 +285,16 @@ class ReplicaNode:
         return cid
 
     def send_space(self, conn: mg.ConnId) -> int:
+        if self._output_commit_holds():
+            return self.skip_out.get(conn, 0)
         return self.messaging.send_space(conn) + self.skip_out.get(conn, 0)
+
+    def _output_commit_holds(self) -> bool:
+        """Output commit: a primary's output may leave only while every order-info entry
+        it may depend on is held by the backups or fits in the message's piggyback (the
+        remote group then holds it for a successor's phase 2)."""
+        return (self.messaging.is_primary and self.messaging.order_info_unprotected_bytes()
+                > self.messaging_config.max_piggyback_bytes)
 
     def send(self, conn: mg.ConnId, data: bytes, now_us: int) -> int:
         """The application wrote `data` on `conn`; returns the bytes accepted. A restored
@@ -298,14 +308,20 @@ class ReplicaNode:
             n = min(skip, len(data))
             self.skip_out[conn] = skip - n
             data = data[n:]
-        if data:
+        if data and self._output_commit_holds():
+            self._count("output_commit_waits")
+        elif data:
             n += self.messaging.send(conn, data, now_us)
         self._settle()
         return n
 
     def add_order_info(self, chunk: bytes, now_us: int) -> int:
         """The primary's order-info entry (the determinizer's chunk); its position."""
-        if self.membership.status is not mb.Status.PRIMARY or not self.live:
+        # Not before the view's marker: a new primary takes its predecessor's last order
+        # info (recovered in phase 2) first, and its application must replay all of it
+        # before it makes a choice of its own.
+        if (self.membership.status is not mb.Status.PRIMARY or not self.live
+                or self.started_pvn != self.messaging.pvn):
             raise NotReady("order info comes from a primary whose view has started")
         self._now = max(self._now, now_us)
         pos = self.messaging.add_order_info(bytes([APP_TAG]) + chunk, now_us)
@@ -383,6 +399,7 @@ class ReplicaNode:
             if self.live and self.messaging.is_primary:
                 pos = self.messaging.add_order_info(encode_view_marker(a.pvn), now)
                 self._log_order_info(a.pvn, pos, None)
+                self.started_pvn = a.pvn
                 self._emit(ViewSwitch(a.pvn, pos, True))
             self._emit(a)
         elif isinstance(a, mb.StateRestored):

@@ -25,6 +25,11 @@ reordering (`reorder`: extra random delay up to `reorder_us_max`), base delay un
 [`delay_us_min`, `delay_us_max`], corruption (`corrupt`: one random byte flipped).
 Partitions cut node pairs (checked at send and at arrival); crashes stop a node (pending datagrams and timers for it are
 dropped); a restart installs a new core under the same node id (a new incarnation).
+A pause stops a node without killing it (a SIGSTOP, a long GC or swap stall): until the pause
+ends nothing of it runs and nothing reaches it; its datagrams, timers and calls wait (in
+their order) and all run when it resumes, with the clock of the resumption. The node
+neither sends nor notices time passing meanwhile, so the others may suspect and replace it
+while it still holds its old view: the false suspicion of a live process.
 `inject()` puts arbitrary bytes (forged or corrupted datagrams) on the network.
 
 API (small on purpose; every check in llft/sim/ uses it)
@@ -37,6 +42,7 @@ API (small on purpose; every check in llft/sim/ uses it)
                                    # owner handled an action, so even an event that does
                                    # nothing is part of a schedule
     sim.crash(node_id) / sim.restart(node_id, core, groups=None, on_action=None)
+    sim.pause(node_id, until_us)                   # SIGSTOP until until_us, then SIGCONT
     sim.partition([a, b], [c]) / sim.heal()       # nodes in different sets cannot talk
     sim.set_faults(NetConfig(...))                 # e.g. stop faults for the liveness phase
     sim.inject(group, datagram, delay_us=0)        # raw bytes to every listener of group
@@ -85,7 +91,7 @@ class NetConfig:
 
 class _Node:
     __slots__ = ("node_id", "core", "groups", "on_action", "incarnation", "alive",
-                 "armed_us", "encoder", "decoder")
+                 "armed_us", "encoder", "decoder", "paused_until")
 
     def __init__(self, node_id, core, groups, on_action, incarnation, key, mtu_bytes, rng):
         self.node_id = node_id
@@ -95,6 +101,7 @@ class _Node:
         self.incarnation = incarnation
         self.alive = True
         self.armed_us: int | None = None
+        self.paused_until = 0
         self.encoder = wire.Encoder(key, mtu_bytes=mtu_bytes,
                                     first_frag_id=rng.getrandbits(32))
         self.decoder = wire.Decoder(key, self.groups)
@@ -148,6 +155,15 @@ class Sim:
         self._install(node_id, core, old.groups if groups is None else groups,
                       on_action or old.on_action, old.incarnation + 1)
         self.stats["restarts"] += 1
+
+    def pause(self, node_id: Hashable, until_us: int) -> None:
+        """Stop `node_id` until `until_us` (see the module docstring)."""
+        node = self._nodes[node_id]
+        node.paused_until = max(node.paused_until, until_us)
+        self.stats["pauses"] += 1
+
+    def paused(self, node_id: Hashable) -> bool:
+        return self._nodes[node_id].paused_until > self.now_us
 
     def alive(self, node_id: Hashable) -> bool:
         return self._nodes[node_id].alive
@@ -261,6 +277,13 @@ class Sim:
             events += 1
             if events > MAX_EVENTS_PER_RUN:
                 raise SimError(f"more than {MAX_EVENTS_PER_RUN} events before {end_us} us")
+            if node is not None and node.paused_until > at_us and node.incarnation == inc:
+                # stopped: its events wait, in their order, for the resumption
+                if kind == _TIMER:
+                    node.armed_us = node.paused_until
+                self._seq += 1
+                heapq.heappush(heap, (node.paused_until, self._seq, kind, node, inc, payload))
+                continue
             if kind == _CALL:
                 fn, node_id = payload
                 fn(self)
@@ -269,11 +292,12 @@ class Sim:
                         self._pump(node)
                 else:
                     for n in list(self._nodes.values()):
-                        if n.alive:
+                        if n.alive and n.paused_until <= at_us:
                             self._pump(n)
                 continue
             if not node.alive or node.incarnation != inc or self._nodes[node.node_id] is not node:
                 continue
+
             if kind == _DGRAM:
                 data, src_id = payload
                 comp = self._component

@@ -50,7 +50,8 @@ TRANSITIONS: dict[SendState, frozenset[SendState]] = {
 class ReceiveSequence:
     """Receive sequence of one remote primary view on one connection.
     Invariants: every slot's msn > upto; nacks are placeholders (slots holding None)."""
-    __slots__ = ("pvn", "upto", "ts", "slots", "nacks", "first_offset", "after_change")
+    __slots__ = ("pvn", "upto", "ts", "slots", "nacks", "first_offset", "start",
+                 "after_change")
 
     def __init__(self, pvn: int):
         self.pvn = pvn
@@ -59,6 +60,9 @@ class ReceiveSequence:
         self.slots: dict[int, Message | None] = {}   # msn > upto: message or placeholder
         self.nacks: set[int] = set()
         self.first_offset: int | None = None
+        # the offset of msn 1: where this primary view's stream resumed (a new primary's
+        # msn 1 is an empty message at its resend point); unknown until msn 1 arrives
+        self.start: int | None = None
         self.after_change = False           # follows a remote change of primary
 
     def expect(self, upto: int, max_placeholders: int) -> bool:
@@ -216,7 +220,7 @@ class SendSide:
 class ReceiveSide:
     """The remote primary's stream on one connection.
     Invariant: bytes held ahead of a gap start beyond `delivered`."""
-    __slots__ = ("view", "old_view", "delivered", "received", "ahead", "declared",
+    __slots__ = ("view", "old_view", "delivered", "received", "held", "ahead", "declared",
                  "max_data_ts", "old_ts", "fa_pending", "fa_tries", "told_delivered")
 
     def __init__(self) -> None:
@@ -224,6 +228,9 @@ class ReceiveSide:
         self.old_view: ReceiveSequence | None = None  # backup: the previous one's gaps
         self.delivered = 0                  # stream offset delivered
         self.received: deque[Message] = deque()   # delivered, kept until ts <= GW
+        # backup: received in order, not yet delivered: a backup delivers a message only
+        # once its primary has it too (see MessagingEndpoint._release_held)
+        self.held: deque[Message] = deque()
         self.ahead: dict[int, bytes] = {}   # offset -> data beyond `delivered` (view change)
         self.declared: tuple[int, int] = (0, 0)   # remote primary's (sent_upto, ts)
         self.max_data_ts = 0                # highest ts of data received on this conn

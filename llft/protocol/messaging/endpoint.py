@@ -194,6 +194,7 @@ class MessagingEndpoint:
             self.order_info.new_view()
             self.timers.clear(Timer.ORDER_INFO_ACK)
             if self.is_primary and not was_primary and old_pvn > 0:
+                self._release_all_held()        # ours to decide now
                 self._become_primary(old_pvn)
         self._gc_order_info()
         if not self.heartbeat_external:
@@ -474,12 +475,15 @@ class MessagingEndpoint:
             rx = c.recv.view
             if rx is not None and msg.pvn < rx.pvn:
                 old = c.recv.old_view
-                if old is not None and msg.pvn == old.pvn and t in DATA_TYPES:
-                    self._rx_data(c, old, msg)      # a backup filling the old view's gap
-                elif (t in DATA_TYPES and msg.body["offset"] <= c.recv.delivered
-                      < msg.body["offset"] + len(msg.body["data"])):
+                part = self._below_resume_point(c, msg) if t in DATA_TYPES else None
+                if part is None:
+                    self._count("stale_view")
+                elif old is not None and msg.pvn == old.pvn:
+                    self._rx_data(c, old, part)     # a backup filling the old view's gap
+                elif (part.body["offset"] <= c.recv.delivered
+                      < part.body["offset"] + len(part.body["data"])):
                     self._count("gap_fill")         # bytes asked for by offset
-                    self._deliver(c, msg.body["offset"], msg.body["data"])
+                    self._deliver(c, part.body["offset"], part.body["data"])
                     self._gc_received(c)
                 else:
                     self._count("stale_view")
@@ -505,6 +509,27 @@ class MessagingEndpoint:
             getattr(self, handler)(c, msg)
         if trailer is not None:
             self._on_trailer(c, msg, trailer, from_primary)
+
+    def _below_resume_point(self, c: Connection, msg: Message) -> Message | None:
+        """The part of an older primary view's data message that lies below where the
+        current remote primary resumed the stream (its msn 1), or None.
+
+        Only those bytes are the group's: the current remote primary re-sends everything
+        from its resume point, which is at most what our primary delivered from the old
+        view when it answered NEW_PRIMARY_VIEW. Beyond it, an old primary's data may come
+        from a primary that was excluded while still running (a false suspicion): it keeps
+        executing and sending in its old view, with choices the new primary never learned,
+        so taking those bytes would splice two histories into one stream. Until msn 1 of
+        the current view is here, the resume point is unknown and nothing old is taken."""
+        start = c.recv.view.start
+        off, data = msg.body["offset"], msg.body["data"]
+        if start is None or off >= start:
+            self._count("old_view_beyond_resume")
+            return None
+        if off + len(data) <= start:
+            return msg
+        self._count("old_view_clipped")
+        return dataclasses.replace(msg, body={**msg.body, "data": data[:start - off]})
 
     # ---- inter-group handlers, by (type, role): the table at the end of this module ----
     def _on_data(self, c: Connection, msg: Message) -> None:
@@ -590,10 +615,8 @@ class MessagingEndpoint:
                 if msg.type == MsgType.NEW_PRIMARY_VIEW_ACK:
                     self._actions.append(RecoveredOrderInfo(c.cid, refl[0], refl[1],
                                                             tuple(refl[2])))
-                    return
-                pvn, last = section_end(refl)
-                if pvn == self.pvn:
-                    self.order_info.on_reflected(last)
+                # any other reflection is for our backups (it does not protect: see
+                # orderinfo_log.py)
             else:
                 self._oi_accept(refl, "oi_via_reflection")
 
@@ -646,6 +669,8 @@ class MessagingEndpoint:
         if rx.first_offset is None or msg.body["offset"] < rx.first_offset:
             rx.first_offset = msg.body["offset"]
         c.send.ka_idle = 0                  # data moves: its own keep-alives come sooner
+        if m == 1:
+            rx.start = msg.body["offset"]
         self._expect(c, rx, m - 1)
         rx.slots[m] = msg
         rx.nacks.discard(m)
@@ -659,10 +684,49 @@ class MessagingEndpoint:
     def _advance(self, c: Connection, rx: ReceiveSequence) -> None:
         for m in rx.take_contiguous():
             c.recv.keep_received(m)
-            self._deliver(c, m.body["offset"], m.body["data"])
+            c.recv.held.append(m)
+        self._release_held(c)
         c.recv.advance_ts(rx)
         c.recv.drop_old_view_if_done()
         self._gc_received(c)
+
+    def _release_held(self, c: Connection) -> None:
+        """Deliver what is received in order, at a backup only what its primary has too.
+
+        A backup that delivered a remote message its primary never received (lost on the
+        way to the primary only) would hold bytes its group does not agree on: if the
+        remote primary then fails, our primary answers NEW_PRIMARY_VIEW with the point
+        it delivered, the new remote primary re-sends from there with its own choices
+        (the order info that message carried reached only our backups), and the backup's
+        application reads other bytes than the primary's did. So a backup delivers a
+        message once its ts is within the group watermark its primary announced (every
+        member, the primary included, has received it, and the primary delivers in order
+        on receipt), or, for an older remote view, below where the current remote
+        primary resumed (our primary delivered those). The rest of an older view is not
+        the group's and is dropped. A primary delivers on receipt."""
+        held = c.recv.held
+        cur = c.recv.view
+        while held:
+            m = held[0]
+            if m.pvn < cur.pvn:
+                if cur.start is None:
+                    break               # where the current remote primary resumed: unknown
+                held.popleft()
+                part = self._below_resume_point(c, m)
+                if part is not None:
+                    self._deliver(c, part.body["offset"], part.body["data"])
+                continue
+            if not self.is_primary and m.ts > self.gw:
+                if m.body["offset"] > c.recv.delivered:     # bytes before it are missing
+                    self.timers.arm(Timer.NACK, c.cid, self._now + self.config.nack_delay_us)
+                break
+            held.popleft()
+            self._deliver(c, m.body["offset"], m.body["data"])
+
+    def _release_all_held(self) -> None:
+        for c in self.conns.values():
+            if c.recv.held:
+                self._release_held(c)
 
     def _deliver(self, c: Connection, offset: int, data: bytes) -> None:
         end = offset + len(data)
@@ -804,9 +868,12 @@ class MessagingEndpoint:
         config = self.config
         entries: list[list] = []
         rxs = [r for r in (c.recv.old_view, c.recv.view) if r is not None and r.nacks]
-        if not self.is_primary and c.recv.ahead:
+        held = c.recv.held
+        beyond = [o for o in ([min(c.recv.ahead)] if c.recv.ahead else [])
+                  + ([held[0].body["offset"]] if held else []) if o > c.recv.delivered]
+        if not self.is_primary and beyond:
             # bytes of an old remote primary we never heard of: ask by stream offset
-            entries.append([c.remote, c.seq, int(c.role), 0, c.recv.delivered, min(c.recv.ahead)])
+            entries.append([c.remote, c.seq, int(c.role), 0, c.recv.delivered, min(beyond)])
             self.timers.set(Timer.NACK, c.cid, self._now + config.nack_retry_us)
         if not rxs:
             if not entries:
@@ -941,6 +1008,7 @@ class MessagingEndpoint:
         if msg.ack == self.digest() and msg.back > self.gw:
             self.gw = msg.back
             self._gc_all_received()
+            self._release_all_held()
 
     def _on_order_info(self, msg: Message) -> None:
         tr = unpack_trailer(msg.order_info)
@@ -1031,7 +1099,9 @@ class MessagingEndpoint:
         for c in self.conns.values():
             if c.known:
                 ts = c.recv.view.ts if c.recv.view is not None else 0
-                if c.recv.old_view is not None or c.recv.ahead:
+                held = c.recv.held
+                if (c.recv.old_view is not None or c.recv.ahead
+                        or (held and held[0].body["offset"] > c.recv.delivered)):
                     ts = 0          # a gap in the stream: nothing may be collected yet
                 elif c.recv.old_ts is not None:
                     first = c.recv.view.first_offset if c.recv.view is not None else None

@@ -4,9 +4,17 @@ and a backup's in-order delivery of them.
 Primary side. The primary appends chunks (`append`, positions 1, 2, ... in each primary
 view) and keeps each until every backup has acknowledged it (ORDER_INFO(upto) on the
 intra-group connection; `acked`, then `gc`). A data message to a remote group piggybacks
-the chunks past the *protected* position, max(every backup's ack, the remote primary's
-reflection) (`piggyback`); a remote primary reflects what it received in its next
-message to the group, and the backups deliver the reflection. Chunks no backup acked
+every chunk past the *protected* position, the lowest of the backups' acks (`piggyback`);
+a remote primary reflects what it received in its next message to the group, and the
+backups deliver the reflection (and then ack it).
+
+Why a reflection does not protect a chunk: a remote primary keeps only the last section
+it received on each connection (that is what it answers a new primary with in phase 2).
+If the primary stopped carrying chunks the remote had reflected, its later messages would
+carry sections starting past them, the remote's last section would no longer hold them,
+and a primary crashing before its backups got the reflection would leave its successor
+without order info that output the remote already delivered depended on (seen in the
+replica simulation: a new primary drew another choice for bytes the client had). Chunks no backup acked
 within order_info_intra_us go to the backups directly (ORDER_INFO on the intra-group
 connection: the path for order info with nothing to ride on, and for backups that missed
 a reflection). `unprotected_bytes` is what output commit waits on.
@@ -29,7 +37,7 @@ from llft.protocol.messaging.trailer import Section
 
 
 class OrderInfoLog:
-    __slots__ = ("config", "backups", "next_pos", "log", "bytes", "reflected", "acks",
+    __slots__ = ("config", "backups", "next_pos", "log", "bytes", "acks",
                  "delivered", "pending", "acked")
 
     def __init__(self, config: MessagingConfig):
@@ -39,7 +47,6 @@ class OrderInfoLog:
         self.next_pos = 1
         self.log: deque[tuple[int, bytes]] = deque()   # (pos, chunk) not acked by all
         self.bytes = 0
-        self.reflected = 0                  # a remote primary reflected up to
         self.acks: dict[int, int] = {}      # backup birth id -> position acked
         # backup side
         self.delivered = 0                  # delivered up to (this primary view)
@@ -61,7 +68,6 @@ class OrderInfoLog:
     def become_primary(self) -> None:
         self.acks.clear()
         self.next_pos = 1
-        self.reflected = 0
         self.log.clear()
         self.bytes = 0
         self.pending.clear()
@@ -89,8 +95,8 @@ class OrderInfoLog:
         return min(self.acks.get(b, 0) for b in self.backups)
 
     def protected(self) -> int:
-        """Positions a backup ack or a remote reflection covers."""
-        return max(self.reflected, self.floor())
+        """Positions every backup holds (a reflection does not count: module docstring)."""
+        return self.floor()
 
     def unprotected_bytes(self) -> int:
         if not self.backups or not self.log:
@@ -119,10 +125,6 @@ class OrderInfoLog:
         if not self.backups or not self.log:
             return None
         return self.section(pvn, self.protected())
-
-    def on_reflected(self, last: int) -> None:
-        if last > self.reflected:
-            self.reflected = min(last, self.last_pos)
 
     def on_ack(self, backup: int, upto: int) -> bool:
         """A backup acked positions up to `upto`; True if that is news."""
