@@ -123,12 +123,12 @@ class RtoEstimator:
         self._update()
 
     def timed_out(self) -> None:
-        self.backoff += 1
+        self.backoff = min(self.backoff + 1, 16)    # far beyond any ceiling already
         self._update()
 
     def _update(self) -> None:
         base = self.floor_us if self.srtt_us is None else self.srtt_us + 4 * self.rttvar_us
-        self.rto_us = min(self.ceiling_us, max(self.floor_us, base) << min(self.backoff, 16))
+        self.rto_us = min(self.ceiling_us, max(self.floor_us, base) << self.backoff)
 
 
 class SendSide:
