@@ -158,9 +158,6 @@ class MessagingEndpoint:
         self._gw_rose = False
         self.order_info = OrderInfoLog(self.config)
         self.phase2_pvn: int | None = None  # new primary: the view whose phase 2 runs
-        # True when membership's heartbeat carries ours (ReplicaNode: one heartbeat per
-        # member per interval, stamped by `stamp_heartbeat`); a bare endpoint sends its own
-        self.heartbeat_external = False
         self.stats: dict[str, int] = {}
 
     # ======================================================================== views ===
@@ -197,8 +194,7 @@ class MessagingEndpoint:
                 self._release_all_held()        # ours to decide now
                 self._become_primary(old_pvn)
         self._gc_order_info()
-        if not self.heartbeat_external:
-            self.timers.arm(Timer.HEARTBEAT, None, self._now)
+        self.timers.arm(Timer.HEARTBEAT, None, self._now)
 
     def _become_primary(self, old_pvn: int) -> None:
         now = self._now
@@ -1038,19 +1034,6 @@ class MessagingEndpoint:
             # the order-info report goes when due (it carries the watermark as well)
             self.timers.arm(Timer.ORDER_INFO_ACK, None,
                             self._now + self.config.order_info_ack_us)
-
-    def stamp_heartbeat(self, msg: Message, now_us: int) -> Message:
-        """Membership's HEARTBEAT `msg`, carrying this core's heartbeat fields (ts,
-        `back`, digest in `ack`): one heartbeat per member per interval serves both
-        cores (`heartbeat_external`). Unchanged if this core has nothing to report."""
-        self._now = max(self._now, now_us)
-        if not self.backups and self.is_primary:
-            return msg
-        back = self._heartbeat_back()
-        self.clock += 1
-        out = dataclasses.replace(msg, ts=self.clock, back=back, ack=self.digest())
-        self._after_heartbeat()
-        return out
 
     # ---------------------------------------------------------------- order info ---
     def _oi_accept(self, sec: list, path: str) -> None:
