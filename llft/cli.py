@@ -36,6 +36,7 @@ BENCHMARKS: dict[str, str] = {
     "ndops": "llft.bench.ndops",
     "latency": "llft.bench.service",
     "throughput": "llft.bench.service",
+    "echo": "llft.bench.echo",
     "ndlatency": "llft.bench.ndlatency",
     "spark": "llft.bench.spark",
     "corpus": "llft.bench.corpus",

@@ -106,19 +106,18 @@ int llft_wait(void *base, int timeout_ms) {
     struct llft_ring *r = &s->out;
     struct timespec t0, now;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int polls = 0;; polls++) {
+    /* No polling with short sleeps: the waiter sleeps on the futex (one wake-up per
+     * publish it waits for); the caller batches (the agent's drain thread stays off the
+     * futex for a coalescing interval after each wake-up, so a busy app's appends then
+     * cost no wake-up). */
+    for (;;) {
         uint32_t seq = __atomic_load_n(&r->pub_seq, __ATOMIC_ACQUIRE);
         if (llft_ring_peek(r, s->out_data, LLFT_OUT_CAP_BYTES)) return 1;
         if (timeout_ms <= 0) return 0;
         clock_gettime(CLOCK_MONOTONIC, &now);
         long left = timeout_ms - ((now.tv_sec - t0.tv_sec) * 1000L + (now.tv_nsec - t0.tv_nsec) / 1000000L);
         if (left <= 0) return 0;
-        if (polls < 10) {   /* as llft_drain: a busy app's appends then cost no wake-up */
-            struct timespec ts = {0, 100000};
-            nanosleep(&ts, NULL);
-            continue;
-        }
-        llft_ring_wait_pub(r, seq, (int)(left < 50 ? left : 50));
+        llft_ring_wait_pub(r, seq, (int)left);
     }
 }
 

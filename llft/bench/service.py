@@ -140,7 +140,8 @@ class Setup:
                  app: str = ECHO, probe: tuple[bytes, bytes] = (b"ping\n", b"ping\n"),
                  group_prefix: str = "echo"):
         """`app`: the service program (run as `python APP PORT`); `probe`: one request
-        and its exact reply, sent through each new group's whole path first."""
+        and its exact reply, sent through each new group's whole path first;
+        `fault_timeout_ms` None: the configuration's default."""
         self.tmp = tmp
         self.fault_timeout_ms = fault_timeout_ms
         self.app, self.probe, self.group_prefix = app, probe, group_prefix

@@ -275,6 +275,7 @@ class Agent:
             await self.endpoint.start()
             self.node.start(self.driver.clock_us())
             logs.set_name(logs.replica_name(self.group, self.node.birth))   # drawn at start
+            self.endpoint.birth_id = self.node.birth    # our echoes dropped undecoded
             self.driver.start()
             self._start_connector()
             self.tasks.spawn(self._status_loop(), "status")
@@ -436,6 +437,7 @@ class Agent:
              "the application's process tree is killed; a new one starts when the "
              "state arrives")
         logs.set_name(logs.replica_name(self.group, a.new_birth))
+        self.endpoint.birth_id = a.new_birth
         self._stop_app()
         self.status_file.remove()
         self._reset_app_state()
@@ -825,6 +827,7 @@ class Agent:
                 proctree.reap_orphans()
                 self.watchdog.report_escapees(self._sessions)
                 self.counters["escapees_watched"] = len(self.watchdog.reported)
+                self.counters.update(proctree.SCAN_STATS)   # their count and cost
             t = time.monotonic()
             await asyncio.sleep(STATUS_PERIOD_S)    # a reporting period
             # how late the loop woke: a busy or starved agent misses heartbeats
@@ -846,6 +849,7 @@ class Agent:
                 **order_info,
                 "fed_entries": app.fed_entries,
                 "consumed_entries": app.consumed_entries,
+                "drain_wakeups": app.drain_wakeups,
             },
             "sync": self._sync, "own_lag": self._own_lag if self._sync != "none" else None,
             "lag_held": self._lag_held,

@@ -94,6 +94,7 @@ def raise_agent_priority() -> str | None:
     _app_nice = base + APP_NICE - AGENT_NICE
     return None
 DRAIN_WAIT_MS = 100              # the drain thread's bounded wait (checks its stop event)
+DRAIN_COALESCE_S = 0.0005        # entries not drained by output this long wake the loop
 
 
 class AppMode(enum.Enum):
@@ -152,6 +153,7 @@ class Application:
         self._drain_thread: threading.Thread | None = None
         self._drain_stop = threading.Event()
         self._drained = threading.Event()     # the loop took what the thread asked for
+        self.drain_wakeups = 0                # times the drain thread woke the loop
         self._feed_queue: queue.Queue = queue.Queue()
         self._feeder = None
         self._feed_thread: threading.Thread | None = None
@@ -240,7 +242,15 @@ class Application:
         stop, drained = self._drain_stop, self._drained
         while not stop.is_set():
             if shm.wait(DRAIN_WAIT_MS):
+                # One wake-up of the loop per batch: the output path drains before every
+                # send, so a request's entries usually leave with its reply; only what
+                # is still there after DRAIN_COALESCE_S needs the loop woken (a busy app
+                # producing entries without output: once per interval, not per entry).
                 drained.clear()
+                if drained.wait(DRAIN_COALESCE_S) or stop.is_set() or not shm.wait(0):
+                    continue
+                drained.clear()
+                self.drain_wakeups += 1
                 self.loop.call_soon_threadsafe(self._on_order_info)
                 drained.wait(DRAIN_WAIT_MS / 1000)    # one request at a time
 

@@ -108,10 +108,53 @@ def session_members(sids) -> list[psutil.Process]:
 
 
 def descendants(pid: int) -> list[psutil.Process]:
+    """Every descendant of `pid` (psutil: a scan of every process on the machine; the
+    kill paths use it, for an exact snapshot)."""
     try:
         return psutil.Process(pid).children(recursive=True)
     except psutil.Error:
         return []
+
+
+def child_pids(pid: int) -> list[int] | None:
+    """The direct children of `pid` from /proc/PID/task/*/children (only its own
+    threads' files are read, not every process on the machine); None where the kernel
+    has no such file. A child being reparented right now may be missing: the periodic
+    checks catch it next time."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(x) for x in f.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue                    # the thread ended meanwhile
+            return None                     # no children files in this kernel
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def descendant_pids(pid: int) -> list[int]:
+    """Descendants of `pid`, cheaply (child_pids, breadth first); the psutil scan where
+    the kernel lacks the children files. For the agent's once-a-second checks."""
+    first = child_pids(pid)
+    if first is None:
+        return [p.pid for p in descendants(pid)]
+    out, todo = [], list(first)
+    while todo:
+        c = todo.pop()
+        out.append(c)
+        todo.extend(child_pids(c) or [])
+    return out
+
+
+# the agent's periodic scans (reap_orphans, report_escapees): how many, how long in total
+SCAN_STATS = {"proctree_scans": 0, "proctree_scan_us": 0}
 
 
 def tree(root: int | None, sid: int | None, exclude=()) -> list[psutil.Process]:
@@ -177,22 +220,29 @@ def reap_orphans() -> int:
     """Collect the exit status of this process's dead children that no Popen waits for
     (orphans reparented here as subreaper). Returns how many were reaped."""
     n = 0
-    try:
-        children = psutil.Process().children()
-    except psutil.Error:
-        return 0
-    for p in children:
+    t0 = time.monotonic_ns()
+    children = child_pids(os.getpid())
+    if children is None:
+        try:
+            children = [p.pid for p in psutil.Process().children()]
+        except psutil.Error:
+            children = []
+    for pid in children:
         with _owned_lock:
-            if p.pid in _owned:
+            if pid in _owned:
                 continue
         try:
-            if p.status() != psutil.STATUS_ZOMBIE:
-                continue
-            if os.waitpid(p.pid, os.WNOHANG)[0] == p.pid:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
                 n += 1
-        except (psutil.Error, ChildProcessError):
+        except ChildProcessError:
             pass
+    _scanned(t0)
     return n
+
+
+def _scanned(t0_ns: int) -> None:
+    SCAN_STATS["proctree_scans"] += 1
+    SCAN_STATS["proctree_scan_us"] += (time.monotonic_ns() - t0_ns) // 1000
 
 
 # ---- the watchdog ---------------------------------------------------------------------------
@@ -237,12 +287,17 @@ class Watchdog:
     def report_escapees(self, sids) -> None:
         """Descendants of the agent outside the tracked sessions (daemons that called
         setsid): the watchdog kills them by pid if the agent dies."""
+        t0 = time.monotonic_ns()
         sids = set(sids)
-        for p in descendants(os.getpid()):
-            if p.pid != self.proc.pid and _getsid(p.pid) not in sids:
-                self.track_process(p)
+        for pid in descendant_pids(os.getpid()):
+            if pid != self.proc.pid and _getsid(pid) not in sids:
+                try:
+                    self.track_process(psutil.Process(pid))
+                except psutil.Error:
+                    pass
         for pid in [pid for pid in self.reported if not psutil.pid_exists(pid)]:
             del self.reported[pid]
+        _scanned(t0)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Normal exit: the pipe closes, the watchdog sweeps what it knows and exits."""

@@ -21,6 +21,10 @@ messaging). Then faults stop, and the checks are:
     state, no timer left: `MessagingEndpoint.check`), and stays freed;
   * order info: every live backup receives positions 1..n, exactly once, in order, with
     the primary's bytes;
+  * flow control: at every action of a replica, no connection has more than
+    `window_msgs` messages in flight (sent, not covered by the remote group watermark),
+    and every retransmission timeout lies within [retransmit_us, retransmit_max_us]
+    (the RTT estimate with its back-off, connection.RtoEstimator);
   * authentication: nothing forged or corrupted is delivered (the byte comparison), and
     the decoders rejected the injected datagrams;
   * buffers: at quiescence sent lists, queues, received lists, placeholders and
@@ -315,6 +319,7 @@ class Schedule:
     # -- actions -----------------------------------------------------------------------
     def _on_action(self, node: str, action, now_us: int) -> None:
         rep = self.by_node[node]
+        self._check_flow(rep)
         if isinstance(action, (Deliver, Closed)) and (action.conn in rep.ended
                                                       or action.conn in rep.freed):
             self._violation(f"{node} {action.conn}: {type(action).__name__} after the "
@@ -506,6 +511,16 @@ class Schedule:
         if self.injected and rejected == 0:
             self._violation("injected datagrams were not rejected")
         return self.violations
+
+    def _check_flow(self, rep: _Replica) -> None:
+        cfg = rep.core.config
+        for c in rep.core.conns.values():
+            if len(c.send.sent) > cfg.window_msgs:
+                self._violation(f"{rep.node} {c.cid}: {len(c.send.sent)} messages in flight "
+                                f"> window {cfg.window_msgs}")
+            if not cfg.retransmit_us <= c.send.rto_us <= cfg.retransmit_max_us:
+                self._violation(f"{rep.node} {c.cid}: retransmission timeout "
+                                f"{c.send.rto_us} us outside its bounds")
 
     def _check_invariants(self) -> None:
         """Each live endpoint's own invariants (`MessagingEndpoint.check`: connection state

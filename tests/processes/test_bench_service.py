@@ -84,3 +84,21 @@ def test_failover_quick(tmp_path, soak):
     if HAVE_MPL:
         for png in ("failover.png", "failover_view_change.png"):
             assert os.path.getsize(os.path.join(out, png)) > 0
+
+
+@pytest.mark.slow
+def test_echo_quick(tmp_path):
+    """`llft bench echo --quick`: every configuration measured, idle row written, the
+    connection-per-request column honestly n/a (no stream close at the gateway yet)."""
+    out = str(tmp_path / "results")
+    assert main(["bench", "echo", "--quick", "--results", out]) == 0
+    rows = read_csv(os.path.join(out, "echo.csv"))
+    assert [r["config"] for r in rows] == ["tcp", "proxy", "llft_1r"]
+    for r in rows:
+        assert r["error"] == "", r
+        assert r["p50_us"] and r["p99_us"] and r["rps_1"] and r["rps_16"], r
+        assert r["conn_per_req_rps"] == "n/a", r
+    (idle,) = read_csv(os.path.join(out, "echo_idle.csv"))
+    assert idle["config"] == "llft_1r" and idle["agent_cpu_pct_max"] != ""
+    cpu = read_csv(os.path.join(out, "echo_cpu.csv"))
+    assert "gateway=" in cpu[2]["cpu_us_per_req_1"] and "r1=" in cpu[2]["cpu_us_per_req_1"]

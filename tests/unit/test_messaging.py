@@ -702,3 +702,30 @@ def test_the_server_end_speaks_after_the_openers_first_message():
     q.handle_message(first, 10)
     replies = sends(q.take_actions(), MsgType.REPLY)
     assert [r.body["data"] for r in replies] == [b"early"] and replies[0].ts > first.ts
+
+
+def test_rto_estimator_jacobson_karels_karn_backoff():
+    from llft.protocol.messaging.connection import RtoEstimator, SendSide
+    r = RtoEstimator(4_000, 250_000)
+    assert r.rto_us == 4_000                        # no sample yet: the floor
+    r.sample(20_000)                                # first: SRTT = R, RTTVAR = R/2
+    assert (r.srtt_us, r.rttvar_us, r.rto_us) == (20_000, 10_000, 60_000)
+    r.timed_out()
+    r.timed_out()
+    assert r.rto_us == 240_000                      # doubled twice
+    r.timed_out()
+    assert r.rto_us == 250_000                      # the ceiling
+    r.sample(20_000)                                # a fresh sample ends the back-off
+    assert r.backoff == 0 and r.rto_us < 60_000
+    for _ in range(50):
+        r.sample(100)
+    assert r.rto_us == 4_000                        # never below the floor
+    # Karn's rule: a retransmitted message's ack gives no sample
+    s = SendSide(4_000, 250_000)
+    s.sent_at.update({1: 0, 2: 0})
+    s.sent_at.pop(2)                                # msn 2 was retransmitted
+    s.on_acked(2, 50_000)
+    assert s.rto.srtt_us is None and not s.sent_at
+    s.sent_at[3] = 60_000
+    s.on_acked(3, 61_000)
+    assert s.rto.srtt_us == 1_000

@@ -24,8 +24,8 @@ class MessagingConfig:
     max_placeholders: int = 32          # receive gap bound (== window_msgs: nothing beyond)
     max_connections: int = 16384        # open at once (freed ones do not count)
     max_freed_pending: int = 256        # primary: frees its backups have not applied yet
-    retransmit_us: int = 4_000
-    retransmit_max_us: int = 32_000
+    retransmit_us: int = 4_000          # floor of the estimated retransmission timeout
+    retransmit_max_us: int = 250_000    # its ceiling (after back-off)
     first_ack_delay_us: int = 1_000
     first_ack_retry_us: int = 4_000
     first_ack_max_tries: int = 8

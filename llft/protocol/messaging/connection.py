@@ -98,16 +98,51 @@ class ReceiveSequence:
         assert all(self.slots.get(k, 1) is None for k in self.nacks), "nack of a held msn"
 
 
+class RtoEstimator:
+    """Retransmission timeout from measured round trips (Jacobson/Karels, RFC 6298):
+    SRTT and RTTVAR, RTO = SRTT + 4 RTTVAR within [floor, ceiling], doubled on each
+    timeout (exponential back-off) until a fresh sample. An ack does not reset it: under
+    load the round trip includes the remote's queue, and a timeout shorter than that
+    queue resends every datagram while it waits there."""
+    __slots__ = ("floor_us", "ceiling_us", "srtt_us", "rttvar_us", "backoff", "rto_us")
+
+    def __init__(self, floor_us: int, ceiling_us: int | None = None):
+        self.floor_us = floor_us
+        self.ceiling_us = max(floor_us, ceiling_us or floor_us * 64)
+        self.srtt_us: int | None = None
+        self.rttvar_us = 0
+        self.backoff = 0
+        self.rto_us = floor_us
+
+    def sample(self, rtt_us: int) -> None:
+        rtt_us = max(0, rtt_us)
+        if self.srtt_us is None:
+            self.srtt_us, self.rttvar_us = rtt_us, rtt_us // 2
+        else:
+            self.rttvar_us += (abs(self.srtt_us - rtt_us) - self.rttvar_us) // 4
+            self.srtt_us += (rtt_us - self.srtt_us) // 8
+        self.backoff = 0
+        self._update()
+
+    def timed_out(self) -> None:
+        self.backoff = min(self.backoff + 1, 16)    # far beyond any ceiling already
+        self._update()
+
+    def _update(self) -> None:
+        base = self.floor_us if self.srtt_us is None else self.srtt_us + 4 * self.rttvar_us
+        self.rto_us = min(self.ceiling_us, max(self.floor_us, base) << self.backoff)
+
+
 class SendSide:
     """Our own stream on one connection.
     Invariants: *_bytes equal the bytes their container holds; the sent list holds
     consecutive msns ending at last_msn; remote_ack <= last_msn."""
     __slots__ = ("out_offset", "queue", "queue_bytes", "next_msn", "sent", "sent_bytes",
-                 "log", "log_bytes", "remote_ack", "rto_us", "fa_count", "last_send_us",
-                 "sent_open", "old_pvn", "last_back", "ka_urgent", "end", "abort",
-                 "first_ts")
+                 "log", "log_bytes", "remote_ack", "rto", "fa_count", "last_send_us",
+                 "sent_open", "old_pvn", "last_back", "ka_urgent", "sent_at", "ka_idle",
+                 "end", "abort", "first_ts")
 
-    def __init__(self, rto_us: int):
+    def __init__(self, rto_us: int, rto_max_us: int | None = None):
         self.out_offset = 0                 # end of the bytes our app produced
         self.queue: deque[tuple[int, bytes]] = deque()    # primary: cut, not yet sent
         self.queue_bytes = 0
@@ -117,7 +152,8 @@ class SendSide:
         self.log: deque[tuple[int, int, bytes]] = deque()  # backup: (msn, offset, data)
         self.log_bytes = 0
         self.remote_ack = 0                 # the remote primary acked our msns up to
-        self.rto_us = rto_us                # current retransmission timeout (backs off)
+        self.rto = RtoEstimator(rto_us, rto_max_us)     # retransmission timeout of this connection
+        self.sent_at: dict[int, int] = {}   # msn -> first send time (none once resent)
         self.fa_count = 0                   # FIRST_ACKs seen for our last msn
         self.last_send_us = 0
         self.sent_open = False              # STREAM_OPEN went out
@@ -127,10 +163,26 @@ class SendSide:
         self.end: int | None = None         # offset of our stream's end marker (closed)
         self.abort = False                  # ... and it is a reset, not a FIN
         self.first_ts = 0                   # ts of the first message we sent on it
+        self.ka_idle = 0                    # own keep-alives since data last moved on it
 
     @property
     def last_msn(self) -> int:
         return self.next_msn - 1
+
+    @property
+    def rto_us(self) -> int:
+        return self.rto.rto_us
+
+    def on_acked(self, upto: int, now_us: int) -> None:
+        """The remote primary acked our msns up to `upto`: one round-trip sample from
+        the newest of them sent once (Karn: a retransmitted one tells nothing)."""
+        sample = None
+        for msn in [m for m in self.sent_at if m <= upto]:
+            t = self.sent_at.pop(msn)
+            if msn == upto:
+                sample = now_us - t
+        if sample is not None:
+            self.rto.sample(sample)
 
     def queue_segment(self, seg: bytes) -> None:
         """Primary: the application's next bytes, to be sent as one message."""
@@ -152,6 +204,7 @@ class SendSide:
         while self.sent and self.sent[0].ts <= group_watermark:
             m = self.sent.popleft()
             self.sent_bytes -= len(m.body["data"])
+            self.sent_at.pop(m.msn, None)
             freed = True
         if freed:
             covered = self.sent[0].msn - 1 if self.sent else self.last_msn
@@ -167,13 +220,15 @@ class SendSide:
             assert [m.msn for m in self.sent] == list(
                 range(self.sent[0].msn, self.last_msn + 1)), "sent list not consecutive"
         assert self.remote_ack <= self.last_msn, "ack beyond what we sent"
+        assert all(m <= self.last_msn for m in self.sent_at), "send time of an unsent msn"
 
 
 class ReceiveSide:
     """The remote primary's stream on one connection.
     Invariant: bytes held ahead of a gap start beyond `delivered`."""
     __slots__ = ("view", "old_view", "delivered", "received", "held", "ahead", "declared",
-                 "max_data_ts", "old_ts", "fa_pending", "fa_tries", "end", "abort")
+                 "max_data_ts", "old_ts", "fa_pending", "fa_tries", "end", "abort",
+                 "told_delivered")
 
     def __init__(self) -> None:
         self.view: ReceiveSequence | None = None      # the remote primary's current view
@@ -191,6 +246,7 @@ class ReceiveSide:
         self.fa_tries = 0
         self.end: int | None = None         # offset of the remote stream's end marker
         self.abort = False
+        self.told_delivered = 0             # `delivered` in our last trailer on this conn
 
     @property
     def finished(self) -> bool:
@@ -263,12 +319,12 @@ class Connection:
     __slots__ = ("cid", "remote", "seq", "role", "state", "known", "send", "recv",
                  "remote_view", "peer_done")
 
-    def __init__(self, cid: ConnId, rto_us: int):
+    def __init__(self, cid: ConnId, rto_us: int, rto_max_us: int | None = None):
         self.cid = cid
         self.remote, self.seq, self.role = cid
         self.state = SendState.STREAMING
         self.known = False                  # counted in the watermark and digest
-        self.send = SendSide(rto_us)
+        self.send = SendSide(rto_us, rto_max_us)
         self.recv = ReceiveSide()
         self.remote_view = RemoteView()
         self.peer_done = False              # the remote primary freed it (CLOSED)
@@ -302,6 +358,7 @@ class Connection:
         s = self.send
         s.next_msn = 1
         s.sent.clear()
+        s.sent_at.clear()
         s.sent_bytes = 0
         s.remote_ack = 0
         s.fa_count = 0

@@ -19,7 +19,10 @@ Sending (lines 9-17, 45-46). `send(conn, data)` cuts the bytes into segments of 
 as a REQUEST/REPLY with the next msn, a fresh Lamport timestamp, `ack` = last msn
 received without a gap on the connection (piggybacked ack, line 10) and `back` =
 mygroupwatermark, and keeps it in the sent list; it retransmits messages the remote
-primary has not acked after `retransmit_us` (doubling up to `retransmit_max_us`).
+primary has not acked within the retransmission timeout of that remote group (one
+estimate shared by its connections): estimated from measured round trips (Jacobson/Karels SRTT + 4 RTTVAR, Karn's rule: no sample from a
+retransmitted message), at least `retransmit_us`, doubling on each timeout up to
+`retransmit_max_us`, and not reset by acks (connection.RtoEstimator).
 Flow control follows the slowest member: the sent list only shrinks when the *remote
 group watermark* covers a message (every remote member has it), and the primary never
 has more than `window_msgs` messages in it; so no remote backup falls out of the window.
@@ -41,7 +44,8 @@ FIRST_ACK with SECOND_ACK only if its own application has produced the acked mes
 with no backup, the primary answers. FIRST_ACKs for the primary's last sent message,
 `first_ack_slowdown` times, throttle the primary (intra-group flow control, lines 65-66)
 until a KEEP_ALIVE or newer ack or `throttle_us`. An idle connection gets a KEEP_ALIVE
-every `keepalive_us`. A backup that sees a SECOND_ACK (or a remote primary's sent-up-to,
+every `keepalive_us`, unless another message to the same group went out meanwhile (its
+trailer states every connection's sent-up-to: one keep-alive per group and interval). A backup that sees a SECOND_ACK (or a remote primary's sent-up-to,
 below) beyond what it received nacks the gap (line 72); after a remote change of primary
 only the sent-up-to counts (the SECOND_ACK may echo an msn of the previous view).
 
@@ -135,12 +139,19 @@ from llft.protocol.messaging.actions import (Closed, Deliver, DeliverOrderInfo, 
 from llft.protocol.messaging.closed import ClosedSeqs
 from llft.protocol.messaging.config import (INTRA_CONN_SEQ, BufferFull, ConnId,
                                             MessagingConfig, ProtocolError)
-from llft.protocol.messaging.connection import Connection, ReceiveSequence, SendState
+from llft.protocol.messaging.connection import (Connection, ReceiveSequence, RtoEstimator,
+                                                SendState)
 from llft.protocol.messaging.orderinfo_log import OrderInfoLog
 from llft.protocol.messaging.rules import PRIMARY_ONLY_TYPES, RESPONDS_TO_FIRST_ACK, Duty
 from llft.protocol.messaging.timers import (BACKUP_TIMERS, CONNECTION_TIMERS, ENDPOINT_TIMERS,
                                             PRIMARY_TIMERS, Timer, Timers)
 from llft.protocol.messaging.trailer import pack_trailer, section_end, unpack_trailer
+
+
+# an idle connection's own keep-alive: at least every 4 intervals, backing off to 16 while
+# no data moves on it (many idle connections to one group then cost little)
+KEEPALIVE_OWN_EVERY = 4
+KEEPALIVE_OWN_MAX = 16
 
 
 class MessagingEndpoint:
@@ -158,7 +169,10 @@ class MessagingEndpoint:
         self.clock = 0                      # Lamport clock
         self.gw = 0                         # mygroupwatermark (backups: as told by primary)
         self.conns: dict[ConnId, Connection] = {}
-        # backup -> (watermark, digest, frees applied) from its last HEARTBEAT
+        self._conn_order: dict[ConnId, int] = {}    # position in conns (timer firing order)
+        self._told_us: dict[str, int] = {}  # remote group -> last trailer stating `others`
+        self._rtos: dict[str, RtoEstimator] = {}    # remote group -> its RTO estimate
+        # backup -> (watermark, digest, frees applied) from its last report
         self.reports: dict[int, tuple[int, int, int]] = {}
         self.last_heard_us: dict[int, int] = {}
         self._digest: int | None = None
@@ -421,22 +435,26 @@ class MessagingEndpoint:
         is cleared; the backups' local nacks go out as one NACK."""
         self._now = now = max(self._now, now_us)
         not_mine = BACKUP_TIMERS if self.is_primary else PRIMARY_TIMERS
-        for kind in ENDPOINT_TIMERS:
-            if self.timers.expired(kind, None, now):
-                if kind in not_mine:
-                    self.timers.clear(kind)         # armed in the other role
-                else:
-                    getattr(self, _ENDPOINT_TIMER_HANDLERS[kind])()
+        # only the timers due now (the registry's heap), in the order of Timer and of
+        # the connections; each is checked again right before it fires (an earlier
+        # handler may have moved or cleared it)
+        order = self._conn_order
+        due = self.timers.pop_due(now)
+        due.sort(key=lambda k: (-1 if k[1] is None else order[k[1]], _TIMER_RANK[k[0]]))
         local_nacks: list[list] = []
-        for c in self.conns.values():
-            for kind in CONNECTION_TIMERS:
-                if self.timers.expired(kind, c.cid, now):
-                    if kind in not_mine:
-                        self.timers.clear(kind, c.cid)
-                    elif kind is Timer.NACK:
-                        local_nacks.extend(self._nack(c))
-                    else:
-                        getattr(self, _CONNECTION_TIMER_HANDLERS[kind])(c)
+        for kind, key in due:
+            if not self.timers.expired(kind, key, now):
+                continue
+            if kind in not_mine:
+                self.timers.clear(kind, key)        # armed in the other role
+            elif key is None:
+                getattr(self, _ENDPOINT_TIMER_HANDLERS[kind])()
+            elif kind is Timer.NACK:
+                local_nacks.extend(self._nack(self.conns[key]))
+            else:
+                getattr(self, _CONNECTION_TIMER_HANDLERS[kind])(self.conns[key])
+        for k in due:
+            self.timers.keep(k)                     # still set: back into the heap
         if local_nacks:
             self._emit(self.group, self._intra(MsgType.NACK, {"missing": local_nacks}))
         self._after_event()
@@ -450,8 +468,9 @@ class MessagingEndpoint:
 
     def _watermark_report_due(self) -> None:
         self.timers.clear(Timer.WATERMARK_REPORT)
-        if self.timestamp_watermark() > self.reported_w:
-            self._heartbeat()
+        if (self.timestamp_watermark() > self.reported_w
+                or self.order_info.acked != self.order_info.delivered):
+            self._order_info_ack()
 
     def _order_info_ack_due(self) -> None:
         self.timers.clear(Timer.ORDER_INFO_ACK)
@@ -586,11 +605,13 @@ class MessagingEndpoint:
             if rx is None or msg.pvn > rx.pvn:
                 self._new_remote_view(c, msg.pvn, flush=(t == MsgType.NEW_PRIMARY_VIEW))
             self._mark_known(c)
+            # the ack before the watermark: collecting what `back` covers raises the ack
+            # too, and the round-trip sample (RtoEstimator) is taken only from a new ack
+            if t != MsgType.NEW_PRIMARY_VIEW_ACK:
+                self._on_remote_ack(c, msg)
             if msg.back > c.remote_view.group_watermark:
                 c.remote_view.group_watermark = msg.back
                 self._gc_sent(c)
-            if t != MsgType.NEW_PRIMARY_VIEW_ACK:
-                self._on_remote_ack(c, msg)
         trailer = unpack_trailer(msg.order_info)
         if from_primary and trailer is not None and trailer[4] is not None:
             if trailer[4] > c.remote_view.delivered:
@@ -688,6 +709,12 @@ class MessagingEndpoint:
                 c2 = self.conns.get((msg.src_group, seq, Role(1 - role)))
                 if c2 is not None and c2.recv.view is not None and c2.recv.view.pvn == msg.pvn:
                     self._declared(c2, c2.recv.view, upto, msg.ts)
+                # the remote group watermark is the group's (every member's watermark over
+                # its known connections), and the sender lists only connections it knows:
+                # it covers c2 as well (a keep-alive on c2 itself is then not needed)
+                if c2 is not None and msg.back > c2.remote_view.group_watermark:
+                    c2.remote_view.group_watermark = msg.back
+                    self._gc_sent(c2)
             if own is not None and self.is_primary:
                 last = section_end(own)
                 lr = c.remote_view.last_order_info
@@ -721,7 +748,9 @@ class MessagingEndpoint:
         if self.is_primary:
             if a > c.send.remote_ack and a <= c.send.last_msn:
                 c.send.remote_ack = a
-                c.send.rto_us = self.config.retransmit_us
+                c.send.on_acked(a, self._now)       # a round-trip sample (Karn's rule)
+                # progress: the timer restarts for what is still unacked (the timeout
+                # itself stays the estimate: an ack does not reset it to the floor)
                 self.timers.set(Timer.RETRANSMIT, c.cid,
                                 (self._now + c.send.rto_us) if a < c.send.last_msn else None)
 
@@ -756,6 +785,7 @@ class MessagingEndpoint:
             return
         if rx.first_offset is None or msg.body["offset"] < rx.first_offset:
             rx.first_offset = msg.body["offset"]
+        c.send.ka_idle = 0                  # data moves: its own keep-alives come sooner
         if m == 1:
             rx.start = msg.body["offset"]
         self._expect(c, rx, m - 1)
@@ -878,11 +908,11 @@ class MessagingEndpoint:
                 c.send.first_ts = msg.ts
             c.send.next_msn += 1
             c.send.sent.append(msg)
+            c.send.sent_at[msg.msn] = self._now
+            c.send.ka_idle = 0
             c.send.sent_bytes += len(data)
             self._emit(c.remote, msg)
-            if self.timers.due(Timer.RETRANSMIT, c.cid) is None:
-                c.send.rto_us = config.retransmit_us
-                self.timers.set(Timer.RETRANSMIT, c.cid, self._now + c.send.rto_us)
+            self.timers.arm(Timer.RETRANSMIT, c.cid, self._now + c.send.rto_us)
             # data carries our ack: a pending FIRST_ACK is superseded
             c.recv.fa_pending = 0
             self.timers.clear(Timer.FIRST_ACK, c.cid)
@@ -896,12 +926,13 @@ class MessagingEndpoint:
         for m in unacked[: self.config.window_msgs]:
             self._emit(c.remote, self._refresh(c, m))
         self._count("retransmit", len(unacked))
-        c.send.rto_us = min(max(c.send.rto_us, self.config.retransmit_us) * 2,
-                            self.config.retransmit_max_us)
+        c.send.rto.timed_out()                      # exponential back-off
         self.timers.set(Timer.RETRANSMIT, c.cid, self._now + c.send.rto_us)
 
     def _refresh(self, c: Connection, m: Message) -> Message:
-        """A retransmission: same msn, ts and data; fresh ack/back."""
+        """A retransmission: same msn, ts and data; fresh ack/back. Its ack gives no
+        round-trip sample (Karn's rule)."""
+        c.send.sent_at.pop(m.msn, None)
         rx = c.recv.view
         return Message(type=m.type, src_group=m.src_group, dst_group=m.dst_group,
                        conn_seq=m.conn_seq, role=m.role, pvn=m.pvn,
@@ -927,7 +958,11 @@ class MessagingEndpoint:
         self._emit(c.remote, self._msg(c, MsgType.FIRST_ACK, {}))
         c.recv.fa_tries += 1
         if c.recv.fa_pending and c.recv.fa_tries < self.config.first_ack_max_tries:
-            self.timers.set(Timer.FIRST_ACK, c.cid, self._now + self.config.first_ack_retry_us)
+            # the remote group answers within a round trip: retry after the connection's
+            # estimated retransmission timeout (at least first_ack_retry_us), so a loaded
+            # remote is not asked again while the answer still waits in its queue
+            self.timers.set(Timer.FIRST_ACK, c.cid,
+                            self._now + max(self.config.first_ack_retry_us, c.send.rto_us))
         else:
             self.timers.clear(Timer.FIRST_ACK, c.cid)
             c.recv.fa_pending = 0
@@ -945,10 +980,25 @@ class MessagingEndpoint:
         if not c.known or c.resyncing:
             self.timers.clear(Timer.KEEPALIVE, c.cid)
             return
-        if c.send.ka_urgent or self._now - c.send.last_send_us >= self.config.keepalive_us:
+        # Any message to the same group states this connection's sent-up-to in its trailer
+        # (`others`), with a fresh ts: one keep-alive per remote group and interval, not
+        # one per connection (with many idle connections those were most of the traffic).
+        # (not `delivered`, which only its own trailer carries: news of it is sent on it);
+        # and each connection still speaks itself every KEEPALIVE_OWN_EVERY intervals,
+        # so what only it carries (ack, delivered) is repeated if a datagram was lost
+        ka = self.config.keepalive_us
+        spoke = c.send.last_send_us
+        if c.recv.told_delivered == c.recv.delivered:
+            own = min(KEEPALIVE_OWN_EVERY << c.send.ka_idle, KEEPALIVE_OWN_MAX)
+            spoke = max(spoke, min(self._told_us.get(c.remote, 0),
+                                   c.send.last_send_us + (own - 1) * ka))
+        if c.send.ka_urgent or self._now - spoke >= ka:
+            if not c.send.ka_urgent and c.send.ka_idle < 8:
+                c.send.ka_idle += 1
             c.send.ka_urgent = False
             self._emit(c.remote, self._msg(c, MsgType.KEEP_ALIVE, {}))
-        self.timers.set(Timer.KEEPALIVE, c.cid, c.send.last_send_us + self.config.keepalive_us)
+            spoke = self._now
+        self.timers.set(Timer.KEEPALIVE, c.cid, spoke + ka)
 
     def _nack(self, c: Connection) -> list[list]:
         """Nack gaps: the primary on the remote connection, a backup on the local one
@@ -1199,8 +1249,10 @@ class MessagingEndpoint:
 
     # ---- intra-group handlers, by (type, role): the table at the end of this module ----
     def _on_backup_heartbeat(self, msg: Message) -> None:
-        applied = 0
-        if msg.order_info and msg.pvn == self.pvn:
+        # (an ORDER_INFO report says nothing of frees: the last HEARTBEAT's count stands)
+        applied = 0 if msg.type == MsgType.HEARTBEAT else \
+            self.reports.get(msg.sender, (0, 0, 0))[2]
+        if msg.type == MsgType.HEARTBEAT and msg.order_info and msg.pvn == self.pvn:
             try:
                 report = msgpack.unpackb(msg.order_info)
                 applied = int(report[0])
@@ -1224,6 +1276,9 @@ class MessagingEndpoint:
         self._answer_local_nacks(msg.body["missing"])
 
     def _on_order_info_ack(self, msg: Message) -> None:
+        # a backup's report: order info delivered and executed (its lag), and its
+        # watermark as a HEARTBEAT's
+        self._on_backup_heartbeat(msg)
         if msg.pvn != self.pvn:
             return
         self.order_info.on_done(msg.sender, msg.body["done"])
@@ -1253,26 +1308,41 @@ class MessagingEndpoint:
     def _heartbeat(self) -> None:
         if not self.backups and self.is_primary:
             return
+        back = self._heartbeat_back()
+        self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": self.rank()},
+                                           back=back, ack=self.digest(),
+                                           order_info=self._heartbeat_frees()))
+        self._after_heartbeat()
+
+    def _heartbeat_frees(self) -> bytes:
+        """What a heartbeat says of freed connections: the primary's frees its backups
+        apply in order; a backup's count of frees applied and the recent frees it carries
+        (see _apply_frees, _reconcile_frees)."""
         if self.is_primary:
-            frees = b""
-            if self.freed_log:
-                frees = msgpack.packb([self.freed_base, [
-                    [g, seq, int(role)] for (g, seq, role), _ in
-                    list(self.freed_log)[:FREES_PER_HEARTBEAT]]])
-            self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": 1},
-                                               back=self.group_watermark(),
-                                               ack=self.digest(), order_info=frees))
-        else:
-            self.reported_w = self.timestamp_watermark()
-            self._emit(self.group, self._intra(
-                MsgType.HEARTBEAT, {"rank": self.rank()}, back=self.reported_w,
-                ack=self.digest(),
-                order_info=msgpack.packb([self.freed_applied, [
-                    [g, seq, int(role)] for g, seq, role in self.carry]])
-                if self.freed_applied or self.carry else b""))
-            oi = self.order_info
-            if oi.acked != oi.delivered or oi.done_acked != oi.executed:
-                self._order_info_ack()      # the lag report rides on it
+            if not self.freed_log:
+                return b""
+            return msgpack.packb([self.freed_base, [
+                [g, seq, int(role)] for (g, seq, role), _ in
+                list(self.freed_log)[:FREES_PER_HEARTBEAT]]])
+        if not (self.freed_applied or self.carry):
+            return b""
+        return msgpack.packb([self.freed_applied,
+                              [[g, seq, int(role)] for g, seq, role in self.carry]])
+
+    def _heartbeat_back(self) -> int:
+        """A heartbeat's `back`: the primary's group watermark, a backup's report."""
+        if self.is_primary:
+            return self.group_watermark()
+        self.reported_w = self.timestamp_watermark()
+        return self.reported_w
+
+    def _after_heartbeat(self) -> None:
+        self.timers.clear(Timer.WATERMARK_REPORT)       # reported with this one
+        oi = self.order_info
+        if not self.is_primary and (oi.acked != oi.delivered or oi.done_acked != oi.executed):
+            # the order-info report goes when due (it carries the watermark and the lag)
+            self.timers.arm(Timer.ORDER_INFO_ACK, None,
+                            self._now + self.config.order_info_ack_us)
 
     # ---------------------------------------------------------------- order info ---
     def _oi_accept(self, sec: list, path: str) -> None:
@@ -1285,11 +1355,19 @@ class MessagingEndpoint:
             self.timers.arm(Timer.ORDER_INFO_ACK, None, self._now + self.config.order_info_ack_us)
 
     def _order_info_ack(self) -> None:
+        """A backup's report to its primary, one message for both of its duties: the
+        order info delivered (`upto`) and its watermark with the digest (`back`, `ack`,
+        as in its HEARTBEAT). Whichever comes due first (ORDER_INFO_ACK, WATERMARK_REPORT)
+        sends it and the other is not needed."""
         oi = self.order_info
         oi.acked = oi.delivered
         oi.done_acked = oi.executed
+        self.reported_w = self.timestamp_watermark()
+        self.timers.clear(Timer.ORDER_INFO_ACK)
+        self.timers.clear(Timer.WATERMARK_REPORT)
         self._emit(self.group, self._intra(MsgType.ORDER_INFO, {"upto": oi.delivered,
-                                                                "done": oi.executed}))
+                                                                "done": oi.executed},
+                                           back=self.reported_w, ack=self.digest()))
 
     def _order_info_intra(self) -> None:
         floor = self.order_info.floor()
@@ -1336,7 +1414,10 @@ class MessagingEndpoint:
                         ts = min(ts, c.recv.old_ts)
                 if w is None or ts < w:
                     w = ts
-        return self.clock if w is None else w
+        # no known connection: nothing to collect. 0, not the Lamport clock: the clock
+        # rises with every message received, and a backup reporting it re-triggered a
+        # report at every member for every heartbeat (a feedback loop of heartbeats)
+        return 0 if w is None else w
 
     def group_watermark(self) -> int:
         """mygroupwatermark (the primary computes it; a backup repeats its primary's)."""
@@ -1404,7 +1485,15 @@ class MessagingEndpoint:
         if c is None:
             if len(self.conns) >= self.config.max_connections:
                 raise BufferFull("too many connections")
-            c = Connection(cid, self.config.retransmit_us)
+            c = Connection(cid, self.config.retransmit_us, self.config.retransmit_max_us)
+            # one round-trip estimate per remote group: every connection to it crosses
+            # the same path and queues, and a connection with one request now and then
+            # would never collect the samples to learn it alone
+            rto = self._rtos.get(cid[0])
+            if rto is None:
+                rto = self._rtos[cid[0]] = c.send.rto
+            c.send.rto = rto
+            self._conn_order[cid] = len(self.conns)
             self.conns[cid] = c
         return c
 
@@ -1433,6 +1522,8 @@ class MessagingEndpoint:
             others = [[x.seq, int(x.role), x.send.last_msn] for x in self.conns.values()
                       if x.remote == c.remote and x is not c and x.known and not x.resyncing]
             trailer = pack_trailer(sent_upto, own, refl, others, c.recv.delivered)
+            self._told_us[c.remote] = self._now     # ... the others' sent-up-to, told
+            c.recv.told_delivered = c.recv.delivered
         return Message(type=mtype, src_group=self.group, dst_group=c.remote,
                        conn_seq=c.seq, role=c.role, pvn=self.pvn,
                        precedence=self.precedence, sender=self.birth_id, msn=msn,
@@ -1470,10 +1561,14 @@ class MessagingEndpoint:
     # ============================================================ introspection ===
     def check(self) -> None:
         """Assert the invariants of every connection (connection.py) and the endpoint's
-        own: a connection is THROTTLED exactly while its THROTTLE_END timer is armed;
+        own: at most window_msgs in flight per connection; a connection is THROTTLED exactly while its THROTTLE_END timer is armed;
         order info is held only at a primary with backups, below the position reached."""
+        window = self.config.window_msgs
         for c in self.conns.values():
             c.check()
+            # flow control: never more than a window in flight on a connection (sent,
+            # not yet covered by the remote group watermark)
+            assert len(c.send.sent) <= window, f"{c.cid}: {len(c.send.sent)} in flight > window"
             throttled = c.state is SendState.THROTTLED
             assert throttled == (self.timers.due(Timer.THROTTLE_END, c.cid) is not None), \
                 f"{c.cid}: THROTTLED and the THROTTLE_END timer disagree"
@@ -1556,5 +1651,6 @@ _CONNECTION_TIMER_HANDLERS = {
     Timer.KEEPALIVE: "_keepalive",
     Timer.SOLICIT: "_solicit_due",
 }
+_TIMER_RANK = {t: i for i, t in enumerate(Timer)}     # endpoint timers first (timers.py)
 assert set(_ENDPOINT_TIMER_HANDLERS) == set(ENDPOINT_TIMERS)
 assert set(_CONNECTION_TIMER_HANDLERS) == set(CONNECTION_TIMERS)

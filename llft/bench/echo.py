@@ -1,0 +1,261 @@
+"""`llft bench echo`: 1 KB echo through llft against the same server direct and through a
+plain one-hop forwarder, plus what the group costs when idle and after load.
+
+Configurations, measured in ONE run (same machine, same moment):
+  tcp        examples/echo.py (a plain threaded echo server), reached directly
+  proxy      the same process through a plain asyncio TCP forwarder (one hop, no llft)
+  llft_Nr    N replicas under `llft run` (DEFAULT configuration), reached through
+             `llft gateway` (N from `--replicas`, default 1,2,3)
+
+One phase per replica count (its group started, measured interleaved with tcp and
+proxy, stopped). Per phase:
+  idle       agent CPU (% of one core, psutil cpu_times over `--idle-s` seconds, no load)
+             and the group's datagrams/s meanwhile (agents' transport counters)
+  latency    p50/p99 of `--rounds` 1 KB round trips, one client, interleaved in blocks
+  throughput req/s with each of `--clients` request/reply clients (`--duration` s each),
+             and CPU us per request of every process of the configuration (agents,
+             apps, gateway; proxy and server for the baselines)
+  after load datagrams/s the group sends in the second after the last client stopped
+             (a quiet group: ~ its idle rate)
+  conn/req   connection-per-request throughput: n/a until the gateway closes group
+             streams (stream close is built on another branch)
+Ratios are to the proxy (the one-hop forwarder) measured in the same phase.
+
+Writes `<results>/echo.csv`, `echo_idle.csv`, `echo.md` and `echo*.png`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+import psutil
+
+from llft.bench import report
+from llft.bench.service import Setup, measure_round_trips, measure_throughput
+from llft.runtime import status
+
+SIZE = 1024
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--replicas", default="1,2,3", help="llft group sizes to measure")
+    p.add_argument("--rounds", type=int, default=2000, help="latency: timed round trips")
+    p.add_argument("--warmup", type=int, default=100, help="latency: untimed round trips")
+    p.add_argument("--blocks", type=int, default=5, help="latency: interleaved blocks")
+    p.add_argument("--clients", default="1,16,64", help="throughput: concurrent clients")
+    p.add_argument("--duration", type=float, default=3.0,
+                   help="throughput: seconds per configuration and client count")
+    p.add_argument("--idle-s", type=float, default=10.0,
+                   help="idle: seconds of CPU measurement with no load")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: replicas 1, 200 rounds, clients 1,16, 1 s, idle 3 s")
+    p.add_argument("--results", default=report.DEFAULT_RESULTS_DIR)
+
+
+# ------------------------------------------------------------------ processes --------
+def _procs(setup: Setup, target) -> dict[str, psutil.Process]:
+    """name -> process of everything serving `target` (an llft cluster: each agent, its
+    app and the gateway; proxy: the forwarder and the server; tcp: the server)."""
+    out: dict[str, psutil.Process] = {}
+
+    def add(name, pid):
+        try:
+            out[name] = psutil.Process(pid)
+        except psutil.Error:
+            pass
+    if target.cluster is not None:
+        for name, p in target.cluster.procs.items():
+            add(name, p.pid)
+            try:
+                for i, ch in enumerate(psutil.Process(p.pid).children(recursive=True)):
+                    if "proctree" not in " ".join(ch.cmdline()):
+                        out[f"{name}.app{i or ''}"] = ch
+            except psutil.Error:
+                pass
+    else:
+        add("server", setup.procs[0].pid)
+        if target.name == "proxy":
+            add("forwarder", setup.procs[1].pid)
+    return out
+
+
+def _cpu_s(procs: dict[str, psutil.Process]) -> dict[str, float]:
+    out = {}
+    for name, p in procs.items():
+        try:
+            t = p.cpu_times()
+            out[name] = t.user + t.system
+        except psutil.Error:
+            out[name] = float("nan")
+    return out
+
+
+def _agents(target) -> list[dict]:
+    lc = target.cluster
+    return status.read_files(lc.cfg.status_dir(lc.group))[0]
+
+
+def _datagrams(target) -> int:
+    """Datagrams the group's agents sent so far (their status files' transport counters)."""
+    return sum(a.get("transport", {}).get("sent_datagrams", 0) for a in _agents(target))
+
+
+def _wait_status_fresh(target, after: float, timeout_s: float = 5.0) -> None:
+    """Until every agent's status file was written after monotonic time `after`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        agents = _agents(target)
+        if agents and all(a.get("written_mono", 0) > after for a in agents):
+            return
+        time.sleep(0.05)        # polling status files, bounded by the deadline
+
+
+def measure_idle(setup: Setup, target, seconds: float) -> dict:
+    procs = {n: p for n, p in _procs(setup, target).items() if n.startswith("r")
+             and "." not in n}
+    procs["gateway"] = _procs(setup, target).get("gateway")
+    procs = {n: p for n, p in procs.items() if p is not None}
+    time.sleep(1.0)             # settle: the group just finished its set-up
+    t0 = time.monotonic()
+    _wait_status_fresh(target, t0)
+    d0, c0, w0 = _datagrams(target), _cpu_s(procs), time.monotonic()
+    time.sleep(seconds)         # the measured idle interval itself
+    t1 = time.monotonic()
+    _wait_status_fresh(target, t1)
+    d1, c1, w1 = _datagrams(target), _cpu_s(procs), time.monotonic()
+    wall = w1 - w0
+    agents = [100 * (c1[n] - c0[n]) / wall for n in procs if n != "gateway"]
+    return {"agent_cpu_pct_max": max(agents), "agent_cpu_pct_mean": sum(agents) / len(agents),
+            "gateway_cpu_pct": 100 * (c1["gateway"] - c0["gateway"]) / wall
+            if "gateway" in procs else float("nan"),
+            "datagrams_per_s": (d1 - d0) / wall}
+
+
+def measure_after_load(target) -> float:
+    """Datagrams/s the group sent in the second after the load stopped."""
+    t0 = time.monotonic()
+    _wait_status_fresh(target, t0)
+    d0, w0 = _datagrams(target), time.monotonic()
+    time.sleep(1.0)             # the measured interval itself
+    t1 = time.monotonic()
+    _wait_status_fresh(target, t1)
+    return (_datagrams(target) - d0) / (time.monotonic() - w0)
+
+
+# --------------------------------------------------------------------- command --------
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def run(args) -> int:
+    command = report.command_of(args, add_arguments, "echo")
+    if args.quick:
+        args.replicas, args.rounds, args.warmup, args.blocks = "1", 200, 20, 2
+        args.clients, args.duration, args.idle_s = "1,16", 1.0, 3.0
+    replicas, clients = _ints(args.replicas), _ints(args.clients)
+    rows: list[dict] = []
+    idle_rows: list[dict] = []
+    failed = []
+    with tempfile.TemporaryDirectory(prefix="llft-bench-echo-") as tmp:
+        setup = Setup(tmp, proxy=True, fault_timeout_ms=None)
+        try:
+            for phase, r in enumerate(replicas):
+                t = setup.add_cluster(r)
+                targets = setup.baselines + [t]
+                idle = {}
+                if t.error is None:
+                    idle = measure_idle(setup, t, args.idle_s)
+                    idle_rows.append({"config": t.name, "replicas": r, **idle})
+                lat: dict = {}
+                measure_round_trips(targets, [SIZE], os.urandom,
+                                    lambda reply, req: reply == req, lambda s: f"{s} B",
+                                    args.rounds, args.warmup, args.blocks, phase, lat)
+                per: dict = {}
+                for x in targets:
+                    s = report.summarize_us(lat.get((phase, x.name, SIZE), []))
+                    per[x.name] = {"config": x.name, "replicas": x.replicas, "phase": r,
+                                   "p50_us": s["median_us"], "p99_us": s["p99_us"]}
+                for c in clients:
+                    cpus = {x.name: (_procs(setup, x), None) for x in targets}
+                    acc: dict = {}
+                    for x in targets:
+                        if x.error is not None:
+                            continue
+                        procs = cpus[x.name][0]
+                        c0 = _cpu_s(procs)
+                        measure_throughput([x], [c], SIZE, args.duration, 1, phase, acc)
+                        c1 = _cpu_s(procs)
+                        a = acc.get((phase, x.name, c))
+                        if a and a["elapsed_s"] > 0 and x.error is None:
+                            per[x.name][f"rps_{c}"] = a["replies"] / a["elapsed_s"]
+                            if a["replies"]:
+                                per[x.name][f"cpu_us_per_req_{c}"] = "; ".join(
+                                    f"{n}={1e6 * (c1[n] - c0[n]) / a['replies']:.0f}"
+                                    for n in procs)
+                    if idle_rows and t.cluster is not None and c == clients[-1]:
+                        # also (especially) when the load failed: is the group quiet?
+                        idle_rows[-1]["after_load_datagrams_per_s"] = measure_after_load(t)
+                for x in targets:
+                    per[x.name]["conn_per_req_rps"] = "n/a"
+                    per[x.name]["error"] = x.error or ""
+                    rows.append(per[x.name])
+                if t.error is not None:
+                    failed.append(t)
+                setup.stop_cluster(t)
+        finally:
+            setup.stop()
+    # ratios to the forwarder of the same phase
+    for row in rows:
+        px = next((p for p in rows if p["phase"] == row["phase"] and p["config"] == "proxy"), None)
+        if px and isinstance(row.get("p50_us"), float) and px.get("p50_us"):
+            row["p50_vs_proxy"] = row["p50_us"] / px["p50_us"]
+        for c in clients:
+            k = f"rps_{c}"
+            if px and row.get(k) and px.get(k):
+                row[f"{k}_vs_proxy"] = row[k] / px[k]
+    cols = (["phase", "config", "replicas", "p50_us", "p99_us", "p50_vs_proxy"]
+            + [k for c in clients for k in (f"rps_{c}", f"rps_{c}_vs_proxy")]
+            + ["conn_per_req_rps", "error"])
+    table = report.Table("echo", f"1 KB echo: latency (1 client, {args.rounds} round trips) "
+                         f"and throughput ({args.duration:g} s per client count); ratios to "
+                         "the forwarder of the same phase", cols)
+    for row in rows:
+        table.add(**row)
+    cpu_cols = ["phase", "config"] + [f"cpu_us_per_req_{c}" for c in clients]
+    cpu_table = report.Table("echo_cpu", "CPU us per request, per process", cpu_cols)
+    for row in rows:
+        cpu_table.add(**row)
+    idle_cols = ["config", "replicas", "agent_cpu_pct_max", "agent_cpu_pct_mean",
+                 "gateway_cpu_pct", "datagrams_per_s", "after_load_datagrams_per_s"]
+    idle_table = report.Table("echo_idle", f"Idle group ({args.idle_s:g} s, no load) and the "
+                              "second after the last load stopped", idle_cols)
+    for row in idle_rows:
+        idle_table.add(**row)
+    for tb in (table, cpu_table, idle_table):
+        tb.print()
+        tb.write_csv(args.results)
+    series = {}
+    for name in dict.fromkeys(r["config"] for r in rows):
+        pts = [(c, r[f"rps_{c}"]) for r in rows if r["config"] == name for c in clients
+               if r.get(f"rps_{c}")]
+        if name in ("tcp", "proxy"):       # pooled over phases: the first phase's
+            pts = pts[:len(clients)]
+        if pts:
+            series[name] = ([x for x, _ in pts], [y for _, y in pts])
+    png = report.plot(args.results, "echo", "1 KB echo throughput vs clients",
+                      "concurrent clients", "requests per second", series,
+                      logx=True, logy=True, xticks=clients)
+    notes = ("Server: examples/echo.py (threaded). proxy: a plain asyncio TCP forwarder "
+             "(one hop, no replication). llft_Nr: N replicas under `llft run` with the "
+             "DEFAULT configuration behind `llft gateway`. Idle CPU from psutil cpu_times "
+             "of each agent; datagrams from the agents' transport counters. conn/req: n/a "
+             "(needs stream close at the gateway).")
+    if failed:
+        notes += "\n\nFailed: " + "; ".join(f"{t.name}: {t.detail}" for t in failed)
+    md = report.write_markdown(args.results, "echo", [table.markdown(), cpu_table.markdown(),
+                                                      idle_table.markdown()],
+                               notes=notes, plots=[png], command=command)
+    print(f"wrote {md}")
+    return 1 if failed else 0
