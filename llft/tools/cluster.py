@@ -76,6 +76,14 @@ class LocalCluster:
         return self._start(name, self.llft_argv("run", "--config", self.config_path,
                                                 "--group", self.group, "--", *cmd))
 
+    def start_service(self, names: tuple[str, ...], cmd: list[str]) -> tuple[str, int]:
+        """Replicas `names` of `cmd` started in the same instant (as users do), then the
+        gateway once all are members running their applications; its address."""
+        for name in names:
+            self.start_replica(name, cmd)
+        self.wait_members(len(names), timeout_s=120)
+        return self.start_gateway(timeout_s=60)
+
     def start_gateway(self, name: str = "gateway", timeout_s: float = 30) -> tuple[str, int]:
         p = self._start(name, self.llft_argv("gateway", "--config", self.config_path,
                                              "--group", self.group,

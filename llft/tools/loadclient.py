@@ -461,3 +461,26 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+class BackgroundLoad:
+    """`run_load` in a thread, for a test or demo that injects a fault mid-load:
+    `under_way.wait(t)` once some client has `after` correct replies, then `result(t)`."""
+
+    def __init__(self, host: str, port: int, *, after: int = 50, **kw) -> None:
+        self.under_way = threading.Event()
+        self._out: list[LoadResult] = []
+
+        def progress(client: int, n: int) -> None:
+            if n >= after:
+                self.under_way.set()
+        self._thread = threading.Thread(
+            target=lambda: self._out.append(run_load(host, port, on_reply=progress, **kw)),
+            daemon=True)
+        self._thread.start()
+
+    def result(self, timeout_s: float) -> LoadResult:
+        self._thread.join(timeout=timeout_s)
+        if self._thread.is_alive() or not self._out:
+            raise TimeoutError(f"the load did not finish in {timeout_s} s")
+        return self._out[0]

@@ -19,13 +19,12 @@ import os
 import re
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from llft import EXAMPLES_DIR
 from llft.tools.cluster import LocalCluster
-from llft.tools.loadclient import run_load
+from llft.tools.loadclient import BackgroundLoad, run_load
 
 COUNTER = [sys.executable, os.path.join(EXAMPLES_DIR, "kv_counter.py"), "9000"]
 HOGS = (os.cpu_count() or 2) + 1
@@ -72,10 +71,7 @@ def hogs():
 def test_busy_machine_no_false_resets_then_primary_kill(tmp_path, hogs):
     names = ("r1", "r2", "r3")
     with LocalCluster(str(tmp_path)) as lc:            # the default configuration
-        for name in names:                             # all at the same moment
-            lc.start_replica(name, COUNTER)
-        lc.wait_members(3, timeout_s=120)
-        host, port = lc.start_gateway(timeout_s=60)
+        host, port = lc.start_service(names, COUNTER)  # all at the same moment
 
         # ~10 s of short requests next to the hogs: no kill, so no view change at all
         view_before = lc.status()["view"]
@@ -91,18 +87,12 @@ def test_busy_machine_no_false_resets_then_primary_kill(tmp_path, hogs):
               f"{r.max_gap_s * 1000:.0f} ms")
 
         # SIGKILL the primary under the same load, once the clients are under way
-        under_way = threading.Event()
-        result = {}
-        t = threading.Thread(target=lambda: result.setdefault("r", run_load(
-            host, port, clients=4, requests=400, mode="counter", timeout_s=120,
-            on_reply=lambda c, n: under_way.set() if n >= 50 else None)), daemon=True)
-        t.start()
-        assert under_way.wait(120), "the clients got no replies"
+        load = BackgroundLoad(host, port, after=50, clients=4, requests=400,
+                              mode="counter", timeout_s=120)
+        assert load.under_way.wait(120), "the clients got no replies"
         old = lc.kill_primary()
         new = lc.wait_primary(other_than=old["birth"], timeout_s=60)
-        t.join(timeout=300)
-        assert not t.is_alive(), "load did not finish"
-        r2 = result["r"]
+        r2 = load.result(300)
         survivors = [n for n in names if n != old["name"]]
         false_resets = {n: resets(lc, n) for n in survivors if resets(lc, n)}
         assert not false_resets, false_resets

@@ -20,11 +20,10 @@ import os
 import re
 import signal
 import sys
-import threading
 
 from llft import EXAMPLES_DIR
 from llft.tools.cluster import LocalCluster
-from llft.tools.loadclient import run_load
+from llft.tools.loadclient import BackgroundLoad
 
 COUNTER = [sys.executable, os.path.join(EXAMPLES_DIR, "kv_counter.py"), "9000"]
 RESET_LINE = re.compile(r"\breset \(")
@@ -33,18 +32,11 @@ RESET_LINE = re.compile(r"\breset \(")
 def test_paused_primary_is_replaced_and_no_reply_is_wrong(tmp_path):
     names = ("r1", "r2", "r3")
     with LocalCluster(str(tmp_path)) as lc:            # the default configuration
-        for name in names:                             # all at the same moment
-            lc.start_replica(name, COUNTER)
-        lc.wait_members(3, timeout_s=120)
-        host, port = lc.start_gateway(timeout_s=60)
+        host, port = lc.start_service(names, COUNTER)  # all at the same moment
 
-        under_way = threading.Event()
-        result = {}
-        t = threading.Thread(target=lambda: result.setdefault("r", run_load(
-            host, port, clients=4, requests=600, mode="counter", timeout_s=180,
-            on_reply=lambda c, n: under_way.set() if n >= 100 else None)), daemon=True)
-        t.start()
-        assert under_way.wait(120), "the clients got no replies"
+        load = BackgroundLoad(host, port, after=100, clients=4, requests=600,
+                              mode="counter", timeout_s=180)
+        assert load.under_way.wait(120), "the clients got no replies"
 
         old = lc.primary()
         paused = [old["agent_pid"], old["app_pid"]]
@@ -56,9 +48,7 @@ def test_paused_primary_is_replaced_and_no_reply_is_wrong(tmp_path):
             # resumed only after a backup took over: the old primary wakes in its old view
             for pid in paused:
                 os.kill(pid, signal.SIGCONT)
-        t.join(timeout=300)
-        assert not t.is_alive(), "load did not finish"
-        r = result["r"]
+        r = load.result(300)
         assert r.ok and r.error_count == 0, r.errors
         assert r.global_repeats == 0
         assert r.replies == r.requests == 4 * 600

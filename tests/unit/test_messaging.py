@@ -42,6 +42,18 @@ def advance(e, until_us):
     return acts
 
 
+def heartbeats_both_ways(primary, backup):
+    """The backup reports to its primary, the primary's HEARTBEAT answers with its group
+    watermark; returns what the backup delivered on it."""
+    for m in sends(advance(backup, 10_000), MsgType.HEARTBEAT):
+        primary.handle_message(m, 10_000)
+    got = b""
+    for m in sends(advance(primary, 20_000), MsgType.HEARTBEAT):
+        backup.handle_message(m, 20_000)
+        got += delivered(backup.take_actions())
+    return got
+
+
 def pair(cfg=CFG, a_members=(1,), b_members=(2,)):
     """Group A (client) and group B (server), one connection A->B."""
     a = {b: ep("A", b, list(a_members), a_members[0], cfg) for b in a_members}
@@ -131,12 +143,7 @@ def test_backup_nacks_on_the_local_connection_and_primary_remulticasts():
     assert delivered(qb.take_actions()) == b""
     q.handle_message(p._msg(p.conns[CONN_A], MsgType.KEEP_ALIVE, {}), 400)
     qb.handle_message(p._msg(p.conns[CONN_A], MsgType.KEEP_ALIVE, {}), 400)
-    for m in sends(advance(qb, 10_000), MsgType.HEARTBEAT):
-        q.handle_message(m, 10_000)
-    got = b""
-    for m in sends(advance(q, 20_000), MsgType.HEARTBEAT):
-        qb.handle_message(m, 20_000)
-        got += delivered(qb.take_actions())
+    got = heartbeats_both_ways(q, qb)
     assert got == m1.body["data"] + m2.body["data"]
 
 
@@ -523,12 +530,7 @@ def test_remote_change_of_primary_caps_watermark_and_fills_gaps_by_offset():
     assert delivered(qb.take_actions()) == b"b" * 100
     # the new primary's: once our primary's group watermark says it has them too
     q.handle_message(data(2, 1, 200, b"c" * 10, 60), 1_300)
-    for m in sends(advance(qb, 10_000), MsgType.HEARTBEAT):
-        q.handle_message(m, 10_000)
-    got = b""
-    for m in sends(advance(q, 20_000), MsgType.HEARTBEAT):
-        qb.handle_message(m, 20_000)
-        got += delivered(qb.take_actions())
+    got = heartbeats_both_ways(q, qb)
     assert got == b"c" * 10
     assert qb.conns[CONN_B].recv.delivered == 210 and qb.timestamp_watermark() == 60
 
