@@ -1086,6 +1086,11 @@ class MessagingEndpoint:
         # A repeated NEW_PRIMARY_VIEW (our answer was lost) gets the same answer: the
         # whole remote group numbers its log from it, and we may have collected since.
         if c.remote_view.npv_answer is None or c.remote_view.npv_answer[0] != msg.pvn:
+            # We fix the point the new remote primary resumes from, so what we hold of its
+            # predecessor's stream (a backup promoted before its primary's word came) is
+            # ours to deliver first: the answer then covers it.
+            if c.recv.held:
+                self._release_held(c, force=True)
             low = min([m.body["offset"] for m in c.recv.received] + [c.recv.delivered])
             sent = c.send.sent
             sent_to = (sent[-1].body["offset"] + len(sent[-1].body["data"]) if sent
