@@ -214,17 +214,6 @@ class ReplicaNode:
     def is_primary(self) -> bool:
         return self.membership.status in mb.PRIMARY_STATUSES
 
-    @property
-    def max_piggyback_bytes(self) -> int:
-        """Order info one message may carry (output commit: the agent holds output back
-        while the unprotected order info exceeds this)."""
-        return self.messaging_config.max_piggyback_bytes
-
-    def order_info_unprotected_bytes(self) -> int:
-        """Order info of this primary that neither its backups' acknowledgments nor a
-        remote reflection covers yet (0 at a backup)."""
-        return self.messaging.order_info_unprotected_bytes()
-
     def backups_hold_all_order_info(self) -> bool:
         """Every order-info entry this primary produced is acknowledged by every backup
         (nothing it would lose by leaving now)."""
@@ -386,11 +375,11 @@ class ReplicaNode:
         return cid
 
     def send_space(self, conn: mg.ConnId) -> int:
-        if self._output_commit_holds():
+        if self.output_commit_holds():
             return self.skip_out.get(conn, 0)
         return self.messaging.send_space(conn) + self.skip_out.get(conn, 0)
 
-    def _output_commit_holds(self) -> bool:
+    def output_commit_holds(self) -> bool:
         """Output commit: a primary's output may leave only while every order-info entry
         it may depend on is held by the backups or fits in the message's piggyback (the
         remote group then holds it for a successor's phase 2)."""
@@ -409,7 +398,7 @@ class ReplicaNode:
             n = min(skip, len(data))
             self.skip_out[conn] = skip - n
             data = data[n:]
-        if data and self._output_commit_holds():
+        if data and self.output_commit_holds():
             self._count("output_commit_waits")
         elif data:
             n += self.messaging.send(conn, data, now_us)

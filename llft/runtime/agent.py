@@ -711,8 +711,8 @@ class Agent:
                 # what the backups do not hold yet fits in the message's piggyback.
                 node = self.node
                 self._take_order_info()
-                while (self._oi_pending or node.order_info_unprotected_bytes()
-                       > node.max_piggyback_bytes) and self.mode is AppMode.PRIMARY:
+                while ((self._oi_pending or node.output_commit_holds())
+                       and self.mode is AppMode.PRIMARY):
                     self._count("output_commit_waits")
                     await self._wait_progress()
                     self._take_order_info()

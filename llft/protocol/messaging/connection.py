@@ -248,6 +248,14 @@ class ReceiveSide:
         self.abort = False
         self.told_delivered = 0             # `delivered` in our last trailer on this conn
 
+    def gap_before(self) -> int | None:
+        """The lowest offset we hold beyond `delivered` (bytes ahead of a gap, or a held
+        message past it), or None: with a gap, the bytes [delivered, that) are missing."""
+        first = [min(self.ahead)] if self.ahead else []     # all beyond `delivered`
+        if self.held and self.held[0].body["offset"] > self.delivered:
+            first.append(self.held[0].body["offset"])
+        return min(first) if first else None
+
     @property
     def finished(self) -> bool:
         """The remote stream's end was delivered (after every byte of it)."""

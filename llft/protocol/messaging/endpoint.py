@@ -1006,12 +1006,10 @@ class MessagingEndpoint:
         config = self.config
         entries: list[list] = []
         rxs = [r for r in (c.recv.old_view, c.recv.view) if r is not None and r.nacks]
-        held = c.recv.held
-        beyond = [o for o in ([min(c.recv.ahead)] if c.recv.ahead else [])
-                  + ([held[0].body["offset"]] if held else []) if o > c.recv.delivered]
-        if not self.is_primary and beyond:
+        gap_to = c.recv.gap_before()
+        if not self.is_primary and gap_to is not None:
             # bytes of an old remote primary we never heard of: ask by stream offset
-            entries.append([c.remote, c.seq, int(c.role), 0, c.recv.delivered, min(beyond)])
+            entries.append([c.remote, c.seq, int(c.role), 0, c.recv.delivered, gap_to])
             self.timers.set(Timer.NACK, c.cid, self._now + config.nack_retry_us)
         if not rxs:
             if not entries:
@@ -1407,9 +1405,7 @@ class MessagingEndpoint:
                     ts = c.send.first_ts
                 else:
                     ts = 0
-                held = c.recv.held
-                if (c.recv.old_view is not None or c.recv.ahead
-                        or (held and held[0].body["offset"] > c.recv.delivered)):
+                if c.recv.old_view is not None or c.recv.gap_before() is not None:
                     ts = 0          # a gap in the stream: nothing may be collected yet
                 elif c.recv.old_ts is not None:
                     first = c.recv.view.first_offset if c.recv.view is not None else None
