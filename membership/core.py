@@ -475,6 +475,12 @@ class Membership:
         if self.is_member() and pvn == self.pvn:
             self._enter_view()
 
+    def abandon(self, reason: str, now_us: int) -> None:
+        """The replica's state cannot go on in this group (its application executed
+        what the group's history does not hold): rejoin as a new member."""
+        if self.is_member():
+            self._reset(now_us, reason)
+
     def phase2_complete(self, pvn: int, now_us: int) -> None:
         """The messaging layer reached the virtual synchrony point of view `pvn`."""
         if self.status is not Status.PRIMARY_PHASE2 or pvn != self.pvn:
