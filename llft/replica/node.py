@@ -256,6 +256,10 @@ class ReplicaNode:
         """The highest order-info position of view `pvn` this replica holds (0: none)."""
         return self.oi_upto.get(pvn, 0)
 
+    def hold_founding(self, why: str | None) -> None:
+        """The runtime knows a live member it cannot hear: do not found (membership)."""
+        self.membership.hold_founding(why)
+
     def accepts_joiners(self) -> bool:
         """Membership asks before admitting a backup: only with the whole log."""
         return self.log_full is None
