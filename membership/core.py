@@ -92,6 +92,7 @@ MAX_STATE_CHUNKS = 65_536    # chunks of one checkpoint (x chunk size = largest 
 MAX_TRACKED_VIEWS = 8        # view numbers whose proposals a member remembers
 MAX_ACTIONS = 4_096          # actions not yet taken by the driver
 STALL_SLACK_INTERVALS = 2    # no event for this many heartbeat intervals: a local stall
+SETTLING_HEARTBEATS = 20     # a member just given our state: heartbeats before normal timeouts
 MAX_BACKOFF_LEVEL = 30       # doublings of the rejoin back-off remembered (then capped anyway)
 
 
@@ -533,6 +534,7 @@ class Membership:
         self._pending: _Change | None = None
         self._joiners: deque[int] = deque(maxlen=MAX_PENDING_JOINERS)
         self._needs_state: list[int] = []
+        self._settling: dict[int, int] = {}    # state given -> heartbeats still to hear
         self._outgoing: _Outgoing | None = None
         self._incoming: _Incoming | None = None
         self._hb_sent_us = now_us
@@ -611,6 +613,12 @@ class Membership:
             if self.status in PRIMARY_STATUSES and msg.pvn != self.pvn:
                 return          # a backup living in another view is not alive for us
             self._last_heard[msg.sender] = now_us
+            left = self._settling.get(msg.sender)
+            if left is not None and msg.type is MsgType.HEARTBEAT:
+                if left <= 1:
+                    del self._settling[msg.sender]
+                else:
+                    self._settling[msg.sender] = left - 1
             st = self._arrivals.get(msg.sender)
             if st is None:
                 if len(self._arrivals) < 2 * MAX_MEMBERS:
@@ -684,7 +692,7 @@ class Membership:
         just joined) is judged by the slowest peer we know well: on a busy machine
         every process shows it."""
         st = self._arrivals.get(birth)
-        if self._receiving_state(birth) and (st is None or not st.known()):
+        if self._receiving_state(birth):
             return self.cfg.extension_cap_us
         if st is None or not st.known():
             st = max((s for s in self._arrivals.values() if s.known()),
@@ -692,15 +700,18 @@ class Membership:
         return extension_us(st, reference_us, self.cfg.extension_cap_us)
 
     def _receiving_state(self, birth: int) -> bool:
-        """At the primary: `birth` is waiting for our state or getting it (its last
-        acknowledgment comes after it restored). Restoring the group's whole log is
-        the heaviest moment of a replica's life (its agent can be busy for hundreds of
-        ms); a removal then is a reset storm's engine, so until it has a history of its
-        own such a member gets the longest timeouts (floor + cap)."""
+        """At the primary: `birth` is waiting for our state, getting it, or settling
+        after it (fewer than SETTLING_HEARTBEATS heard since its last acknowledgment:
+        its runtime then starts the application and hands it the whole log). Receiving
+        and restoring the group's whole log is the heaviest moment of a replica's life
+        (its agent can be busy for hundreds of ms); a removal then is a reset storm's
+        engine, so until it has a history of its own such a member gets the longest
+        timeouts (floor + cap)."""
         if self.status not in PRIMARY_STATUSES:
             return False
         out = self._outgoing
-        return birth in self._needs_state or (out is not None and out.to == birth)
+        return (birth in self._needs_state or birth in self._settling
+                or (out is not None and out.to == birth))
 
     def _fd_deadline_us(self) -> int:
         # every rank extends by what the rank-2 floor would: the ranks keep their order
@@ -1036,6 +1047,8 @@ class Membership:
     def _remove(self, births: set[int], now_us: int, why: list[str]) -> None:
         """Lines 28-34: the primary drops silent / non-acknowledging backups."""
         self._needs_state = [b for b in self._needs_state if b not in births]
+        for b in births:
+            self._settling.pop(b, None)
         if self._outgoing is not None and self._outgoing.to in births:
             self._outgoing = None
         self._begin_change(MsgType.REMOVE_BACKUP,
@@ -1101,6 +1114,7 @@ class Membership:
         out.acked.add(chunk)
         if len(out.acked) == len(out.chunks):
             self._outgoing = None
+            self._settling[out.to] = SETTLING_HEARTBEATS
             self._transfer_tick(now_us)
         else:
             self._fill_window()
