@@ -163,10 +163,12 @@ def reference(workdir: str, wl: Workload, timeout_s: float = 600) -> Result:
 
 def replicated(workdir: str, wl: Workload, replicas: int = 2, kill_after: list[int] = (),
                fault_timeout_ms: float | None = None, timeout_s: float = 600, on_event=None,
-               group: str = "nexmark") -> Result:
-    """`replicas` x `llft run` of the pipeline, a gateway, the generator and the sink
-    through it; the primary is SIGKILLed once the sink holds each of `kill_after`
-    windows. on_event(text) reports progress (the demo prints it)."""
+               group: str = "nexmark", restart: bool = False) -> Result:
+    """`replicas` x `llft run` of the pipeline, started in the same instant (as users
+    do), a gateway, the generator and the sink through it; the primary is SIGKILLed once
+    the sink holds each of `kill_after` windows. With `restart`, each killed replica is
+    started again and rejoins (replaying the group's history) before the next kill:
+    kill -> restart/rejoin -> kill. on_event(text) reports progress (the demo prints it)."""
     say = on_event or (lambda _text: None)
     t0 = time.monotonic()
     port = free_port()
@@ -178,8 +180,9 @@ def replicated(workdir: str, wl: Workload, replicas: int = 2, kill_after: list[i
     try:
         for i in range(replicas):
             lc.start_replica(f"r{i + 1}", pipeline_argv(port, wl))
-            lc.wait_members(i + 1, timeout_s=180)
-            say(f"replica r{i + 1} is {'primary' if i == 0 else 'a backup'}")
+        st0 = lc.wait_members(replicas, timeout_s=300)
+        say(f"{replicas} replicas started together formed view {st0['view']}")
+        started = [replicas]
         host, gport = lc.start_gateway()
         say(f"gateway on {host}:{gport}; generator ({wl.events} events at {wl.rate:g}/s) "
             f"and sink connected through it")
@@ -195,8 +198,15 @@ def replicated(workdir: str, wl: Workload, replicas: int = 2, kill_after: list[i
             t_prom = time.monotonic()
             name = lc.name_of(new["agent_pid"])
             say(f"{name} promoted {1000 * (t_prom - t_kill):.0f} ms after the kill")
-            return t_kill, {"killed": old["name"], "new_primary": name,
-                            "promoted_ms": 1000 * (t_prom - t_kill)}
+            rec = {"killed": old["name"], "new_primary": name,
+                   "promoted_ms": 1000 * (t_prom - t_kill)}
+            if restart:
+                started[0] += 1
+                lc.start_replica(f"r{started[0]}", pipeline_argv(port, wl))
+                lc.wait_members(replicas, timeout_s=max(1, deadline - time.monotonic()))
+                rec["rejoined_s"] = time.monotonic() - t_prom
+                say(f"r{started[0]} started and rejoined in {rec['rejoined_s']:.1f} s")
+            return t_kill, rec
 
         res.kills = kill_at_windows(st, kill_after, kill, deadline, say,
                                     lambda: lc.log_tail("r1", 800))

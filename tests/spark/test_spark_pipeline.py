@@ -14,7 +14,9 @@ import pytest
 from llft.spark import sparkrun
 
 
-WL = sparkrun.Workload(events=2500, rate=500, window_ms=500, batch_events=250, batch_ms=200)
+# 2500 events at 150/s: a window of 500 events every ~3.3 s, so that a killed driver
+# restarted with its own JVM can rejoin (replaying the group's history) mid-stream
+WL = sparkrun.Workload(events=2500, rate=150, window_ms=500, batch_events=250, batch_ms=200)
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +47,12 @@ def _windows_after_kill(res: sparkrun.Result) -> list[dict]:
     return [json.loads(w.line) for w in res.sink.windows if w.t > t]
 
 
-def test_two_replicas_primary_driver_killed_mid_stream(tmp_path, ref):
-    res = sparkrun.replicated(str(tmp_path), WL, replicas=2, kill_after=[2])
-    _check(res, ref, kills=1)
+def test_two_replicas_kill_restart_rejoin_kill(tmp_path, ref):
+    # started together; the primary killed, restarted, rejoined, and the new primary killed
+    res = sparkrun.replicated(str(tmp_path), WL, replicas=2, kill_after=[1, 3], restart=True)
+    _check(res, ref, kills=2)
+    assert res.kills[0]["new_primary"] != res.kills[1]["new_primary"]
+    assert all("rejoined_s" in k for k in res.kills)
     # the new primary's Spark session kept working on state built before the takeover:
     # windows emitted after the kill carry running per-category counts that include
     # every bid since the start, and join bids with auctions received before the kill
