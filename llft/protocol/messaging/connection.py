@@ -312,7 +312,7 @@ class ReceiveSide:
 class RemoteView:
     """What the remote group told us on one connection."""
     __slots__ = ("group_watermark", "delivered", "to_reflect", "last_order_info",
-                 "npv_answer", "solicit_after")
+                 "npv_answer")
 
     def __init__(self) -> None:
         self.group_watermark = 0            # remotegroupwatermark
@@ -320,7 +320,6 @@ class RemoteView:
         self.to_reflect: list | None = None # its order info, reflected in our next message
         self.last_order_info: list | None = None   # newest order info the remote carried
         self.npv_answer: tuple[int, int, int] | None = None   # (its pvn, low, sent_to)
-        self.solicit_after = 0              # not asked for news again before this time
 
 
 class Connection:

@@ -50,7 +50,8 @@ from llft.protocol.messaging.trailer import Section
 class OrderInfoLog:
     __slots__ = ("config", "backups", "next_pos", "log", "bytes", "acks",
                  "delivered", "pending", "acked", "done", "joined_at", "stamps", "view_us",
-                 "executed", "done_acked")
+                 "executed", "done_acked", "intra_sent", "intra_resend_us", "intra_floor",
+                 "intra_backoff")
 
     def __init__(self, config: MessagingConfig):
         self.config = config
@@ -64,6 +65,10 @@ class OrderInfoLog:
         self.joined_at: dict[int, int] = {} # backup -> last position when it appeared
         self.stamps: deque[int] = deque()   # append times (us) of consecutive positions
         self.view_us = 0                    # when this view's log started (position 0)
+        self.intra_sent = 0                 # positions sent to the backups as ORDER_INFO
+        self.intra_resend_us = 0            # ... unacked ones are sent again from then on
+        self.intra_floor = -1               # the floor when they were last sent again
+        self.intra_backoff = 0              # ... and the interval's doublings since
         # backup side
         self.delivered = 0                  # delivered up to (this primary view)
         self.pending: dict[int, bytes] = {} # beyond a gap
@@ -103,6 +108,10 @@ class OrderInfoLog:
         self.log.clear()
         self.bytes = 0
         self.pending.clear()
+        self.intra_sent = 0
+        self.intra_resend_us = 0
+        self.intra_floor = -1
+        self.intra_backoff = 0
 
     # ---- primary side ----
     @property
