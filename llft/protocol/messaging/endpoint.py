@@ -397,7 +397,8 @@ class MessagingEndpoint:
                           "delivered": c.recv.delivered, "out_offset": c.send.out_offset,
                           "next_msn": c.send.next_msn + len(c.send.queue), "log": log,
                           "remote_delivered": c.remote_view.delivered,
-                          "end": [c.send.end, c.send.abort, c.recv.end, c.recv.abort]})
+                          "end": [c.send.end, c.send.abort, c.recv.end, c.recv.abort,
+                                  c.recv.end_pvn]})
         return {"pvn": self.pvn, "oi_upto": self.order_info.last_pos, "conns": conns,
                 "closed": self.closed.to_list(),
                 "freed": self.freed_base + len(self.freed_log)}
@@ -421,7 +422,8 @@ class MessagingEndpoint:
             c.send.log = deque((msn, off, data) for msn, off, data in s["log"])
             c.send.log_bytes = sum(len(d) for _, _, d in s["log"])
             c.remote_view.delivered = s["remote_delivered"]
-            c.send.end, c.send.abort, c.recv.end, c.recv.abort = s["end"]
+            c.send.end, c.send.abort, c.recv.end, c.recv.abort = s["end"][:4]
+            c.recv.end_pvn = s["end"][4] if len(s["end"]) > 4 else 0
             if c.send.end is not None:
                 self._ending.add(cid)
             c.mark_known()
@@ -605,13 +607,14 @@ class MessagingEndpoint:
         ack, how far it delivered our stream), then the handler of this message type
         for our role, then the trailer (sent-up-to, order info)."""
         t = msg.type
-        if (t in DATA_TYPES and msg.body["flags"] & STREAM_END and msg.body["data"]
-                and c.recv.end is None):
-            # the last byte of this message is the end marker (any view: one stream;
-            # the first end heard is the end -- a stream the app reset may be cut at
-            # another point by a backup's agent, and nobody reads it any more)
-            c.recv.end = msg.body["offset"] + len(msg.body["data"]) - 1
-            c.recv.abort = bool(msg.body["flags"] & STREAM_RST)
+        if t in DATA_TYPES and msg.body["flags"] & STREAM_END and msg.body["data"]:
+            if c.recv.end is None:
+                # the last byte of this message is the end marker (any view: one stream;
+                # the first end heard is the end -- a stream the app reset may be cut at
+                # another point by a backup's agent, and nobody reads it any more)
+                c.recv.end = msg.body["offset"] + len(msg.body["data"]) - 1
+                c.recv.abort = bool(msg.body["flags"] & STREAM_RST)
+            c.recv.end_pvn = max(c.recv.end_pvn, msg.pvn)
         from_primary = t in PRIMARY_ONLY_TYPES
         if from_primary:
             rx = c.recv.view
@@ -1192,7 +1195,7 @@ class MessagingEndpoint:
                                >= self.config.max_freed_pending):
                 continue
             if c.peer_done or (not c.send.queue and not c.send.sent and c.recv.finished
-                               and not c.recv.received):
+                               and not c.recv.received and c.recv.end_is_groups()):
                 if not c.recv.finished:
                     self._count("freed_unfinished")     # the sim flags the missing end
                 self._free(c)
