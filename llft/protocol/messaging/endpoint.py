@@ -59,7 +59,11 @@ remote primary will use later; idle connections therefore do not pin the waterma
 for long. A sender also states the sent-up-to of its other connections to the same
 group, and a primary holding received data its group watermark does not cover yet asks
 the remote primary of an idle connection that pins it for a fresh KEEP_ALIVE (an empty
-NACK), so one quiet connection does not pace all the others.
+NACK), so one quiet connection does not pace all the others. What holds for a whole
+remote group is said once per group, not per connection: the others' sent-up-to rides
+on KEEP_ALIVEs and on one data message per group and first_ack_delay_us, one connection
+per group is asked, one KEEP_ALIVE per group carries a risen watermark (its `back`
+holds for every connection it lists).
   mytimestampwatermark = min over known connections of recv_ts   (each member)
   mygroupwatermark     = min(primary's own, every backup's)        (the primary, from
                          the backups' HEARTBEAT `back`)
@@ -107,7 +111,9 @@ receiver emits `Closed(conn, offset, abort)` exactly once, after the last byte. 
 frees a connection (`Freed`; every timer and byte of it gone, its seq added to `closed`)
 once both ends are in, the sent list is empty (the remote group watermark covers our
 end: every remote member has our stream) and the received list is empty (our group
-watermark covers the remote's end), or once the remote primary answered CLOSED. A
+watermark covers the remote's end) and that end is the group's (the current remote view
+sent it or resumed beyond it: `ReceiveSide.end_is_groups`), or once the remote primary
+answered CLOSED. A
 primary answers any message on a connection it freed with CLOSED (at most once per
 retransmit_us per connection): "both streams are complete on my side". Backups free on
 their primary's word: its HEARTBEATs carry the frees its backups have not all applied

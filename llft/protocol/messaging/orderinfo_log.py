@@ -14,10 +14,14 @@ If the primary stopped carrying chunks the remote had reflected, its later messa
 carry sections starting past them, the remote's last section would no longer hold them,
 and a primary crashing before its backups got the reflection would leave its successor
 without order info that output the remote already delivered depended on (seen in the
-replica simulation: a new primary drew another choice for bytes the client had). Chunks no backup acked
-within order_info_intra_us go to the backups directly (ORDER_INFO on the intra-group
-connection: the path for order info with nothing to ride on, and for backups that missed
-a reflection). `unprotected_bytes` is what output commit waits on.
+replica simulation: a new primary drew another choice for bytes the client had). A remote
+primary reflects each chunk to a group once, on whichever connection's message goes first
+(MessagingEndpoint._unreflected). Chunks no backup acked within order_info_intra_us go to
+the backups directly (ORDER_INFO on the intra-group connection: the path for order info
+with nothing to ride on, and for backups that missed a reflection); at once while output
+commit waits on them (more than a piggyback unprotected), then again from the floor,
+backing off while no ack moves it, until every backup acked every position.
+`unprotected_bytes` is what output commit waits on.
 
 Backup side. `accept` takes a section (from a reflection or from ORDER_INFO) and returns
 the chunks now deliverable, exactly once and in position order; chunks beyond a gap wait
