@@ -338,6 +338,7 @@ class Membership:
         self.max_seen_precedence = 0
         self.max_seen_pvn = 0
         self._backoff_level = 0          # resets since the last stable membership
+        self.founding_held: str | None = None   # hold_founding (survives a reset)
         self._become_joiner(0)
 
     # ---- introspection ------------------------------------------------------------
@@ -474,6 +475,18 @@ class Membership:
         """A backup reached the order-info entry that starts view `pvn`."""
         if self.is_member() and pvn == self.pvn:
             self._enter_view()
+
+    def hold_founding(self, why: str | None) -> None:
+        """The runtime knows of a live member of this group that we cannot hear (on this
+        host: paused, or busy): while `why` is set, a joiner keeps asking to join and
+        does not found the group anew (two lineages: one of them would lose its state)."""
+        self.founding_held = why
+
+    def abandon(self, reason: str, now_us: int) -> None:
+        """The replica's state cannot go on in this group (its application executed
+        what the group's history does not hold): rejoin as a new member."""
+        if self.is_member():
+            self._reset(now_us, reason)
 
     def phase2_complete(self, pvn: int, now_us: int) -> None:
         """The messaging layer reached the virtual synchrony point of view `pvn`."""
@@ -647,7 +660,7 @@ class Membership:
         return quiet + self.cfg.found_timeout_us
 
     def _joiner_tick(self, now_us: int) -> None:
-        if now_us >= self._found_deadline_us():
+        if now_us >= self._found_deadline_us() and self.founding_held is None:
             self._found(now_us)
             return
         if now_us >= self._join_sent_us + self.cfg.join_retry_us:

@@ -41,7 +41,8 @@
 #include <sys/syscall.h>
 
 #define LLFT_SHM_MAGIC        0x314654464c4c0000ULL
-#define LLFT_SHM_VERSION      4u   /* 2: group connections (ctl.group_*, ctl.div_*); 3: GIL records; 4: ctl.hold */
+#define LLFT_SHM_VERSION      5u   /* 2: group connections (ctl.group_*, ctl.div_*); 3: GIL records; 4: ctl.hold;
+                                      5: thread ids reused (THREAD_EXIT records) */
 
 /* ==== cdef begin ====================================================================
  * Everything up to cdef end is also read by cffi (native/shm_build.py): the Python
@@ -50,7 +51,8 @@
 
 /* Bounds (TIGER_STYLE: put a limit on everything). */
 enum llft_bound {
-    LLFT_MAX_THREADS     = 1024,        /* logical threads per process lifetime */
+    LLFT_MAX_THREADS     = 1024,        /* logical threads alive at once (ids of ended threads
+                                           are reused: shim_threads.c) */
     LLFT_OUT_CAP_BYTES   = 16 << 20,    /* primary ring */
     LLFT_TRING_CAP_BYTES = 128 << 10,   /* backup ring, per logical thread */
     LLFT_MAX_DATA_BYTES  = 32 << 10,    /* payload of one record (reads are clamped) */
@@ -83,7 +85,7 @@ enum llft_call {
     LLFT_C_GETRANDOM = 10, LLFT_C_READ_RANDOM, LLFT_C_GETLOADAVG,
     LLFT_C_SEM_WAIT = 20, LLFT_C_SEM_TRYWAIT, LLFT_C_SEM_TIMEDWAIT,
     LLFT_C_MUTEX_LOCK = 30, LLFT_C_MUTEX_TRYLOCK, LLFT_C_MUTEX_TIMEDLOCK,
-    LLFT_C_THREAD_CREATE = 40,
+    LLFT_C_THREAD_CREATE = 40, LLFT_C_THREAD_EXIT,
     LLFT_C_CONNECT = 50, LLFT_C_ACCEPT, LLFT_C_RECV, LLFT_C_SEND, LLFT_C_POLL,
     LLFT_C_SELECT, LLFT_C_EPOLL_WAIT, LLFT_C_GETSOCKOPT, LLFT_C_GETSOCKNAME,
     LLFT_C_GETPEERNAME, LLFT_C_SHUTDOWN,
@@ -164,7 +166,7 @@ struct llft_ctl {
     uint32_t active_pid;    /* set by the shim when it activates */
     uint32_t feed_done;     /* backup: the feeder will push nothing more */
     uint32_t diverged;      /* set once by the shim; report[] holds why */
-    uint32_t next_tid;      /* primary: logical thread ids handed out so far */
+    uint32_t next_tid;      /* threads created so far (main thread excluded) */
     uint32_t stall_ms;      /* backup: a wait with no progress this long is a stall */
     uint32_t progress;      /* backup: bumped on every completed record */
     uint64_t stats[8];      /* enum llft_stat */
@@ -304,6 +306,7 @@ static inline const char *llft_call_name(unsigned c) {
     case LLFT_C_MUTEX_TRYLOCK: return "pthread_mutex_trylock";
     case LLFT_C_MUTEX_TIMEDLOCK: return "pthread_mutex_timedlock";
     case LLFT_C_THREAD_CREATE: return "pthread_create";
+    case LLFT_C_THREAD_EXIT: return "thread end";
     case LLFT_C_CONNECT: return "connect";
     case LLFT_C_ACCEPT: return "accept";
     case LLFT_C_RECV: return "recv";

@@ -122,6 +122,11 @@ static void vdiverge(int64_t gconn, int64_t goff, const char *fmt, va_list ap) {
         k += snprintf(msg + k, sizeof msg - 1 - (size_t)k, "\nllft: at the primary, thread %d's call #%llu "
                       "was made at %s", t_tid, (unsigned long long)t_n, t_where);
     if (k > (int)sizeof msg - 2) k = (int)sizeof msg - 2;
+    if (t_gen > 1 && t_tid > 0 && k < (int)sizeof msg - 100)   /* ids of ended threads are reused */
+        k += snprintf(msg + k, sizeof msg - 1 - (size_t)k, "\nllft: thread %d (gen %u): the ids of "
+                      "ended threads are reused, and call numbers go on from the previous holder's",
+                      t_tid, t_gen);
+    if (k > (int)sizeof msg - 2) k = (int)sizeof msg - 2;
     msg[k] = '\n';
     msg[k + 1] = 0;
     uint32_t zero = 0;
@@ -529,6 +534,7 @@ static void llft_init(void) {
     pthread_atfork(NULL, NULL, child_after_fork);
     g_pid = R(getpid)();
     g_ctl->active_pid = (uint32_t)g_pid;
+    threads_activate();
     t_tid = 0;
     __atomic_store_n(&g_active, 1, __ATOMIC_RELEASE);
     process_activate();

@@ -7,7 +7,7 @@
  *   shim_gc.c       garbage collection at deterministic points
  *   shim_random.c   getrandom, /dev/urandom, getloadavg
  *   shim_locks.c    semaphores and pthread mutexes (CMTS)
- *   shim_threads.c  pthread_create (logical thread ids)
+ *   shim_threads.c  pthread_create, thread ends (logical thread ids, reused)
  *   shim_gil.c      the GIL's hand-offs (ordered once a second thread exists)
  *   shim_signals.c  signal handlers: which record a signal interrupted
  *   shim_process.c  stat and waitpid (the app's private companions)
@@ -141,6 +141,7 @@ extern TLS int t_guard;            /* >0: inside the shim, calls pass through */
 extern TLS int t_tid;              /* logical thread id; -1: not determinized */
 extern TLS uint64_t t_n;           /* this thread's determinized call count */
 extern TLS uint32_t t_created;     /* locks/fds created by this thread (logical ids) */
+extern TLS uint32_t t_gen;         /* this thread is the t_gen-th holder of id t_tid (shim_threads.c) */
 
 extern int g_active;
 extern int g_debug;                /* LLFT_DEBUG=1: one line per determinized call on stderr */
@@ -285,6 +286,7 @@ void time_activate(void);
 void gc_activate(void);
 void net_activate(void);
 void group_activate(void);
+void threads_activate(void);
 void process_activate(void);   /* once active: the group's process id (shim_process.c) */
 
 #endif /* LLFT_SHIM_INTERNAL_H */

@@ -47,7 +47,21 @@ Wiring (membership action -> what the node does):
 
 Order-info chunks are framed by the node: one tag byte, then the payload.
     0x00 + app chunk           the determinizer's (opaque here)
-    0x01 + pvn (8 bytes, BE)   the view marker (VIEW_MARKER_TAG)
+    0x01 + pvn + prev pvn + prev end (8 bytes each, BE)
+                               the view marker (VIEW_MARKER_TAG): the view before ends at
+                               (prev pvn, prev end) in this primary's history
+    0x02 + pvn + pos + entry   catch-up (CATCH_UP_TAG): entry `pos` of earlier view `pvn`
+
+Catch-up. When a primary fails, its backups may hold different prefixes of its order
+info (its last entries reached some and not others; phase 2 may have recovered more from
+a remote group, `RecoveredOrderInfo`). Before its view marker, a new primary re-sends,
+as catch-up entries of the new view, the old view's entries from the lowest position a
+backup was seen to acknowledge (`MessagingEndpoint.peer_order_info_acks`) to the end of
+its own history. A backup delivers each inner entry it does not hold, in place, then
+the marker; a backup that holds *more* of the old view than the marker says the new
+primary has executed order info the group's history will not contain: it rejoins
+(`Membership.abandon`). The log keeps entries as delivered (tagged), so a catch-up is
+kept once as itself and once as the entry it carries if that was new here.
 
 Actions: the node emits exactly the vocabulary of llft/replica/actions.py (its own
 actions, the cores' sends, and the core actions it passes through for status); the
@@ -121,7 +135,8 @@ MAX_HELD_ACTIONS = 65_536        # node actions not yet taken by the runtime
 
 APP_TAG = 0x00
 VIEW_MARKER_TAG = 0x01
-CHECKPOINT_VERSION = 2          # 2: the messaging part is MessagingEndpoint.snapshot()
+CATCH_UP_TAG = 0x02
+CHECKPOINT_VERSION = 3          # 3: the log holds entries as delivered (tagged)
 
 
 class NotReady(Exception):
@@ -145,8 +160,25 @@ class _NoAppState:
         pass
 
 
-def encode_view_marker(pvn: int) -> bytes:
-    return bytes([VIEW_MARKER_TAG]) + pvn.to_bytes(8, "big")
+def encode_view_marker(pvn: int, prev: tuple[int, int] = (0, 0)) -> bytes:
+    """The first entry of view `pvn`; `prev` = (pvn, last position) of the view before
+    as the new primary ends it (0, 0 for a founder)."""
+    return (bytes([VIEW_MARKER_TAG]) + pvn.to_bytes(8, "big") + prev[0].to_bytes(8, "big")
+            + prev[1].to_bytes(8, "big"))
+
+
+def decode_view_marker(entry: bytes) -> tuple[int, int, int] | None:
+    """(pvn, previous view, its last position) of a view marker, None if not one."""
+    if entry[:1] != bytes([VIEW_MARKER_TAG]) or len(entry) != 25:
+        return None
+    return (int.from_bytes(entry[1:9], "big"), int.from_bytes(entry[9:17], "big"),
+            int.from_bytes(entry[17:], "big"))
+
+
+def encode_catch_up(pvn: int, pos: int, entry: bytes) -> bytes:
+    """An entry of an earlier view (`pvn`, `pos`, as delivered there, tagged) re-sent by a
+    new primary to its backups."""
+    return bytes([CATCH_UP_TAG]) + pvn.to_bytes(8, "big") + pos.to_bytes(8, "big") + entry
 
 
 class ReplicaNode:
@@ -185,7 +217,8 @@ class ReplicaNode:
         self._over_since: dict[int, int] = {}   # primary: ready backup -> above bound since
         self._released: dict[int, int | None] = {}   # released backup -> within bound since
         self.last_lag_release: tuple[int, str] | None = None   # (backup, why): for the log
-        self.order_info_log: deque[tuple[int, int, bytes]] = deque()   # (pvn, pos, chunk)
+        # (pvn, pos, entry as delivered: tagged, see "Order-info chunks")
+        self.order_info_log: deque[tuple[int, int, bytes]] = deque()
         self.oi_upto: dict[int, int] = {}       # pvn -> highest position in the log
         self.skip_out: dict[mg.ConnId, int] = {}
         self.ends: dict[mg.ConnId, bool] = {}   # remote streams that ended (abort?)
@@ -222,6 +255,10 @@ class ReplicaNode:
     def order_info_delivered(self, pvn: int) -> int:
         """The highest order-info position of view `pvn` this replica holds (0: none)."""
         return self.oi_upto.get(pvn, 0)
+
+    def hold_founding(self, why: str | None) -> None:
+        """The runtime knows a live member it cannot hear: do not found (membership)."""
+        self.membership.hold_founding(why)
 
     def accepts_joiners(self) -> bool:
         """Membership asks before admitting a backup: only with the whole log."""
@@ -422,8 +459,9 @@ class ReplicaNode:
                 or self.started_pvn != self.messaging.pvn):
             raise NotReady("order info comes from a primary whose view has started")
         self._now = max(self._now, now_us)
-        pos = self.messaging.add_order_info(bytes([APP_TAG]) + chunk, now_us)
-        self._log_order_info(self.messaging.pvn, pos, chunk)
+        entry = bytes([APP_TAG]) + chunk
+        pos = self.messaging.add_order_info(entry, now_us)
+        self._log_order_info(self.messaging.pvn, pos, entry)
         self._settle()
         return pos
 
@@ -495,8 +533,10 @@ class ReplicaNode:
             self._emit(a)
         elif isinstance(a, mb.ViewStarted):
             if self.live and self.messaging.is_primary:
-                pos = self.messaging.add_order_info(encode_view_marker(a.pvn), now)
-                self._log_order_info(a.pvn, pos, None)
+                prev = self._catch_up_backups(a.pvn)
+                marker = encode_view_marker(a.pvn, prev)
+                pos = self.messaging.add_order_info(marker, now)
+                self._log_order_info(a.pvn, pos, marker)
                 self.started_pvn = a.pvn
                 self._emit(ViewSwitch(a.pvn, pos, True))
             self._emit(a)
@@ -535,17 +575,7 @@ class ReplicaNode:
                 self.stream_base[a.conn] = off + len(data)
             self._emit(Deliver(a.conn, off, data))
         elif isinstance(a, mg.DeliverOrderInfo):
-            ch = a.chunk
-            if ch[:1] == bytes([VIEW_MARKER_TAG]) and len(ch) == 9:
-                pvn = int.from_bytes(ch[1:], "big")
-                self._log_order_info(a.pvn, a.pos, None)
-                self._touched().view_entered(pvn, self._now)
-                self._emit(ViewSwitch(pvn, a.pos, False))
-            elif ch[:1] == bytes([APP_TAG]):
-                self._log_order_info(a.pvn, a.pos, ch[1:])
-                self._emit(OrderInfo(a.pvn, a.pos, ch[1:]))
-            else:
-                self._count("bad_order_info_tag")
+            self._deliver_order_info(a.pvn, a.pos, a.chunk)
         elif isinstance(a, mg.Phase2Done):
             self._touched().phase2_complete(a.pvn, self._now)
             self._emit(a)
@@ -563,6 +593,89 @@ class ReplicaNode:
         else:
             raise TypeError(f"unknown messaging action {a!r}")
 
+    def _deliver_order_info(self, pvn: int, pos: int, entry: bytes,
+                            recovered: bool = False) -> None:
+        """Entry `pos` of view `pvn`, in order: at a backup from messaging or inside a
+        catch-up; at a new primary `recovered` in phase 2 (an old view's: its markers
+        are history, not views to enter)."""
+        tag = entry[:1]
+        marker = decode_view_marker(entry)
+        if marker is not None:
+            view, prev_pvn, prev_end = marker
+            self._log_order_info(pvn, pos, entry)
+            if recovered:
+                return
+            differs = self._history_differs(view, prev_pvn, prev_end)
+            if differs:
+                self._count("history_differs")
+                self._touched().abandon(differs, self._now)
+                return
+            self._touched().view_entered(view, self._now)
+            self._emit(ViewSwitch(view, pos, False))
+        elif tag == bytes([APP_TAG]):
+            self._log_order_info(pvn, pos, entry)
+            self._emit(OrderInfo(pvn, pos, entry[1:]))
+        elif tag == bytes([CATCH_UP_TAG]) and len(entry) > 17:
+            self._log_order_info(pvn, pos, entry)
+            old_pvn = int.from_bytes(entry[1:9], "big")
+            old_pos = int.from_bytes(entry[9:17], "big")
+            have = self.oi_upto.get(old_pvn, 0)
+            if old_pos == have + 1:
+                self._count("caught_up_entries")
+                self._deliver_order_info(old_pvn, old_pos, entry[17:], recovered)
+            elif old_pos > have + 1:
+                self._count("catch_up_gap")     # the new primary re-sent too little
+                self._touched().abandon(
+                    f"order info of view {old_pvn} missing from {have + 1} to "
+                    f"{old_pos - 1} (the new primary did not re-send them)", self._now)
+        else:
+            self._count("bad_order_info_tag")
+
+    def _history_differs(self, view: int, prev_pvn: int, prev_end: int) -> str | None:
+        """A backup at the marker of `view`: why the order info it delivered is not the
+        new primary's history up to (prev_pvn, prev_end), or None. Ahead, its
+        application executed choices the group will not keep; behind, it cannot make
+        the choices the new primary's application made."""
+        if not prev_pvn:
+            return None
+        have = self.oi_upto.get(prev_pvn, 0)
+        if have != prev_end:
+            return (f"holds order info of view {prev_pvn} up to {have}, the primary of "
+                    f"view {view} ended it at {prev_end}")
+        later = [p for p, q in self.oi_upto.items() if prev_pvn < p < view and q > 0]
+        if later:
+            return (f"holds order info of view {later[0]}, which the primary of view "
+                    f"{view} never had")
+        return None
+
+    def _catch_up_backups(self, pvn: int) -> tuple[int, int]:
+        """A new primary, before its view marker: re-send the previous view's tail to the
+        backups (module docstring, "Catch-up"); returns (previous view, its end)."""
+        older = [p for p, q in self.oi_upto.items() if p < pvn and q > 0]
+        if not older:
+            return (0, 0)
+        prev = max(older)
+        end = self.oi_upto[prev]
+        acks = self.messaging.peer_order_info_acks(prev)
+        floor = min((acks.get(b, 0) for b in self.messaging.backups), default=end)
+        if floor >= end:
+            return (prev, end)
+        tail = sorted((q, e) for p, q, e in self.order_info_log if p == prev and q > floor)
+        budget = self.messaging_config.max_order_info_bytes // 2
+        for i in range(len(tail) - 1, -1, -1):
+            budget -= len(tail[i][1]) + 17
+            if budget < 0:
+                tail = tail[i + 1:]     # the newest fit; a backup short of more rejoins
+                break
+        if not tail or tail[-1][0] != end:
+            self._count("catch_up_unavailable")     # (the log was dropped at its cap)
+            return (prev, end)
+        for q, e in tail:
+            self._count("catch_up_sent")
+            entry = encode_catch_up(prev, q, e)
+            self._log_order_info(pvn, self.messaging.add_order_info(entry, self._now), entry)
+        return (prev, end)
+
     def _recovered(self, a: mg.RecoveredOrderInfo) -> None:
         """Phase 2 at a new primary: the old primary's last order info, reflected by a
         remote primary. Entries beyond what this replica delivered are delivered now,
@@ -576,19 +689,15 @@ class ReplicaNode:
                 self._count("recovered_gap")    # entries missing: the app will stall
                 return
             upto = pos
-            if ch[:1] == bytes([APP_TAG]):
-                self._count("recovered_entries")
-                self._log_order_info(a.pvn, pos, ch[1:])
-                self._emit(OrderInfo(a.pvn, pos, ch[1:]))
-            else:
-                self._log_order_info(a.pvn, pos, None)   # the old view's marker
+            self._count("recovered_entries")
+            self._deliver_order_info(a.pvn, pos, ch, recovered=True)
 
-    def _log_order_info(self, pvn: int, pos: int, chunk: bytes | None) -> None:
+    def _log_order_info(self, pvn: int, pos: int, entry: bytes) -> None:
         if pos > self.oi_upto.get(pvn, 0):
             self.oi_upto[pvn] = pos
         if self.log_full is None:
-            self.order_info_log.append((pvn, pos, chunk))
-            self.oi_log_bytes += len(chunk or b"")
+            self.order_info_log.append((pvn, pos, entry))
+            self.oi_log_bytes += len(entry)
             self._check_log_cap()
 
     def _check_log_cap(self) -> None:
@@ -624,8 +733,8 @@ class ReplicaNode:
             self.input_bytes += len(data)
         for remote, seq, role, abort in blob.get("ends", ()):
             self.ends[(remote, seq, Role(role))] = bool(abort)
-        for pvn, pos, chunk in blob["oi"]:
-            self._log_order_info(pvn, pos, chunk)
+        for pvn, pos, entry in blob["oi"]:
+            self._log_order_info(pvn, pos, entry)
         for cid, out_offset in self.messaging.restore(blob["messaging"]).items():
             self.skip_out[cid] = out_offset     # the group already sent these bytes
             self.streams.setdefault(cid, bytearray())
@@ -633,7 +742,8 @@ class ReplicaNode:
         self.app_state.restore(blob["app"])
         # from the blob: a joiner whose own log fills up while restoring still replays all
         self._emit(Restored(tuple(streams.items()),
-                            tuple((p, q, c) for p, q, c in blob["oi"] if c is not None),
+                            tuple((p, q, e[1:]) for p, q, e in blob["oi"]
+                                  if e[:1] == bytes([APP_TAG])),
                             blob["app"], tuple(self.ends.items())))
         for cid in self.streams:
             if cid not in self.messaging.conns:

@@ -145,6 +145,7 @@ TAG_SHIM, TAG_CONN = b"S", b"C"
 PIGGYBACK_BYTES = 16 << 10       # order info a message may carry (output commit, above)
 APP_STATE_VERSION = 1
 EXIT_TASK_FAILED = 70            # a background task of the agent failed (EX_SOFTWARE)
+FOUNDING_GUARD_S = 0.02         # a joiner re-reads this host's status files (founding)
 LAG_CHECK_S = 0.02               # backups report execution / the primary checks the bound
 
 log = logging.getLogger("llft.run")
@@ -241,6 +242,7 @@ class Agent:
         self._marks: collections.deque = collections.deque()
         self._fed_total = 0                   # shim entries handed to this app
         self._history_entries = 0             # ... of them, the restored history
+        self._founding_held: str | None = None   # why this joiner may not found
         self._sync = "none"                   # backup: "catching-up" -> "ready"
         self._restored_mono = 0.0
         self._own_lag = {"entries": 0, "ms": 0.0}
@@ -273,6 +275,7 @@ class Agent:
         self.watchdog = proctree.Watchdog()
         try:
             await self.endpoint.start()
+            self._guard_founding()              # before the founding timeout can run
             self.node.start(self.driver.clock_us())
             logs.set_name(logs.replica_name(self.group, self.node.birth))   # drawn at start
             self.endpoint.birth_id = self.node.birth    # our echoes dropped undecoded
@@ -280,6 +283,7 @@ class Agent:
             self._start_connector()
             self.tasks.spawn(self._status_loop(), "status")
             self.tasks.spawn(self._lag_loop(), "lag")
+            self.tasks.spawn(self._founding_guard_loop(), "founding-guard")
             _log(f"group {self.group}: birth {self.node.birth:x} joining "
                  f"({self.gcfg.address.mcast_addr}:{self.gcfg.address.port})")
             await self.stop_event.wait()
@@ -759,6 +763,32 @@ class Agent:
                 self._report_executed()
             elif self.mode is AppMode.PRIMARY:
                 self._check_lag_bound()
+
+    async def _founding_guard_loop(self) -> None:
+        while True:
+            await asyncio.sleep(FOUNDING_GUARD_S)
+            self._guard_founding()
+
+    def _guard_founding(self) -> None:
+        """A joiner does not found the group while an agent of this host is a member of it
+        and alive (paused or starved: we cannot hear it, yet it holds the group's state;
+        founding anew would make two lineages and one of them would lose its state).
+        Members on other hosts are not known this way (docs/DESIGN.md)."""
+        if self.node.status in mb.MEMBER_STATUSES:
+            return
+        why = None
+        agents, _, _ = status_files.read_files(self.cfg.status_dir(self.group))
+        for st in agents:
+            if (st.get("birth") != self.node.birth and st.get("role") in ("primary", "backup")
+                    and st.get("agent_pid") != os.getpid()):
+                why = (f"agent pid {st.get('agent_pid')} of this host is a {st.get('role')} "
+                       f"of the group (view {st.get('pvn')})")
+                break
+        if why != self._founding_held:
+            _log(f"not founding the group while {why}: asking to join instead" if why else
+                 "founding allowed again (no live member on this host)")
+            self._founding_held = why
+        self.node.hold_founding(why)
 
     def _report_executed(self) -> None:
         consumed = self.app.consumed_entries

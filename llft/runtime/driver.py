@@ -74,6 +74,9 @@ class Driver:
     def _on_timer(self) -> None:
         self._timer = None
         self._timer_at_us = None
+        # input first: a timer judges silence, and after a busy spell what was heard
+        # may still sit in the socket (transport.Endpoint.drain_input)
+        self.endpoint.drain_input()
         now = self.clock_us()
         deadline = self.core.next_timer_us()
         if deadline is not None and deadline <= now:

@@ -53,6 +53,8 @@ PORT_BASE = 47100
 PORT_SPAN = 800
 MCAST_PREFIX = "239.255"
 RECV_MAX_BYTES = 65536                # larger than any UDP/IPv4 datagram
+DRAIN_BATCH = 64                      # datagrams taken per readiness callback
+DRAIN_LIMIT = 4096                    # ... and before a timer (bounded: the loop goes on)
 EXPIRE_INTERVAL_S = 0.5               # how often partial messages are checked for timeout
 
 # Linux: the FORCE variants ignore rmem_max/wmem_max for CAP_NET_ADMIN (root here).
@@ -210,6 +212,9 @@ class _Protocol(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr) -> None:
         self.endpoint._on_datagram(data)
+        # asyncio reads one datagram per readiness: take what else is queued now, so a
+        # backlog is not worked off one loop iteration (and one round of timers) each
+        self.endpoint.drain_input(DRAIN_BATCH)
 
     def error_received(self, exc: Exception) -> None:
         self.endpoint.counters["socket_errors"] += 1
@@ -257,6 +262,7 @@ class Endpoint:
         self.rcvbuf_actual_bytes = 0
         self._send_transport: asyncio.DatagramTransport | None = None
         self._recv_transports: list[asyncio.DatagramTransport] = []
+        self._input_socks: list[socket.socket] = []     # read by drain_input too
         self._progress: asyncio.Event | None = None
         self._expire_handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -292,6 +298,7 @@ class Endpoint:
                 t, _ = await self._loop.create_datagram_endpoint(lambda: _Protocol(self),
                                                                  sock=s)
                 self._recv_transports.append(t)
+            self._input_socks = socks + ([ssock] if send_bind is not None else [])
             self._send_transport, _ = await self._loop.create_datagram_endpoint(
                 lambda: _Protocol(self), sock=ssock)
         except BaseException:
@@ -306,6 +313,7 @@ class Endpoint:
 
     def close(self) -> None:
         self._closed = True
+        self._input_socks = []
         if self._expire_handle is not None:
             self._expire_handle.cancel()
         for t in self._recv_transports:
@@ -375,6 +383,25 @@ class Endpoint:
             self.counters["send_errors"] += 1
 
     # -- receiving -------------------------------------------------------------------
+    def drain_input(self, limit: int = DRAIN_LIMIT) -> int:
+        """Process up to `limit` datagrams already queued on our sockets; how many.
+        The driver calls it before a timer: a timer decides on silence (a peer is
+        suspected, a backup removed), so what arrived meanwhile must be heard first --
+        after a busy spell the socket may hold heartbeats that are not late at all."""
+        n = 0
+        for s in self._input_socks:
+            while n < limit and not self._closed:
+                try:
+                    data = s.recv(RECV_MAX_BYTES)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    self.counters["socket_errors"] += 1
+                    break
+                n += 1
+                self._on_datagram(data)
+        return n
+
     def _on_datagram(self, data: bytes) -> None:
         self.counters["received_datagrams"] += 1
         plan = self.recv_faults.plan() if self.recv_faults else [0.0]

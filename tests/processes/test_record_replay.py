@@ -30,6 +30,8 @@ PROGRAMS = {
     "serve_forever_flag": (["serve_forever_flag.py"], [], False),
     "pid_visible": (["pid_visible.py"], [], False),
     "udp_inprocess": (["udp_inprocess.py"], [], False),
+    # more threads than logical thread ids: ids of ended threads reused (shim_threads.c)
+    "many_threads": (["many_threads.py"], [], False),
 }
 
 

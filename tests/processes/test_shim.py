@@ -149,9 +149,12 @@ def test_gil_hand_offs_are_ordered_and_backups_keep_the_gil_while_they_wait(tmp_
     assert m and int(m.group(2)) == 0, summary
 
 
-def test_threads_created_after_a_promotion_get_new_logical_ids(tmp_path):
-    """A promoted backup hands out logical thread ids itself: above the ids it replayed
-    (a reused id would merge two threads' call sequences for every later backup)."""
+def test_thread_ids_are_reused_across_a_promotion(tmp_path):
+    """The id of an ended thread is reused (shim_threads.c), and a promoted backup picks
+    ids itself by the same rule. The reused id goes on with the previous thread's call
+    numbers, so the old primary's records followed by the new primary's are one trace
+    that a later backup replays."""
+    import shutil
     from determinizer.recordreplay import replay as replay_fn
     prog = ("import threading, time\n"
             "def f():\n"
@@ -159,12 +162,19 @@ def test_threads_created_after_a_promotion_get_new_logical_ids(tmp_path):
             "a = threading.Thread(target=f); a.start(); a.join()\n"
             "print(time.time(), flush=True)\n"
             "b = threading.Thread(target=f); b.start(); b.join()\n"
-            "print('ok', flush=True)\n")
+            "print('ok', time.time(), flush=True)\n")
     trace = str(tmp_path / "t")
     record([PYTHON3, "-c", prog], trace, str(tmp_path))
-    es = _trace_entries(trace)
+    raw = open(os.path.join(trace, "orderinfo.bin"), "rb").read()
+    es = decode(raw)
     creates = [e for e in es if e.call == CALL_IDS["pthread_create"]]
-    assert [e.aux for e in creates] == [1, 2]
+    ends = [e for e in es if e.call == CALL_IDS["thread end"]]
+    # a's id is free once a has ended, which a.join() does not wait for (CPython wakes the
+    # joiner as the thread's state is deleted): b takes id 1 again, or 2 if a was not
+    # quite gone
+    assert sorted(e.tid for e in ends) == sorted(e.aux for e in creates) and creates[0].aux == 1
+    if creates[1].aux == 1:   # b's calls are numbered on from a's
+        assert next(e for e in es[es.index(creates[1]):] if e.tid == 1).n == ends[0].n + 1
     # cut after the time.time() read between the two thread creations
     cut = next(i for i, e in enumerate(es) if e.call == CALL_IDS["clock_gettime"]
                and e.op == (1 << 56) and i > es.index(creates[0])) + 1
@@ -173,8 +183,16 @@ def test_threads_created_after_a_promotion_get_new_logical_ids(tmp_path):
         rc = replay_fn(None, trace, promote=True, limit_entries=cut, quiet=True, stdout=f,
                        continued=continued)
     assert rc == 0
-    new_creates = [e for e in decode(bytes(continued)) if e.call == CALL_IDS["pthread_create"]]
-    assert [e.aux for e in new_creates] == [2]
+    new = decode(bytes(continued))
+    assert [e.aux for e in new if e.call == CALL_IDS["pthread_create"]] in ([1], [2])
+    # a later backup: the old primary's first `cut` records, then the new primary's
+    joined = tmp_path / "joined"
+    shutil.copytree(trace, joined)
+    from determinizer.orderinfo import split
+    prefix = raw[:split(raw, max_entries=cut)[1]]
+    (joined / "orderinfo.bin").write_bytes(prefix + bytes(continued))
+    p, _ = replay(str(joined), str(tmp_path))
+    assert p.returncode == 0 and p.stdout == (tmp_path / "promoted.out").read_bytes()
 
 
 GC_PROGRAM = """

@@ -35,9 +35,9 @@ def test_a_founder_starts_its_view_with_the_view_marker():
     node = _founder()
     assert node.live and node.messaging.is_primary and node.messaging.pvn == node.pvn
     # position 1 of the view is the marker; app order info follows
-    assert node.order_info_log[0] == (node.pvn, 1, None)
+    assert node.order_info_log[0] == (node.pvn, 1, replica.encode_view_marker(node.pvn))
     assert node.add_order_info(b"x", 1) == 2
-    assert node.order_info_log[-1] == (node.pvn, 2, b"x")
+    assert node.order_info_log[-1] == (node.pvn, 2, b"\x00x")
 
 
 def test_order_info_from_a_joiner_or_backup_is_refused():
@@ -122,8 +122,28 @@ def test_checker_catches_a_duplicate_delivery(monkeypatch):
     assert v and "exactly once" in v[0]
 
 
+def test_a_new_primary_catches_its_backups_up():
+    # schedule 74 of `llft simulate replica --seed 4`: a new primary recovered order info
+    # in phase 2 that a backup never had; it now re-sends the old view's tail before its
+    # view marker (node.py, "Catch-up") and the backup delivers those entries
+    o = rc.CAMPAIGN.outcome(7334785246859100841, {})
+    assert o.violations == []
+    assert o.stats["catch_up_sent"] >= 1 and o.stats["caught_up_entries"] >= 1
+
+
+def test_a_backup_whose_order_info_differs_from_the_new_primary_is_told_why():
+    node = ReplicaNode("g", random.Random(1))
+    node.oi_upto = {1: 5}
+    assert node._history_differs(2, 1, 5) is None
+    assert "up to 5" in node._history_differs(2, 1, 4)          # ahead of the new primary
+    assert "up to 5" in node._history_differs(2, 1, 7)          # behind it
+    node.oi_upto = {1: 5, 2: 1}                                 # a view it never had
+    assert "view 2" in node._history_differs(3, 1, 5)
+    assert node._history_differs(3, 0, 0) is None               # a founder's marker
+
+
 def test_checker_catches_a_missing_view_marker(monkeypatch):
-    monkeypatch.setattr(replica, "encode_view_marker", lambda pvn: b"\x00junk")
+    monkeypatch.setattr(replica, "encode_view_marker", lambda pvn, prev=(0, 0): b"\x00junk")
     bad = [rc.CAMPAIGN.outcome(schedule_seed("replica", 1, i), {}).violations
            for i in range(6)]
     assert any(v for v in bad)

@@ -187,6 +187,10 @@ class MessagingEndpoint:
         # backup -> (watermark, digest, frees applied) from its last report
         self.reports: dict[int, tuple[int, int, int]] = {}
         self.last_heard_us: dict[int, int] = {}
+        # backup: what the other backups acked of each recent primary view's order info
+        # (their ORDER_INFO reports are multicast to the group): a successor primary
+        # re-sends the old view's tail from the lowest of them (ReplicaNode, "catch-up")
+        self.peer_oi_acks: dict[int, dict[int, int]] = {}
         self._digest: int | None = None
         self._actions: list[Any] = []
         self._now = 0
@@ -369,6 +373,11 @@ class MessagingEndpoint:
         (reported to the primary on the next ORDER_INFO ack; docs/LOG.md)."""
         oi = self.order_info
         oi.executed = max(oi.executed, min(pos, oi.delivered))
+
+    def peer_order_info_acks(self, pvn: int) -> dict[int, int]:
+        """Order-info positions of view `pvn` each backup was seen to acknowledge
+        (a lower bound of what it holds: a report may have been lost)."""
+        return dict(self.peer_oi_acks.get(pvn, {}))
 
     def backup_lag(self, now_us: int) -> dict[int, tuple[int, int, bool]]:
         """The primary: per backup, (positions its application has not executed, age in
@@ -1279,6 +1288,8 @@ class MessagingEndpoint:
         if t in MEMBERSHIP_TYPES:
             return          # membership's (phase 2 never travels intra-group)
         self.last_heard_us[msg.sender] = self._now
+        if t == MsgType.ORDER_INFO and msg.sender != self.primary_id:
+            self._note_peer_ack(msg)
         if self.is_primary:
             if msg.sender not in self.backups:
                 return
@@ -1287,6 +1298,15 @@ class MessagingEndpoint:
         handler = _INTRA_GROUP_HANDLERS.get((t, self.is_primary))
         if handler is not None:
             getattr(self, handler)(msg)
+
+    def _note_peer_ack(self, msg: Message) -> None:
+        upto = msg.body.get("upto") if isinstance(msg.body, dict) else None
+        if not isinstance(upto, int) or msg.sender not in self.backups:
+            return
+        acks = self.peer_oi_acks.setdefault(msg.pvn, {})
+        acks[msg.sender] = max(acks.get(msg.sender, 0), upto)
+        for old in sorted(self.peer_oi_acks)[:-2]:      # this view and the one before
+            del self.peer_oi_acks[old]
 
     # ---- intra-group handlers, by (type, role): the table at the end of this module ----
     def _on_backup_heartbeat(self, msg: Message) -> None:
