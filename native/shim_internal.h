@@ -158,7 +158,9 @@ extern void *(*py_tstate_this)(void);        /* PyGILState_GetThisThreadState */
 enum { FDK_NONE = 0, FDK_RANDOM, FDK_SOCK, FDK_PRIVATE, FDK_EXTERNAL, FDK_EPOLL, FDK_PRIVATE_STREAM,
        FDK_GROUP_LISTEN, FDK_GROUP };
 struct gconn;   /* group listener / connection state, shim_group.c */
-struct fdent { uint8_t kind; uint8_t pad; uint16_t ext_watch; int32_t epfd; uint64_t lid; struct gconn *g; };
+/* local_peer: a private stream whose other end is one of the process's own sockets
+ * (shim_net.c, own_port): the peer replays too, so a backup can wait for it uncapped. */
+struct fdent { uint8_t kind; uint8_t local_peer; uint16_t ext_watch; int32_t epfd; uint64_t lid; struct gconn *g; };
 extern struct fdent g_fd[MAX_FDS];
 static inline int fd_ok(int fd) { return fd >= 0 && fd < MAX_FDS; }
 static inline int fd_kind(int fd) { return fd_ok(fd) ? g_fd[fd].kind : FDK_NONE; }

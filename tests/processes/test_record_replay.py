@@ -30,6 +30,9 @@ PROGRAMS = {
     "serve_forever_flag": (["serve_forever_flag.py"], [], False),
     "pid_visible": (["pid_visible.py"], [], False),
     "udp_inprocess": (["udp_inprocess.py"], [], False),
+    # peers inside the process: read sizes, send counts, datagram timing (shim_net.c)
+    "inprocess_stream": (["inprocess_stream.py"], [], False),
+    "inprocess_dgram": (["inprocess_dgram.py"], [], False),
 }
 
 
