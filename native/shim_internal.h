@@ -205,6 +205,8 @@ void diverge(const char *fmt, ...);
 __attribute__((noreturn, format(printf, 3, 4)))
 void diverge_group(uint32_t conn, uint64_t off, const char *fmt, ...);
 
+int64_t cts_offset(clockid_t clk);   /* shim_time.c */
+
 /* ------------------------------------------------------------------ record / replay */
 
 /* Primary: append (t, o, n, d) for the call that just returned. */
