@@ -66,14 +66,19 @@ void net_activate(void) {
     }
 }
 
-/* Sockets whose readiness is ordered in poll/select/epoll_wait: every socket of the
- * process. Private ones are also real at a backup: see enforce_ready(). */
+/* Fds whose readiness is ordered in poll/select/epoll_wait: every socket of the process
+ * and every pipe (shim_process.c). Private ones are also real at a backup: see
+ * enforce_ready(). */
 static inline int fd_watched(int fd) {
     int k = fd_kind(fd);
     return k == FDK_EXTERNAL || k == FDK_PRIVATE || k == FDK_PRIVATE_STREAM || k == FDK_SOCK
-        || k == FDK_GROUP || k == FDK_GROUP_LISTEN;
+        || k == FDK_GROUP || k == FDK_GROUP_LISTEN || k == FDK_PIPE;
 }
-static inline int fd_local(int fd) { int k = fd_kind(fd); return k == FDK_PRIVATE || k == FDK_PRIVATE_STREAM; }
+/* Real at a backup too (private sockets, pipes to children): readiness made true locally. */
+static inline int fd_local(int fd) {
+    int k = fd_kind(fd);
+    return k == FDK_PRIVATE || k == FDK_PRIVATE_STREAM || k == FDK_PIPE;
+}
 
 void fd_set_kind(int fd, int kind, uint64_t lid) {
     if (!fd_ok(fd)) return;
@@ -782,6 +787,7 @@ EXPORT ssize_t read(int fd, void *buf, size_t n) {
     if (k == FDK_PRIVATE_STREAM) return GUARDED(priv_recv(fd, buf, n, 0, 1));
     if (k == FDK_PRIVATE && g_fd[fd].local_peer) return GUARDED(priv_dgram_recv(fd, buf, n, 0, NULL, NULL));
     if (k == FDK_GROUP) return GUARDED(group_recv_buf(fd, buf, n, 0, NULL, NULL));
+    if (k == FDK_PIPE) return GUARDED(pipe_read(fd, buf, n));
     return R(read)(fd, buf, n);
 }
 /* LLFT_DEBUG=2: also log the sizes of private reads (pass-through, not recorded), to

@@ -1,6 +1,7 @@
 /* shim_process.c -- files and children: the app's private companions.
  *
- * Intercepts stat64 and waitpid, made by the application once the interpreter is up.
+ * Intercepts stat64, waitpid and pipe/pipe2 (and the reads of pipes), made by the
+ * application once the interpreter is up.
  * The app also observes its private companions (the Spark JVM) through the file
  * system and its children's exit: PySpark polls `os.path.isfile(conn_info_file)` and
  * `proc.poll()` every 0.1 s until the JVM is up, so the number of loop turns -- and of
@@ -149,3 +150,68 @@ EXPORT pid_t waitpid(pid_t pid, int *status, int options) {
     HOOK(app_started(), R(waitpid)(pid, status, options), waitpid_ordered(pid, status, options));
 }
 
+/* Pipes (subprocess.communicate, asyncio's pipe transports, script_helper's children):
+ * a backup's child runs too, so its output is real there, but WHEN it is ready and HOW
+ * MUCH one read returns are timing -- and the program's number of reads, selector turns
+ * and GIL hand-offs follow them. So a pipe is like a private stream with exact hints:
+ * its readiness is ordered in poll/select/epoll_wait (made true locally at a backup,
+ * shim_net.c), the primary records each read's count or error, and a backup returns
+ * the error (EAGAIN) without reading, waits (stall-checked, no cap: the child writes
+ * what it wrote at the primary, or exits) for that many bytes or the writer's close,
+ * and reads exactly that much. Pipes between threads of the process replay the same way. */
+static void pipe_note(int r, int fds[2]) {
+    if (r != 0 || !active_here() || !app_started()) return;
+    fd_set_kind(fds[0], FDK_PIPE, new_lid());
+    fd_set_kind(fds[1], FDK_PIPE, new_lid());
+}
+EXPORT int pipe(int fds[2]) {
+    int r = R(pipe)(fds);
+    int e = errno;
+    pipe_note(r, fds);
+    errno = e;
+    return r;
+}
+EXPORT int pipe2(int fds[2], int flags) {
+    int r = R(pipe2)(fds, flags);
+    int e = errno;
+    pipe_note(r, fds);
+    errno = e;
+    return r;
+}
+
+ssize_t pipe_read(int fd, void *buf, size_t n) {
+    uint64_t op = fd_op(fd);
+    ssize_t r;
+    int e;
+    struct bk b;
+    int got = backup_now() ? bk_begin(&b, LLFT_C_PRIVATE_RECV, op, NULL, 0) : BK_PRIMARY;
+    if (got == BK_RECORD && b.h.ret < 0) {
+        r = -1;
+        e = b.h.err;
+        bk_end(&b);
+    } else if (got == BK_RECORD) {
+        size_t want = (size_t)b.h.ret < n ? (size_t)b.h.ret : n;
+        struct stallw sw = {0, 0};
+        for (;;) {
+            int avail = 0;
+            struct pollfd pf = {fd, POLLIN, 0};
+            ioctl(fd, FIONREAD, &avail);
+            R(poll)(&pf, 1, 0);
+            int closed = (pf.revents & (POLLHUP | POLLERR)) && avail == 0;
+            if (closed || (want && (size_t)avail >= want) || (!want && avail)) break;
+            if (!b.gil) b.gil = gil_drop();
+            if (avail) { struct timespec ms = {0, 500000}; R(nanosleep)(&ms, NULL); }
+            else R(poll)(&pf, 1, WAIT_SLICE_MS);
+            stall_check(&sw, "what a pipe gave the primary", b.h.call, b.h.op);
+        }
+        r = want ? R(read)(fd, buf, want) : 0;   /* EOF at the primary: EOF here */
+        e = r < 0 ? errno : 0;
+        bk_end(&b);
+    } else {
+        r = R(read)(fd, buf, n);
+        e = r < 0 ? errno : 0;
+        if (got == BK_PRIMARY) pr_append(LLFT_C_PRIVATE_RECV, op, r, e, 0, 0, NULL, 0);
+    }
+    errno = e ? e : errno;
+    return r;
+}
