@@ -207,7 +207,6 @@ void diverge(const char *fmt, ...);
 __attribute__((noreturn, format(printf, 3, 4)))
 void diverge_group(uint32_t conn, uint64_t off, const char *fmt, ...);
 
-int64_t cts_offset(clockid_t clk);   /* shim_time.c */
 ssize_t pipe_read(int fd, void *buf, size_t n);   /* shim_process.c */
 void fd_set_kind(int fd, int kind, uint64_t lid);  /* shim_net.c */
 
