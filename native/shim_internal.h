@@ -121,6 +121,9 @@
     X(ssize_t, readv, (int, const struct iovec *, int)) \
     X(ssize_t, writev, (int, const struct iovec *, int)) \
     X(int, stat64, (const char *, struct stat64 *)) \
+    X(int, lstat64, (const char *, struct stat64 *)) \
+    X(int, fstat64, (int, struct stat64 *)) \
+    X(int, fstatat64, (int, const char *, struct stat64 *, int)) \
     X(pid_t, waitpid, (pid_t, int *, int)) \
     X(pid_t, getpid, (void)) \
     X(int, kill, (pid_t, int)) \
@@ -207,6 +210,7 @@ void diverge(const char *fmt, ...);
 __attribute__((noreturn, format(printf, 3, 4)))
 void diverge_group(uint32_t conn, uint64_t off, const char *fmt, ...);
 
+int64_t cts_offset(clockid_t clk);   /* shim_time.c */
 ssize_t pipe_read(int fd, void *buf, size_t n);   /* shim_process.c */
 void fd_set_kind(int fd, int kind, uint64_t lid);  /* shim_net.c */
 

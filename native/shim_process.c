@@ -22,8 +22,10 @@
  * reaches this process (os.kill(os.getpid(), sig) works at a backup). Children's pids
  * are not virtualized. */
 static pid_t g_group_pid;
+static struct timespec g_run_start;   /* coarse real time at activation: see stat64 */
 
 void process_activate(void) {
+    syscall(SYS_clock_gettime, CLOCK_REALTIME_COARSE, &g_run_start);
     uint64_t op = thread_op();
     struct bk b;
     pid_t group_pid;
@@ -49,36 +51,97 @@ EXPORT int kill(pid_t pid, int sig) {
     return R(kill)(pid, sig);
 }
 
-static int stat64_ordered(const char *path, struct stat64 *st) {
+/* File timestamps are clock readings the kernel took: a file the run wrote has the
+ * primary's real times there and the backup's (later) real times here, while the program
+ * compares them with the group clock (logging's TimedRotatingFileHandler rolls over by a
+ * log file's st_mtime). So a stat of a file changed since the process started (its ctime
+ * is not older than the start, by the coarse clock the kernel stamps files with) records
+ * its three times, shifted like the group clock, and a backup returns those. Files older
+ * than the run (the program's own sources, which import compares with their .pyc) keep
+ * each host's real times. rr records every stat result; DMTCP leaves them real. */
+#define STAT_TIMES 1   /* flags: the record carries atime, mtime, ctime */
+static int changed_in_run(const struct stat64 *st) {
+    return st->st_ctim.tv_sec > g_run_start.tv_sec
+        || (st->st_ctim.tv_sec == g_run_start.tv_sec && st->st_ctim.tv_nsec >= g_run_start.tv_nsec);
+}
+static void shift(struct timespec *t, int64_t ns) {
+    int64_t v = (int64_t)t->tv_sec * 1000000000LL + t->tv_nsec + ns;
+    t->tv_sec = v / 1000000000LL;
+    t->tv_nsec = v % 1000000000LL;
+}
+
+/* One stat call, whichever variant: every variant must give a file the same times
+ * (SimpleHTTPRequestHandler compares os.stat's mtime with os.fstat's). */
+enum { ST_PATH, ST_LINK, ST_FD, ST_AT };
+struct stat_call { int how, fd, flags; const char *path; };
+static int stat_real(const struct stat_call *c, struct stat64 *st) {
+    switch (c->how) {
+    case ST_PATH: return R(stat64)(c->path, st);
+    case ST_LINK: return R(lstat64)(c->path, st);
+    case ST_FD: return R(fstat64)(c->fd, st);
+    default: return R(fstatat64)(c->fd, c->path, st, c->flags);
+    }
+}
+static int stat_ordered(const struct stat_call *c, struct stat64 *st) {
     uint64_t op = thread_op();
     int r, e;
     struct bk b;
-    if (replaying(&b, LLFT_C_STAT, op, NULL, 0)) {
+    struct timespec times[3];
+    if (replaying(&b, LLFT_C_STAT, op, times, sizeof times)) {
+        e = 0;
         if (b.h.ret == 0) {
             struct stallw sw = {0, 0};
-            while ((r = R(stat64)(path, st)) != 0) {
+            while ((r = stat_real(c, st)) != 0 && c->how != ST_FD) {   /* an fd: no file to wait for */
                 if (!b.gil) b.gil = gil_drop();
                 struct timespec ms = {0, 1000000};
                 R(nanosleep)(&ms, NULL);
                 stall_check(&sw, "a file the primary saw", LLFT_C_STAT, op);
             }
-            e = 0;
+            if (r) e = errno;
+            else if (b.h.flags == STAT_TIMES && b.h.dlen == sizeof times) {
+                st->st_atim = times[0];
+                st->st_mtim = times[1];
+                st->st_ctim = times[2];
+            }
         } else {
             r = -1;
             e = b.h.err;
         }
         bk_end(&b);
     } else {
-        r = R(stat64)(path, st);
+        r = stat_real(c, st);
         e = r ? errno : 0;
-        pr_append(LLFT_C_STAT, op, r, e, 0, 0, NULL, 0);
+        int times_too = r == 0 && changed_in_run(st);
+        if (times_too) {   /* the group clock's view (offset non-zero after a promotion) */
+            int64_t off = cts_offset(CLOCK_REALTIME);
+            shift(&st->st_atim, off);
+            shift(&st->st_mtim, off);
+            shift(&st->st_ctim, off);
+            times[0] = st->st_atim;
+            times[1] = st->st_mtim;
+            times[2] = st->st_ctim;
+        }
+        pr_append(LLFT_C_STAT, op, r, e, 0, times_too ? STAT_TIMES : 0, times, times_too ? sizeof times : 0);
     }
     errno = e ? e : errno;
     return r;
 }
 
 EXPORT int stat64(const char *path, struct stat64 *st) {
-    HOOK(app_started(), R(stat64)(path, st), stat64_ordered(path, st));
+    struct stat_call c = {ST_PATH, -1, 0, path};
+    HOOK(app_started(), R(stat64)(path, st), stat_ordered(&c, st));
+}
+EXPORT int lstat64(const char *path, struct stat64 *st) {
+    struct stat_call c = {ST_LINK, -1, 0, path};
+    HOOK(app_started(), R(lstat64)(path, st), stat_ordered(&c, st));
+}
+EXPORT int fstat64(int fd, struct stat64 *st) {
+    struct stat_call c = {ST_FD, fd, 0, NULL};
+    HOOK(app_started(), R(fstat64)(fd, st), stat_ordered(&c, st));
+}
+EXPORT int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) {
+    struct stat_call c = {ST_AT, dirfd, flags, path};
+    HOOK(app_started(), R(fstatat64)(dirfd, path, st, flags), stat_ordered(&c, st));
 }
 
 static pid_t waitpid_ordered(pid_t pid, int *status, int options) {

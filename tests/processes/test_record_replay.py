@@ -35,6 +35,8 @@ PROGRAMS = {
     "inprocess_dgram": (["inprocess_dgram.py"], [], False),
     # pipes to a child: readiness and read sizes (shim_process.c)
     "child_pipes": (["child_pipes.py"], [], False),
+    # timestamps of a file the run wrote are the primary's (shim_process.c)
+    "file_times": (["file_times.py"], ["times_out.txt"], False),
 }
 
 
