@@ -121,9 +121,14 @@
     X(ssize_t, readv, (int, const struct iovec *, int)) \
     X(ssize_t, writev, (int, const struct iovec *, int)) \
     X(int, stat64, (const char *, struct stat64 *)) \
+    X(int, lstat64, (const char *, struct stat64 *)) \
+    X(int, fstat64, (int, struct stat64 *)) \
+    X(int, fstatat64, (int, const char *, struct stat64 *, int)) \
     X(pid_t, waitpid, (pid_t, int *, int)) \
     X(pid_t, getpid, (void)) \
-    X(int, kill, (pid_t, int))
+    X(int, kill, (pid_t, int)) \
+    X(int, pipe, (int[2])) \
+    X(int, pipe2, (int[2], int))
 
 void *resolve(const char *name);
 #define REAL_DECLARE(ret, name, args) \
@@ -157,9 +162,11 @@ extern void *(*py_tstate_this)(void);        /* PyGILState_GetThisThreadState */
 /* The file-descriptor table (shim_net.c, shim_group.c, and shim_random.c for
  * /dev/urandom). */
 enum { FDK_NONE = 0, FDK_RANDOM, FDK_SOCK, FDK_PRIVATE, FDK_EXTERNAL, FDK_EPOLL, FDK_PRIVATE_STREAM,
-       FDK_GROUP_LISTEN, FDK_GROUP };
+       FDK_GROUP_LISTEN, FDK_GROUP, FDK_PIPE };
 struct gconn;   /* group listener / connection state, shim_group.c */
-struct fdent { uint8_t kind; uint8_t pad; uint16_t ext_watch; int32_t epfd; uint64_t lid; struct gconn *g; };
+/* local_peer: a private stream whose other end is one of the process's own sockets
+ * (shim_net.c, own_port): the peer replays too, so a backup can wait for it uncapped. */
+struct fdent { uint8_t kind; uint8_t local_peer; uint16_t ext_watch; int32_t epfd; uint64_t lid; struct gconn *g; };
 extern struct fdent g_fd[MAX_FDS];
 static inline int fd_ok(int fd) { return fd >= 0 && fd < MAX_FDS; }
 static inline int fd_kind(int fd) { return fd_ok(fd) ? g_fd[fd].kind : FDK_NONE; }
@@ -203,6 +210,10 @@ void diverge(const char *fmt, ...);
 /* a group connection's write differed: also names it in ctl.div_* */
 __attribute__((noreturn, format(printf, 3, 4)))
 void diverge_group(uint32_t conn, uint64_t off, const char *fmt, ...);
+
+int64_t cts_offset(clockid_t clk);   /* shim_time.c */
+ssize_t pipe_read(int fd, void *buf, size_t n);   /* shim_process.c */
+void fd_set_kind(int fd, int kind, uint64_t lid);  /* shim_net.c */
 
 /* ------------------------------------------------------------------ record / replay */
 

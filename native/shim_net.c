@@ -34,6 +34,12 @@
  * PRIVATE_HINT_WAIT_MS) for that many bytes to be there and returns no more. A hint
  * is not a commitment: the JVM's answers may differ in content (ports, ids), so a
  * read with no matching hint passes through, and a hint nobody reads is skipped.
+ * A peer INSIDE the process (fd.local_peer: the other end is one of the process's own
+ * sockets -- asyncio talking to a server thread) replays too, so there the hints are
+ * commitments: a backup reads exactly the primary's count (waiting without a cap), a
+ * non-blocking send takes exactly the primary's count (what its kernel cannot take yet
+ * is queued and pushed by the waiting peer: pend_send), EAGAIN is returned without a
+ * call, and a loopback datagram socket's reads are hinted the same way.
  * The kind of an AF_INET socket is decided at the primary when it connects, and the
  * CONNECT record carries it, so a backup with no network agrees with the primary.
  * poll/select/epoll_wait are ordered when they watch at least one socket (group and
@@ -60,14 +66,19 @@ void net_activate(void) {
     }
 }
 
-/* Sockets whose readiness is ordered in poll/select/epoll_wait: every socket of the
- * process. Private ones are also real at a backup: see enforce_ready(). */
+/* Fds whose readiness is ordered in poll/select/epoll_wait: every socket of the process
+ * and every pipe (shim_process.c). Private ones are also real at a backup: see
+ * enforce_ready(). */
 static inline int fd_watched(int fd) {
     int k = fd_kind(fd);
     return k == FDK_EXTERNAL || k == FDK_PRIVATE || k == FDK_PRIVATE_STREAM || k == FDK_SOCK
-        || k == FDK_GROUP || k == FDK_GROUP_LISTEN;
+        || k == FDK_GROUP || k == FDK_GROUP_LISTEN || k == FDK_PIPE;
 }
-static inline int fd_local(int fd) { int k = fd_kind(fd); return k == FDK_PRIVATE || k == FDK_PRIVATE_STREAM; }
+/* Real at a backup too (private sockets, pipes to children): readiness made true locally. */
+static inline int fd_local(int fd) {
+    int k = fd_kind(fd);
+    return k == FDK_PRIVATE || k == FDK_PRIVATE_STREAM || k == FDK_PIPE;
+}
 
 void fd_set_kind(int fd, int kind, uint64_t lid) {
     if (!fd_ok(fd)) return;
@@ -76,6 +87,7 @@ void fd_set_kind(int fd, int kind, uint64_t lid) {
     g_fd[fd].kind = (uint8_t)kind;
     g_fd[fd].lid = lid;
     g_fd[fd].ext_watch = 0;
+    g_fd[fd].local_peer = 0;
     g_fd[fd].epfd = -1;
 }
 static void fd_forget(int fd) {
@@ -107,6 +119,11 @@ uint16_t addr_port(const struct sockaddr *a) {
     if (a->sa_family == AF_INET) return ntohs(((const struct sockaddr_in *)a)->sin_port);
     if (a->sa_family == AF_INET6) return ntohs(((const struct sockaddr_in6 *)a)->sin6_port);
     return 0;
+}
+static int sock_type(int fd) {
+    int type = 0;
+    socklen_t tl = sizeof type;
+    return R(getsockopt)(fd, SOL_SOCKET, SO_TYPE, &type, &tl) == 0 ? type : 0;
 }
 /* Is a loopback listener on `port` owned by this process or one of its descendants?
  * Primary only, at connect time: /proc/net/tcp{,6} gives the LISTEN sockets' inodes,
@@ -196,23 +213,37 @@ static int in_process_tree(uint16_t port) {
     return found;
 }
 
-/* A loopback datagram port bound by one of this process's own sockets: its server is
- * in the process (logging's and socketserver's in-process UDP servers), so it is at
- * every replica and the datagrams must really be sent there. */
-static int own_dgram_port(uint16_t port) {
+/* Is `port` a loopback port bound by one of this process's own sockets (other than
+ * `self`) of this type? Its owner is in the process, so it runs at every replica:
+ *  - a datagram port (logging's and socketserver's in-process UDP servers): the
+ *    datagrams must really be sent there at a backup too;
+ *  - a stream's peer port (a listener's at connect, a client's local port at accept):
+ *    the other end replays the same program, so a backup may wait for it without a
+ *    cap (fd.local_peer, see priv_recv/priv_send). */
+static int own_port(int self, uint16_t port, int type) {
     for (int fd = 0; fd < MAX_FDS; fd++) {
-        if (g_fd[fd].kind != FDK_PRIVATE) continue;
+        int k = g_fd[fd].kind;
+        if (fd == self || !(k == FDK_PRIVATE || (type == SOCK_STREAM && (k == FDK_SOCK || k == FDK_PRIVATE_STREAM))))
+            continue;
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
-        int type = 0;
-        socklen_t tl = sizeof type;
+        int t = 0;
+        socklen_t tl = sizeof t;
         if (R(getsockname)(fd, (struct sockaddr *)&ss, &sl) == 0
             && (ss.ss_family == AF_INET || ss.ss_family == AF_INET6)
             && addr_port((struct sockaddr *)&ss) == port
-            && R(getsockopt)(fd, SOL_SOCKET, SO_TYPE, &type, &tl) == 0 && type == SOCK_DGRAM)
+            && R(getsockopt)(fd, SOL_SOCKET, SO_TYPE, &t, &tl) == 0 && t == type)
             return 1;
     }
     return 0;
+}
+static int own_dgram_port(uint16_t port) { return own_port(-1, port, SOCK_DGRAM); }
+/* A private stream's other end: one of our own sockets? (peer NULL: ask the kernel) */
+static void note_local_peer(int fd, const struct sockaddr *peer) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (!peer && R(getpeername)(fd, (struct sockaddr *)&ss, &sl) == 0) peer = (struct sockaddr *)&ss;
+    g_fd[fd].local_peer = peer && addr_is_loopback(peer) && own_port(fd, addr_port(peer), SOCK_STREAM);
 }
 
 static int classify_peer(const struct sockaddr *a) {
@@ -259,6 +290,7 @@ EXPORT int bind(int fd, const struct sockaddr *a, socklen_t len) {
     if (active_here() && fd_kind(fd) == FDK_SOCK && addr_is_loopback(a)) {
         int e = errno;
         g_fd[fd].kind = FDK_PRIVATE;  /* a loopback server serves the process tree */
+        g_fd[fd].local_peer = sock_type(fd) == SOCK_DGRAM;   /* its clients: see priv_dgram_recv */
         errno = e;
     }
     return r;
@@ -287,11 +319,102 @@ EXPORT int epoll_ctl(int ep, int op, int fd, struct epoll_event *ev) {
     return r;
 }
 
+/* A backup's send queue for in-process peers. The primary's kernel took r bytes of a
+ * send at once; a backup's may have less room at that moment (socket buffers are sized
+ * by the kernel's timing), and waiting for room can deadlock: the reader may be ordered
+ * to read only after the sender's next step. So a backup returns the primary's count and
+ * queues what its kernel did not take yet; the queue is written out (never blocking)
+ * by the next send on that socket and by every wait in which a thread needs a private
+ * socket's bytes or readiness (priv_recv, enforce_ready): the peer that waits for the
+ * bytes is in the process, so it is the one that pushes them. A socket closed with bytes
+ * queued is kept open (a dup) until they are out. */
+#define MAX_PENDING 32
+static struct pend { int fd, dup, shut; char *buf; size_t off, len; } g_pend[MAX_PENDING];
+static int g_npend, g_pend_lock;
+static void pend_lock(void) { while (__atomic_exchange_n(&g_pend_lock, 1, __ATOMIC_ACQUIRE)) sched_yield(); }
+static void pend_unlock(void) { __atomic_store_n(&g_pend_lock, 0, __ATOMIC_RELEASE); }
+static int pend_find(int fd) {
+    for (int i = 0; i < g_npend; i++) if (g_pend[i].fd == fd && g_pend[i].dup < 0) return i;
+    return -1;
+}
+/* Write what the kernel takes now; drop drained queues. Lock held. */
+static void pend_push_locked(void) {
+    for (int i = 0; i < g_npend;) {
+        struct pend *q = &g_pend[i];
+        int fd = q->dup >= 0 ? q->dup : q->fd;
+        ssize_t k = 1;
+        while (q->off < q->len && k > 0) {
+            k = R(send)(fd, q->buf + q->off, q->len - q->off, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (k > 0) q->off += (size_t)k;
+        }
+        if (q->off < q->len && (k < 0 && (errno == EAGAIN || errno == EINTR))) { i++; continue; }
+        free(q->buf);   /* drained, or the peer is gone */
+        if (q->shut) R(shutdown)(fd, q->shut - 1);
+        if (q->dup >= 0) R(close)(q->dup);
+        *q = g_pend[--g_npend];
+    }
+}
+static void pend_push(void) {
+    if (!__atomic_load_n(&g_npend, __ATOMIC_RELAXED)) return;
+    int e = errno;
+    pend_lock();
+    pend_push_locked();
+    pend_unlock();
+    errno = e;
+}
+/* Queue bytes [0, n) of a send the primary's kernel took whole: 1, or 0 when the queue
+ * table is full (the caller then waits for room). */
+static int pend_send(int fd, const char *buf, size_t n, int flags) {
+    pend_lock();
+    pend_push_locked();
+    int i = pend_find(fd);
+    size_t done = 0;
+    if (i < 0) {   /* nothing queued: straight to the kernel */
+        ssize_t k = 1;
+        while (done < n && k > 0) {
+            k = R(send)(fd, buf + done, n - done, (flags & ~MSG_DONTWAIT) | MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (k > 0) done += (size_t)k;
+        }
+        if (done == n || (k < 0 && errno != EAGAIN && errno != EINTR)) { pend_unlock(); return 1; }
+        if (g_npend == MAX_PENDING) { pend_unlock(); return 0; }
+        i = g_npend;
+        g_pend[i] = (struct pend){fd, -1, 0, NULL, 0, 0};
+        __atomic_store_n(&g_npend, g_npend + 1, __ATOMIC_RELAXED);
+    }
+    struct pend *q = &g_pend[i];
+    char *nb = realloc(q->buf, q->len - q->off + n - done);
+    if (nb) {
+        memmove(nb, nb + q->off, q->len - q->off);
+        memcpy(nb + q->len - q->off, buf + done, n - done);
+        q->len = q->len - q->off + n - done;
+        q->off = 0;
+        q->buf = nb;
+    }
+    pend_unlock();
+    return nb != NULL;
+}
+/* shutdown() of a socket with bytes queued: done once they are out; 1 if deferred. */
+static int pend_shutdown(int fd, int how) {
+    pend_lock();
+    int i = pend_find(fd);
+    if (i >= 0) g_pend[i].shut = how + 1;
+    pend_unlock();
+    return i >= 0;
+}
+/* close() of a socket with bytes queued: they go out later through a dup. */
+static void pend_close(int fd) {
+    pend_lock();
+    int i = pend_find(fd);
+    if (i >= 0) g_pend[i].dup = (int)syscall(SYS_dup, fd);
+    pend_unlock();
+}
+
 EXPORT int close(int fd) {
     if (g_active && fd_ok(fd) && g_fd[fd].kind) {
         /* a vfork child shares our memory: only the process itself forgets its fds */
         if ((pid_t)syscall(SYS_getpid) == g_pid) {
             if (g_fd[fd].kind == FDK_GROUP_LISTEN) group_unpublish(fd);
+            if (g_fd[fd].local_peer && g_npend) pend_close(fd);
             fd_forget(fd);
         }
     }
@@ -331,6 +454,8 @@ static int connect_ordered(int fd, const struct sockaddr *a, socklen_t len) {
         socklen_t tl = sizeof type;
         R(getsockopt)(fd, SOL_SOCKET, SO_TYPE, &type, &tl);
         g_fd[fd].kind = type == SOCK_STREAM ? FDK_PRIVATE_STREAM : FDK_PRIVATE;
+        if (type == SOCK_STREAM) note_local_peer(fd, a);
+        else if (type == SOCK_DGRAM) g_fd[fd].local_peer = addr_is_loopback(a) && own_dgram_port(addr_port(a));
     }
     errno = e ? e : errno;
     return r;
@@ -344,9 +469,22 @@ static int accept_common(int fd, struct sockaddr *a, socklen_t *alen, int flags,
     if (active_here() && fd_kind(fd) == FDK_GROUP_LISTEN) return GUARDED(group_accept(fd, a, alen, flags, four));
     if (active_here() && fd_kind(fd) == FDK_PRIVATE) {
         /* a private server (py4j callback, PySpark's accumulator server): real, not
-         * recorded; the connection is a private stream (read sizes hinted) */
+         * recorded; the connection is a private stream (read sizes hinted). A blocking
+         * accept first waits in poll: the kernel takes the connection's fd number when
+         * accept is ENTERED, so a thread blocked in it would reserve the lowest free
+         * number while the others create fds -- an order a backup does not repeat
+         * (asyncio's epoll reports fd numbers: another number is another callback). */
+        if (!(fcntl(fd, F_GETFL) & O_NONBLOCK)) {
+            struct pollfd pf = {fd, POLLIN, 0};
+            if (R(poll)(&pf, 1, -1) < 0) return -1;
+        }
         int r = four ? R(accept4)(fd, a, alen, flags) : R(accept)(fd, a, alen);
-        if (r >= 0) { int e = errno; fd_set_kind(r, FDK_PRIVATE_STREAM, new_lid()); errno = e; }
+        if (r >= 0) {
+            int e = errno;
+            fd_set_kind(r, FDK_PRIVATE_STREAM, new_lid());
+            note_local_peer(r, NULL);
+            errno = e;
+        }
         return r;
     }
     HOOK(fd_kind(fd) == FDK_SOCK, four ? R(accept4)(fd, a, alen, flags) : R(accept)(fd, a, alen),
@@ -466,15 +604,53 @@ static ssize_t ext_send(int fd, const void *buf, size_t n, int flags,
 }
 
 #define PRIVATE_HINT_WAIT_MS 200
+#define PRIV_HINT_SEND 1   /* flags of a PRIVATE_RECV record that hints a send's count */
 
-/* A read of a connected private TCP stream: its size is a hint (see the top). */
+/* A read of a connected private TCP stream: its size is a hint (see the top). A peer in
+ * the process (local_peer) replays too and will write what the primary's peer wrote,
+ * so for it the hint is a commitment: a backup returns the primary's error (EAGAIN)
+ * without reading, waits for its EOF, or reads exactly its count, waiting without a cap
+ * (stall-checked) -- a capped wait read fewer bytes under load and made an extra read
+ * (test_asyncio.test_sock_lowlevel, tests/programs/inprocess_stream.py). */
 static ssize_t priv_recv(int fd, void *buf, size_t n, int flags, int kindcall) {
     uint64_t op = fd_op(fd);
     ssize_t r;
     int e;
     struct bk b;
     int got = backup_now() ? bk_begin(&b, LLFT_C_PRIVATE_RECV, op, NULL, 0) : BK_PRIMARY;
-    if (got == BK_RECORD) {
+    if (got == BK_RECORD && b.h.flags == PRIV_HINT_SEND) {   /* a send's hint: not ours */
+        bk_end(&b);
+        got = BK_NO_HINT;
+    }
+    int local = g_fd[fd].local_peer && !(flags & MSG_PEEK);
+    if (got == BK_RECORD && local) {
+        /* exactly the primary's outcome: its error without reading, or its count, read
+         * in as many real reads as this kernel needs (its buffer may hold less) */
+        r = b.h.ret < 0 ? -1 : 0;
+        e = b.h.ret < 0 ? b.h.err : 0;
+        size_t want = b.h.ret > 0 && (size_t)b.h.ret < n ? (size_t)b.h.ret : n, have = 0;
+        struct stallw sw = {0, 0};
+        while (r == 0) {
+            ssize_t k = b.h.ret == 0 ? R(recv)(fd, buf, 1, MSG_PEEK | MSG_DONTWAIT)   /* its EOF */
+                                     : R(recv)(fd, (char *)buf + have, want - have,
+                                               (flags & ~MSG_WAITALL) | MSG_DONTWAIT);
+            if (b.h.ret == 0 && k >= 0) break;
+            if (k > 0 && (have += (size_t)k) == want) break;
+            if (k == 0) break;
+            if (k < 0 && errno != EAGAIN && errno != EINTR) {
+                if (!have) { r = -1; e = errno; }
+                break;
+            }
+            if (k > 0) continue;
+            pend_push();   /* they may be queued at this backup (see pend_send) */
+            if (!b.gil) b.gil = gil_drop();
+            struct pollfd pf = {fd, POLLIN, 0};
+            R(poll)(&pf, 1, WAIT_SLICE_MS);
+            stall_check(&sw, "the bytes an in-process peer had sent at the primary", b.h.call, b.h.op);
+        }
+        if (r == 0) r = (ssize_t)have;
+        bk_end(&b);
+    } else if (got == BK_RECORD) {
         size_t want = n;
         if (b.h.ret > 0 && (size_t)b.h.ret < n) want = (size_t)b.h.ret;
         if (b.h.ret > 0 && !(flags & MSG_PEEK)) {
@@ -506,6 +682,76 @@ static ssize_t priv_recv(int fd, void *buf, size_t n, int flags, int kindcall) {
     return r;
 }
 
+/* A write to a private stream whose peer is in the process (local_peer): how much the
+ * primary's kernel took is recorded as a hint; a backup takes exactly that much (sent,
+ * or queued: see above) and returns the primary's result, or its error (EAGAIN) without
+ * writing. So a non-blocking sender (asyncio's sock_sendall) makes the same sends and
+ * readiness waits, and its peer's hinted reads find their bytes. */
+static ssize_t priv_send(int fd, const void *buf, size_t n, int flags, int kindcall) {
+    uint64_t op = fd_op(fd);
+    ssize_t r;
+    int e;
+    struct bk b;
+    int got = backup_now() ? bk_begin(&b, LLFT_C_PRIVATE_RECV, op, NULL, 0) : BK_PRIMARY;
+    if (got == BK_RECORD && b.h.flags == PRIV_HINT_SEND && b.h.ret <= (int64_t)n) {
+        r = (ssize_t)b.h.ret;
+        e = b.h.err;
+        struct stallw sw = {0, 0};
+        while (r > 0 && !pend_send(fd, buf, (size_t)r, flags)) {   /* table full: wait */
+            if (!b.gil) b.gil = gil_drop();
+            struct timespec ms = {0, 1000000};
+            R(nanosleep)(&ms, NULL);
+            stall_check(&sw, "room for the bytes the primary sent to an in-process peer",
+                        b.h.call, b.h.op);
+        }
+        bk_end(&b);
+    } else {
+        if (got == BK_RECORD) bk_end(&b);   /* a read's hint, or a larger send: pass through */
+        r = kindcall == 1 ? R(write)(fd, buf, n) : R(send)(fd, buf, n, flags);
+        e = r < 0 ? errno : 0;
+        if (got == BK_PRIMARY) pr_append(LLFT_C_PRIVATE_RECV, op, r, e, 0, PRIV_HINT_SEND, NULL, 0);
+    }
+    errno = e ? e : errno;
+    return r;
+}
+
+/* A read of a loopback datagram socket of the process's own (local_peer: a server bound
+ * to loopback, or a client of one): whether a datagram was there is timing (asyncio's
+ * non-blocking recvfrom right after its sendto to an in-process echo server,
+ * test_asyncio.test_sock_lowlevel). The primary records the outcome as a hint; a backup
+ * returns the primary's error (EAGAIN) without reading, or waits (stall-checked) until
+ * a datagram is there and reads it for real: its sender is in the process and replays. */
+static ssize_t priv_dgram_recv(int fd, void *buf, size_t n, int flags, struct sockaddr *src,
+                               socklen_t *sl) {
+    uint64_t op = fd_op(fd);
+    ssize_t r;
+    int e;
+    struct bk b;
+    int got = backup_now() ? bk_begin(&b, LLFT_C_PRIVATE_RECV, op, NULL, 0) : BK_PRIMARY;
+    if (got == BK_RECORD && b.h.ret < 0 && b.h.flags != PRIV_HINT_SEND) {
+        r = -1;
+        e = b.h.err;
+        bk_end(&b);
+    } else if (got == BK_RECORD) {
+        struct stallw sw = {0, 0};
+        struct pollfd pf = {fd, POLLIN, 0};
+        while (b.h.flags != PRIV_HINT_SEND && R(poll)(&pf, 1, 0) == 0) {
+            if (!b.gil) b.gil = gil_drop();
+            R(poll)(&pf, 1, WAIT_SLICE_MS);
+            stall_check(&sw, "a datagram an in-process peer had sent at the primary", b.h.call, b.h.op);
+        }
+        r = R(recvfrom)(fd, buf, n, flags, src, sl);
+        e = r < 0 ? errno : 0;
+        bk_end(&b);
+    } else {
+        r = R(recvfrom)(fd, buf, n, flags, src, sl);
+        e = r < 0 ? errno : 0;
+        if (got == BK_PRIMARY) pr_append(LLFT_C_PRIVATE_RECV, op, r, e, 0, 0, NULL, 0);
+    }
+    errno = e ? e : errno;
+    return r;
+}
+
 /* An unconnected datagram socket meets its peer at sendto/recvfrom: any peer but a
  * unix socket or a loopback port of the process's own is external (decided from the
  * address and the process's own sockets, so every replica agrees without a record). */
@@ -517,6 +763,7 @@ static int dgram_external(int fd, const struct sockaddr *peer) {
     if (peer && peer->sa_family == AF_UNIX) return 0;
     if (peer && addr_is_loopback(peer) && own_dgram_port(addr_port(peer))) {
         g_fd[fd].kind = FDK_PRIVATE;
+        g_fd[fd].local_peer = 1;
         return 0;
     }
     g_fd[fd].kind = FDK_EXTERNAL;
@@ -525,6 +772,12 @@ static int dgram_external(int fd, const struct sockaddr *peer) {
 
 #define EXT_ENTER(fd) (active_here() && fd_kind(fd) == FDK_EXTERNAL)
 #define PRIV_ENTER(fd) (active_here() && fd_kind(fd) == FDK_PRIVATE_STREAM)
+#define PRIV_SEND_ENTER(fd) (PRIV_ENTER(fd) && g_fd[fd].local_peer)
+/* Only a send that cannot block is ordered (priv_send): a blocking one is recorded when
+ * it returns, after the peer's reads of its bytes (test_socketserver's 16 MB write), so
+ * a backup could not have its record before the peer needs the bytes. */
+#define PRIV_SEND_NB(fd, flags) (((flags) & MSG_DONTWAIT) || (fcntl(fd, F_GETFL) & O_NONBLOCK))
+#define PRIV_DGRAM_ENTER(fd) (active_here() && fd_kind(fd) == FDK_PRIVATE && g_fd[fd].local_peer)
 
 EXPORT ssize_t read(int fd, void *buf, size_t n) {
     if (!active_here() || !fd_ok(fd)) return R(read)(fd, buf, n);
@@ -532,7 +785,9 @@ EXPORT ssize_t read(int fd, void *buf, size_t n) {
     if (k == FDK_RANDOM) return GUARDED(random_call(LLFT_C_READ_RANDOM, fd, buf, n, 0));
     if (k == FDK_EXTERNAL) return GUARDED(ext_recv(fd, buf, n, 0, NULL, NULL, 1));
     if (k == FDK_PRIVATE_STREAM) return GUARDED(priv_recv(fd, buf, n, 0, 1));
+    if (k == FDK_PRIVATE && g_fd[fd].local_peer) return GUARDED(priv_dgram_recv(fd, buf, n, 0, NULL, NULL));
     if (k == FDK_GROUP) return GUARDED(group_recv_buf(fd, buf, n, 0, NULL, NULL));
+    if (k == FDK_PIPE) return GUARDED(pipe_read(fd, buf, n));
     return R(read)(fd, buf, n);
 }
 /* LLFT_DEBUG=2: also log the sizes of private reads (pass-through, not recorded), to
@@ -544,7 +799,7 @@ static void debug_private(const char *what, int fd, ssize_t r) {
 }
 
 EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags) {
-    if (g_debug > 1 && active_here() && fd_kind(fd) == FDK_PRIVATE) {
+    if (g_debug > 1 && active_here() && fd_kind(fd) == FDK_PRIVATE && !g_fd[fd].local_peer) {
         ssize_t r = R(recv)(fd, buf, n, flags);
         int e = errno;
         debug_private("recv", fd, r);
@@ -552,12 +807,14 @@ EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags) {
         return r;
     }
     if (PRIV_ENTER(fd)) return GUARDED(priv_recv(fd, buf, n, flags, 0));
+    if (PRIV_DGRAM_ENTER(fd)) return GUARDED(priv_dgram_recv(fd, buf, n, flags, NULL, NULL));
     if (GROUP_ENTER(fd)) return GUARDED(group_recv_buf(fd, buf, n, flags, NULL, NULL));
     if (!EXT_ENTER(fd)) return R(recv)(fd, buf, n, flags);
     return GUARDED(ext_recv(fd, buf, n, flags, NULL, NULL, 0));
 }
 EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags, struct sockaddr *src, socklen_t *sl) {
     if (PRIV_ENTER(fd) && !src) return GUARDED(priv_recv(fd, buf, n, flags, 0));
+    if (PRIV_DGRAM_ENTER(fd)) return GUARDED(priv_dgram_recv(fd, buf, n, flags, src, sl));
     if (GROUP_ENTER(fd)) return GUARDED(group_recv_buf(fd, buf, n, flags, src, sl));
     if (active_here() && fd_kind(fd) == FDK_SOCK) dgram_external(fd, NULL);
     if (!EXT_ENTER(fd)) return R(recvfrom)(fd, buf, n, flags, src, sl);
@@ -574,16 +831,19 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags) {
 }
 EXPORT ssize_t write(int fd, const void *buf, size_t n) {
     if (GROUP_ENTER(fd)) return GUARDED(group_send_buf(fd, buf, n, 0));
+    if (PRIV_SEND_ENTER(fd) && PRIV_SEND_NB(fd, 0)) return GUARDED(priv_send(fd, buf, n, 0, 1));
     if (!EXT_ENTER(fd)) return R(write)(fd, buf, n);
     return GUARDED(ext_send(fd, buf, n, 0, NULL, 0, 1));
 }
 EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags) {
     if (GROUP_ENTER(fd)) return GUARDED(group_send_buf(fd, buf, n, flags));
+    if (PRIV_SEND_ENTER(fd) && PRIV_SEND_NB(fd, flags)) return GUARDED(priv_send(fd, buf, n, flags, 0));
     if (!EXT_ENTER(fd)) return R(send)(fd, buf, n, flags);
     return GUARDED(ext_send(fd, buf, n, flags, NULL, 0, 0));
 }
 EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockaddr *d, socklen_t dl) {
     if (GROUP_ENTER(fd)) return GUARDED(group_send_buf(fd, buf, n, flags));   /* TCP: d is ignored */
+    if (PRIV_SEND_ENTER(fd) && PRIV_SEND_NB(fd, flags)) return GUARDED(priv_send(fd, buf, n, flags, 0));
     if (active_here() && fd_kind(fd) == FDK_SOCK && d) dgram_external(fd, d);
     if (!EXT_ENTER(fd)) return R(sendto)(fd, buf, n, flags, d, dl);
     return GUARDED(ext_send(fd, buf, n, flags, d, dl, 2));
@@ -664,6 +924,7 @@ static int shutdown_ordered(int fd, int how) {
     return r;
 }
 EXPORT int shutdown(int fd, int how) {
+    if (PRIV_SEND_ENTER(fd) && g_npend && how != SHUT_RD && pend_shutdown(fd, how)) return 0;
     HOOK(fd_kind(fd) == FDK_EXTERNAL, R(shutdown)(fd, how), shutdown_ordered(fd, how));
 }
 
@@ -684,6 +945,7 @@ static void enforce_ready(struct pollfd *need, int k, struct bk *b) {
         int ok = 1;
         for (int i = 0; i < k; i++) if (!(tmp[i].revents & (need[i].events | POLLHUP | POLLERR))) ok = 0;
         if (ok) return;
+        pend_push();
         if (!b->gil) b->gil = gil_drop();
         R(poll)(tmp, (nfds_t)k, WAIT_SLICE_MS);
         stall_check(&sw, "a private socket the primary saw ready", b->h.call, b->h.op);

@@ -1,6 +1,7 @@
 /* shim_process.c -- files and children: the app's private companions.
  *
- * Intercepts stat64 and waitpid, made by the application once the interpreter is up.
+ * Intercepts stat64, waitpid and pipe/pipe2 (and the reads of pipes), made by the
+ * application once the interpreter is up.
  * The app also observes its private companions (the Spark JVM) through the file
  * system and its children's exit: PySpark polls `os.path.isfile(conn_info_file)` and
  * `proc.poll()` every 0.1 s until the JVM is up, so the number of loop turns -- and of
@@ -21,8 +22,10 @@
  * reaches this process (os.kill(os.getpid(), sig) works at a backup). Children's pids
  * are not virtualized. */
 static pid_t g_group_pid;
+static struct timespec g_run_start;   /* coarse real time at activation: see stat64 */
 
 void process_activate(void) {
+    syscall(SYS_clock_gettime, CLOCK_REALTIME_COARSE, &g_run_start);
     uint64_t op = thread_op();
     struct bk b;
     pid_t group_pid;
@@ -48,36 +51,97 @@ EXPORT int kill(pid_t pid, int sig) {
     return R(kill)(pid, sig);
 }
 
-static int stat64_ordered(const char *path, struct stat64 *st) {
+/* File timestamps are clock readings the kernel took: a file the run wrote has the
+ * primary's real times there and the backup's (later) real times here, while the program
+ * compares them with the group clock (logging's TimedRotatingFileHandler rolls over by a
+ * log file's st_mtime). So a stat of a file changed since the process started (its ctime
+ * is not older than the start, by the coarse clock the kernel stamps files with) records
+ * its three times, shifted like the group clock, and a backup returns those. Files older
+ * than the run (the program's own sources, which import compares with their .pyc) keep
+ * each host's real times. rr records every stat result; DMTCP leaves them real. */
+#define STAT_TIMES 1   /* flags: the record carries atime, mtime, ctime */
+static int changed_in_run(const struct stat64 *st) {
+    return st->st_ctim.tv_sec > g_run_start.tv_sec
+        || (st->st_ctim.tv_sec == g_run_start.tv_sec && st->st_ctim.tv_nsec >= g_run_start.tv_nsec);
+}
+static void shift(struct timespec *t, int64_t ns) {
+    int64_t v = (int64_t)t->tv_sec * 1000000000LL + t->tv_nsec + ns;
+    t->tv_sec = v / 1000000000LL;
+    t->tv_nsec = v % 1000000000LL;
+}
+
+/* One stat call, whichever variant: every variant must give a file the same times
+ * (SimpleHTTPRequestHandler compares os.stat's mtime with os.fstat's). */
+enum { ST_PATH, ST_LINK, ST_FD, ST_AT };
+struct stat_call { int how, fd, flags; const char *path; };
+static int stat_real(const struct stat_call *c, struct stat64 *st) {
+    switch (c->how) {
+    case ST_PATH: return R(stat64)(c->path, st);
+    case ST_LINK: return R(lstat64)(c->path, st);
+    case ST_FD: return R(fstat64)(c->fd, st);
+    default: return R(fstatat64)(c->fd, c->path, st, c->flags);
+    }
+}
+static int stat_ordered(const struct stat_call *c, struct stat64 *st) {
     uint64_t op = thread_op();
     int r, e;
     struct bk b;
-    if (replaying(&b, LLFT_C_STAT, op, NULL, 0)) {
+    struct timespec times[3];
+    if (replaying(&b, LLFT_C_STAT, op, times, sizeof times)) {
+        e = 0;
         if (b.h.ret == 0) {
             struct stallw sw = {0, 0};
-            while ((r = R(stat64)(path, st)) != 0) {
+            while ((r = stat_real(c, st)) != 0 && c->how != ST_FD) {   /* an fd: no file to wait for */
                 if (!b.gil) b.gil = gil_drop();
                 struct timespec ms = {0, 1000000};
                 R(nanosleep)(&ms, NULL);
                 stall_check(&sw, "a file the primary saw", LLFT_C_STAT, op);
             }
-            e = 0;
+            if (r) e = errno;
+            else if (b.h.flags == STAT_TIMES && b.h.dlen == sizeof times) {
+                st->st_atim = times[0];
+                st->st_mtim = times[1];
+                st->st_ctim = times[2];
+            }
         } else {
             r = -1;
             e = b.h.err;
         }
         bk_end(&b);
     } else {
-        r = R(stat64)(path, st);
+        r = stat_real(c, st);
         e = r ? errno : 0;
-        pr_append(LLFT_C_STAT, op, r, e, 0, 0, NULL, 0);
+        int times_too = r == 0 && changed_in_run(st);
+        if (times_too) {   /* the group clock's view (offset non-zero after a promotion) */
+            int64_t off = cts_offset(CLOCK_REALTIME);
+            shift(&st->st_atim, off);
+            shift(&st->st_mtim, off);
+            shift(&st->st_ctim, off);
+            times[0] = st->st_atim;
+            times[1] = st->st_mtim;
+            times[2] = st->st_ctim;
+        }
+        pr_append(LLFT_C_STAT, op, r, e, 0, times_too ? STAT_TIMES : 0, times, times_too ? sizeof times : 0);
     }
     errno = e ? e : errno;
     return r;
 }
 
 EXPORT int stat64(const char *path, struct stat64 *st) {
-    HOOK(app_started(), R(stat64)(path, st), stat64_ordered(path, st));
+    struct stat_call c = {ST_PATH, -1, 0, path};
+    HOOK(app_started(), R(stat64)(path, st), stat_ordered(&c, st));
+}
+EXPORT int lstat64(const char *path, struct stat64 *st) {
+    struct stat_call c = {ST_LINK, -1, 0, path};
+    HOOK(app_started(), R(lstat64)(path, st), stat_ordered(&c, st));
+}
+EXPORT int fstat64(int fd, struct stat64 *st) {
+    struct stat_call c = {ST_FD, fd, 0, NULL};
+    HOOK(app_started(), R(fstat64)(fd, st), stat_ordered(&c, st));
+}
+EXPORT int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) {
+    struct stat_call c = {ST_AT, dirfd, flags, path};
+    HOOK(app_started(), R(fstatat64)(dirfd, path, st, flags), stat_ordered(&c, st));
 }
 
 static pid_t waitpid_ordered(pid_t pid, int *status, int options) {
@@ -110,4 +174,70 @@ static pid_t waitpid_ordered(pid_t pid, int *status, int options) {
 }
 EXPORT pid_t waitpid(pid_t pid, int *status, int options) {
     HOOK(app_started(), R(waitpid)(pid, status, options), waitpid_ordered(pid, status, options));
+}
+
+/* Pipes (subprocess.communicate, asyncio's pipe transports, script_helper's children):
+ * a backup's child runs too, so its output is real there, but WHEN it is ready and HOW
+ * MUCH one read returns are timing -- and the program's number of reads, selector turns
+ * and GIL hand-offs follow them. So a pipe is like a private stream with exact hints:
+ * its readiness is ordered in poll/select/epoll_wait (made true locally at a backup,
+ * shim_net.c), the primary records each read's count or error, and a backup returns
+ * the error (EAGAIN) without reading, waits (stall-checked, no cap: the child writes
+ * what it wrote at the primary, or exits) for that many bytes or the writer's close,
+ * and reads exactly that much. Pipes between threads of the process replay the same way. */
+static void pipe_note(int r, int fds[2]) {
+    if (r != 0 || !active_here() || !app_started()) return;
+    fd_set_kind(fds[0], FDK_PIPE, new_lid());
+    fd_set_kind(fds[1], FDK_PIPE, new_lid());
+}
+EXPORT int pipe(int fds[2]) {
+    int r = R(pipe)(fds);
+    int e = errno;
+    pipe_note(r, fds);
+    errno = e;
+    return r;
+}
+EXPORT int pipe2(int fds[2], int flags) {
+    int r = R(pipe2)(fds, flags);
+    int e = errno;
+    pipe_note(r, fds);
+    errno = e;
+    return r;
+}
+
+ssize_t pipe_read(int fd, void *buf, size_t n) {
+    uint64_t op = fd_op(fd);
+    ssize_t r;
+    int e;
+    struct bk b;
+    int got = backup_now() ? bk_begin(&b, LLFT_C_PRIVATE_RECV, op, NULL, 0) : BK_PRIMARY;
+    if (got == BK_RECORD && b.h.ret < 0) {
+        r = -1;
+        e = b.h.err;
+        bk_end(&b);
+    } else if (got == BK_RECORD) {
+        size_t want = (size_t)b.h.ret < n ? (size_t)b.h.ret : n;
+        struct stallw sw = {0, 0};
+        for (;;) {
+            int avail = 0;
+            struct pollfd pf = {fd, POLLIN, 0};
+            ioctl(fd, FIONREAD, &avail);
+            R(poll)(&pf, 1, 0);
+            int closed = (pf.revents & (POLLHUP | POLLERR)) && avail == 0;
+            if (closed || (want && (size_t)avail >= want) || (!want && avail)) break;
+            if (!b.gil) b.gil = gil_drop();
+            if (avail) { struct timespec ms = {0, 500000}; R(nanosleep)(&ms, NULL); }
+            else R(poll)(&pf, 1, WAIT_SLICE_MS);
+            stall_check(&sw, "what a pipe gave the primary", b.h.call, b.h.op);
+        }
+        r = want ? R(read)(fd, buf, want) : 0;   /* EOF at the primary: EOF here */
+        e = r < 0 ? errno : 0;
+        bk_end(&b);
+    } else {
+        r = R(read)(fd, buf, n);
+        e = r < 0 ? errno : 0;
+        if (got == BK_PRIMARY) pr_append(LLFT_C_PRIVATE_RECV, op, r, e, 0, 0, NULL, 0);
+    }
+    errno = e ? e : errno;
+    return r;
 }

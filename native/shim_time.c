@@ -33,6 +33,10 @@ static int g_nint;
 static int64_t g_clk_off[NCLOCKS];
 static int64_t g_clk_last[NCLOCKS];
 
+/* The group clock's offset over the local clock `clk` (0 until a promotion): file
+ * timestamps a primary records are shifted by it too (shim_process.c). */
+int64_t cts_offset(clockid_t clk) { return clk >= 0 && clk < NCLOCKS ? g_clk_off[clk] : 0; }
+
 static void add_internal_range(const char *sym) {
     void *p = dlsym(RTLD_DEFAULT, sym);
     if (!p || g_nint >= MAX_INTERNAL) return;

@@ -32,6 +32,13 @@ PROGRAMS = {
     "udp_inprocess": (["udp_inprocess.py"], [], False),
     # more threads than logical thread ids: ids of ended threads reused (shim_threads.c)
     "many_threads": (["many_threads.py"], [], False),
+    # peers inside the process: read sizes, send counts, datagram timing (shim_net.c)
+    "inprocess_stream": (["inprocess_stream.py"], [], False),
+    "inprocess_dgram": (["inprocess_dgram.py"], [], False),
+    # pipes to a child: readiness and read sizes (shim_process.c)
+    "child_pipes": (["child_pipes.py"], [], False),
+    # timestamps of a file the run wrote are the primary's (shim_process.c)
+    "file_times": (["file_times.py"], ["times_out.txt"], False),
 }
 
 
