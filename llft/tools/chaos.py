@@ -164,6 +164,7 @@ class Campaign:
         self.started = 0
         self.seen: dict[int, float] = {}        # pid -> create time, for the leftover check
         self.extra: list[subprocess.Popen] = []  # hogs and JVMs the campaign started
+        self.term_failures = 0               # replicas that did not leave on SIGTERM
         self.departed: set[int] = set()
         self.exits = 0
         self.host, self.port = "", 0
@@ -287,9 +288,17 @@ class Campaign:
             if not ms:
                 return "no member"
             m = ms[f.pick % len(ms)]
-            self.lc.kill(m["name"], signal.SIGTERM)
+            how = "stopped (SIGTERM)"
+            try:
+                self.lc.kill(m["name"], signal.SIGTERM)
+            except subprocess.TimeoutExpired:
+                # a replica must leave on SIGTERM: a failure of this fault, not the end of
+                # the campaign
+                self.lc.kill(m["name"], signal.SIGKILL)
+                how = "did NOT stop on SIGTERM in 30 s (SIGKILLed)"
+                self.term_failures += 1
             self.replicas.remove(m["name"])
-            return f"{m['name']} ({m['role']}) stopped (SIGTERM); started {self._new_replica()}"
+            return f"{m['name']} ({m['role']}) {how}; started {self._new_replica()}"
         raise ValueError(f"unknown fault kind {f.kind!r}")
 
     def _spawn(self, argv: list[str]) -> subprocess.Popen:
@@ -329,7 +338,10 @@ class Campaign:
             if not wait_replies(self.clients, SETTLE_TIMEOUT_S):
                 out.errors.append("the clients got no replies before the fault")
             _hold(f.delay_s)                    # the random moment of the schedule
+            term_failures = self.term_failures
             out.target = self.inject(f)
+            if self.term_failures > term_failures:
+                out.errors.append(f"{out.target}: a replica ignored SIGTERM")
             t0 = time.monotonic()
             deadline = t0 + SETTLE_TIMEOUT_S
             while not self._settled():
