@@ -111,6 +111,7 @@ import collections
 import logging
 import os
 import random
+import faulthandler
 import signal
 import socket
 import struct
@@ -145,6 +146,7 @@ TAG_SHIM, TAG_CONN = b"S", b"C"
 PIGGYBACK_BYTES = 16 << 10       # order info a message may carry (output commit, above)
 APP_STATE_VERSION = 1
 EXIT_TASK_FAILED = 70            # a background task of the agent failed (EX_SOFTWARE)
+LOOP_HANG_S = 20.0               # the event loop silent this long: stacks to the log
 FOUNDING_GUARD_S = 0.02         # a joiner re-reads this host's status files (founding)
 LAG_CHECK_S = 0.02               # backups report execution / the primary checks the bound
 
@@ -291,6 +293,7 @@ class Agent:
                 await self._flush_before_exit()
         finally:
             self.tasks.cancel_all()
+            faulthandler.cancel_dump_traceback_later()
             stopped = self._stop_app()
             self.driver.stop()
             self.endpoint.close()       # the group moves on while the tree dies
@@ -843,6 +846,9 @@ class Agent:
     async def _status_loop(self) -> None:
         next_orphan_check = 0.0
         while True:
+            # a loop that stops (a blocking call, a deadlock) leaves the log silent: if this
+            # task does not re-arm it in time, every thread's stack goes to the log
+            faulthandler.dump_traceback_later(LOOP_HANG_S, repeat=True)
             self._write_status()
             if self.app.diverged:
                 self._diverged()
