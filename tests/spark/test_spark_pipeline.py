@@ -51,7 +51,9 @@ def test_two_replicas_kill_restart_rejoin_kill(tmp_path, ref):
     # started together; the primary killed, restarted, rejoined, and the new primary killed
     res = sparkrun.replicated(str(tmp_path), WL, replicas=2, kill_after=[1, 3], restart=True)
     _check(res, ref, kills=2)
-    assert res.kills[0]["new_primary"] != res.kills[1]["new_primary"]
+    # each kill hit the primary of its moment and another replica took over (which one
+    # depends on the moment: a restarted replica may be the primary by the next kill)
+    assert all(k["killed"] != k["new_primary"] for k in res.kills)
     assert all("rejoined_s" in k for k in res.kills)
     # the new primary's Spark session kept working on state built before the takeover:
     # windows emitted after the kill carry running per-category counts that include
@@ -66,4 +68,5 @@ def test_two_replicas_kill_restart_rejoin_kill(tmp_path, ref):
 def test_three_replicas_two_successive_kills(tmp_path, ref):
     res = sparkrun.replicated(str(tmp_path), WL, replicas=3, kill_after=[1, 3])
     _check(res, ref, kills=2)
-    assert res.kills[0]["new_primary"] != res.kills[1]["new_primary"]
+    assert all(k["killed"] != k["new_primary"] for k in res.kills)
+    assert res.kills[0]["killed"] != res.kills[1]["killed"]     # a killed one stays dead
