@@ -81,8 +81,9 @@ def wait_replies(load: BackgroundLoad, more: int, what: str) -> None:
 
 def cut_and_heal(seg: netns.Segment, lc: LocalCluster, load: BackgroundLoad,
                  victim: dict, primary_pid: int) -> dict:
-    """Cut victim's link, wait for the other two to serve without it, heal, wait for it
-    back as a backup of the same primary with a new birth; the new view's primary."""
+    """Cut victim's link, wait for the other two to serve without it and for it to be
+    alone in its own branch, heal, wait for it back as a backup of the same primary with
+    a new birth; the new view's primary."""
     i = NAMES.index(lc.name_of(victim["agent_pid"]))
     seg.cut(i)
     assert seg.is_cut(i)
@@ -92,6 +93,11 @@ def cut_and_heal(seg: netns.Segment, lc: LocalCluster, load: BackgroundLoad,
     if primary_pid != victim["agent_pid"]:
         assert prim["agent_pid"] == primary_pid      # a backup cut: the primary stays
     wait_replies(load, 50, f"with {NAMES[i]} cut off")
+    # the cut-off side, hearing no one, ends as the primary of a view of itself alone:
+    # heal only then, so the heal is always a meeting of two primaries
+    wait_for(lambda ags: any(a.get("agent_pid") == victim["agent_pid"]
+                             and a.get("role") == "primary" and len(a.get("members", [])) == 1
+                             for a in ags), f"{NAMES[i]} alone in its own branch", lc)
     seg.heal(i)
     prim2, ms = wait_for(serving_primary(-1, 3), f"{NAMES[i]} back as a backup", lc)
     assert prim2["agent_pid"] == prim["agent_pid"]   # the healed branch does not take over
