@@ -15,8 +15,9 @@ The layout (a bridge and one veth pair per namespace):
 The bridge lives in the root namespace and carries an address there, so a process of the
 root namespace (the gateway, with `interface = host_addr`) joins the groups' multicast on
 the segment while the test's clients reach it on 127.0.0.1. X is random in 1..254 and
-the names carry a random ID, so concurrent tests do not collide; nothing but the
-namespaces, the veths and the bridge this class made is touched.
+the names carry a random ID, so concurrent tests do not collide (X is one no address of
+the root namespace uses); nothing but the namespaces, the veths and the bridge this class
+made is touched.
 
 The bridge is made with multicast snooping off: with snooping on and no IGMP querier,
 a port re-attached after a cut would receive no group traffic until its members re-sent
@@ -76,7 +77,8 @@ class Segment:
     def __init__(self, n: int, rng: random.Random | None = None) -> None:
         rng = rng or random.Random(os.getpid() ^ int.from_bytes(os.urandom(4), "big"))
         ident = f"{rng.randrange(16 ** 6):06x}"
-        subnet = rng.randrange(1, 255)
+        in_use = _ip("-o", "addr", "show", check=False).stdout
+        subnet = rng.choice([x for x in range(1, 255) if f" 10.213.{x}." not in in_use])
         self.bridge = f"{BRIDGE_PREFIX}{ident}"                   # <= 15 chars (IFNAMSIZ)
         self.ns = [f"{NS_PREFIX}{ident}-{i}" for i in range(n)]
         self.ports = [f"vb{ident}{i}" for i in range(n)]        # bridge side of veth i
