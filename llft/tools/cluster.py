@@ -51,9 +51,10 @@ class LocalCluster:
             keys.write_key(self.key_path)
         self.config_path = os.path.join(self.workdir, "cluster.toml")
         mcast = f"239.255.{rng.randrange(1, 255)}.{rng.randrange(1, 255)}"
-        config_mod.write_example(
-            self.config_path, "cluster.key", {group: (f"{mcast}:{port}", service_port)},
-            extra_cluster='runtime_dir = "run"' + ("\n" + extra_cluster if extra_cluster else ""))
+        self._groups = {group: (f"{mcast}:{port}", service_port)}
+        self._extra = 'runtime_dir = "run"' + ("\n" + extra_cluster if extra_cluster else "")
+        config_mod.write_example(self.config_path, "cluster.key", self._groups,
+                                 extra_cluster=self._extra)
         self.cfg = config_mod.load(self.config_path)
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, str] = {}
@@ -72,9 +73,20 @@ class LocalCluster:
     def llft_argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "llft", *args]
 
-    def start_replica(self, name: str, cmd: list[str]) -> subprocess.Popen:
-        return self._start(name, self.llft_argv("run", "--config", self.config_path,
-                                                "--group", self.group, "--", *cmd))
+    def config_for(self, interface: str) -> str:
+        """The cluster's configuration with another `interface` (a replica in a network
+        namespace: llft/tools/netns.py); same key, groups and status directory."""
+        path = os.path.join(self.workdir, f"cluster-{interface}.toml")
+        config_mod.write_example(path, "cluster.key", self._groups, interface=interface,
+                                 extra_cluster=self._extra)
+        return path
+
+    def start_replica(self, name: str, cmd: list[str], config_path: str | None = None,
+                      wrap=lambda argv: argv) -> subprocess.Popen:
+        """`wrap`: the command line around `llft run` (e.g. `ip netns exec NS ...`)."""
+        return self._start(name, wrap(self.llft_argv(
+            "run", "--config", config_path or self.config_path,
+            "--group", self.group, "--", *cmd)))
 
     def start_service(self, names: tuple[str, ...], cmd: list[str]) -> tuple[str, int]:
         """Replicas `names` of `cmd` started in the same instant (as users do), then the
@@ -84,8 +96,10 @@ class LocalCluster:
         self.wait_members(len(names), timeout_s=120)
         return self.start_gateway(timeout_s=60)
 
-    def start_gateway(self, name: str = "gateway", timeout_s: float = 30) -> tuple[str, int]:
-        p = self._start(name, self.llft_argv("gateway", "--config", self.config_path,
+    def start_gateway(self, name: str = "gateway", timeout_s: float = 30,
+                      config_path: str | None = None) -> tuple[str, int]:
+        p = self._start(name, self.llft_argv("gateway", "--config",
+                                             config_path or self.config_path,
                                              "--group", self.group,
                                              "--listen", "127.0.0.1:0"),
                         stdout=subprocess.PIPE)

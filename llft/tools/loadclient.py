@@ -470,14 +470,20 @@ class BackgroundLoad:
     def __init__(self, host: str, port: int, *, after: int = 50, **kw) -> None:
         self.under_way = threading.Event()
         self._out: list[LoadResult] = []
+        self._replied: dict[int, int] = {}
 
         def progress(client: int, n: int) -> None:
+            self._replied[client] = n
             if n >= after:
                 self.under_way.set()
         self._thread = threading.Thread(
             target=lambda: self._out.append(run_load(host, port, on_reply=progress, **kw)),
             daemon=True)
         self._thread.start()
+
+    def replies(self) -> int:
+        """Correct replies so far, all clients (progress while the load runs)."""
+        return sum(list(self._replied.values()))
 
     def result(self, timeout_s: float) -> LoadResult:
         self._thread.join(timeout=timeout_s)
