@@ -6,6 +6,7 @@ return whatever the socket buffers allow. Prints how many pieces each side saw."
 import asyncio
 import socket
 import threading
+import time
 
 SIZE = 1_000_000
 srv = socket.socket()
@@ -49,4 +50,7 @@ t = threading.Thread(target=serve)
 t.start()
 got, pieces = asyncio.run(client())
 t.join()
-print("echoed", got, "in", pieces, "client reads;", len(raw_reads), "server reads")
+# the clock makes plain runs differ even when the kernel chunks two runs alike (a loaded
+# machine); the piece counts are what the replay must reproduce
+print("echoed", got, "in", pieces, "client reads;", len(raw_reads), "server reads; at",
+      time.time())
