@@ -184,8 +184,9 @@ class App:
     # -- outputs --------------------------------------------------------------------------
     def work(self) -> None:
         if not self.started or self.killed or not self.s.sim.alive(self.node_id) \
-                or self.s.sim.core(self.node_id) is not self.node:
-            return
+                or self.s.sim.core(self.node_id) is not self.node \
+                or self.node.birth != self.birth:
+            return      # (a reset not yet taken: its RestartApp follows the queued actions)
         now = self.s.sim.now_us
         blocked = False
         if self.group == "s":
