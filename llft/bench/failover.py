@@ -142,14 +142,20 @@ def one_size(tmp: str, args, size: int) -> list[dict]:
         for run in range(args.runs):
             old = c.primary()
             old_pvn = c.last_status(old)["pvn"]
-            successor = min((n for n in c.alive if n != old),
-                            key=lambda n: c.last_status(n)["rank"])
-            mark = len(c.pg.procs[successor].events)
+            marks = {n: len(c.pg.procs[n].events) for n in c.alive if n != old}
             t_kill = c.kill(old)
-            if not c.pg.wait(lambda: c.settled(size - 1) and c.last_status(successor)["pvn"] > old_pvn,
+
+            def new_primary():
+                # usually the rank-2 backup; on a loaded machine another may get there first
+                return next((n for n in marks if n in c.alive
+                             and (c.last_status(n) or {}).get("status") == "primary"
+                             and c.last_status(n)["pvn"] > old_pvn), None)
+            if not c.pg.wait(lambda: c.settled(size - 1) and new_primary() is not None,
                              CHANGE_TIMEOUT_S):
                 raise RuntimeError(f"no new primary after killing {old}")
-            after = [e for e in c.pg.procs[successor].events[mark:] if e.get("event") == "status"]
+            successor = new_primary()
+            after = [e for e in c.pg.procs[successor].events[marks[successor]:]
+                     if e.get("event") == "status"]
             t_detect = after[0]["mono"]
             t_view = next(e["mono"] for e in after if e["status"] == "primary")
             # backup addition: a fresh replica joins
