@@ -175,10 +175,21 @@ def decode_view_marker(entry: bytes) -> tuple[int, int, int] | None:
             int.from_bytes(entry[17:], "big"))
 
 
+CATCH_UP_HEADER = 17            # tag + pvn + pos
+
+
 def encode_catch_up(pvn: int, pos: int, entry: bytes) -> bytes:
     """An entry of an earlier view (`pvn`, `pos`, as delivered there, tagged) re-sent by a
     new primary to its backups."""
     return bytes([CATCH_UP_TAG]) + pvn.to_bytes(8, "big") + pos.to_bytes(8, "big") + entry
+
+
+def decode_catch_up(entry: bytes) -> tuple[int, int, bytes] | None:
+    """(pvn, pos, entry) a catch-up carries, None if not one."""
+    if entry[:1] != bytes([CATCH_UP_TAG]) or len(entry) <= CATCH_UP_HEADER:
+        return None
+    return (int.from_bytes(entry[1:9], "big"), int.from_bytes(entry[9:17], "big"),
+            entry[CATCH_UP_HEADER:])
 
 
 class ReplicaNode:
@@ -598,8 +609,8 @@ class ReplicaNode:
         """Entry `pos` of view `pvn`, in order: at a backup from messaging or inside a
         catch-up; at a new primary `recovered` in phase 2 (an old view's: its markers
         are history, not views to enter)."""
-        tag = entry[:1]
         marker = decode_view_marker(entry)
+        carried = decode_catch_up(entry)
         if marker is not None:
             view, prev_pvn, prev_end = marker
             self._log_order_info(pvn, pos, entry)
@@ -612,17 +623,16 @@ class ReplicaNode:
                 return
             self._touched().view_entered(view, self._now)
             self._emit(ViewSwitch(view, pos, False))
-        elif tag == bytes([APP_TAG]):
+        elif entry[:1] == bytes([APP_TAG]):
             self._log_order_info(pvn, pos, entry)
             self._emit(OrderInfo(pvn, pos, entry[1:]))
-        elif tag == bytes([CATCH_UP_TAG]) and len(entry) > 17:
+        elif carried is not None:
             self._log_order_info(pvn, pos, entry)
-            old_pvn = int.from_bytes(entry[1:9], "big")
-            old_pos = int.from_bytes(entry[9:17], "big")
+            old_pvn, old_pos, inner = carried
             have = self.oi_upto.get(old_pvn, 0)
             if old_pos == have + 1:
                 self._count("caught_up_entries")
-                self._deliver_order_info(old_pvn, old_pos, entry[17:], recovered)
+                self._deliver_order_info(old_pvn, old_pos, inner, recovered)
             elif old_pos > have + 1:
                 self._count("catch_up_gap")     # the new primary re-sent too little
                 self._touched().abandon(
@@ -660,13 +670,19 @@ class ReplicaNode:
         floor = min((acks.get(b, 0) for b in self.messaging.backups), default=end)
         if floor >= end:
             return (prev, end)
-        tail = sorted((q, e) for p, q, e in self.order_info_log if p == prev and q > floor)
+        # From the log's end: this is on the failover path, and the log holds the group's
+        # whole history. A view's entries are logged once each, in position order. The
+        # newest that fit the budget go; a backup short of more rejoins.
         budget = self.messaging_config.max_order_info_bytes // 2
-        for i in range(len(tail) - 1, -1, -1):
-            budget -= len(tail[i][1]) + 17
-            if budget < 0:
-                tail = tail[i + 1:]     # the newest fit; a backup short of more rejoins
+        tail: list[tuple[int, bytes]] = []
+        for p, q, e in reversed(self.order_info_log):
+            if p != prev:
+                continue
+            budget -= len(e) + CATCH_UP_HEADER
+            if q <= floor or budget < 0:
                 break
+            tail.append((q, e))
+        tail.reverse()
         if not tail or tail[-1][0] != end:
             self._count("catch_up_unavailable")     # (the log was dropped at its cap)
             return (prev, end)

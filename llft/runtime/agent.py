@@ -108,10 +108,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import faulthandler
 import logging
 import os
 import random
-import faulthandler
 import signal
 import socket
 import struct

@@ -182,7 +182,7 @@ def replicated(workdir: str, wl: Workload, replicas: int = 2, kill_after: list[i
             lc.start_replica(f"r{i + 1}", pipeline_argv(port, wl))
         st0 = lc.wait_members(replicas, timeout_s=300)
         say(f"{replicas} replicas started together formed view {st0['view']}")
-        started = [replicas]
+        started = replicas          # replicas started so far (names r1, r2, ...)
         host, gport = lc.start_gateway()
         say(f"gateway on {host}:{gport}; generator ({wl.events} events at {wl.rate:g}/s) "
             f"and sink connected through it")
@@ -201,11 +201,12 @@ def replicated(workdir: str, wl: Workload, replicas: int = 2, kill_after: list[i
             rec = {"killed": old["name"], "new_primary": name,
                    "promoted_ms": 1000 * (t_prom - t_kill)}
             if restart:
-                started[0] += 1
-                lc.start_replica(f"r{started[0]}", pipeline_argv(port, wl))
+                nonlocal started
+                started += 1
+                lc.start_replica(f"r{started}", pipeline_argv(port, wl))
                 lc.wait_members(replicas, timeout_s=max(1, deadline - time.monotonic()))
                 rec["rejoined_s"] = time.monotonic() - t_prom
-                say(f"r{started[0]} started and rejoined in {rec['rejoined_s']:.1f} s")
+                say(f"r{started} started and rejoined in {rec['rejoined_s']:.1f} s")
             return t_kill, rec
 
         res.kills = kill_at_windows(st, kill_after, kill, deadline, say,

@@ -1250,8 +1250,8 @@ class MessagingEndpoint:
         if t in MEMBERSHIP_TYPES:
             return          # membership's (phase 2 never travels intra-group)
         self.last_heard_us[msg.sender] = self._now
-        if t == MsgType.ORDER_INFO and msg.sender != self.primary_id:
-            self._note_peer_ack(msg)
+        if t == MsgType.ORDER_INFO and not self.is_primary and msg.sender != self.primary_id:
+            self._note_peer_ack(msg)    # (a primary has its backups' acks in order_info)
         if self.is_primary:
             if msg.sender not in self.backups:
                 return
