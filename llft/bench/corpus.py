@@ -74,11 +74,22 @@ def _test_cmd(spec: str) -> list[str]:
 def _run(cmd: list[str], work: str, name: str, timeout: float) -> tuple[int, bytes, str, float]:
     """Run one command in `work`, its output kept in NAME.out/.err there (a pipe could fill up
     and block the program); (status, stdout, stderr, seconds). Every phase goes through here,
-    each bounded by `timeout` (subprocess.TimeoutExpired past it)."""
+    each bounded by `timeout` (subprocess.TimeoutExpired past it).
+
+    Every run starts with the same empty temporary folder (TMPDIR, one path for all runs):
+    replicas are on different hosts, each with its own /tmp, but these runs share one. Without
+    it a replay diverged when its own pid's regrtest work folder (/tmp/test_python_worker_PID,
+    pids are each replica's own) was left in /tmp by an earlier killed run and the recorded
+    run's was not: mkdir failed only on one side, which warned (CI, test_sched 1/2)."""
     out_path, err_path = os.path.join(work, name + ".out"), os.path.join(work, name + ".err")
+    tmp = os.path.join(work, "tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.mkdir(tmp)
+    env = dict(os.environ, TMPDIR=tmp)
     t0 = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        rc = subprocess.run(cmd, stdout=out, stderr=err, cwd=work, timeout=timeout).returncode
+        rc = subprocess.run(cmd, stdout=out, stderr=err, cwd=work, env=env,
+                            timeout=timeout).returncode
     seconds = time.monotonic() - t0
     with open(out_path, "rb") as f:
         stdout = f.read()
