@@ -340,6 +340,7 @@ class Membership:
         self.max_seen_pvn = 0
         self._backoff_level = 0          # resets since the last stable membership
         self.founding_held: str | None = None   # hold_founding (survives a reset)
+        self.catching_up = False                # set_catching_up (the runtime's knowledge)
         self._become_joiner(0)
 
     # ---- introspection ------------------------------------------------------------
@@ -482,6 +483,17 @@ class Membership:
         host: paused, or busy): while `why` is set, a joiner keeps asking to join and
         does not found the group anew (two lineages: one of them would lose its state)."""
         self.founding_held = why
+
+    def set_catching_up(self, flag: bool) -> None:
+        """The runtime's application is replaying the history this member joined with
+        (not yet within the lag bound). Meanwhile every timeout of ours on a peer waits
+        floor + cap: the replay is this machine's heaviest work (a JVM driver replaying
+        20,000 entries keeps both cores busy), so silences are likelier ours than the
+        peers', and a takeover by us would be slow anyway (the whole rest of the replay
+        before the application can answer: 80 s in a 3-replica Spark run whose
+        catching-up backup replaced a live primary). The receiving side of the
+        primary's protection of a member it just gave its state (`_receiving_state`)."""
+        self.catching_up = flag
 
     def abandon(self, reason: str, now_us: int) -> None:
         """The replica's state cannot go on in this group (its application executed
@@ -692,7 +704,7 @@ class Membership:
         just joined) is judged by the slowest peer we know well: on a busy machine
         every process shows it."""
         st = self._arrivals.get(birth)
-        if self._receiving_state(birth):
+        if self.catching_up or self._receiving_state(birth):
             return self.cfg.extension_cap_us
         if st is None or not st.known():
             st = max((s for s in self._arrivals.values() if s.known()),

@@ -271,6 +271,10 @@ class ReplicaNode:
         """The runtime knows a live member it cannot hear: do not found (membership)."""
         self.membership.hold_founding(why)
 
+    def set_catching_up(self, flag: bool) -> None:
+        """The application replays the history we joined with: longest timeouts (membership)."""
+        self.membership.set_catching_up(flag)
+
     def accepts_joiners(self) -> bool:
         """Membership asks before admitting a backup: only with the whole log."""
         return self.log_full is None

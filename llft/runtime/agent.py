@@ -245,12 +245,20 @@ class Agent:
         self._fed_total = 0                   # shim entries handed to this app
         self._history_entries = 0             # ... of them, the restored history
         self._founding_held: str | None = None   # why this joiner may not found
-        self._sync = "none"                   # backup: "catching-up" -> "ready"
+        self._set_sync("none")                # backup: "catching-up" -> "ready"
         self._restored_mono = 0.0
         self._own_lag = {"entries": 0, "ms": 0.0}
         self._lag_held = False                # primary: backpressure on (see docstring)
         self._promote_from = 0                # entries executed when promotion began
         self._held_since = 0.0
+
+    def _set_sync(self, sync: str) -> None:
+        """"none", "catching-up" or "ready": while catching up, membership waits longest
+        on its peers (Membership.set_catching_up)."""
+        self._sync = sync
+        node = getattr(self, "node", None)     # not yet made at the first reset of state
+        if node is not None:
+            node.set_catching_up(sync == "catching-up")
 
     @property
     def mode(self) -> AppMode:
@@ -612,7 +620,7 @@ class Agent:
              f"({replayed} entries replayed since the view change, {app.fed_entries} in "
              f"all): {self._why_primary(pvn)}")
         self._marks.clear()
-        self._sync = "none"
+        self._set_sync("none")
         self._event("promoted", pvn=pvn, wait_ms=round(ms, 3), replayed=replayed,
                     fed=app.fed_entries)
 
@@ -629,7 +637,7 @@ class Agent:
         for pvn, pos, chunk in a.order_info:
             self._handle_entry(chunk, pvn, pos)
         self._history_entries = self._fed_total
-        self._sync = "catching-up"
+        self._set_sync("catching-up")
         self._restored_mono = time.monotonic()
         _log(f"backup (rank {self.node.rank}) of view {self.node.pvn}: replaying "
              f"{len(a.order_info)} order-info chunks ({self._history_entries} entries) and "
@@ -808,7 +816,7 @@ class Agent:
                          "ms": round((now - oldest) * 1000, 1)}
         if (self._sync == "catching-up" and consumed >= self._history_entries
                 and (now - oldest) * 1e6 <= self.node.lag_bound_us):
-            self._sync = "ready"
+            self._set_sync("ready")
             s = now - self._restored_mono
             _log(f"caught up: the application replayed the history it joined with "
                  f"({self._history_entries} entries) in {s:.2f} s; ready")

@@ -98,10 +98,11 @@ def test_the_extension_is_capped_so_a_death_is_still_detected_in_bounded_time():
 
 # ---- the backup's fault detector on the primary --------------------------------------
 
-def _detect(gaps_us: list[int]) -> tuple[int, int]:
+def _detect(gaps_us: list[int], catching_up: bool = False) -> tuple[int, int]:
     """A rank-2 backup hears the primary every interval except the given gaps, then
     the primary dies: (time of its last heartbeat, time the backup proposes)."""
     c = core_in(Status.BACKUP, 105, ((100, 1), (105, 2), (111, 3)))
+    c.set_catching_up(catching_up)
     plan, t = [], 0
     for _ in range(40):
         t += HB
@@ -140,6 +141,14 @@ def test_a_primary_that_was_slow_before_gets_more_time_but_is_still_suspected():
     # larger and larger stalls survived: the detector learns them, up to its cap
     last, proposed = _detect([20 * MS, 35 * MS, 60 * MS, 90 * MS])
     assert proposed - last == CFG.fault_timeout_us(2) + CFG.extension_cap_us
+
+
+def test_a_backup_still_replaying_its_history_waits_longest_then_suspects():
+    # its replay is the machine's heaviest work and a takeover by it would be slow
+    last, proposed = _detect([], catching_up=True)
+    assert proposed - last == CFG.fault_timeout_us(2) + CFG.extension_cap_us
+    last, proposed = _detect([], catching_up=False)    # caught up: the floor again
+    assert proposed - last == CFG.fault_timeout_us(2)
 
 
 # ---- the primary: ack timeouts and silent backups ------------------------------------
