@@ -108,3 +108,29 @@ def test_two_replicas_kill_and_rejoin_then_takeover(tmp_path):
         r = finish_load(t, result)
         check_reply_log(r, per_client * 4)
         no_divergence(lc)
+
+
+def _autogroup(pid: int) -> tuple[str, int] | None:
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            name, _, nice = f.read().split()      # "/autogroup-N nice K"
+        return name, int(nice)
+    except OSError:
+        return None
+
+
+def test_agents_outrank_their_applications_sessions(tmp_path):
+    """With autogroup scheduling the CPU is shared between sessions first: the agent's
+    session gets AGENT_NICE, each application (its own session) keeps 0, so a busy
+    application (a Spark JVM) cannot starve its agent's heartbeats."""
+    import pytest
+    from llft.runtime.application import AGENT_NICE
+    if os.geteuid() != 0 or _autogroup(os.getpid()) is None:
+        pytest.skip("needs root and a kernel with autogroup scheduling")
+    with LocalCluster(str(tmp_path)) as lc:
+        lc.start_replica("r1", COUNTER)
+        st = lc.wait_members(1)
+        m = st["members"][0]
+        agent, app = _autogroup(m["agent_pid"]), _autogroup(m["app_pid"])
+        assert agent[1] == AGENT_NICE
+        assert app[0] != agent[0] and app[1] == 0
