@@ -186,7 +186,7 @@ class Feeder:
         buf = self._pending + data
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         off = 0
-        while off < len(buf):
+        while off < len(buf) and not self.stopped:
             chunk = buf[off:]
             n = lib.llft_feed(self._shm._base, chunk, len(chunk), self._tab, 100)
             if n < 0:

@@ -298,7 +298,10 @@ class Application:
         f, q, lock, busy = self._feeder, self._feed_queue, self._feed_lock, self._feed_busy
         while True:
             data = q.get()
-            if data is None:
+            # once stopped, what is still queued is dropped at once: each push into the
+            # rings of a dead app waits out llft_feed's timeout, and a catching-up
+            # backup's queue held thousands of chunks (SIGTERM took minutes to honour)
+            if data is None or f.stopped:
                 return
             try:
                 f.push(data)

@@ -9,6 +9,7 @@ import logging
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -211,3 +212,32 @@ def test_kill_tree_takes_the_session_and_the_escapees():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
+
+
+def test_a_stopped_app_drops_its_feed_queue_at_once():
+    """A backup's app reset while the agent still queued thousands of chunks for it: the
+    feed thread must not push each into the dead app's full rings (each push waits out the
+    ring's timeout: SIGTERM of a catching-up agent took minutes)."""
+    from determinizer.orderinfo import CALL_IDS, Entry, encode
+    from determinizer.shm import Shm
+    clock = (1 << 56) | 1
+    app = Application(["true"], "/", 0, on_exit=lambda a, rc: None,
+                      on_order_info=lambda: None, on_feed_failed=lambda a, why: None)
+    app.shm = Shm.create(Shm.BACKUP)
+    app._feeder = app.shm.feeder()
+    n = 0
+    while True:                                   # thread 0's ring full: nobody consumes
+        try:
+            app._feeder.push(encode([Entry(tid=0, call=CALL_IDS["clock_gettime"], op=clock,
+                                           n=n, ret=n)]), timeout_s=0.3)
+            n += 1
+        except TimeoutError:
+            break
+    app._enter(AppMode.BACKUP)
+    app._feed_thread = threading.Thread(target=app._feed_loop, daemon=True)
+    app._feed_thread.start()
+    chunk = encode([Entry(tid=0, call=CALL_IDS["clock_gettime"], op=clock, n=0, ret=0)])
+    for _ in range(2000):                         # >= 200 s of ring timeouts without the fix
+        app.feed(chunk)
+    stopped = app.stop()
+    assert stopped.wait(30) and not app._feed_thread.is_alive()
