@@ -169,7 +169,7 @@ class App:
                 pos = node.add_order_info(chunk, self.s.sim.now_us)
             except (NotReady, mg.BufferFull):
                 return False
-            self.s.record_order_info(self.group, node.messaging.pvn, pos, chunk)
+            self.s.record_order_info(self.group, node.messaging.pvn, node.birth, pos, chunk)
             return True
         return False
 
@@ -310,7 +310,9 @@ class Schedule:
         self.apps: dict[str, App] = {}
         self.server_apps: list[App] = []     # every incarnation's, for the streams check
         self.primaries: dict[tuple[str, int], int] = {}      # (group, pvn) -> birth
-        self.oi_added: dict[tuple[str, int], dict[int, bytes | None]] = {}
+        # (group, pvn, its primary's birth): after a partition two branches may each
+        # number a view N
+        self.oi_added: dict[tuple[str, int, int], dict[int, bytes | None]] = {}
         self.stats: Counter = Counter()
         self.nodes_made: list[ReplicaNode] = []
         self.started: set[str] = set()
@@ -381,8 +383,9 @@ class Schedule:
         if len(self.violations) < 5:
             self.violations.append(f"{self.sim.now_us / 1000:.1f} ms: {what}")
 
-    def record_order_info(self, group: str, pvn: int, pos: int, chunk: bytes | None) -> None:
-        d = self.oi_added.setdefault((group, pvn), {})
+    def record_order_info(self, group: str, pvn: int, primary: int, pos: int,
+                          chunk: bytes | None) -> None:
+        d = self.oi_added.setdefault((group, pvn, primary), {})
         if pos in d:
             self.violation(f"{group}: order-info position {pos} of view {pvn} added twice")
         d[pos] = chunk
@@ -439,8 +442,8 @@ class Schedule:
             if a.primary:
                 for p, q, e in node.order_info_log:     # its catch-up entries come first
                     if p == a.pvn and q < a.pos:
-                        self.record_order_info(g, p, q, CATCH_UP)
-                self.record_order_info(g, a.pvn, a.pos, None)
+                        self.record_order_info(g, p, node.birth, q, CATCH_UP)
+                self.record_order_info(g, a.pvn, node.birth, a.pos, None)
                 app.live_primary = True
                 if not app.started:
                     app.start(None)         # a founder
@@ -463,7 +466,7 @@ class Schedule:
 
     def _check_oi(self, node_id: str, app: App, pvn: int, pos: int, chunk) -> None:
         want = app.oi_next.get(pvn, 1)
-        exp = self.oi_added.get((app.group, pvn), {})
+        exp = self.oi_added.get((app.group, pvn, self._view_primary(app.node, pvn)), {})
         while exp.get(want, None) is CATCH_UP:
             want += 1           # a catch-up position: the app got the entry it carried
         if pos != want:
@@ -473,6 +476,14 @@ class Schedule:
         app.oi_next[pvn] = pos + 1
         app.node.set_executed(pvn, pos)     # the app executes what it is given at once
         self._check_lag(app.group)
+
+    def _view_primary(self, node: ReplicaNode, pvn: int) -> int | None:
+        """The birth of the primary of view `pvn` as `node` knows it (its own view's
+        primary; for an older view, the first primary that formed one so numbered)."""
+        prim = node.membership.primary
+        if node.pvn == pvn and prim is not None:
+            return prim.birth
+        return self.primaries.get((node.group, pvn))
 
     def _check_lag(self, g: str) -> None:
         """A primary's lag report never claims a backup executed what it does not hold."""
@@ -744,7 +755,8 @@ class Schedule:
                 if why:
                     out.append(why)
                 if c is not p:
-                    want = len(self.oi_added.get((g, c.pvn), {}))
+                    want = len(self.oi_added.get((g, c.pvn, self._view_primary(c, c.pvn)),
+                                                 {}))
                     got = app.oi_next.get(c.pvn, 1) - 1
                     if got != want:
                         out.append(f"{n}: order info {got}/{want} of view {c.pvn}")
