@@ -24,8 +24,13 @@ state transfer). During the fault phase the network loses, duplicates and reorde
 datagrams, primaries and backups crash (also a successor during phase 1/2), dead
 replicas restart as new members (new birth id, state transfer, replay), and primaries or
 backups are paused (SIGSTOP-like, 5-150 ms against a 25 ms detector: the group may
-replace a primary that is still running and resumes with its old view). A crash never
-leaves a group without a live replica holding its state. Then faults stop.
+replace a primary that is still running and resumes with its old view). With
+`--partition P` (off by default, so the other seeds keep their schedules) a share P of
+the faults instead cuts one replica (primary or backup) off its group for 20-300 ms,
+alone or together with the remote group, then heals: each side may go on as a branch
+of its own, and the heal must keep the one whose output the other group has seen. A
+crash never leaves a group without a live replica holding its state. Then faults stop
+(and any partition heals).
 
 Checks on every schedule:
   streams      every Deliver a replica's application sees continues its connection's
@@ -37,7 +42,8 @@ Checks on every schedule:
                exactly what every live server replica wrote: bytes of a replaced primary
                whose choices the group did not keep (virtual synchrony broken, e.g. by a
                live primary excluded on a false suspicion) are a violation;
-  one primary  per group, one primary per primary view number (no partitions here);
+  one primary  per group, one primary per primary view number (until the first
+               partition: two branches may each number a view N);
   order info   every backup delivers order info of each view exactly once, in position
                order, with the bytes its primary added (the view marker first); after
                faults stop every live backup has all of its current view;
@@ -45,6 +51,10 @@ Checks on every schedule:
                (`set_executed`); a primary never counts as executed (`done`, the lag
                report on ORDER_INFO acks, docs/LOG.md) a position that backup has not
                delivered in that view; after faults stop every backup's reported lag is 0;
+  no rollback  if the run does not settle, no reply a client replica read is missing
+               from (or differs in) what a live server replica's history wrote, and no
+               request a server replica read is missing from what a live client replica
+               wrote: a heal that keeps a stale branch shows here, before the stall;
   liveness     all of the above within LIVENESS_BOUND_US after the faults stop.
 
 Scenario lines (llft/sim/campaign.py has the format and the runner): `set faults loss P
@@ -53,7 +63,8 @@ dup P reorder P`, `set messaging payload B window N`, `set replicas c N s N`,
 yes|no`, `request SEQ SIZE...` (the client's writes on connection SEQ), `seed sim N` (the
 kernel and the nodes), `seed app N` (the applications' pacing); events `start NODE`, `crash
 NODE` (skipped if it held its group's last state), `pause NODE US` (stopped for US
-microseconds), `restart NODE` (a new incarnation),
+microseconds), `restart NODE` (a new incarnation), `partition A.. | B..` (nodes on
+different sides cannot reach each other), `heal`,
 `quiet [restart NODE...]` (the faults stop) and `nothing` (a fault the generator planned
 found no victim; the moment stays, as the kernel pumps every node after an event).
 """
@@ -68,7 +79,7 @@ from llft.protocol.messages import Role
 from llft.replica.node import (Deliver, NotReady, OrderInfo, ReplicaNode, Restored, RestartApp,
                           ViewSwitch)
 from llft.sim.campaign import (Campaign, Outcome, Param, Script, ScenarioError,
-                               run_until_done, us)
+                               run_until_done, sides, us)
 from llft.sim.kernel import NetConfig, Sim
 from membership import core as mb
 
@@ -158,7 +169,7 @@ class App:
                 pos = node.add_order_info(chunk, self.s.sim.now_us)
             except (NotReady, mg.BufferFull):
                 return False
-            self.s.record_order_info(self.group, node.messaging.pvn, pos, chunk)
+            self.s.record_order_info(self.group, node.messaging.pvn, node.birth, pos, chunk)
             return True
         return False
 
@@ -299,13 +310,18 @@ class Schedule:
         self.apps: dict[str, App] = {}
         self.server_apps: list[App] = []     # every incarnation's, for the streams check
         self.primaries: dict[tuple[str, int], int] = {}      # (group, pvn) -> birth
-        self.oi_added: dict[tuple[str, int], dict[int, bytes | None]] = {}
+        # (group, pvn, its primary's birth): after a partition two branches may each
+        # number a view N
+        self.oi_added: dict[tuple[str, int, int], dict[int, bytes | None]] = {}
         self.stats: Counter = Counter()
         self.nodes_made: list[ReplicaNode] = []
         self.started: set[str] = set()
+        self.partition = 0.0                 # the generator's share of partitions
+        self.cut_until = 0                   # a partition is on until then (one at a time)
 
     @classmethod
-    def generate(cls, seed: int, *, random_cuts: bool = False, trace=None) -> "Schedule":
+    def generate(cls, seed: int, *, random_cuts: bool = False, partition: float = 0.0,
+                 trace=None) -> "Schedule":
         """The schedule of `seed`: its parameters now, its faults as it runs (`run`)."""
         rng = random.Random(seed)
         script = Script(KIND)
@@ -334,6 +350,7 @@ class Schedule:
             script.add(*line)
         s = cls(script, trace=trace)
         s.rng = rng
+        s.partition = partition
         return s
 
     # -- expectations -----------------------------------------------------------------------
@@ -366,8 +383,9 @@ class Schedule:
         if len(self.violations) < 5:
             self.violations.append(f"{self.sim.now_us / 1000:.1f} ms: {what}")
 
-    def record_order_info(self, group: str, pvn: int, pos: int, chunk: bytes | None) -> None:
-        d = self.oi_added.setdefault((group, pvn), {})
+    def record_order_info(self, group: str, pvn: int, primary: int, pos: int,
+                          chunk: bytes | None) -> None:
+        d = self.oi_added.setdefault((group, pvn, primary), {})
         if pos in d:
             self.violation(f"{group}: order-info position {pos} of view {pvn} added twice")
         d[pos] = chunk
@@ -415,7 +433,8 @@ class Schedule:
             app.deliver(a)
         elif isinstance(a, mb.BeginPhase2):
             other = self.primaries.setdefault((g, a.pvn), a.members[0].birth)
-            if other != a.members[0].birth:
+            # (after a partition two branches may each number a view N: the heal prunes one)
+            if other != a.members[0].birth and not self.stats["partitions"]:
                 self.violation(f"{g}: two primaries of view {a.pvn}: {other} and "
                                f"{a.members[0].birth}")
             self.stats["views formed"] += 1
@@ -423,8 +442,8 @@ class Schedule:
             if a.primary:
                 for p, q, e in node.order_info_log:     # its catch-up entries come first
                     if p == a.pvn and q < a.pos:
-                        self.record_order_info(g, p, q, CATCH_UP)
-                self.record_order_info(g, a.pvn, a.pos, None)
+                        self.record_order_info(g, p, node.birth, q, CATCH_UP)
+                self.record_order_info(g, a.pvn, node.birth, a.pos, None)
                 app.live_primary = True
                 if not app.started:
                     app.start(None)         # a founder
@@ -447,7 +466,7 @@ class Schedule:
 
     def _check_oi(self, node_id: str, app: App, pvn: int, pos: int, chunk) -> None:
         want = app.oi_next.get(pvn, 1)
-        exp = self.oi_added.get((app.group, pvn), {})
+        exp = self.oi_added.get((app.group, pvn, self._view_primary(app.node, pvn)), {})
         while exp.get(want, None) is CATCH_UP:
             want += 1           # a catch-up position: the app got the entry it carried
         if pos != want:
@@ -457,6 +476,14 @@ class Schedule:
         app.oi_next[pvn] = pos + 1
         app.node.set_executed(pvn, pos)     # the app executes what it is given at once
         self._check_lag(app.group)
+
+    def _view_primary(self, node: ReplicaNode, pvn: int) -> int | None:
+        """The birth of the primary of view `pvn` as `node` knows it (its own view's
+        primary; for an older view, the first primary that formed one so numbered)."""
+        prim = node.membership.primary
+        if node.pvn == pvn and prim is not None:
+            return prim.birth
+        return self.primaries.get((node.group, pvn))
 
     def _check_lag(self, g: str) -> None:
         """A primary's lag report never claims a backup executed what it does not hold."""
@@ -515,10 +542,18 @@ class Schedule:
         elif verb == "restart":
             if args[0] in self.started and not sim.alive(args[0]):
                 self._start(args[0], restart=True)
+        elif verb == "partition":           # SIDE | SIDE: nodes on different sides cut off
+            sim.partition(*sides(args))
+            self.stats["partitions"] += 1
+            self._log(f"partition {' '.join(args)}")
+        elif verb == "heal":
+            sim.heal()
+            self._log("heal")
         elif verb == "nothing":             # the kernel still pumps every node (see kernel.py)
             pass
         elif verb == "quiet":               # [restart NODE...]: the faults stop
             sim.set_faults(NetConfig())
+            sim.heal()
             for node in args[1:] if args[:1] == ("restart",) else ():
                 self._start(node, restart=True)
         else:
@@ -567,6 +602,25 @@ class Schedule:
                 self._do("nothing", "#", "no", "replica", "of", g, "to", "restart")
         return act
 
+    def _partition(self, g: str, pick: str, duration_us: int, with_remote: bool):
+        """Cut one replica of `g` off its group (alone, or together with the remote group,
+        which then loses its own group's others) for `duration_us`, then heal."""
+        def act(sim):
+            live = [n for n in self._live(g) if not sim.paused(n)]
+            cand = [n for n in live if sim.core(n).is_primary == (pick == "primary")
+                    and [m for m in self._stateful(g) if m != n]]
+            if self.cut_until > sim.now_us or not cand:
+                self._do("nothing", "#", "no", pick, "of", g, "to", "cut")
+                return
+            victim = self.rng.choice(cand)
+            side = [victim] + ([n for n in sorted(self.started) if n[0] != g]
+                               if with_remote else [])
+            rest = [n for n in sorted(self.started) if n not in side]
+            self._do("partition", *side, "|", *rest)
+            self.cut_until = sim.now_us + duration_us
+            sim.at(self.cut_until, lambda s: self._do("heal"))
+        return act
+
     def _quiet(self, sim) -> None:
         again = []
         for g in GROUPS:
@@ -590,7 +644,11 @@ class Schedule:
             g = rng.choice(GROUPS)
             kind = rng.choices(["primary", "backup", "restart", "during_change", "pause"],
                                [3, 2, 3, 2, 3])[0]
-            if kind == "pause":
+            if self.partition and rng.random() < self.partition:
+                # (drawn only with --partition: the other seeds keep their schedules)
+                sim.at(t, self._partition(g, rng.choice(["primary", "backup", "backup"]),
+                                          rng.randint(20_000, 300_000), rng.random() < 0.3))
+            elif kind == "pause":
                 sim.at(t, self._pause(g, rng.choice(["primary", "primary", "backup"]),
                                       rng.randint(5_000, 150_000)))
             elif kind == "restart":
@@ -624,23 +682,49 @@ class Schedule:
             return not problems or bool(self.violations)
         if run_until_done(sim, done, LIVENESS_BOUND_US, CHECK_EVERY_US) is None \
                 and problems and not self.violations:
-            self.violation(f"not done {LIVENESS_BOUND_US} us after faults stopped: "
-                           + "; ".join(problems[:3]))
+            # the safety violation behind a stall first: replies the clients have that the
+            # server group's surviving history lost (rolled back by a heal)
+            self._check_one_history(settled=False)
+            if not self.violations:
+                self.violation(f"not done {LIVENESS_BOUND_US} us after faults stopped: "
+                               + "; ".join(problems[:3]))
         if not problems and not self.violations:
-            self._check_one_history()
+            self._check_one_history(settled=True)
         for node in self.nodes_made:    # coverage of the catch-up (node.py)
             for k in ("catch_up_sent", "caught_up_entries", "history_differs", "catch_up_gap"):
                 self.stats[k] += node.stats.get(k, 0)
         return Outcome(self.violations, self.script, self.stats)
 
-    def _check_one_history(self) -> None:
-        """Every live client replica read what every live server replica wrote."""
-        servers = [self.apps[n] for n in self._live("s")]
+    def _check_one_history(self, settled: bool) -> None:
+        """Every live client replica read what every live server replica wrote (`settled`:
+        the whole streams; otherwise the server side's output, as far as it got, must
+        hold every byte a client read: a reply the clients have is never rolled back)."""
+        servers = [self.apps[n] for n in self._live("s") if self.apps[n].started]
+        if not settled:     # requests the servers have, which the client group lost
+            clients = [self.apps[n] for n in self._live("c") if self.apps[n].started]
+            for srv in servers:
+                for cid, seen in srv.seen.items():
+                    for app in clients:
+                        w = next((n for ccid, n in app.written.items() if ccid[1] == cid[1]), 0)
+                        if w < len(seen):
+                            self.violation(
+                                f"{srv.node_id}/{srv.birth} conn {cid[1]} read {len(seen)} "
+                                f"request bytes, {app.node_id}/{app.birth} wrote only {w} and "
+                                f"is stuck: requests the server has were rolled back")
+                            return
         for app in (self.apps[n] for n in self._live("c")):
             for cid, seen in app.seen.items():
                 for srv in servers:
                     out = next((o for scid, o in srv.out.items() if scid[1] == cid[1]), b"")
-                    if bytes(seen) != bytes(out):
+                    if not settled and len(out) < len(seen) and \
+                            bytes(seen[:len(out)]) == bytes(out):
+                        self.violation(
+                            f"{app.node_id}/{app.birth} conn {cid[1]} read {len(seen)} bytes, "
+                            f"{srv.node_id}/{srv.birth} holds only {len(out)} of that stream "
+                            f"and is stuck: replies the client has were rolled back")
+                        return
+                    n = None if settled else min(len(seen), len(out))
+                    if bytes(seen[:n]) != bytes(out[:n]):
                         at = next((i for i, (x, y) in enumerate(zip(seen, out)) if x != y),
                                   min(len(seen), len(out)))
                         self.violation(
@@ -671,7 +755,8 @@ class Schedule:
                 if why:
                     out.append(why)
                 if c is not p:
-                    want = len(self.oi_added.get((g, c.pvn), {}))
+                    want = len(self.oi_added.get((g, c.pvn, self._view_primary(c, c.pvn)),
+                                                 {}))
                     got = app.oi_next.get(c.pvn, 1) - 1
                     if got != want:
                         out.append(f"{n}: order info {got}/{want} of view {c.pvn}")
@@ -687,8 +772,10 @@ def request_bytes(seq: int, n: int) -> bytes:
     return hashlib.shake_256(b"llft-replica request %d" % seq).digest(n)
 
 
-def run_seed(seed: int, *, random_cuts: bool = False, trace=None) -> Outcome:
-    return Schedule.generate(seed, random_cuts=random_cuts, trace=trace).run()
+def run_seed(seed: int, *, random_cuts: bool = False, partition: float = 0.0,
+             trace=None) -> Outcome:
+    return Schedule.generate(seed, random_cuts=random_cuts, partition=partition,
+                             trace=trace).run()
 
 
 def run_script(script: Script, *, trace=None) -> Outcome:
@@ -698,5 +785,7 @@ def run_script(script: Script, *, trace=None) -> Outcome:
 CAMPAIGN = Campaign(
     KIND, run_seed, run_script, schedules=100, about=__doc__.split("\n\n")[0], params=(
         Param("random-cuts", False, "applications write in sizes that differ between "
-                                    "replicas (messaging's map from msn to bytes then differs)"),))
+                                    "replicas (messaging's map from msn to bytes then differs)"),
+        Param("partition", 0.0, "share of faults that cut a replica off its group (alone or "
+                                "with the remote group) for 20-300 ms, then heal"),))
 add_arguments, run = CAMPAIGN.add_arguments, CAMPAIGN.run
