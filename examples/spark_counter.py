@@ -30,9 +30,11 @@ import threading
 import time
 
 from pyspark.sql import SparkSession
+from pyspark.sql.types import LongType, StructField, StructType
 
 TICK_S = 1.0
 MAX_LINE_BYTES = 64 << 10
+COUNTS = StructType([StructField("n", LongType()), StructField("g", LongType())])
 
 lock = threading.Lock()
 counts: dict[str, int] = {}
@@ -41,9 +43,11 @@ state = {"global": 0, "tick": 0, "ticks": 0, "jobs": 0}
 
 def incr(spark: SparkSession, key: str) -> str:
     with lock:
-        # the new counts come out of Spark (a one-row SQL job), not out of Python
-        row = spark.range(1).selectExpr(f"{counts.get(key, 0)} + id + 1 AS n",
-                                        f"{state['global']} + id + 1 AS g").first()
+        # the new counts come out of Spark (a one-row SQL job), not out of Python; the
+        # counts are the job's data, not literals of its plan, so that Spark generates
+        # and compiles the plan's code once, not once per request
+        row = spark.createDataFrame([(counts.get(key, 0), state["global"])], COUNTS) \
+            .selectExpr("n + 1 AS n", "g + 1 AS g").first()
         state["jobs"] += 1
         counts[key], state["global"] = row["n"], row["g"]
         mix = (random.getrandbits(32) ^ state["tick"]) & 0xFFFFFFFF
@@ -107,6 +111,7 @@ def main(argv=None) -> int:
              .config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "1")
              .config("spark.default.parallelism", "1")
+             .config("spark.ui.showConsoleProgress", "false")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -88,6 +88,7 @@ HOLD_S = {"partition": (0.5, 3.0), "pause_primary": (0.2, 3.0), "pause_backup": 
 DELAY_S = (0.1, 1.5)            # the random moment: after the round's clients got replies
 SETTLE_TIMEOUT_S = 120.0        # deadline for the group to settle after a heal
 RESUME_REPLIES = 20             # replies after the settle that show the service is back
+WARMUP_TIMEOUT_S = 300.0        # the service's first replies after the start
 REPLY_TIMEOUT_S = 60.0          # a client waiting longer than this for a reply: lost
 STALE_TIMEOUT_S = 30.0          # a killed replica's or reset application's processes (a
                                 # JVM running its shutdown hooks) gone within this
@@ -210,6 +211,14 @@ class Campaign:
         self.host, self.port = self.lc.start_gateway(
             config_path=self.lc.config_for(self.seg.host_addr) if self.seg else None)
         self._remember(self.lc.procs["gateway"].pid)
+        # the first requests of a service can be slow (a PySpark driver's JVM compiles
+        # its first query plans for tens of seconds on a busy machine): they are the
+        # start-up's, not a fault's, so they are waited for here, with their own deadline
+        r = run_load(self.host, self.port, clients=self.clients, requests=2,
+                     mode=self.wl.mode, timeout_s=WARMUP_TIMEOUT_S)
+        if not r.ok:
+            raise ClusterError(f"the service did not answer its first requests within "
+                               f"{WARMUP_TIMEOUT_S:.0f} s: {'; '.join(r.errors[:3])}")
 
     def _new_replica(self) -> str:
         self.started += 1
