@@ -5,7 +5,7 @@
                [--keep] [--json FILE]
 
 A LocalCluster (llft/tools/cluster.py: `llft run` replicas + `llft gateway`) runs the
-workload's unmodified service; for each fault of the schedule, checking clients
+workload's unmodified service (once it answered its first requests); for each fault of the schedule, checking clients
 (llft/tools/loadclient.py: exactly once, in order, counters consecutive, clock monotone)
 run through the gateway, the fault is injected at a random moment while they run, then
 healed, and the campaign waits until the group has settled (a condition on the status
