@@ -23,6 +23,7 @@ The kv_counter protocol (examples/kv_counter.py), INCR only:
     anything else -> ERR ...
 """
 import argparse
+import os
 import random
 import socket
 import sys
@@ -32,8 +33,10 @@ import time
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kv_counter  # noqa: E402  (the example next to this one: its connection loop)
+
 TICK_S = 1.0
-MAX_LINE_BYTES = 64 << 10
 COUNTS = StructType([StructField("n", LongType()), StructField("g", LongType())])
 
 lock = threading.Lock()
@@ -77,31 +80,6 @@ def handle(spark: SparkSession, line: str) -> str:
     return f"ERR unknown request {line[:80]!r} (INCR key | STATS)"
 
 
-def serve_connection(spark: SparkSession, conn: socket.socket) -> None:
-    buf = b""
-    with conn:
-        while True:
-            try:
-                data = conn.recv(65536)
-            except OSError:
-                return
-            if not data:
-                return
-            buf += data
-            replies = []
-            while b"\n" in buf:
-                raw, buf = buf.split(b"\n", 1)
-                replies.append(handle(spark, raw.decode("utf-8", "replace").rstrip("\r")) + "\n")
-            if len(buf) > MAX_LINE_BYTES:
-                replies.append("ERR line too long\n")
-                buf = b""
-            if replies:
-                try:
-                    conn.sendall("".join(replies).encode())
-                except OSError:
-                    return
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("port", type=int, nargs="?", default=9000)
@@ -123,7 +101,8 @@ def main(argv=None) -> int:
     while True:
         conn, _ = srv.accept()
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=serve_connection, args=(spark, conn), daemon=True).start()
+        threading.Thread(target=kv_counter.serve_connection,
+                         args=(conn, lambda line: handle(spark, line)), daemon=True).start()
 
 
 if __name__ == "__main__":
