@@ -267,26 +267,11 @@ class Campaign:
         deadline = time.monotonic() + timeout_s
         while True:
             current = self._tree_pids()
-            left = []
-            for pid, created in self.tree_seen.items():
-                if pid in current:
-                    continue
-                try:
-                    p = psutil.Process(pid)
-                    if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
-                        left.append(p)
-                except psutil.Error:
-                    pass
+            left = _alive({pid: t for pid, t in self.tree_seen.items() if pid not in current})
             if not left or time.monotonic() > deadline:
                 break
             time.sleep(0.1)                     # polling exits, with a deadline
-        out = []
-        for p in left:
-            try:
-                out.append(f"pid {p.pid}: {' '.join(p.cmdline())[:120]}")
-            except psutil.Error:
-                pass
-        return out
+        return _describe(left)
 
     def _status(self) -> dict:
         st = self.lc.status()
@@ -507,13 +492,9 @@ class Campaign:
             if not left or time.monotonic() > deadline:
                 break
             time.sleep(0.05)                    # polling exits, with a deadline
-        out = []
+        out = _describe(left)
         for p in left:
-            try:
-                out.append(f"pid {p.pid}: {' '.join(p.cmdline())[:120]}")
-                p.kill()
-            except psutil.Error:
-                pass
+            _signal(p, signal.SIGKILL)
         if self.seg is not None:
             try:
                 self.seg.close()
@@ -523,14 +504,7 @@ class Campaign:
         return out
 
     def _alive_seen(self) -> list[psutil.Process]:
-        alive = []
-        for pid, created in self.seen.items():
-            try:
-                p = psutil.Process(pid)
-                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(p)
-            except psutil.Error:
-                pass
+        alive = _alive(self.seen)
         # and anything running from the campaign's folder that we never saw
         for p in psutil.process_iter(["pid", "cmdline"]):
             try:
@@ -540,6 +514,29 @@ class Campaign:
             except psutil.Error:
                 pass
         return alive
+
+
+def _alive(seen: dict[int, float]) -> list[psutil.Process]:
+    """The processes of {pid: create time} still running (a reused pid is another)."""
+    out = []
+    for pid, created in seen.items():
+        try:
+            p = psutil.Process(pid)
+            if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _describe(procs: list[psutil.Process]) -> list[str]:
+    out = []
+    for p in procs:
+        try:
+            out.append(f"pid {p.pid}: {' '.join(p.cmdline())[:120]}")
+        except psutil.Error:
+            pass
+    return out
 
 
 def _signal(p: psutil.Process, sig: int) -> None:
