@@ -63,7 +63,9 @@ def handle(line: str) -> str:
             state["busy_s"] += time.monotonic() - t0
 
 
-def serve_connection(conn: socket.socket) -> None:
+def serve_connection(conn: socket.socket, handle=handle) -> None:
+    """One reply line per request line, until the client closes (`handle`: line -> reply;
+    examples/spark_counter.py passes its own)."""
     buf = b""
     with conn:
         while True:

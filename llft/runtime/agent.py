@@ -878,6 +878,12 @@ class Agent:
             lag_ms = int((time.monotonic() - t - STATUS_PERIOD_S) * 1000)
             if lag_ms > self.counters.get("loop_lag_max_ms", 0):
                 self.counters["loop_lag_max_ms"] = lag_ms
+            if lag_ms >= self.cfg.fault_timeout_ms:
+                # as long as a peer's detector waits: says which side a takeover's
+                # "silent for" was (this agent stalled, or its peer's judgement)
+                self.counters["loop_lags_logged"] = self.counters.get("loop_lags_logged", 0) + 1
+                log.info(f"event loop woke {lag_ms} ms late (a detector's floor is "
+                         f"{self.cfg.fault_timeout_ms:g} ms)")
 
     def status(self) -> dict:
         replica = self.node.status_snapshot()

@@ -1,11 +1,11 @@
 """`llft chaos`: a seeded fault campaign against a replicated service, every reply checked.
 
-    llft chaos [--workload kv|http] [--faults 20] [--seed 1] [--replicas 3] [--clients 2]
+    llft chaos [--workload kv|http|spark] [--faults 20] [--seed 1] [--replicas 3] [--clients 2]
                [--kinds kill_primary,pause_primary,...] [--only 3,7] [--fresh-every N]
                [--keep] [--json FILE]
 
 A LocalCluster (llft/tools/cluster.py: `llft run` replicas + `llft gateway`) runs the
-workload's unmodified service; for each fault of the schedule, checking clients
+workload's unmodified service (once it answered its first requests); for each fault of the schedule, checking clients
 (llft/tools/loadclient.py: exactly once, in order, counters consecutive, clock monotone)
 run through the gateway, the fault is injected at a random moment while they run, then
 healed, and the campaign waits until the group has settled (a condition on the status
@@ -44,10 +44,15 @@ reply), duplicated replies (a request executed twice: a key count not advancing 
 or a global count seen twice), other wrong replies (crossed, malformed, clock going
 backwards), divergences (reported by the replicas) and, at the end, leftover processes
 (psutil: every process the campaign saw or started must be gone after the cluster
-stopped). The campaign's exit status is 0 only if all of them are zero and every fault
-settled.
+stopped; and after every fault: every process that was in a replica's tree, an agent,
+its watchdog, its application and what that started, such as a PySpark driver's JVM and
+Python workers, is gone once its replica was killed or its application reset). The
+campaign's exit status is 0 only if all of them are zero and every fault settled.
 
-Not yet: the PySpark workload (see docs/RELIABILITY.md).
+Workloads (examples/): `kv` (kv_counter.py, a threaded line-protocol counter), `http`
+(http_counter.py, one connection per request), `spark` (spark_counter.py, a PySpark
+driver with its own local Spark session: a Spark job per request, a ticker thread with
+a lock running Spark jobs with Python workers; 2 replicas by default, paced clients).
 """
 from __future__ import annotations
 
@@ -83,7 +88,10 @@ HOLD_S = {"partition": (0.5, 3.0), "pause_primary": (0.2, 3.0), "pause_backup": 
 DELAY_S = (0.1, 1.5)            # the random moment: after the round's clients got replies
 SETTLE_TIMEOUT_S = 120.0        # deadline for the group to settle after a heal
 RESUME_REPLIES = 20             # replies after the settle that show the service is back
+WARMUP_TIMEOUT_S = 300.0        # the service's first replies after the start
 REPLY_TIMEOUT_S = 60.0          # a client waiting longer than this for a reply: lost
+STALE_TIMEOUT_S = 30.0          # a killed replica's or reset application's processes (a
+                                # JVM running its shutdown hooks) gone within this
 STALLED_FAULTS = 3              # the service answered no client after this many faults in a
                                 # row: the campaign stops (the group no longer serves)
 
@@ -93,11 +101,20 @@ class Workload:
     name: str
     script: str                 # examples/<script> PORT
     mode: str                   # llft.tools.loadclient mode
+    replicas: int = 3           # the default --replicas
+    interval_s: float = 0.0     # each client sends a request at most this often (0: back
+                                # to back)
+    resume_replies: int = RESUME_REPLIES
 
 
 WORKLOADS = {
     "kv": Workload("kv", "kv_counter.py", "counter"),
     "http": Workload("http", "http_counter.py", "http"),
+    # a PySpark driver (a Spark job per request, a ticker thread running Spark jobs with
+    # Python workers): every replica has its own JVM, so 2 replicas by default, and the
+    # clients paced so that Spark alone does not saturate a small machine
+    "spark": Workload("spark", "spark_counter.py", "counter", replicas=2, interval_s=0.25,
+                      resume_replies=4),
 }
 
 
@@ -142,12 +159,14 @@ class Outcome:
     wrong: int = 0
     diverged: int = 0
     pause_s: float = 0.0
+    leftovers: int = 0          # processes of a killed replica or a reset application
+                                # (its JVM, its Python workers...) still alive after the fault
     errors: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return (self.settled and self.resumed and not self.lost and not self.duplicated and not self.wrong
-                and not self.diverged)
+                and not self.diverged and not self.leftovers)
 
 
 def classify(r: LoadResult) -> tuple[int, int, int]:
@@ -172,6 +191,7 @@ class Campaign:
         self.replicas: list[str] = []           # names of the replicas we run now
         self.started = 0
         self.seen: dict[int, float] = {}        # pid -> create time, for the leftover check
+        self.tree_seen: dict[int, float] = {}   # the same for the replicas' process trees
         self.extra: list[subprocess.Popen] = []  # hogs and JVMs the campaign started
         self.term_failures = 0               # replicas that did not leave on SIGTERM
         self.departed: set[int] = set()
@@ -191,6 +211,14 @@ class Campaign:
         self.host, self.port = self.lc.start_gateway(
             config_path=self.lc.config_for(self.seg.host_addr) if self.seg else None)
         self._remember(self.lc.procs["gateway"].pid)
+        # the first requests of a service can be slow (a PySpark driver's JVM compiles
+        # its first query plans for tens of seconds on a busy machine): they are the
+        # start-up's, not a fault's, so they are waited for here, with their own deadline
+        r = run_load(self.host, self.port, clients=self.clients, requests=2,
+                     mode=self.wl.mode, timeout_s=WARMUP_TIMEOUT_S)
+        if not r.ok:
+            raise ClusterError(f"the service did not answer its first requests within "
+                               f"{WARMUP_TIMEOUT_S:.0f} s: {'; '.join(r.errors[:3])}")
 
     def _new_replica(self) -> str:
         self.started += 1
@@ -214,6 +242,36 @@ class Campaign:
             self.seen.setdefault(pid, psutil.Process(pid).create_time())
         except psutil.Error:
             pass
+
+    def _remember_trees(self) -> None:
+        """Every process of every replica now: agents, their watchdogs, applications and
+        what those started (a PySpark driver's JVM, its Python worker daemon...)."""
+        for pid in self._tree_pids():
+            try:
+                t = psutil.Process(pid).create_time()
+            except psutil.Error:
+                continue
+            self.seen.setdefault(pid, t)
+            self.tree_seen.setdefault(pid, t)
+
+    def _tree_pids(self) -> set[int]:
+        out = set()
+        for name in self.replicas:
+            pid = self.lc.procs[name].pid
+            out |= {pid, *(p.pid for p in proctree.descendants(pid))}
+        return out
+
+    def stale_processes(self, timeout_s: float = STALE_TIMEOUT_S) -> list[str]:
+        """Processes once in a replica's tree that are in none now (their replica was
+        killed or stopped, or their application reset) and still alive after timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            current = self._tree_pids()
+            left = _alive({pid: t for pid, t in self.tree_seen.items() if pid not in current})
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)                     # polling exits, with a deadline
+        return _describe(left)
 
     def _status(self) -> dict:
         st = self.lc.status()
@@ -347,6 +405,7 @@ class Campaign:
         view0 = self._status()["view"] or 0
         departed0 = set(self.departed)
         resets0, promoted0 = self.log_counts()
+        self._remember_trees()
         replies = [0]
         got = threading.Condition()
 
@@ -364,7 +423,8 @@ class Campaign:
         res: dict = {}
         load = threading.Thread(target=lambda: res.setdefault("r", run_load(
             self.host, self.port, clients=self.clients, requests=1 << 30,
-            mode=self.wl.mode, timeout_s=REPLY_TIMEOUT_S, stop=stop, on_reply=on_reply)),
+            mode=self.wl.mode, timeout_s=REPLY_TIMEOUT_S, stop=stop, on_reply=on_reply,
+            interval_s=self.wl.interval_s)),
             daemon=True)
         load.start()
         try:
@@ -372,6 +432,7 @@ class Campaign:
                 out.errors.append("the clients got no replies before the fault")
             _hold(f.delay_s)                    # the random moment of the schedule
             term_failures = self.term_failures
+            self._remember_trees()              # what the fault may kill or reset
             out.target = self.inject(f)
             if self.term_failures > term_failures:
                 out.errors.append(f"{out.target}: a replica ignored SIGTERM")
@@ -388,7 +449,7 @@ class Campaign:
                                   f"{json.dumps(self.lc.status()['members'])[:600]}")
             with got:
                 base = replies[0]
-            out.resumed = wait_replies(base + RESUME_REPLIES, REPLY_TIMEOUT_S)
+            out.resumed = wait_replies(base + self.wl.resume_replies, REPLY_TIMEOUT_S)
             if not out.resumed:
                 out.errors.append("the clients got no replies after the group settled")
         finally:
@@ -408,6 +469,10 @@ class Campaign:
         out.resets, out.takeovers = resets - resets0, promoted - promoted0
         out.diverged = (sum(1 for m in st["members"] if m["diverged"])
                         + len(self.departed - departed0))
+        stale = self.stale_processes()
+        out.leftovers = len(stale)
+        out.errors += [f"left behind: {x}" for x in stale[:5]]
+        self._remember_trees()                  # the new replicas' and applications' trees
         return out
 
     # ---- the end ---------------------------------------------------------------------------
@@ -427,13 +492,9 @@ class Campaign:
             if not left or time.monotonic() > deadline:
                 break
             time.sleep(0.05)                    # polling exits, with a deadline
-        out = []
+        out = _describe(left)
         for p in left:
-            try:
-                out.append(f"pid {p.pid}: {' '.join(p.cmdline())[:120]}")
-                p.kill()
-            except psutil.Error:
-                pass
+            _signal(p, signal.SIGKILL)
         if self.seg is not None:
             try:
                 self.seg.close()
@@ -443,14 +504,7 @@ class Campaign:
         return out
 
     def _alive_seen(self) -> list[psutil.Process]:
-        alive = []
-        for pid, created in self.seen.items():
-            try:
-                p = psutil.Process(pid)
-                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(p)
-            except psutil.Error:
-                pass
+        alive = _alive(self.seen)
         # and anything running from the campaign's folder that we never saw
         for p in psutil.process_iter(["pid", "cmdline"]):
             try:
@@ -460,6 +514,29 @@ class Campaign:
             except psutil.Error:
                 pass
         return alive
+
+
+def _alive(seen: dict[int, float]) -> list[psutil.Process]:
+    """The processes of {pid: create time} still running (a reused pid is another)."""
+    out = []
+    for pid, created in seen.items():
+        try:
+            p = psutil.Process(pid)
+            if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _describe(procs: list[psutil.Process]) -> list[str]:
+    out = []
+    for p in procs:
+        try:
+            out.append(f"pid {p.pid}: {' '.join(p.cmdline())[:120]}")
+        except psutil.Error:
+            pass
+    return out
 
 
 def _signal(p: psutil.Process, sig: int) -> None:
@@ -549,7 +626,7 @@ class Report:
                 "max_pause_s": max((x.pause_s for x in o), default=0.0),
                 "lost": sum(x.lost for x in o), "duplicated": sum(x.duplicated for x in o),
                 "wrong": sum(x.wrong for x in o), "diverged": sum(x.diverged for x in o),
-                "leftovers": len(self.leftovers)}
+                "leftovers": len(self.leftovers) + sum(x.leftovers for x in o)}
 
     @property
     def ok(self) -> bool:
@@ -569,24 +646,25 @@ def table(rep: Report) -> str:
     for o in rep.outcomes:
         by_kind.setdefault(o.fault.kind, []).append(o)
     cols = ("kind", "faults", "settled", "takeovers", "views", "resets", "max pause ms",
-            "lost", "dup", "wrong", "diverged")
+            "lost", "dup", "wrong", "diverged", "left")
     rows = []
     for kind, os_ in sorted(by_kind.items()):
         rows.append((kind, len(os_), sum(o.settled for o in os_), sum(o.takeovers for o in os_),
                      sum(o.views for o in os_), sum(o.resets for o in os_),
                      f"{max(o.pause_s for o in os_) * 1000:.0f}", sum(o.lost for o in os_),
                      sum(o.duplicated for o in os_), sum(o.wrong for o in os_),
-                     sum(o.diverged for o in os_)))
+                     sum(o.diverged for o in os_), sum(o.leftovers for o in os_)))
     t = rep.totals()
     rows.append(("total", t["faults"], t["settled"], t["takeovers"], t["views"], t["resets"],
                  f"{t['max_pause_s'] * 1000:.0f}", t["lost"], t["duplicated"], t["wrong"],
-                 t["diverged"]))
+                 t["diverged"], sum(o.leftovers for o in rep.outcomes)))
     widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) for i, c in enumerate(cols)]
     line = lambda r: "  ".join(str(v).rjust(w) if i else str(v).ljust(w)  # noqa: E731
                                for i, (v, w) in enumerate(zip(r, widths)))
     out = [line(cols), line(["-" * w for w in widths])] + [line(r) for r in rows]
     out.append(f"replies checked: {t['replies']}; replicas that exited by themselves: "
-               f"{t['exits']}; leftover processes: {t['leftovers']}")
+               f"{t['exits']}; leftover processes: {t['leftovers']} (left: after a fault, "
+               f"a gone replica's or reset application's)")
     return "\n".join(out)
 
 
@@ -633,6 +711,7 @@ def _one_cluster(workdir: str, wl: Workload, faults: list[Fault], replicas: int,
                 f"{'in %.1f s' % o.settle_s if o.settled else 'NO'}, takeovers {o.takeovers},"
                 f" resets {o.resets}, pause {o.pause_s * 1000:.0f} ms, replies {o.replies},"
                 f" lost {o.lost}, dup {o.duplicated}, wrong {o.wrong}, diverged {o.diverged}"
+                f"{', left %d' % o.leftovers if o.leftovers else ''}"
                 + ("" if o.ok else "  <-- FAILED"))
             for e in o.errors[:3]:
                 say(f"        {e}")
@@ -659,7 +738,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="kv")
     p.add_argument("--faults", type=int, default=20, help="faults in the campaign")
     p.add_argument("--seed", type=int, default=1, help="the schedule's seed")
-    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--replicas", type=int, default=None,
+                   help="replicas in the group (default: 3; 2 for the spark workload, whose "
+                        "every replica runs a JVM)")
     p.add_argument("--clients", type=int, default=2, help="concurrent checking clients")
     p.add_argument("--kinds", default=",".join(KINDS),
                    help=f"comma-separated fault kinds (default: all: {','.join(KINDS)}; "
@@ -685,7 +766,9 @@ def run(args) -> int:
         print(f"llft chaos: partition faults need network namespaces: {why_not}",
               file=sys.stderr)
         return 2
-    if args.replicas < 2 or args.faults < 0 or args.clients < 1 or args.fresh_every < 0:
+    wl = WORKLOADS[args.workload]
+    replicas = args.replicas if args.replicas is not None else wl.replicas
+    if replicas < 2 or args.faults < 0 or args.clients < 1 or args.fresh_every < 0:
         print("llft chaos: needs --replicas >= 2, --faults >= 0, --clients >= 1, "
               "--fresh-every >= 0", file=sys.stderr)
         return 2
@@ -696,7 +779,7 @@ def run(args) -> int:
               file=sys.stderr)
         return 2
     try:
-        faults = schedule(args.seed, args.faults, kinds, args.replicas)
+        faults = schedule(args.seed, args.faults, kinds, replicas)
     except ValueError as e:
         print(f"llft chaos: {e}", file=sys.stderr)
         return 2
@@ -704,7 +787,7 @@ def run(args) -> int:
         faults = [f for f in faults if f.index in only]
     work = tempfile.mkdtemp(prefix="llft-chaos-")
     try:
-        rep = campaign(work, WORKLOADS[args.workload], faults, args.replicas, args.clients,
+        rep = campaign(work, wl, faults, replicas, args.clients,
                        args.seed, say=lambda s: print(s, flush=True),
                        fresh_every=args.fresh_every)
     finally:
@@ -718,7 +801,7 @@ def run(args) -> int:
         print(f"campaign stopped: {rep.setup_error}")
     failed = [o.fault.index for o in rep.outcomes if not o.ok]
     argv = (f"llft chaos --workload {args.workload} --seed {args.seed} --faults {args.faults}"
-            f" --replicas {args.replicas} --clients {args.clients}"
+            f" --replicas {replicas} --clients {args.clients}"
             + (f" --kinds {args.kinds}" if args.kinds != ",".join(KINDS) else "")
             + (f" --fresh-every {args.fresh_every}" if args.fresh_every else ""))
     if failed:

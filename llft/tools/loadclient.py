@@ -242,10 +242,15 @@ class _CounterCheck:
 
 def _counter_loop(tr: ClientTrace, check: _CounterCheck, requests: int, name: str,
                   exchange: Callable[[str], bytes], stop: threading.Event,
-                  deadline: float | None) -> None:
+                  deadline: float | None, interval_s: float = 0.0) -> None:
     """Request after request: `exchange(what)` sends one (counting it in tr.sent) and
-    returns its reply line, which `check` judges."""
+    returns its reply line, which `check` judges. `interval_s`: a request starts no
+    sooner than this long after the previous one started (the load's rate, not a wait
+    for anything)."""
+    t0 = float("-inf")
     for n in range(requests):
+        if interval_s > 0:
+            stop.wait(max(0.0, t0 + interval_s - time.monotonic()))
         if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
             return
         what = f"{name} #{n + 1}"
@@ -256,7 +261,7 @@ def _counter_loop(tr: ClientTrace, check: _CounterCheck, requests: int, name: st
 
 def _counter_client(tr: ClientTrace, conn: _Conn, key: str, requests: int,
                     expect_first: int | None, problems: list, stop: threading.Event,
-                    deadline: float | None) -> None:
+                    deadline: float | None, interval_s: float = 0.0) -> None:
     req = f"INCR {key}\n".encode()
 
     def exchange(what: str) -> bytes:
@@ -265,12 +270,13 @@ def _counter_client(tr: ClientTrace, conn: _Conn, key: str, requests: int,
         return conn.readline(what)
 
     _counter_loop(tr, _CounterCheck(tr, key, expect_first, problems), requests, "INCR",
-                  exchange, stop, deadline)
+                  exchange, stop, deadline, interval_s)
 
 
 def _http_client(tr: ClientTrace, host: str, port: int, timeout_s: float, key: str,
                  requests: int, expect_first: int | None, problems: list,
-                 stop: threading.Event, deadline: float | None) -> None:
+                 stop: threading.Event, deadline: float | None,
+                 interval_s: float = 0.0) -> None:
     """examples/http_counter.py: one new connection per request (HTTP/1.0 style: the
     server closes it after the reply); the reply body is a counter line."""
 
@@ -292,7 +298,7 @@ def _http_client(tr: ClientTrace, host: str, port: int, timeout_s: float, key: s
         return body.rstrip(b"\n")
 
     _counter_loop(tr, _CounterCheck(tr, key, expect_first, problems), requests,
-                  f"GET /incr/{key}", exchange, stop, deadline)
+                  f"GET /incr/{key}", exchange, stop, deadline, interval_s)
 
 
 def _echo_client(tr: ClientTrace, conn: _Conn, size: int, requests: int,
@@ -322,11 +328,13 @@ def run_load(host: str, port: int, *, clients: int = 4, requests: int = 1000,
              mode: str = "counter", size: int = 1024, timeout_s: float = 30.0,
              prefix: str | None = None, duration_s: float | None = None,
              stop: threading.Event | None = None,
-             on_reply: Callable[[int, int], None] | None = None) -> LoadResult:
+             on_reply: Callable[[int, int], None] | None = None,
+             interval_s: float = 0.0) -> LoadResult:
     """Run `clients` concurrent request/reply clients, `requests` each (or until
     `duration_s` or `stop`), against host:port; check every reply (see module doc).
     `on_reply(client, replies_so_far)` is called from the client's thread after each
-    correct reply (live progress, or a test's trigger)."""
+    correct reply (live progress, or a test's trigger). counter and http modes:
+    `interval_s` paces each client (a request at most every interval_s)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
     if clients < 1 or requests < 0 or size < 1:
@@ -347,10 +355,11 @@ def run_load(host: str, port: int, *, clients: int = 4, requests: int = 1000,
             key = f"{run_prefix}c{tr.index}"
             if mode == "http":
                 _http_client(tr, host, port, timeout_s, key, requests, expect_first, local,
-                             stop, deadline)
+                             stop, deadline, interval_s)
             elif mode == "counter":
                 conn = _Conn(host, port, timeout_s)
-                _counter_client(tr, conn, key, requests, expect_first, local, stop, deadline)
+                _counter_client(tr, conn, key, requests, expect_first, local, stop, deadline,
+                                interval_s)
             else:
                 conn = _Conn(host, port, timeout_s)
                 _echo_client(tr, conn, size, requests, local, stop, deadline)
