@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 
-from llft.protocol.messages import Message
+from llft.protocol.messages import STREAM_END, Message
 from llft.protocol.messaging.config import ConnId
 
 
@@ -245,7 +245,7 @@ class ReceiveSide:
         self.fa_pending = 0                 # FIRST_ACK ack value awaiting SECOND_ACK
         self.fa_tries = 0
         self.end: int | None = None         # offset of the remote stream's end marker
-        self.end_pvn = 0                    # the latest remote view that sent it
+        self.end_pvn = 0                    # the latest remote view we have it from in order
         self.abort = False
         self.told_delivered = 0             # `delivered` in our last trailer on this conn
 
@@ -263,10 +263,13 @@ class ReceiveSide:
         return self.end is not None and self.delivered > self.end
 
     def end_is_groups(self) -> bool:
-        """The end (delivered here) reaches our backups too: the current remote view sent
-        it, or resumed beyond it. A backup drops what an old remote view sent beyond the
-        new one's resume point, so an end the old primary sent and the new one has not
-        re-sent yet is ours alone: freeing then (and answering CLOSED, which stops the
+        """The end (delivered here) reaches our backups too: we received it in order from
+        the current remote view (so it went through the received list, which our group
+        watermark empties only once every member has it), or that view resumed beyond
+        it. A backup drops what an old remote view sent beyond the new one's resume
+        point, so an end the old primary sent and the new one has not re-sent yet is ours
+        alone, and so is an end of the new view that came ahead of a gap (the received
+        list does not hold it yet): freeing then (and answering CLOSED, which stops the
         new primary from sending it) left the backups without the end."""
         v = self.view
         return (v is None or self.end_pvn >= v.pvn
@@ -293,6 +296,8 @@ class ReceiveSide:
         """A message of the remote primary in order: kept until our group has it."""
         if m.ts > self.max_data_ts:
             self.max_data_ts = m.ts
+        if m.body["flags"] & STREAM_END and m.body["data"] and m.pvn > self.end_pvn:
+            self.end_pvn = m.pvn
         self.received.append(m)
 
     def advance_ts(self, seq: ReceiveSequence) -> None:

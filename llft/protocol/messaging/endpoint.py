@@ -622,14 +622,13 @@ class MessagingEndpoint:
         ack, how far it delivered our stream), then the handler of this message type
         for our role, then the trailer (sent-up-to, order info)."""
         t = msg.type
-        if t in DATA_TYPES and msg.body["flags"] & STREAM_END and msg.body["data"]:
-            if c.recv.end is None:
-                # the last byte of this message is the end marker (any view: one stream;
-                # the first end heard is the end -- a stream the app reset may be cut at
-                # another point by a backup's agent, and nobody reads it any more)
-                c.recv.end = msg.body["offset"] + len(msg.body["data"]) - 1
-                c.recv.abort = bool(msg.body["flags"] & STREAM_RST)
-            c.recv.end_pvn = max(c.recv.end_pvn, msg.pvn)
+        if (t in DATA_TYPES and msg.body["flags"] & STREAM_END and msg.body["data"]
+                and c.recv.end is None):
+            # the last byte of this message is the end marker (any view: one stream;
+            # the first end heard is the end -- a stream the app reset may be cut at
+            # another point by a backup's agent, and nobody reads it any more)
+            c.recv.end = msg.body["offset"] + len(msg.body["data"]) - 1
+            c.recv.abort = bool(msg.body["flags"] & STREAM_RST)
         from_primary = t in PRIMARY_ONLY_TYPES
         if from_primary:
             rx = c.recv.view
@@ -752,7 +751,16 @@ class MessagingEndpoint:
             if msg.type not in DATA_TYPES:
                 self._declared(c, rx, sent_upto, msg.ts)
             for seq, role, upto in others:
-                c2 = self.conns.get((msg.src_group, seq, Role(1 - role)))
+                cid2 = (msg.src_group, seq, Role(1 - role))
+                c2 = self.conns.get(cid2)
+                if c2 is None and self.is_primary and cid2 in self.closed:
+                    # the remote still holds a connection we freed: stating it is a
+                    # message on it, answered CLOSED. Nothing else brings its end the
+                    # news (we no longer list it, and its own keep-alives back off while
+                    # the others' trailers speak for it): until then its sent list waits
+                    # for our watermark and its recv_ts pins its group's.
+                    self._answer_closed(cid2)
+                    continue
                 if c2 is not None and c2.recv.view is not None and c2.recv.view.pvn == msg.pvn:
                     self._declared(c2, c2.recv.view, upto, msg.ts)
                 # the remote group watermark is the group's (every member's watermark over
@@ -1021,7 +1029,10 @@ class MessagingEndpoint:
             due = c.send.last_send_us + self.config.keepalive_us
             if due <= self._now:
                 due = self._now + self.config.keepalive_us
-            self.timers.set(Timer.KEEPALIVE, c.cid, due)
+            # never later than one already due: an urgent one (watermark news, which
+            # one keep-alive says for the whole remote group) must not wait an interval
+            # (_keepalive decides again when it fires)
+            self.timers.arm_earlier(Timer.KEEPALIVE, c.cid, due)
 
     def _keepalive(self, c: Connection) -> None:
         if not c.known or c.resyncing:
