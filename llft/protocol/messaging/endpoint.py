@@ -111,19 +111,22 @@ receiver emits `Closed(conn, offset, abort)` exactly once, after the last byte. 
 frees a connection (`Freed`; every timer and byte of it gone, its seq added to `closed`)
 once both ends are in, the sent list is empty (the remote group watermark covers our
 end: every remote member has our stream) and the received list is empty (our group
-watermark covers the remote's end) and that end is the group's (the current remote view
-sent it or resumed beyond it: `ReceiveSide.end_is_groups`), or once the remote primary
-answered CLOSED. A
-primary answers any message on a connection it freed with CLOSED (at most once per
-retransmit_us per connection): "both streams are complete on my side". Backups free on
-their primary's word: its HEARTBEATs carry the frees its backups have not all applied
-(in the `order_info` field), each backup's HEARTBEAT how many it applied, and the digest
-is a sum over connections, so the primary knows the digest of a backup that has not
-applied the latest frees yet. After a change of primary the new primary re-announces its
-recent frees and backups report theirs until digests match (`_reconcile_frees`). A
-server end does not send before the opener's first message arrived (`_flush`), so the
-opener counts a connection it never heard back on at the ts of its first message
-(`timestamp_watermark`). No per-connection timer or message exists for an ended stream.
+watermark covers the remote's end) and that end is the group's (taken in order from the
+current remote view, or that view resumed beyond it: `ReceiveSide.end_is_groups`), or
+once the remote primary answered CLOSED. A primary answers any message on a connection
+it freed with CLOSED (at most once per retransmit_us per connection): "both streams are
+complete on my side"; a remote primary listing that connection in a trailer's `others`
+counts as such a message (the freeing side no longer states the connection, and the
+other side's own keep-alives on it back off while its other connections' trailers speak
+for it). Backups free on their primary's word: its HEARTBEATs carry the frees its
+backups have not all applied (in the `order_info` field), each backup's HEARTBEAT how
+many it applied, and the digest is a sum over connections, so the primary knows the
+digest of a backup that has not applied the latest frees yet. After a change of primary
+the new primary re-announces its recent frees and backups report theirs until digests
+match (`_reconcile_frees`). A server end does not send before the opener's first message
+arrived (`_flush`), so the opener counts a connection it never heard back on at the ts
+of its first message (`timestamp_watermark`). No per-connection timer or message exists
+for an ended stream.
 
 Bounds are in `MessagingConfig`; rules are in the tables of rules.py and the dispatch
 tables below. No clock, no I/O, no randomness here.
