@@ -55,7 +55,9 @@ Beyond the paper (it is silent on these; see docs/ARCHITECTURE.md "Membership"):
   * a backup still awaiting its State cannot serve as primary: it resets instead of
     proposing or accepting a proposal;
   * the primary answers a heartbeat from a replica that believes it is a member but is
-    not with its current membership, so a wrongly removed backup learns it and rejoins.
+    not with its current membership, so a wrongly removed backup learns it and rejoins;
+  * a HEARTBEAT another core of this replica sent with our header stands for ours
+    (`heartbeat_carried`; llft/replica/node.py): ours waits while that one comes.
 
 A busy machine is not a dead peer (docs/DESIGN.md, last section):
   * every timeout that removes or replaces a member (the fault detector, the removal of
@@ -332,6 +334,7 @@ class Membership:
         self.state = state if state is not None else EmptyState()
         self.rejected = 0                       # malformed membership messages dropped
         self.resets = 0
+        self.heartbeats_carried = 0             # ours not needed: another core's stood for it
         self._actions: list[Action] = []
         self._started = False
         # hints that survive a reset: a founder numbers its view and precedence above
@@ -389,7 +392,11 @@ class Membership:
             t.append(self._join_sent_us + c.join_retry_us)
             t.append(self._found_deadline_us())
             return min(t)
-        t.append(self._hb_sent_us + c.heartbeat_interval_us)
+        t.append(self._hb_due_us)
+        # ticks every interval even while another core's heartbeats stand for ours:
+        # `_observe_clock` tells a local stall by the gap between ticks
+        tick = self._last_tick_us if self._last_tick_us is not None else self._hb_sent_us
+        t.append(tick + c.heartbeat_interval_us)
         if self.status in (Status.BACKUP, Status.AWAITING_STATE):
             t.append(self._fd_deadline_us())
         elif self.status is Status.PROPOSING:
@@ -445,9 +452,9 @@ class Membership:
         if self.status is Status.JOINING:
             self._joiner_tick(now_us)
             return
-        if now_us >= self._hb_sent_us + c.heartbeat_interval_us:
+        if now_us >= self._hb_due_us:
             self._send(MsgType.HEARTBEAT, {"rank": self.rank})
-            self._hb_sent_us = now_us
+            self._heartbeat_sent(now_us)
         if self.status in (Status.BACKUP, Status.AWAITING_STATE):
             if now_us >= self._fd_deadline_us():
                 self._fault_detector_fired(now_us)
@@ -477,6 +484,19 @@ class Membership:
         """A backup reached the order-info entry that starts view `pvn`."""
         if self.is_member() and pvn == self.pvn:
             self._enter_view()
+
+    def heartbeat_carried(self, msg: Message, now_us: int) -> None:
+        """Another core of this replica sent `msg` to the group (messaging's HEARTBEAT,
+        every interval while it is live). A receiver's membership reads of a HEARTBEAT
+        only its header (pvn, precedence, sender) and `rank`: if those are what ours
+        would say, it stands for ours, and ours waits. Ours is then due half an interval
+        after the other's next one, so a tie goes to the other core and a core that
+        stops leaves a gap of at most 1.5 intervals."""
+        if (self._started and self.is_member() and msg.type is MsgType.HEARTBEAT
+                and msg.sender == self.birth and msg.pvn == self.pvn
+                and msg.precedence == self.precedence and msg.body.get("rank") == self.rank):
+            self._heartbeat_sent(now_us, self.cfg.heartbeat_interval_us // 2)
+            self.heartbeats_carried += 1
 
     def hold_founding(self, why: str | None) -> None:
         """The runtime knows of a live member of this group that we cannot hear (on this
@@ -516,6 +536,10 @@ class Membership:
             raise RuntimeError(f"more than MAX_ACTIONS={MAX_ACTIONS} actions not taken")
         self._actions.append(action)
 
+    def _heartbeat_sent(self, at_us: int, slack_us: int = 0) -> None:
+        self._hb_sent_us = at_us
+        self._hb_due_us = at_us + self.cfg.heartbeat_interval_us + slack_us
+
     def _send(self, mtype: MsgType, body: dict) -> None:
         g = self.cfg.group
         self._emit(Send(g, Message(type=mtype, src_group=g, dst_group=g, conn_seq=0,
@@ -549,7 +573,7 @@ class Membership:
         self._settling: dict[int, int] = {}    # state given -> heartbeats still to hear
         self._outgoing: _Outgoing | None = None
         self._incoming: _Incoming | None = None
-        self._hb_sent_us = now_us
+        self._heartbeat_sent(now_us)
         self._join_sent_us = now_us
         self._join_start_us = now_us
         self._group_heard_us = now_us
@@ -689,7 +713,7 @@ class Membership:
     def _found(self, now_us: int) -> None:
         prec = self.max_seen_precedence + 1
         self.status = Status.PRIMARY_PHASE2
-        self._hb_sent_us = now_us - self.cfg.heartbeat_interval_us
+        self._heartbeat_sent(now_us - self.cfg.heartbeat_interval_us)
         self._install(self.max_seen_pvn + 1, 0, [Key(prec, self.birth)], prec, now_us,
                       f"founded the group: no member heard for "
                       f"{self.cfg.found_timeout_us // 1000} ms")
@@ -884,7 +908,7 @@ class Membership:
                       f"took over: {p.why}; every member acknowledged")
         for k in p.members:
             self._last_heard[k.birth] = now_us
-        self._hb_sent_us = now_us - self.cfg.heartbeat_interval_us   # announce at once
+        self._heartbeat_sent(now_us - self.cfg.heartbeat_interval_us)   # announce at once
         self._emit(ViewEntered(self.birth, self.pvn, self.birth))
         self._emit(BeginPhase2(self.pvn, tuple(self.members)))
 
@@ -902,7 +926,7 @@ class Membership:
             if included:
                 self.status = Status.AWAITING_STATE
                 self._incoming = None
-                self._hb_sent_us = now_us
+                self._heartbeat_sent(now_us)
                 self._install(msg.pvn, body["change"], members, body["max_precedence"], now_us,
                               f"admitted as a backup by primary {short_id(msg.sender)}")
                 self._last_heard[msg.sender] = now_us

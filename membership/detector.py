@@ -39,7 +39,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
-ARRIVAL_WINDOW = 4_096     # inter-arrival gaps remembered per peer (~10-20 s of heartbeats)
+ARRIVAL_WINDOW = 2_048     # inter-arrival gaps remembered per peer (~10 s: a member sends one
+                           # heartbeat per 5 ms interval; llft/replica/node.py)
 KNOWN_AFTER = 64           # gaps before a peer's own history is trusted over its peers'
 SIGMAS = 4                 # mean + SIGMAS * stddev: a silence beyond it is improbable
 MARGIN = 2                 # wait MARGIN x the longest expected silence before acting

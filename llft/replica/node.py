@@ -25,7 +25,15 @@ apart (messaging itself should ignore ts == 0). (Merging the two -- membership's
 heartbeat stamped with messaging's fields -- was tried on branch `quiet` and made
 `llft simulate replica` find a client keeping output of a history the server group did
 not keep, seed 1487089079767897775 of tests/sim/test_replica.py::test_campaign; not
-understood yet, so each core still sends its own.)
+understood yet.) What is merged instead is only the sending: a receiver's membership
+reads of a HEARTBEAT its header (pvn, precedence, sender) and `rank`, which messaging's
+heartbeat carries too, so every messaging HEARTBEAT this node sends is shown to
+membership (`Membership.heartbeat_carried`); when its header is what membership's own
+would say, membership sends none for the next 1.5 intervals. While messaging is live
+and has a peer (it heartbeats every interval) an idle member thus sends one heartbeat
+per interval instead of two; membership's own goes on where messaging's does not (a
+primary alone, a joiner, a member awaiting state, a view messaging has not reached).
+Membership's timer still runs every interval: its gaps are how it tells a local stall.
 
 Messaging is *live* only while this replica is a member holding the group's state: a
 founder from its BeginPhase2, a joiner from its StateRestored. Before that it gets no
@@ -570,6 +578,8 @@ class ReplicaNode:
 
     def _on_messaging(self, a: Any) -> None:
         if isinstance(a, mg.Send):
+            if a.msg.type == MsgType.HEARTBEAT:
+                self._touched().heartbeat_carried(a.msg, self._now)   # ours may wait
             self._emit(a)
         elif isinstance(a, mg.Deliver):
             buf = self.streams.setdefault(a.conn, bytearray())

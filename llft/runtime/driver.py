@@ -17,8 +17,12 @@ to `on_action(action)`, and re-arms one loop timer at the core's `next_timer_us(
 Pumping repeats until the core has no actions left (an action handler may call the core
 again).
 
-`progress` is an asyncio.Event set after each pump, so an application coroutine waiting
-for send space or a delivery can wait on it instead of polling.
+`progress` is an asyncio.Event set after each pump that follows a message or a timer, or
+that carried out an action, so an application coroutine waiting for send space or a
+delivery can wait on it instead of polling. A call that changed nothing visible does not
+set it: with many coroutines waiting (64 connections held by output commit), each one's
+retry woke all the others, whose retries woke it again -- a busy loop that starved the
+datagrams the waiters were waiting for.
 """
 from __future__ import annotations
 
@@ -65,7 +69,7 @@ class Driver:
     # -- events ------------------------------------------------------------------------
     def _on_message(self, msg: Message) -> None:
         self.core.handle_message(msg, self.clock_us())
-        self.pump()
+        self.pump(event=True)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -77,7 +81,7 @@ class Driver:
         deadline = self.core.next_timer_us()
         if deadline is not None and deadline <= now:
             self.core.handle_timer(now)
-        self.pump()
+        self.pump(event=True)
 
     def call(self, fn: Callable[..., Any], *args, **kwargs) -> Any:
         """Call a core method on behalf of the application, then pump its effects."""
@@ -87,11 +91,15 @@ class Driver:
             self.pump()
 
     # -- the pump ----------------------------------------------------------------------
-    def pump(self) -> None:
+    def pump(self, event: bool = False) -> None:
+        """Carry out the core's actions; `event`: after a message or a timer (progress is
+        set even if the core had nothing to do)."""
+        acted = event
         for _ in range(MAX_PUMP_ROUNDS):
             actions = self.core.take_actions()
             if not actions:
                 break
+            acted = True
             for action in actions:
                 if isinstance(action, Send):
                     self.endpoint.send(action.dst_group, action.msg)
@@ -101,7 +109,8 @@ class Driver:
             log.error("llft driver: the core kept producing actions for %d rounds",
                       MAX_PUMP_ROUNDS)
         self._arm_timer()
-        self.progress.set()
+        if acted:
+            self.progress.set()
 
     def _arm_timer(self) -> None:
         at_us = self.core.next_timer_us()

@@ -59,12 +59,10 @@ Known limits
   count); beyond it new clients are refused. Each open connection still has its own
   acks and timers (streams are not yet multiplexed in one group-pair connection:
   docs/ARCHITECTURE.md, open items).
-- Many concurrent clients: each is its own messaging connection, and messaging's fixed
-  retransmission timeout (4 ms, not adapted to the measured round trip) plus its
-  FIRST_ACK/SECOND_ACK traffic collapse under load on a 2-core host: through a 1-member
-  echo group 6 request/reply clients get ~5000 replies/s, 8 get ~900/s, 16 get tens per
-  second with multi-second stalls (measured with llft.tools.loadclient --mode echo --size 100).
-  The fix belongs in messaging (an RTT-adaptive retransmission timeout).
+- Many concurrent clients: each is its own messaging connection with its own acks,
+  timers and FIRST_ACK/SECOND_ACK exchanges; on a loaded 2-core host 64 request/reply
+  clients of a 3-replica group saturate the gateway and the agents (see
+  docs/BENCHMARKS.md, `llft bench echo`, and docs/ARCHITECTURE.md, open item 1).
 - The gateway itself is not replicated: if it dies, its clients' TCP connections die
   with it (a restarted gateway is a new member with new connections).
 """

@@ -68,14 +68,16 @@ def download(addr, name: str) -> bytes:
     return body
 
 
-def streams_settled(lc: LocalCluster, members: int):
+def streams_settled(lc: LocalCluster, members: int, clients: int = 0):
     """Every closed stream freed: nothing open at the replicas' messaging, their agents,
-    or the gateway."""
+    or the gateway, which has seen at least `clients` clients (its status file is
+    written periodically: one written between two clients also shows nothing open)."""
     def ok(st) -> bool:
         ms = st["members"]
         return (len(ms) == members and all(
             m["streams"] and m["streams"]["open"] == 0 and m["connections_open"] == 0
             for m in ms) and all(g["connections"] == 0 and g["clients"] == 0
+                                 and g["clients_total"] >= clients
                                  for g in st["gateways"]))
     return lc.wait_status(ok, 60, "every stream freed at every replica and the gateway")
 
@@ -205,7 +207,7 @@ def test_half_close_and_reset_across_a_takeover(tmp_path):
                 assert read_all(s) == data, i
             if i == 40:
                 lc.wait_primary(other_than=killed["birth"])
-        st = streams_settled(lc, 1)
+        st = streams_settled(lc, 1, clients=120)
         no_divergence(st)
         gw = st["gateways"][0]
         # (a client reset before the gateway read from it can look like an EOF there)

@@ -288,3 +288,48 @@ def test_a_member_receiving_the_state_gets_the_longest_timeouts():
     assert 130 in {k.birth for k in p.members}
     assert p._backup_timeout_us(130) == CFG.backup_timeout_us + CFG.extension_cap_us
     assert p._backup_timeout_us(105) == CFG.backup_timeout_us
+
+
+# ---- heartbeats carried by another core (llft/replica/node.py) ------------------------
+
+def test_a_member_whose_heartbeats_are_carried_sends_none_and_still_forgives_a_stall():
+    """Messaging's HEARTBEAT with membership's header stands for membership's own: while
+    it goes every interval the core sends none, yet its timer still runs every interval
+    (a member admitted before its timer ever ran included: `llft simulate replica` seed
+    17747229888770697107 once took over from a live primary after a 73 ms pause), so a
+    local stall is still told from a silent primary."""
+    c = core_in(Status.BACKUP, 105, ((100, 1), (105, 2), (111, 3)))
+    c._last_tick_us = None                        # admitted before its first tick
+    now, ticks, own, mg_next = 0, [], 0, 0        # messaging's heartbeat: every HB from 0
+    while now < 100 * MS:
+        now = min(c.next_timer_us(), mg_next)
+        if c.next_timer_us() <= now:
+            c.handle_timer(now)
+            ticks.append(now)
+        own += len(sent(c, MsgType.HEARTBEAT))
+        if mg_next <= now:                        # the node: after membership's timer
+            c.heartbeat_carried(hb(105, 2, 2), now)
+            c.handle_message(hb(100, 1, 1), now)
+            mg_next = now + HB
+    assert own == 0 and c.heartbeats_carried == len(ticks) + 1 == 21
+    assert ticks[0] <= HB and max(b - a for a, b in zip(ticks, ticks[1:])) <= HB
+    now += 70 * MS                                # no event at all: a local stall
+    c.handle_message(hb(111, 3, 3), now)
+    c.handle_timer(now)
+    assert c.stalls == 1
+    assert c.status is Status.BACKUP and not sent(c, MsgType.PROPOSE_PRIMARY)
+
+
+def test_own_heartbeats_resume_within_one_and_a_half_intervals_when_none_is_carried():
+    c = core_in(Status.BACKUP, 105, ((100, 1), (105, 2)))
+    c.handle_timer(c.next_timer_us())
+    c.take_actions()
+    c.heartbeat_carried(hb(105, 2, 2, pvn=3), 10 * MS)    # another view's: not ours
+    c.heartbeat_carried(hb(105, 2, 2), 10 * MS)
+    assert c.heartbeats_carried == 1
+    now = 10 * MS
+    while not sent(c, MsgType.HEARTBEAT):
+        now = c.next_timer_us()
+        c.handle_message(hb(100, 1, 1), now)
+        c.handle_timer(now)
+    assert now == 10 * MS + HB + HB // 2

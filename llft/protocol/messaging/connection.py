@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 
-from llft.protocol.messages import Message
+from llft.protocol.messages import STREAM_END, Message
 from llft.protocol.messaging.config import ConnId
 
 
@@ -228,7 +228,7 @@ class ReceiveSide:
     Invariant: bytes held ahead of a gap start beyond `delivered`."""
     __slots__ = ("view", "old_view", "delivered", "received", "held", "ahead", "declared",
                  "max_data_ts", "old_ts", "fa_pending", "fa_tries", "end", "abort",
-                 "told_delivered")
+                 "told_delivered", "end_pvn")
 
     def __init__(self) -> None:
         self.view: ReceiveSequence | None = None      # the remote primary's current view
@@ -245,6 +245,7 @@ class ReceiveSide:
         self.fa_pending = 0                 # FIRST_ACK ack value awaiting SECOND_ACK
         self.fa_tries = 0
         self.end: int | None = None         # offset of the remote stream's end marker
+        self.end_pvn = 0                    # the latest remote view we have it from in order
         self.abort = False
         self.told_delivered = 0             # `delivered` in our last trailer on this conn
 
@@ -260,6 +261,19 @@ class ReceiveSide:
     def finished(self) -> bool:
         """The remote stream's end was delivered (after every byte of it)."""
         return self.end is not None and self.delivered > self.end
+
+    def end_is_groups(self) -> bool:
+        """The end (delivered here) reaches our backups too: we received it in order from
+        the current remote view (so it went through the received list, which our group
+        watermark empties only once every member has it), or that view resumed beyond
+        it. A backup drops what an old remote view sent beyond the new one's resume
+        point, so an end the old primary sent and the new one has not re-sent yet is ours
+        alone, and so is an end of the new view that came ahead of a gap (the received
+        list does not hold it yet): freeing then (and answering CLOSED, which stops the
+        new primary from sending it) left the backups without the end."""
+        v = self.view
+        return (v is None or self.end_pvn >= v.pvn
+                or (v.start is not None and self.end is not None and v.start > self.end))
 
     def new_view(self, pvn: int, keep_old_gaps: bool) -> None:
         """The remote group has a new primary (view `pvn`)."""
@@ -282,6 +296,8 @@ class ReceiveSide:
         """A message of the remote primary in order: kept until our group has it."""
         if m.ts > self.max_data_ts:
             self.max_data_ts = m.ts
+        if m.body["flags"] & STREAM_END and m.body["data"] and m.pvn > self.end_pvn:
+            self.end_pvn = m.pvn
         self.received.append(m)
 
     def advance_ts(self, seq: ReceiveSequence) -> None:
@@ -312,7 +328,7 @@ class ReceiveSide:
 class RemoteView:
     """What the remote group told us on one connection."""
     __slots__ = ("group_watermark", "delivered", "to_reflect", "last_order_info",
-                 "npv_answer", "solicit_after")
+                 "npv_answer")
 
     def __init__(self) -> None:
         self.group_watermark = 0            # remotegroupwatermark
@@ -320,7 +336,6 @@ class RemoteView:
         self.to_reflect: list | None = None # its order info, reflected in our next message
         self.last_order_info: list | None = None   # newest order info the remote carried
         self.npv_answer: tuple[int, int, int] | None = None   # (its pvn, low, sent_to)
-        self.solicit_after = 0              # not asked for news again before this time
 
 
 class Connection:

@@ -59,7 +59,11 @@ remote primary will use later; idle connections therefore do not pin the waterma
 for long. A sender also states the sent-up-to of its other connections to the same
 group, and a primary holding received data its group watermark does not cover yet asks
 the remote primary of an idle connection that pins it for a fresh KEEP_ALIVE (an empty
-NACK), so one quiet connection does not pace all the others.
+NACK), so one quiet connection does not pace all the others. What holds for a whole
+remote group is said once per group, not per connection: the others' sent-up-to rides
+on KEEP_ALIVEs and on one data message per group and first_ack_delay_us, one connection
+per group is asked, one KEEP_ALIVE per group carries a risen watermark (its `back`
+holds for every connection it lists).
   mytimestampwatermark = min over known connections of recv_ts   (each member)
   mygroupwatermark     = min(primary's own, every backup's)        (the primary, from
                          the backups' HEARTBEAT `back`)
@@ -107,17 +111,22 @@ receiver emits `Closed(conn, offset, abort)` exactly once, after the last byte. 
 frees a connection (`Freed`; every timer and byte of it gone, its seq added to `closed`)
 once both ends are in, the sent list is empty (the remote group watermark covers our
 end: every remote member has our stream) and the received list is empty (our group
-watermark covers the remote's end), or once the remote primary answered CLOSED. A
-primary answers any message on a connection it freed with CLOSED (at most once per
-retransmit_us per connection): "both streams are complete on my side". Backups free on
-their primary's word: its HEARTBEATs carry the frees its backups have not all applied
-(in the `order_info` field), each backup's HEARTBEAT how many it applied, and the digest
-is a sum over connections, so the primary knows the digest of a backup that has not
-applied the latest frees yet. After a change of primary the new primary re-announces its
-recent frees and backups report theirs until digests match (`_reconcile_frees`). A
-server end does not send before the opener's first message arrived (`_flush`), so the
-opener counts a connection it never heard back on at the ts of its first message
-(`timestamp_watermark`). No per-connection timer or message exists for an ended stream.
+watermark covers the remote's end) and that end is the group's (taken in order from the
+current remote view, or that view resumed beyond it: `ReceiveSide.end_is_groups`), or
+once the remote primary answered CLOSED. A primary answers any message on a connection
+it freed with CLOSED (at most once per retransmit_us per connection): "both streams are
+complete on my side"; a remote primary listing that connection in a trailer's `others`
+counts as such a message (the freeing side no longer states the connection, and the
+other side's own keep-alives on it back off while its other connections' trailers speak
+for it). Backups free on their primary's word: its HEARTBEATs carry the frees its
+backups have not all applied (in the `order_info` field), each backup's HEARTBEAT how
+many it applied, and the digest is a sum over connections, so the primary knows the
+digest of a backup that has not applied the latest frees yet. After a change of primary
+the new primary re-announces its recent frees and backups report theirs until digests
+match (`_reconcile_frees`). A server end does not send before the opener's first message
+arrived (`_flush`), so the opener counts a connection it never heard back on at the ts
+of its first message (`timestamp_watermark`). No per-connection timer or message exists
+for an ended stream.
 
 Bounds are in `MessagingConfig`; rules are in the tables of rules.py and the dispatch
 tables below. No clock, no I/O, no randomness here.
@@ -145,13 +154,17 @@ from llft.protocol.messaging.orderinfo_log import OrderInfoLog
 from llft.protocol.messaging.rules import PRIMARY_ONLY_TYPES, RESPONDS_TO_FIRST_ACK, Duty
 from llft.protocol.messaging.timers import (BACKUP_TIMERS, CONNECTION_TIMERS, ENDPOINT_TIMERS,
                                             PRIMARY_TIMERS, Timer, Timers)
-from llft.protocol.messaging.trailer import pack_trailer, section_end, unpack_trailer
+from llft.protocol.messaging.trailer import (Section, pack_trailer, section_end,
+                                             unpack_trailer)
 
 
 # an idle connection's own keep-alive: at least every 4 intervals, backing off to 16 while
 # no data moves on it (many idle connections to one group then cost little)
 KEEPALIVE_OWN_EVERY = 4
 KEEPALIVE_OWN_MAX = 16
+# unacked order info is sent to the backups again after order_info_intra_us, doubling up
+# to this many times while no ack comes
+INTRA_BACKOFF_MAX = 5
 
 
 class MessagingEndpoint:
@@ -172,6 +185,8 @@ class MessagingEndpoint:
         self._conn_order: dict[ConnId, int] = {}    # position in conns (timer firing order)
         self._told_us: dict[str, int] = {}  # remote group -> last trailer stating `others`
         self._rtos: dict[str, RtoEstimator] = {}    # remote group -> its RTO estimate
+        self._reflected: dict[str, tuple[int, int]] = {}  # remote group -> (pvn, pos) reflected
+        self._solicit_after: dict[str, int] = {}    # remote group -> not asked again before
         # backup -> (watermark, digest, frees applied) from its last report
         self.reports: dict[int, tuple[int, int, int]] = {}
         self.last_heard_us: dict[int, int] = {}
@@ -333,7 +348,15 @@ class MessagingEndpoint:
         if self.backups:
             self.timers.arm(Timer.ORDER_INFO_INTRA, None,
                             self._now + self.config.order_info_intra_us)
+            self._order_info_urgent()
         return pos
+
+    def _order_info_urgent(self) -> None:
+        """Output commit holds (more order info than one piggyback is unprotected): the
+        output waits for the backups' acks, so the order info goes to them now rather than
+        after order_info_intra_us (which only gives a reflection time to carry it)."""
+        if self.order_info.bytes > self.config.max_piggyback_bytes:
+            self.timers.arm_earlier(Timer.ORDER_INFO_INTRA, None, self._now)
 
     def order_info_held(self) -> int:
         """Order-info chunks this primary keeps until every backup acknowledges them."""
@@ -392,7 +415,8 @@ class MessagingEndpoint:
                           "delivered": c.recv.delivered, "out_offset": c.send.out_offset,
                           "next_msn": c.send.next_msn + len(c.send.queue), "log": log,
                           "remote_delivered": c.remote_view.delivered,
-                          "end": [c.send.end, c.send.abort, c.recv.end, c.recv.abort]})
+                          "end": [c.send.end, c.send.abort, c.recv.end, c.recv.abort,
+                                  c.recv.end_pvn]})
         return {"pvn": self.pvn, "oi_upto": self.order_info.last_pos, "conns": conns,
                 "closed": self.closed.to_list(),
                 "freed": self.freed_base + len(self.freed_log)}
@@ -416,7 +440,8 @@ class MessagingEndpoint:
             c.send.log = deque((msn, off, data) for msn, off, data in s["log"])
             c.send.log_bytes = sum(len(d) for _, _, d in s["log"])
             c.remote_view.delivered = s["remote_delivered"]
-            c.send.end, c.send.abort, c.recv.end, c.recv.abort = s["end"]
+            c.send.end, c.send.abort, c.recv.end, c.recv.abort = s["end"][:4]
+            c.recv.end_pvn = s["end"][4] if len(s["end"]) > 4 else 0
             if c.send.end is not None:
                 self._ending.add(cid)
             c.mark_known()
@@ -495,7 +520,7 @@ class MessagingEndpoint:
         if c.recv.view is not None and not c.resyncing:
             # an empty NACK: "where are you?" -- answered by a KEEP_ALIVE
             self._emit(c.remote, self._msg(c, MsgType.NACK, {"missing": []}))
-            c.remote_view.solicit_after = self._now + self.config.first_ack_retry_us
+            self._solicit_after[c.remote] = self._now + self.config.first_ack_retry_us
 
     def _after_event(self) -> None:
         """Watermark news: a backup reports a risen watermark soon; a primary whose group
@@ -507,9 +532,15 @@ class MessagingEndpoint:
                 self._gw_rose = False
                 gw = self.gw
                 soon = self._now + self.config.first_ack_delay_us
+                # one KEEP_ALIVE per remote group: its `back` holds for every connection
+                # its trailer lists (`others`: all of them), so one per connection cost
+                # O(connections) messages each carrying O(connections) entries
+                told: set[str] = set()
                 for c in self.conns.values():
                     last_back = c.send.last_back
-                    if c.recv.max_data_ts > last_back and gw > last_back and not c.resyncing:
+                    if (c.remote not in told and c.recv.max_data_ts > last_back
+                            and gw > last_back and not c.resyncing):
+                        told.add(c.remote)
                         self.timers.arm_earlier(Timer.KEEPALIVE, c.cid, soon)
                         c.send.ka_urgent = True
         elif self.timers.due(Timer.WATERMARK_REPORT) is None and self.backups:
@@ -528,13 +559,21 @@ class MessagingEndpoint:
                 need = c.recv.received[-1].ts
         if not need or self.gw >= need:
             return
-        soon = self._now + self.config.first_ack_delay_us
+        # one request per remote group, on its most pinning idle connection: the answer's
+        # trailer states every connection of that group (`others`), so asking each idle
+        # connection (one KEEP_ALIVE each) cost O(connections) messages per request
+        pick: dict[str, Connection] = {}
         for c in self.conns.values():
             rx = c.recv.view
             if (c.known and rx is not None and rx.ts < need and not rx.slots
-                    and self.timers.due(Timer.SOLICIT, c.cid) is None
-                    and self._now >= c.remote_view.solicit_after
                     and c.recv.max_data_ts < rx.ts):     # idle: nothing of its own in flight
+                best = pick.get(c.remote)
+                if best is None or rx.ts < best.recv.view.ts:
+                    pick[c.remote] = c
+        soon = self._now + self.config.first_ack_delay_us
+        for remote, c in pick.items():
+            if self._now >= self._solicit_after.get(remote, 0):
+                self._solicit_after[remote] = soon + self.config.first_ack_retry_us
                 self.timers.set(Timer.SOLICIT, c.cid, soon)
 
     def handle_message(self, msg: Message, now_us: int) -> None:
@@ -715,7 +754,16 @@ class MessagingEndpoint:
             if msg.type not in DATA_TYPES:
                 self._declared(c, rx, sent_upto, msg.ts)
             for seq, role, upto in others:
-                c2 = self.conns.get((msg.src_group, seq, Role(1 - role)))
+                cid2 = (msg.src_group, seq, Role(1 - role))
+                c2 = self.conns.get(cid2)
+                if c2 is None and self.is_primary and cid2 in self.closed:
+                    # the remote still holds a connection we freed: stating it is a
+                    # message on it, answered CLOSED. Nothing else brings its end the
+                    # news (we no longer list it, and its own keep-alives back off while
+                    # the others' trailers speak for it): until then its sent list waits
+                    # for our watermark and its recv_ts pins its group's.
+                    self._answer_closed(cid2)
+                    continue
                 if c2 is not None and c2.recv.view is not None and c2.recv.view.pvn == msg.pvn:
                     self._declared(c2, c2.recv.view, upto, msg.ts)
                 # the remote group watermark is the group's (every member's watermark over
@@ -730,7 +778,8 @@ class MessagingEndpoint:
                 if lr is None or last >= section_end(lr):
                     c.remote_view.last_order_info = own
                 refl_now = c.remote_view.to_reflect
-                if refl_now is None or last > section_end(refl_now):
+                if ((refl_now is None or last > section_end(refl_now))
+                        and last > self._reflected.get(c.remote, (0, 0))):
                     c.remote_view.to_reflect = own
                     self._want_first_ack(c, self.config.first_ack_delay_us, reflect=True)
         if refl is not None:
@@ -983,7 +1032,10 @@ class MessagingEndpoint:
             due = c.send.last_send_us + self.config.keepalive_us
             if due <= self._now:
                 due = self._now + self.config.keepalive_us
-            self.timers.set(Timer.KEEPALIVE, c.cid, due)
+            # never later than one already due: an urgent one (watermark news, which
+            # one keep-alive says for the whole remote group) must not wait an interval
+            # (_keepalive decides again when it fires)
+            self.timers.arm_earlier(Timer.KEEPALIVE, c.cid, due)
 
     def _keepalive(self, c: Connection) -> None:
         if not c.known or c.resyncing:
@@ -1172,7 +1224,7 @@ class MessagingEndpoint:
                                >= self.config.max_freed_pending):
                 continue
             if c.peer_done or (not c.send.queue and not c.send.sent and c.recv.finished
-                               and not c.recv.received):
+                               and not c.recv.received and c.recv.end_is_groups()):
                 if not c.recv.finished:
                     self._count("freed_unfinished")     # the sim flags the missing end
                 self._free(c)
@@ -1307,6 +1359,8 @@ class MessagingEndpoint:
         self.order_info.on_done(msg.sender, msg.body["done"])
         if self.order_info.on_ack(msg.sender, msg.body["upto"]):
             self._gc_order_info()
+            if self.order_info.log:
+                self._order_info_urgent()
 
     def _on_primary_heartbeat(self, msg: Message) -> None:
         # the primary's group watermark holds for the connections it knew (its digest in
@@ -1393,21 +1447,51 @@ class MessagingEndpoint:
                                            back=self.reported_w, ack=self.digest()))
 
     def _order_info_intra(self) -> None:
-        floor = self.order_info.floor()
-        if floor >= self.order_info.last_pos:
+        oi = self.order_info
+        floor = oi.floor()
+        if floor >= oi.last_pos:
             self.timers.clear(Timer.ORDER_INFO_INTRA)
             return
-        sec = self.order_info.section(self.pvn, floor)
+        # what no backup acked since the last resend is sent again from the floor; before
+        # that (an urgent send, _order_info_urgent) only what was never sent goes: resending
+        # the whole unacked section on every ack multiplied it by the acks
+        # (backing off, doubling while no backup's ack moves the floor: a loaded backup
+        # is not sent the same section again every interval)
+        after = floor
+        if self._now < oi.intra_resend_us:
+            after = max(floor, oi.intra_sent)
+        else:
+            if floor == oi.intra_floor:
+                oi.intra_backoff = min(oi.intra_backoff + 1, INTRA_BACKOFF_MAX)
+            else:
+                oi.intra_floor, oi.intra_backoff = floor, 0
+            oi.intra_resend_us = self._now + (self.config.order_info_intra_us
+                                              << oi.intra_backoff)
+        sec = oi.section(self.pvn, after)
         if sec is not None:
+            oi.intra_sent = max(oi.intra_sent, section_end(sec)[1])
+        if sec is not None or after == floor:
+            # (nothing held past the floor: an empty ORDER_INFO, answered by an ack)
             self._emit(self.group, self._intra(
-                MsgType.ORDER_INFO, {"upto": section_end(sec)[1], "done": 0},
+                MsgType.ORDER_INFO, {"upto": section_end(sec)[1] if sec else oi.last_pos,
+                                     "done": 0},
                 order_info=pack_trailer(0, sec, None)))
-        self.timers.set(Timer.ORDER_INFO_INTRA, None, self._now + self.config.order_info_intra_us)
+        self.timers.set(Timer.ORDER_INFO_INTRA, None,
+                        self._now + self.config.order_info_intra_us
+                        if oi.intra_sent < oi.last_pos else oi.intra_resend_us)
 
     def _gc_order_info(self) -> None:
-        self.order_info.gc()
-        if not self.order_info.log:
+        """Drop what every backup acked. While some backup has not acked every position
+        (a joiner whose first ack was lost acks nothing more by itself), ORDER_INFO goes on
+        asking: it carries what is held past the floor, or nothing, and is answered by an
+        ack."""
+        oi = self.order_info
+        oi.gc()
+        if not self.is_primary or oi.floor() >= oi.last_pos:
             self.timers.clear(Timer.ORDER_INFO_INTRA)
+        else:
+            self.timers.arm(Timer.ORDER_INFO_INTRA, None,
+                            self._now + self.config.order_info_intra_us)
 
     # ================================================================= watermarks ===
     def timestamp_watermark(self) -> int:
@@ -1537,13 +1621,29 @@ class MessagingEndpoint:
             if mtype in DATA_TYPES:
                 own = self.order_info.piggyback(self.pvn)
             refl, c.remote_view.to_reflect = c.remote_view.to_reflect, None
+            if refl is not None and mtype != MsgType.NEW_PRIMARY_VIEW_ACK:
+                refl = self._unreflected(c.remote, refl)
             sent_upto = msn if msn else (c.send.last_msn if not c.resyncing else 0)
             # sent-up-to of our other connections to the same group: an idle one then
-            # does not pin the remote watermark until its next keep-alive
-            others = [[x.seq, int(x.role), x.send.last_msn] for x in self.conns.values()
-                      if x.remote == c.remote and x is not c and x.known and not x.resyncing]
+            # does not pin the remote watermark until its next keep-alive, and our `back`
+            # holds for them too. Stated on every KEEP_ALIVE (one per group and interval;
+            # the answer to a solicitation and the watermark news of _after_event stand
+            # for every connection) and otherwise at most once per first_ack_delay_us per
+            # group: on every message, with n connections busy, each message was O(n) to
+            # build, send and apply (a 1 KB reply became two datagrams at 64 connections)
+            others = []
+            if mtype is MsgType.KEEP_ALIVE or self._now - self._told_us.get(
+                    c.remote, -self.config.first_ack_delay_us) >= self.config.first_ack_delay_us:
+                listed = [x for x in self.conns.values()
+                          if x.remote == c.remote and x is not c and x.known
+                          and not x.resyncing]
+                others = [[x.seq, int(x.role), x.send.last_msn] for x in listed]
+                back = self.group_watermark()
+                for x in listed:
+                    if back > x.send.last_back:
+                        x.send.last_back = back
+                self._told_us[c.remote] = self._now
             trailer = pack_trailer(sent_upto, own, refl, others, c.recv.delivered)
-            self._told_us[c.remote] = self._now     # ... the others' sent-up-to, told
             c.recv.told_delivered = c.recv.delivered
         return Message(type=mtype, src_group=self.group, dst_group=c.remote,
                        conn_seq=c.seq, role=c.role, pvn=self.pvn,
@@ -1551,6 +1651,25 @@ class MessagingEndpoint:
                        ack=(rx.upto if rx else 0) if ack is None else ack,
                        back=self._back(c), ts=self.clock, body=body,
                        order_info=trailer)
+
+    def _unreflected(self, remote: str, sec: Section) -> Section | None:
+        """The part of a remote primary's section that no message of ours to its group
+        has reflected yet. A reflection only feeds that group's backups (it protects
+        nothing: orderinfo_log.py) and reaches all of them whichever connection carries
+        it, so with many connections each chunk is reflected once, not once per
+        connection (a lost one reaches them as their primary's ORDER_INFO). The answer
+        to NEW_PRIMARY_VIEW is not trimmed: it is the phase-2 recovery itself."""
+        rpvn, rpos = self._reflected.get(remote, (0, 0))
+        pvn, first, chunks = sec
+        if pvn == rpvn and first <= rpos:
+            chunks = chunks[rpos - first + 1:]
+            if not chunks:
+                return None
+            sec = [pvn, rpos + 1, chunks]
+        elif pvn < rpvn:
+            return None
+        self._reflected[remote] = section_end(sec)
+        return sec
 
     def _back(self, c: Connection) -> int:
         b = self.group_watermark()

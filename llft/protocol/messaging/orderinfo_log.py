@@ -14,10 +14,14 @@ If the primary stopped carrying chunks the remote had reflected, its later messa
 carry sections starting past them, the remote's last section would no longer hold them,
 and a primary crashing before its backups got the reflection would leave its successor
 without order info that output the remote already delivered depended on (seen in the
-replica simulation: a new primary drew another choice for bytes the client had). Chunks no backup acked
-within order_info_intra_us go to the backups directly (ORDER_INFO on the intra-group
-connection: the path for order info with nothing to ride on, and for backups that missed
-a reflection). `unprotected_bytes` is what output commit waits on.
+replica simulation: a new primary drew another choice for bytes the client had). A remote
+primary reflects each chunk to a group once, on whichever connection's message goes first
+(MessagingEndpoint._unreflected). Chunks no backup acked within order_info_intra_us go to
+the backups directly (ORDER_INFO on the intra-group connection: the path for order info
+with nothing to ride on, and for backups that missed a reflection); at once while output
+commit waits on them (more than a piggyback unprotected), then again from the floor,
+backing off while no ack moves it, until every backup acked every position.
+`unprotected_bytes` is what output commit waits on.
 
 Backup side. `accept` takes a section (from a reflection or from ORDER_INFO) and returns
 the chunks now deliverable, exactly once and in position order; chunks beyond a gap wait
@@ -50,7 +54,8 @@ from llft.protocol.messaging.trailer import Section
 class OrderInfoLog:
     __slots__ = ("config", "backups", "next_pos", "log", "bytes", "acks",
                  "delivered", "pending", "acked", "done", "joined_at", "stamps", "view_us",
-                 "executed", "done_acked")
+                 "executed", "done_acked", "intra_sent", "intra_resend_us", "intra_floor",
+                 "intra_backoff")
 
     def __init__(self, config: MessagingConfig):
         self.config = config
@@ -64,6 +69,10 @@ class OrderInfoLog:
         self.joined_at: dict[int, int] = {} # backup -> last position when it appeared
         self.stamps: deque[int] = deque()   # append times (us) of consecutive positions
         self.view_us = 0                    # when this view's log started (position 0)
+        self.intra_sent = 0                 # positions sent to the backups as ORDER_INFO
+        self.intra_resend_us = 0            # ... unacked ones are sent again from then on
+        self.intra_floor = -1               # the floor when they were last sent again
+        self.intra_backoff = 0              # ... and the interval's doublings since
         # backup side
         self.delivered = 0                  # delivered up to (this primary view)
         self.pending: dict[int, bytes] = {} # beyond a gap
@@ -103,6 +112,10 @@ class OrderInfoLog:
         self.log.clear()
         self.bytes = 0
         self.pending.clear()
+        self.intra_sent = 0
+        self.intra_resend_us = 0
+        self.intra_floor = -1
+        self.intra_backoff = 0
 
     # ---- primary side ----
     @property
