@@ -226,6 +226,7 @@ class ReplicaNode:
         self.messaging = mg.MessagingEndpoint(self.group, self.membership.birth,
                                               self.messaging_config)
         self.live = False                       # messaging fed (member holding state)
+        self._leaving = False                   # abandoned: the endpoint's rest is dropped
         self.started_pvn = 0                    # primary view whose marker we logged
         self.streams: dict[mg.ConnId, bytearray] = {}
         self.stream_base: dict[mg.ConnId, int] = {}   # bytes dropped (the log was full)
@@ -519,7 +520,11 @@ class ReplicaNode:
             if self.live:
                 for a in self.messaging.take_actions():
                     busy = True
-                    self._on_messaging(a)
+                    if not self._leaving:
+                        # after an abandon, what the old endpoint still had queued (the
+                        # entries behind a view marker this replica's history contradicts)
+                        # never reaches the application that is about to be replaced
+                        self._on_messaging(a)
             if not busy:
                 return
         raise RuntimeError(f"cores kept feeding each other for {MAX_SETTLE_ROUNDS} rounds")
@@ -567,6 +572,7 @@ class ReplicaNode:
             self._apply_restore()
             self._emit(a)
         elif isinstance(a, mb.Reset):
+            self._leaving = False
             self._fresh_messaging()
             self._count("resets")
             self._emit(RestartApp(a.old_birth, a.new_birth, a.reason))
@@ -633,7 +639,7 @@ class ReplicaNode:
             differs = self._history_differs(view, prev_pvn, prev_end)
             if differs:
                 self._count("history_differs")
-                self._touched().abandon(differs, self._now)
+                self._abandon(differs)
                 return
             self._touched().view_entered(view, self._now)
             self._emit(ViewSwitch(view, pos, False))
@@ -649,11 +655,19 @@ class ReplicaNode:
                 self._deliver_order_info(old_pvn, old_pos, inner, recovered)
             elif old_pos > have + 1:
                 self._count("catch_up_gap")     # the new primary re-sent too little
-                self._touched().abandon(
+                self._abandon(
                     f"order info of view {old_pvn} missing from {have + 1} to "
-                    f"{old_pos - 1} (the new primary did not re-send them)", self._now)
+                    f"{old_pos - 1} (the new primary did not re-send them)")
         else:
             self._count("bad_order_info_tag")
+
+    def _abandon(self, reason: str) -> None:
+        """Rejoin as a new member (membership resets us); until the reset is taken, the
+        messaging endpoint's further actions are dropped."""
+        m = self._touched()
+        if m.is_member():
+            self._leaving = True
+            m.abandon(reason, self._now)
 
     def _history_differs(self, view: int, prev_pvn: int, prev_end: int) -> str | None:
         """A backup at the marker of `view`: why the order info it delivered is not the
