@@ -23,7 +23,11 @@ SEED = 1
 KINDS = ("kill_primary", "kill_backup", "restart")
 
 
-def test_spark_chaos_kill_primary_kill_backup_restart(tmp_path):
+@pytest.mark.slow
+def test_spark_chaos_kill_primary_kill_backup_restart(tmp_path, soak):
+    # 3-6 minutes of JVMs: at --soak=full (CI runs the kv campaign, tests/processes)
+    if soak != "full":
+        pytest.skip("PySpark chaos campaign: --soak=full")
     wl = chaos.WORKLOADS["spark"]
     # one fault of each kind, in the seeded schedule's order of delays and picks
     faults = [chaos.Fault(i, kind, f.delay_s, f.hold_s, f.pick) for i, (kind, f) in
