@@ -204,10 +204,7 @@ def replicated(workdir: str, wl: Workload, replicas: int = 2, kill_after: list[i
                 nonlocal started
                 started += 1
                 lc.start_replica(f"r{started}", pipeline_argv(port, wl))
-                # rejoined = caught up: a kill while the only backup still replays the
-                # history is a different fault (its takeover replays it all first)
-                lc.wait_members(replicas, timeout_s=max(1, deadline - time.monotonic()),
-                                ready=True)
+                lc.wait_members(replicas, timeout_s=max(1, deadline - time.monotonic()))
                 rec["rejoined_s"] = time.monotonic() - t_prom
                 say(f"r{started} started and rejoined in {rec['rejoined_s']:.1f} s")
             return t_kill, rec

@@ -164,16 +164,13 @@ class LocalCluster:
                                    f"status: {json.dumps(st)[:2000]}")
             time.sleep(POLL_S)          # polling status files, with a deadline
 
-    def wait_members(self, n: int, timeout_s: float = 60, ready: bool = False) -> dict:
-        """n members in the view, each running its application (backups replaying);
-        with `ready`, every backup has also caught up with the history it joined with."""
+    def wait_members(self, n: int, timeout_s: float = 60) -> dict:
+        """n members in the view, each running its application (backups replaying)."""
         return self.wait_status(
             lambda st: len(st["members"]) == n and all(
                 m["app_pid"] and m["app_mode"] in ("primary", "backup")
-                and (not ready or m["role"] == "primary" or m.get("sync") == "ready")
                 for m in st["members"]),
-            timeout_s, f"{n} members with running applications"
-            + (", backups caught up" if ready else ""))
+            timeout_s, f"{n} members with running applications")
 
     def primary(self) -> dict | None:
         st = self.status()
