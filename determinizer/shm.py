@@ -195,8 +195,6 @@ class Feeder:
                 self.fed_entries += split(chunk[:n])[0]
             off += n
             if n == 0:
-                if self.stopped:
-                    break
                 # a thread's ring is full (it is behind), or only a partial entry is left
                 if split(chunk)[0] == 0:
                     break

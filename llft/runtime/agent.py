@@ -256,9 +256,7 @@ class Agent:
         """"none", "catching-up" or "ready": while catching up, membership waits longest
         on its peers (Membership.set_catching_up)."""
         self._sync = sync
-        node = getattr(self, "node", None)     # not yet made at the first reset of state
-        if node is not None:
-            node.set_catching_up(sync == "catching-up")
+        self.node.set_catching_up(sync == "catching-up")
 
     @property
     def mode(self) -> AppMode:

@@ -264,14 +264,10 @@ class Campaign:
     def stale_processes(self, timeout_s: float = STALE_TIMEOUT_S) -> list[str]:
         """Processes once in a replica's tree that are in none now (their replica was
         killed or stopped, or their application reset) and still alive after timeout_s."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+        def left() -> list[psutil.Process]:
             current = self._tree_pids()
-            left = _alive({pid: t for pid, t in self.tree_seen.items() if pid not in current})
-            if not left or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)                     # polling exits, with a deadline
-        return _describe(left)
+            return _alive({pid: t for pid, t in self.tree_seen.items() if pid not in current})
+        return _describe(_until_gone(left, timeout_s))
 
     def _status(self) -> dict:
         st = self.lc.status()
@@ -486,12 +482,7 @@ class Campaign:
             for p in proctree.descendants(m.get("agent_pid") or 0):
                 self._remember(p.pid)
         self.lc.stop(timeout_s=30)
-        deadline = time.monotonic() + 15
-        while True:
-            left = [p for p in self._alive_seen() if p.pid != os.getpid()]
-            if not left or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)                    # polling exits, with a deadline
+        left = _until_gone(lambda: [p for p in self._alive_seen() if p.pid != os.getpid()], 15)
         out = _describe(left)
         for p in left:
             _signal(p, signal.SIGKILL)
@@ -527,6 +518,17 @@ def _alive(seen: dict[int, float]) -> list[psutil.Process]:
         except psutil.Error:
             pass
     return out
+
+
+def _until_gone(alive, timeout_s: float) -> list[psutil.Process]:
+    """Poll alive() (processes expected to exit) until it is empty or timeout_s passed;
+    what is still alive then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = alive()
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)                        # polling exits, with a deadline
 
 
 def _describe(procs: list[psutil.Process]) -> list[str]:
