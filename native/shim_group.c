@@ -111,7 +111,18 @@ int group_bind(int fd, const struct sockaddr *a, socklen_t len) {
     return 0;
 }
 
+/* The group listener's accept queue holds every connection the agent has opened and the
+ * app not yet accepted. The agent opens them as streams arrive, in order, without waiting
+ * for the app's accept (it cannot see it); a backup catching up opens a whole history's
+ * worth at once. With the app's own backlog (socketserver asks for 5) the kernel drops the
+ * SYNs beyond it and each connection waits for a SYN retransmission (1 s, 3 s, ...): a
+ * joiner replayed a 10 s HTTP history (4,127 connections) in 467 s. The kernel caps the
+ * value at net.core.somaxconn; the backlog is invisible to the app otherwise. */
+#define GROUP_LISTEN_BACKLOG 65535
+
 EXPORT int listen(int fd, int backlog) {
+    if (active_here() && fd_kind(fd) == FDK_GROUP_LISTEN && backlog < GROUP_LISTEN_BACKLOG)
+        backlog = GROUP_LISTEN_BACKLOG;
     int r = R(listen)(fd, backlog);
     if (r == 0 && active_here() && fd_kind(fd) == FDK_GROUP_LISTEN) {
         int e = errno;
