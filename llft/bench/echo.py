@@ -17,8 +17,8 @@ proxy, stopped). Per phase:
              apps, gateway; proxy and server for the baselines)
   after load datagrams/s the group sends in the second after the last client stopped
              (a quiet group: ~ its idle rate)
-  conn/req   connection-per-request throughput: n/a until the gateway closes group
-             streams (stream close is built on another branch)
+  conn/req   req/s with each of `--conn-clients` clients opening a connection per
+             request (connect, 1 KB, FIN, the echo, the server's close)
 Ratios are to the proxy (the one-hop forwarder) measured in the same phase.
 
 Writes `<results>/echo.csv`, `echo_idle.csv`, `echo.md` and `echo*.png`.
@@ -45,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=100, help="latency: untimed round trips")
     p.add_argument("--blocks", type=int, default=5, help="latency: interleaved blocks")
     p.add_argument("--clients", default="1,16,64", help="throughput: concurrent clients")
+    p.add_argument("--conn-clients", default="1,16",
+                   help="connection per request: concurrent clients")
     p.add_argument("--duration", type=float, default=3.0,
                    help="throughput: seconds per configuration and client count")
     p.add_argument("--idle-s", type=float, default=10.0,
@@ -154,7 +156,9 @@ def run(args) -> int:
     if args.quick:
         args.replicas, args.rounds, args.warmup, args.blocks = "1", 200, 20, 2
         args.clients, args.duration, args.idle_s = "1,16", 1.0, 3.0
+        args.conn_clients = "1,16"
     replicas, clients = _ints(args.replicas), _ints(args.clients)
+    conn_clients = _ints(args.conn_clients)
     rows: list[dict] = []
     idle_rows: list[dict] = []
     failed = []
@@ -197,8 +201,17 @@ def run(args) -> int:
                     if idle_rows and t.cluster is not None and c == clients[-1]:
                         # also (especially) when the load failed: is the group quiet?
                         idle_rows[-1]["after_load_datagrams_per_s"] = measure_after_load(t)
+                for c in conn_clients:
+                    acc = {}
+                    for x in targets:
+                        if x.error is not None:
+                            continue
+                        measure_throughput([x], [c], SIZE, args.duration, 1, phase, acc,
+                                           mode="echo_conn")
+                        a = acc.get((phase, x.name, c))
+                        if a and a["elapsed_s"] > 0 and x.error is None:
+                            per[x.name][f"conn_rps_{c}"] = a["replies"] / a["elapsed_s"]
                 for x in targets:
-                    per[x.name]["conn_per_req_rps"] = "n/a"
                     per[x.name]["error"] = x.error or ""
                     rows.append(per[x.name])
                 if t.error is not None:
@@ -211,13 +224,13 @@ def run(args) -> int:
         px = next((p for p in rows if p["phase"] == row["phase"] and p["config"] == "proxy"), None)
         if px and isinstance(row.get("p50_us"), float) and px.get("p50_us"):
             row["p50_vs_proxy"] = row["p50_us"] / px["p50_us"]
-        for c in clients:
-            k = f"rps_{c}"
+        for k in [f"rps_{c}" for c in clients] + [f"conn_rps_{c}" for c in conn_clients]:
             if px and row.get(k) and px.get(k):
                 row[f"{k}_vs_proxy"] = row[k] / px[k]
     cols = (["phase", "config", "replicas", "p50_us", "p99_us", "p50_vs_proxy"]
             + [k for c in clients for k in (f"rps_{c}", f"rps_{c}_vs_proxy")]
-            + ["conn_per_req_rps", "error"])
+            + [k for c in conn_clients for k in (f"conn_rps_{c}", f"conn_rps_{c}_vs_proxy")]
+            + ["error"])
     table = report.Table("echo", f"1 KB echo: latency (1 client, {args.rounds} round trips) "
                          f"and throughput ({args.duration:g} s per client count); ratios to "
                          "the forwarder of the same phase", cols)
@@ -250,8 +263,8 @@ def run(args) -> int:
     notes = ("Server: examples/echo.py (threaded). proxy: a plain asyncio TCP forwarder "
              "(one hop, no replication). llft_Nr: N replicas under `llft run` with the "
              "DEFAULT configuration behind `llft gateway`. Idle CPU from psutil cpu_times "
-             "of each agent; datagrams from the agents' transport counters. conn/req: n/a "
-             "(needs stream close at the gateway).")
+             "of each agent; datagrams from the agents' transport counters. conn_rps_N: N "
+             "clients, each request on a connection of its own.")
     if failed:
         notes += "\n\nFailed: " + "; ".join(f"{t.name}: {t.detail}" for t in failed)
     md = report.write_markdown(args.results, "echo", [table.markdown(), cpu_table.markdown(),

@@ -354,8 +354,10 @@ def latency_table(setup: Setup, sizes, samples, rounds) -> report.Table:
 
 # ------------------------------------------------------------- throughput -----------
 def measure_throughput(targets: list[Target], clients: list[int], size: int,
-                       duration_s: float, blocks: int, phase: int, acc: dict) -> None:
-    """Into acc[(phase, config, clients)]: replies, seconds and latencies (s)."""
+                       duration_s: float, blocks: int, phase: int, acc: dict,
+                       mode: str = "echo") -> None:
+    """Into acc[(phase, config, clients)]: replies, seconds and latencies (s). `mode`
+    "echo_conn": every request on a connection of its own."""
     from llft.tools.loadclient import run_load
     for c in clients:
         for t in targets:
@@ -364,7 +366,7 @@ def measure_throughput(targets: list[Target], clients: list[int], size: int,
             for t in targets:
                 if t.error is not None:
                     continue
-                r = run_load(t.host, t.port, clients=c, requests=10 ** 9, mode="echo",
+                r = run_load(t.host, t.port, clients=c, requests=10 ** 9, mode=mode,
                              size=size, timeout_s=REPLY_TIMEOUT_S,
                              duration_s=duration_s / max(1, blocks))
                 if r.error_count:
@@ -498,16 +500,25 @@ def run(args) -> int:
 # ------------------------------------------------- the plain TCP proxy (a child) ----
 async def _proxy(target_host: str, target_port: int) -> None:
     async def pipe(reader, writer):
+        """One direction; its end is passed on as a half-close (FIN), like TCP itself
+        and the gateway: the other direction keeps flowing until it ends too."""
         try:
             while data := await reader.read(65536):
                 writer.write(data)
                 await writer.drain()
+            if writer.can_write_eof():
+                writer.write_eof()
         except OSError:
-            pass
-        finally:
             writer.close()
 
+    handlers: set[asyncio.Task] = set()
+
     async def handle(creader, cwriter):
+        # held here: asyncio drops its reference to a connection's handler once the client
+        # transport is closed both ways, and a pending handler would be collected mid-way
+        task = asyncio.current_task()
+        handlers.add(task)
+        task.add_done_callback(handlers.discard)
         cwriter.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             sreader, swriter = await asyncio.open_connection(target_host, target_port)
@@ -516,6 +527,8 @@ async def _proxy(target_host: str, target_port: int) -> None:
             return
         swriter.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         await asyncio.gather(pipe(creader, swriter), pipe(sreader, cwriter))
+        swriter.close()
+        cwriter.close()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     print(json.dumps({"event": "ready", "port": server.sockets[0].getsockname()[1]}), flush=True)

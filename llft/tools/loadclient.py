@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 MAX_ERRORS = 20
-MODES = ("counter", "echo", "http")
+MODES = ("counter", "echo", "echo_conn", "http")
 
 
 @dataclass
@@ -324,6 +324,36 @@ def _echo_client(tr: ClientTrace, conn: _Conn, size: int, requests: int,
                         "(repeated bytes?)")
 
 
+def _echo_conn_client(tr: ClientTrace, host: str, port: int, timeout_s: float, size: int,
+                      requests: int, stop: threading.Event, deadline: float | None) -> None:
+    """One connection per request: connect, send `size` bytes, half-close (FIN), read
+    the echo until the server closes (examples/echo.py echoes until the client's FIN)."""
+    for n in range(requests):
+        if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+            break
+        what = f"echo #{n + 1} (own connection)"
+        payload = os.urandom(size)
+        t0 = time.monotonic()
+        conn = _Conn(host, port, timeout_s)
+        try:
+            conn.send(payload, what)
+            tr.sent += 1
+            conn.sock.shutdown(socket.SHUT_WR)
+            back = conn.readexactly(size, what)
+            try:
+                rest = conn.sock.recv(65536)     # the server's close (blocking, timeout)
+            except socket.timeout:
+                raise _Fail(f"{what}: the server did not close after the echo") from None
+            if conn.buf or rest:
+                raise _Fail(f"{what}: bytes after the echo (repeated bytes?)")
+        finally:
+            conn.close()
+        t1 = time.monotonic()
+        if back != payload:
+            raise _Fail(f"{what}: echoed bytes differ (lost, repeated or reordered bytes)")
+        tr.replied(t0, t1)
+
+
 def run_load(host: str, port: int, *, clients: int = 4, requests: int = 1000,
              mode: str = "counter", size: int = 1024, timeout_s: float = 30.0,
              prefix: str | None = None, duration_s: float | None = None,
@@ -356,6 +386,8 @@ def run_load(host: str, port: int, *, clients: int = 4, requests: int = 1000,
             if mode == "http":
                 _http_client(tr, host, port, timeout_s, key, requests, expect_first, local,
                              stop, deadline, interval_s)
+            elif mode == "echo_conn":
+                _echo_conn_client(tr, host, port, timeout_s, size, requests, stop, deadline)
             elif mode == "counter":
                 conn = _Conn(host, port, timeout_s)
                 _counter_client(tr, conn, key, requests, expect_first, local, stop, deadline,
@@ -410,7 +442,7 @@ def run_load(host: str, port: int, *, clients: int = 4, requests: int = 1000,
         latencies=[r - s for tr in traces for s, r in tr.times],
         reply_times=[tr.times for tr in traces], started=started, elapsed_s=elapsed,
         max_gap_s=gap, max_gap_at_s=gap_at, max_gap_client=gap_client,
-        global_repeats=repeats, size=size if mode == "echo" else 0)
+        global_repeats=repeats, size=size if mode.startswith("echo") else 0)
 
 
 def _hostport(text: str) -> tuple[str, int]:

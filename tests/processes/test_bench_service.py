@@ -88,8 +88,8 @@ def test_failover_quick(tmp_path, soak):
 
 @pytest.mark.slow
 def test_echo_quick(tmp_path):
-    """`llft bench echo --quick`: every configuration measured, idle row written, the
-    connection-per-request column honestly n/a (no stream close at the gateway yet)."""
+    """`llft bench echo --quick`: every configuration measured (also with a connection
+    per request), idle row written."""
     out = str(tmp_path / "results")
     assert main(["bench", "echo", "--quick", "--results", out]) == 0
     rows = read_csv(os.path.join(out, "echo.csv"))
@@ -97,7 +97,7 @@ def test_echo_quick(tmp_path):
     for r in rows:
         assert r["error"] == "", r
         assert r["p50_us"] and r["p99_us"] and r["rps_1"] and r["rps_16"], r
-        assert r["conn_per_req_rps"] == "n/a", r
+        assert r["conn_rps_1"] and r["conn_rps_16"], r
     (idle,) = read_csv(os.path.join(out, "echo_idle.csv"))
     assert idle["config"] == "llft_1r" and idle["agent_cpu_pct_max"] != ""
     cpu = read_csv(os.path.join(out, "echo_cpu.csv"))
