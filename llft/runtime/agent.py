@@ -108,6 +108,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import errno
 import faulthandler
 import logging
 import os
@@ -131,7 +132,8 @@ from llft.runtime import config as config_mod
 from llft.runtime import keys
 from llft.runtime import logs, proctree
 from llft.runtime import status as status_files
-from llft.runtime.application import AppMode, Application, raise_agent_priority
+from llft.runtime.application import (AppMode, Application, raise_agent_priority,
+                                      raise_fd_limit)
 from llft.runtime.driver import Driver
 from llft.runtime.tasks import TaskSet
 from llft.runtime.transport import Endpoint
@@ -147,6 +149,7 @@ PIGGYBACK_BYTES = 16 << 10       # order info a message may carry (output commit
 APP_STATE_VERSION = 1
 EXIT_TASK_FAILED = 70            # a background task of the agent failed (EX_SOFTWARE)
 LOOP_HANG_S = 20.0               # the event loop silent this long: stacks to the log
+CONNECT_FD_RETRY_S = 0.05       # out of descriptors: retry a connection to the app this often
 FOUNDING_GUARD_S = 0.02         # a joiner re-reads this host's status files (founding)
 LAG_CHECK_S = 0.02               # backups report execution / the primary checks the bound
 
@@ -694,7 +697,19 @@ class Agent:
                 where = app.group_address
                 if where is None:
                     await asyncio.sleep(0.005)     # the app has not listened yet
-            reader, writer = await asyncio.open_connection(*where)
+            while True:
+                try:
+                    reader, writer = await asyncio.open_connection(*where)
+                    break
+                except OSError as e:
+                    if e.errno not in (errno.EMFILE, errno.ENFILE):
+                        raise
+                    # out of descriptors (the hard limit): the app's closes free them
+                    if not self.counters.get("connect_fd_waits"):
+                        _log(f"connections to the application wait for file descriptors "
+                             f"({e.strerror}; raise the open-files limit)")
+                    self._count("connect_fd_waits")
+                    await asyncio.sleep(CONNECT_FD_RETRY_S)
             sock = writer.get_extra_info("socket")
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             c.writer = writer
@@ -937,6 +952,7 @@ def run(args) -> int:
         print("llft run: no command: llft run --config F --group G -- CMD...", file=sys.stderr)
         return 2
     why_not = raise_agent_priority()    # before any thread starts (nice is per thread)
+    raise_fd_limit()
     try:
         cfg = config_mod.load(args.config)
         config_mod.check_interface(cfg)

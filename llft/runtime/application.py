@@ -55,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import os
+import resource
 import queue
 import signal
 import threading
@@ -94,6 +95,23 @@ def raise_agent_priority() -> str | None:
     _app_nice = base + APP_NICE - AGENT_NICE
     set_autogroup_nice(AGENT_NICE)
     return None
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft limit of open files to its hard limit; the new soft limit.
+    An agent holds a loopback connection to its app per open stream, and a backup catching
+    up opens a whole history's worth at once (the app's accept queue holds them): at the
+    common default of 1024 a joiner after ~1,000 short connections failed with EMFILE. The
+    app inherits the raised limit (as services started with a raised LimitNOFILE do)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            return want
+        except (ValueError, OSError):
+            pass
+    return soft
 
 
 def set_autogroup_nice(nice: int) -> bool:

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import socket
 import struct
 import subprocess
 import sys
 import threading
+
+import pytest
 
 from llft import EXAMPLES_DIR
 from llft.tools.cluster import LocalCluster
@@ -157,14 +160,20 @@ def _listen_backlog(pid: int) -> int | None:
     return None
 
 
-def test_a_joiner_replays_a_history_of_short_connections(tmp_path):
+@pytest.mark.parametrize("fd_limit", [None, 256])
+def test_a_joiner_replays_a_history_of_short_connections(tmp_path, fd_limit):
     """A backup that joins after many short connections is given them all at once: its
     agent opens one loopback connection per stream, in order, without waiting for the
     app's accepts. http.server asks listen() for a backlog of 5; beyond it the kernel drops
     the SYNs and every connection waited for a SYN retransmission (a joiner replayed a
     10 s history of 4,127 requests in 467 s). The shim gives a group listener the
-    system's largest accept queue, so the joiner is ready well within the deadline."""
-    history = 300
+    system's largest accept queue, so the joiner is ready well within the deadline.
+    With `fd_limit` the joiner runs under a hard limit of open files below the history's
+    connections (an agent raises its soft limit to the hard one): its connector waits for
+    the app's closes instead of failing the replica with EMFILE."""
+    if fd_limit and shutil.which("prlimit") is None:
+        pytest.skip("prlimit (util-linux) is not installed")
+    history = 300 if fd_limit is None else 2 * fd_limit
     files = make_files(str(tmp_path / "files"))
     names = sorted(files)
     with LocalCluster(str(tmp_path), group="web") as lc:
@@ -178,7 +187,9 @@ def test_a_joiner_replays_a_history_of_short_connections(tmp_path):
         addr = lc.start_gateway()
         for i in range(history):
             assert download(addr, names[i % len(names)]) == files[names[i % len(names)]], i
-        joiner = lc.start_replica("r2", http_server(str(tmp_path / "files")))
+        wrap = ((lambda argv: ["prlimit", f"--nofile={fd_limit}:{fd_limit}", "--", *argv])
+                if fd_limit else (lambda argv: argv))
+        joiner = lc.start_replica("r2", http_server(str(tmp_path / "files")), wrap=wrap)
         st = lc.wait_status(
             lambda st: any(m["agent_pid"] == joiner.pid and m["sync"] == "ready"
                            for m in st["members"]),
@@ -186,6 +197,12 @@ def test_a_joiner_replays_a_history_of_short_connections(tmp_path):
         j = next(m for m in st["members"] if m["agent_pid"] == joiner.pid)
         assert j["connections"] >= history
         no_divergence(st)
+        if fd_limit:
+            # whether the limit is reached depends on how fast the app works the queue
+            # off meanwhile (usually: hundreds of waits); failing is what must not happen
+            print(f"\njoiner under {fd_limit} open files: "
+                  f"{j['counters'].get('connect_fd_waits', 0)} waits for descriptors")
+            assert "task connector failed" not in lc.log_tail("r2", 10**6)
 
 
 def test_http_server_primary_killed_midway(tmp_path):
