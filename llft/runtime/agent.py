@@ -150,6 +150,7 @@ APP_STATE_VERSION = 1
 EXIT_TASK_FAILED = 70            # a background task of the agent failed (EX_SOFTWARE)
 LOOP_HANG_S = 20.0               # the event loop silent this long: stacks to the log
 CONNECT_FD_RETRY_S = 0.05       # out of descriptors: retry a connection to the app this often
+HISTORY_SLICE = 1000             # restored log entries handed to the app per loop turn
 FOUNDING_GUARD_S = 0.02         # a joiner re-reads this host's status files (founding)
 LAG_CHECK_S = 0.02               # backups report execution / the primary checks the bound
 
@@ -247,6 +248,11 @@ class Agent:
         self._marks: collections.deque = collections.deque()
         self._fed_total = 0                   # shim entries handed to this app
         self._history_entries = 0             # ... of them, the restored history
+        # a joiner's restored log, handed to its app a slice per loop turn (a log of
+        # hundreds of thousands of entries took the loop ~1 s in one go: the joiner went
+        # silent and was removed, again at every rejoin); entries and view marks that
+        # arrive meanwhile queue behind it, so the app sees the log's order
+        self._history: collections.deque = collections.deque()
         self._founding_held: str | None = None   # why this joiner may not found
         self._set_sync("none")                # backup: "catching-up" -> "ready"
         self._restored_mono = 0.0
@@ -392,7 +398,8 @@ class Agent:
             pass                        # the node acted on it; nothing for the agent
         handlers = {
             actions.Deliver: self._deliver,
-            actions.OrderInfo: lambda a: self._handle_entry(a.chunk, a.pvn, a.pos),
+            actions.OrderInfo: lambda a: self._in_order(self._handle_entry, a.chunk, a.pvn,
+                                                        a.pos),
             actions.ViewSwitch: self._view_switch,
             actions.Restored: self._start_backup,
             actions.RestartApp: self._restart_app,
@@ -423,7 +430,7 @@ class Agent:
         if a.primary:
             self._become_primary(a.pvn)
         else:
-            self._mark(a.pvn, a.pos)            # the marker is executed in its turn
+            self._in_order(self._mark, a.pvn, a.pos)   # the marker is executed in its turn
         self._event("view", pvn=a.pvn, primary=a.primary)
 
     def _membership_changed(self, a: actions.MembershipChanged) -> None:
@@ -607,7 +614,7 @@ class Agent:
                 return                              # reset or stopping
             if app.diverged:
                 return                              # the status loop reports it
-            if app.caught_up():
+            if app.caught_up() and not self._history:
                 break
             await asyncio.sleep(PROMOTE_CHECK_S)   # the app executes its last entries
         app.promote()
@@ -635,16 +642,45 @@ class Agent:
             c.pending[:0] = data
         for cid, abort in a.ends:
             self.conns.setdefault(cid, AppConn(cid)).end = abort
-        for pvn, pos, chunk in a.order_info:
-            self._handle_entry(chunk, pvn, pos)
-        self._history_entries = self._fed_total
+        self._history.extend((self._handle_entry, (chunk, pvn, pos))
+                             for pvn, pos, chunk in a.order_info)
+        self._history_entries = sys.maxsize   # not "ready" before the whole log is fed
         self._set_sync("catching-up")
         self._restored_mono = time.monotonic()
+        self.tasks.spawn(self._hand_over_history(self.app, len(a.order_info),
+                                                 sum(len(d) for d in streams.values())),
+                         "history")
+
+    def _in_order(self, handle: Callable[..., None], *args) -> None:
+        """An entry or a view mark: now, or behind the restored history still queued."""
+        if self._history:
+            self._history.append((handle, args))
+        else:
+            handle(*args)
+
+    async def _hand_over_history(self, app: Application, chunks: int,
+                                 input_bytes: int) -> None:
+        """Feeds the restored log to `app` a slice per loop turn, so that the agent goes
+        on answering heartbeats; what arrived meanwhile follows in its order."""
+        history, left = self._history, chunks
+        while history:
+            if self.app is not app or app.closed or self.stop_event.is_set():
+                return                          # reset or stopping: a new app, a new log
+            for _ in range(min(HISTORY_SLICE, len(history))):
+                handle, args = history.popleft()
+                handle(*args)
+                left -= 1
+                if left == 0:
+                    self._history_entries = self._fed_total     # the restored part
+            await asyncio.sleep(0)              # a loop turn: heartbeats, acks, datagrams
+        if self.app is not app:
+            return
+        if left > 0:
+            self._history_entries = self._fed_total
         _log(f"backup (rank {self.node.rank}) of view {self.node.pvn}: replaying "
-             f"{len(a.order_info)} order-info chunks ({self._history_entries} entries) and "
-             f"{sum(len(d) for d in streams.values())} input bytes; "
-             f"application pid {self.app.proc.pid}; catching up")
-        self._event("restored", chunks=len(a.order_info), entries=self._history_entries)
+             f"{chunks} order-info chunks ({self._history_entries} entries) and "
+             f"{input_bytes} input bytes; application pid {app.pid}; catching up")
+        self._event("restored", chunks=chunks, entries=self._history_entries)
 
     def _feed_failed(self, app: Application, why: str) -> None:
         if app is not self.app:
