@@ -166,6 +166,12 @@ class Config:
     found_timeout_us: int = 100_000       # joiner hears no member this long -> founds the group
     state_chunk_bytes: int = 16_384
     state_window_chunks: int = 8          # State chunks in flight, unacknowledged
+    # A joiner restores the state it was given in one piece (unpacks it, rebuilds the
+    # log, starts its app): ~0.5 s for 40 MB on a quiet 2-core box, its agent silent
+    # meanwhile. Beyond the first MiB the primary waits this much longer per MiB before
+    # it calls a member it just gave its state silent (a joiner of a long-lived group
+    # was otherwise removed at every attempt, for minutes).
+    restore_allowance_us_per_mib: int = 50_000
     adaptive_cap_us: int | None = None    # longest extension of a timeout; default 3 x base
     rejoin_backoff_min_us: int = 10_000   # a second reset waits this long before it applies
     rejoin_backoff_max_us: int = 80_000   # the wait doubles up to this
@@ -571,6 +577,7 @@ class Membership:
         self._joiners: deque[int] = deque(maxlen=MAX_PENDING_JOINERS)
         self._needs_state: list[int] = []
         self._settling: dict[int, int] = {}    # state given -> heartbeats still to hear
+        self._restoring_us: dict[int, int] = {}  # ... and its restore allowance (settling)
         self._outgoing: _Outgoing | None = None
         self._incoming: _Incoming | None = None
         self._heartbeat_sent(now_us)
@@ -651,6 +658,7 @@ class Membership:
             self._last_heard[msg.sender] = now_us
             left = self._settling.get(msg.sender)
             if left is not None and msg.type is MsgType.HEARTBEAT:
+                self._restoring_us.pop(msg.sender, None)    # it speaks: restored
                 if left <= 1:
                     del self._settling[msg.sender]
                 else:
@@ -728,8 +736,10 @@ class Membership:
         just joined) is judged by the slowest peer we know well: on a busy machine
         every process shows it."""
         st = self._arrivals.get(birth)
-        if self.catching_up or self._receiving_state(birth):
-            return self.cfg.extension_cap_us
+        if self.catching_up or self.status is Status.AWAITING_STATE:
+            return self.cfg.extension_cap_us    # our own state is on its way, or replaying
+        if self._receiving_state(birth):
+            return self.cfg.extension_cap_us + self._restoring_us.get(birth, 0)
         if st is None or not st.known():
             st = max((s for s in self._arrivals.values() if s.known()),
                      key=ArrivalStats.expected_silence_us, default=st)
@@ -1085,6 +1095,7 @@ class Membership:
         self._needs_state = [b for b in self._needs_state if b not in births]
         for b in births:
             self._settling.pop(b, None)
+            self._restoring_us.pop(b, None)
         if self._outgoing is not None and self._outgoing.to in births:
             self._outgoing = None
         self._begin_change(MsgType.REMOVE_BACKUP,
@@ -1114,6 +1125,9 @@ class Membership:
             if len(chunks) > MAX_STATE_CHUNKS:
                 raise RuntimeError(f"checkpoint of {len(data)} bytes exceeds MAX_STATE_CHUNKS")
             self._outgoing = _Outgoing(to, chunks, sent_us=-(1 << 62))
+            mib = len(data) / (1 << 20)
+            if mib > 1:     # the joiner restores as its last chunk arrives, before it acks
+                self._restoring_us[to] = int((mib - 1) * self.cfg.restore_allowance_us_per_mib)
         out = self._outgoing
         if out is not None and now_us >= out.sent_us + self.cfg.retransmit_us:
             self._send_window(now_us)

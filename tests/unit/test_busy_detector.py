@@ -290,6 +290,39 @@ def test_a_member_receiving_the_state_gets_the_longest_timeouts():
     assert p._backup_timeout_us(105) == CFG.backup_timeout_us
 
 
+class _BigState:
+    """A long-lived group's log: 41 MiB to give a joiner."""
+    def checkpoint(self) -> bytes:
+        return bytes(41 << 20)
+
+    def restore(self, data: bytes) -> None:
+        pass
+
+
+def test_a_joiner_given_a_large_state_gets_time_to_restore_it():
+    """It restores the state as its last chunk arrives, before it acknowledges it (its
+    agent silent meanwhile, ~0.5 s for 40 MB): the primary waits longer per MiB beyond
+    the first, from the transfer's start until the joiner speaks again."""
+    p = Membership(CFG, random.Random(1), state=_BigState())
+    p.start(0)
+    p.birth, p.status = 100, Status.PRIMARY
+    p._install(4, 0, [Key(1, 100), Key(2, 105)], 2, 0)
+    p.take_actions()
+    t = run_timers(p, 200 * MS, feed=lambda now: p.handle_message(hb(105, 2, 2), now))
+    p.handle_message(propose_backup(130), t)      # admitted
+    p.handle_message(ack(105, 2, 1), t)
+    p.handle_message(ack(130, 0, 1), t)           # the change commits: the transfer starts
+    p.handle_timer(p.next_timer_us())
+    assert sent(p, MsgType.STATE)
+    allowance = 40 * CFG.restore_allowance_us_per_mib
+    assert p._backup_timeout_us(130) == (CFG.backup_timeout_us + CFG.extension_cap_us
+                                         + allowance)
+    assert p._backup_timeout_us(105) == CFG.backup_timeout_us
+    p._settling[130] = 1                          # transfer acknowledged, settling
+    p.handle_message(hb(130, 3, 3), t)            # it speaks: restored
+    assert p._backup_timeout_us(130) == CFG.backup_timeout_us + CFG.extension_cap_us
+
+
 # ---- heartbeats carried by another core (llft/replica/node.py) ------------------------
 
 def test_a_member_whose_heartbeats_are_carried_sends_none_and_still_forgives_a_stall():
