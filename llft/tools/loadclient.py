@@ -251,7 +251,7 @@ def _counter_loop(tr: ClientTrace, check: _CounterCheck, requests: int, name: st
     for n in range(requests):
         if interval_s > 0:
             stop.wait(max(0.0, t0 + interval_s - time.monotonic()))
-        if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+        if not _going_on(stop, deadline):
             return
         what = f"{name} #{n + 1}"
         t0 = time.monotonic()
@@ -301,10 +301,15 @@ def _http_client(tr: ClientTrace, host: str, port: int, timeout_s: float, key: s
                   f"GET /incr/{key}", exchange, stop, deadline, interval_s)
 
 
+def _going_on(stop: threading.Event, deadline: float | None) -> bool:
+    """Whether a client starts another request: not stopped, not past the deadline."""
+    return not stop.is_set() and (deadline is None or time.monotonic() < deadline)
+
+
 def _echo_client(tr: ClientTrace, conn: _Conn, size: int, requests: int,
                  problems: list, stop: threading.Event, deadline: float | None) -> None:
     for n in range(requests):
-        if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+        if not _going_on(stop, deadline):
             break
         what = f"echo #{n + 1}"
         payload = os.urandom(size)
@@ -329,7 +334,7 @@ def _echo_conn_client(tr: ClientTrace, host: str, port: int, timeout_s: float, s
     """One connection per request: connect, send `size` bytes, half-close (FIN), read
     the echo until the server closes (examples/echo.py echoes until the client's FIN)."""
     for n in range(requests):
-        if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+        if not _going_on(stop, deadline):
             break
         what = f"echo #{n + 1} (own connection)"
         payload = os.urandom(size)
