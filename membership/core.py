@@ -80,7 +80,7 @@ import enum
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Iterable, Protocol
 
 from llft.protocol.messages import Message, MsgType, Role, Send
 from membership.detector import ArrivalStats, extension_us
@@ -93,6 +93,7 @@ MAX_TRACKED_JOINERS = 32     # other joiners a joiner remembers (founding tie-br
 MAX_STATE_CHUNKS = 65_536    # chunks of one checkpoint (x chunk size = largest state)
 MAX_TRACKED_VIEWS = 8        # view numbers whose proposals a member remembers
 MAX_ACTIONS = 4_096          # actions not yet taken by the driver
+MAX_PROBED_GROUPS = 64       # remote groups a held backup probes per interval
 STALL_SLACK_INTERVALS = 2    # no event for this many heartbeat intervals: a local stall
 SETTLING_HEARTBEATS = 20     # a member just given our state: heartbeats before normal timeouts
 MAX_BACKOFF_LEVEL = 30       # doublings of the rejoin back-off remembered (then capped anyway)
@@ -350,6 +351,13 @@ class Membership:
         self._backoff_level = 0          # resets since the last stable membership
         self.founding_held: str | None = None   # hold_founding (survives a reset)
         self.catching_up = False                # set_catching_up (the runtime's knowledge)
+        # the remote groups this replica has connections with (the runtime's knowledge,
+        # asked only when the detector fires): a takeover needs to hear one of them
+        self.remote_groups_of: Callable[[], Iterable[str]] = tuple
+        # whether our primary branch has had remote data in this view (the runtime's)
+        self.served_of: Callable[[], bool] = bool
+        self.takeovers_held = 0                 # suspicions held for want of evidence
+        self.probes_alive = 0                   # answers: our primary speaks to them
         self._become_joiner(0)
 
     # ---- introspection ------------------------------------------------------------
@@ -404,7 +412,8 @@ class Membership:
         tick = self._last_tick_us if self._last_tick_us is not None else self._hb_sent_us
         t.append(tick + c.heartbeat_interval_us)
         if self.status in (Status.BACKUP, Status.AWAITING_STATE):
-            t.append(self._fd_deadline_us())
+            fd, held = self._fd_deadline_us(), self._takeover_held_us
+            t.append(fd if held is None or fd > held else self._probe_due_us)
         elif self.status is Status.PROPOSING:
             p = self._proposal
             t.append(p.sent_us + c.retransmit_us)
@@ -459,7 +468,8 @@ class Membership:
             self._joiner_tick(now_us)
             return
         if now_us >= self._hb_due_us:
-            self._send(MsgType.HEARTBEAT, {"rank": self.rank})
+            self._send(MsgType.HEARTBEAT, {"rank": self.rank, "served": int(
+                self.status in PRIMARY_STATUSES and self.served_of())})
             self._heartbeat_sent(now_us)
         if self.status in (Status.BACKUP, Status.AWAITING_STATE):
             if now_us >= self._fd_deadline_us():
@@ -500,7 +510,9 @@ class Membership:
         stops leaves a gap of at most 1.5 intervals."""
         if (self._started and self.is_member() and msg.type is MsgType.HEARTBEAT
                 and msg.sender == self.birth and msg.pvn == self.pvn
-                and msg.precedence == self.precedence and msg.body.get("rank") == self.rank):
+                and msg.precedence == self.precedence and msg.body.get("rank") == self.rank
+                and msg.body.get("served") == int(self.status in PRIMARY_STATUSES
+                                                  and self.served_of())):
             self._heartbeat_sent(now_us, self.cfg.heartbeat_interval_us // 2)
             self.heartbeats_carried += 1
 
@@ -520,6 +532,42 @@ class Membership:
         catching-up backup replaced a live primary). The receiving side of the
         primary's protection of a member it just gave its state (`_receiving_state`)."""
         self.catching_up = flag
+
+    @property
+    def takeover_held(self) -> bool:
+        """The detector fired and waits for evidence (the runtime then hands over the
+        answers to our PROBEs: `probe_answered`)."""
+        return self._takeover_held_us is not None
+
+    def probe_answered(self, primary: int, pvn: int, ago_us: int, now_us: int) -> None:
+        """A remote group's member answered our PROBE: it last heard our group's primary
+        `primary` (birth id, 0: never) of view `pvn` `ago_us` before it answered."""
+        if self._takeover_held_us is None or self.status is not Status.BACKUP:
+            return
+        self._observe_clock(now_us, tick=False)
+        if now_us < self._fd_deadline_us():
+            return
+        mine, c = self.primary.birth, self.cfg
+        if primary and (pvn > self.pvn or (pvn == self.pvn and primary != mine)):
+            self.probes_alive += 1              # another primary of ours serves them
+            return
+        if primary == mine:
+            # when it spoke to them, against when it fell silent to us
+            after_us = now_us - ago_us - self._last_heard.get(mine, self._hb_sent_us)
+            if after_us > c.timeout_base_us:
+                # a whole detector timeout after: no crash explains that (its heartbeats
+                # to us would all have been lost); we were cut off while it served them,
+                # so our state lacks what they saw. Never take over from it: the branch
+                # that served them (or its successor) prunes ours when we hear it.
+                self.probes_alive += 1
+                return
+            if after_us > 2 * c.heartbeat_interval_us and ago_us < c.timeout_base_us:
+                self.probes_alive += 1          # it speaks to them lately, not to us
+                return
+        elif ago_us < c.timeout_base_us:
+            return      # it never heard our primary, nor listened long enough to tell
+        self._evidence_us = now_us
+        self._fault_detector_fired(now_us)
 
     def abandon(self, reason: str, now_us: int) -> None:
         """The replica's state cannot go on in this group (its application executed
@@ -586,6 +634,10 @@ class Membership:
         self._group_heard_us = now_us
         self._other_joiners: dict[int, int] = {}
         self._resent_membership_us = -(1 << 62)
+        self._takeover_held_us: int | None = None   # detector fired, no evidence yet
+        self._primary_served = False                # our primary's last HEARTBEAT says
+        self._evidence_us = -1                      # a remote group's last "silent too"
+        self._probe_due_us = 0
 
     def _reset(self, now_us: int, reason: str) -> None:
         """Rejoin as a new member, after a back-off: a replica reset again and again
@@ -656,6 +708,10 @@ class Membership:
             if self.status in PRIMARY_STATUSES and msg.pvn != self.pvn:
                 return          # a backup living in another view is not alive for us
             self._last_heard[msg.sender] = now_us
+            if self.members and msg.sender == self.members[0].birth:
+                self._takeover_held_us = None       # the primary speaks: no suspicion
+                if msg.type is MsgType.HEARTBEAT:
+                    self._primary_served = msg.body.get("served") == 1
             left = self._settling.get(msg.sender)
             if left is not None and msg.type is MsgType.HEARTBEAT:
                 self._restoring_us.pop(msg.sender, None)    # it speaks: restored
@@ -691,11 +747,16 @@ class Membership:
         if mine is not None and msg.sender == mine.birth:
             return False
         theirs = Key(msg.precedence, msg.sender)
-        if not competing_primary_wins(mine=mine, theirs=theirs):
+        served = (msg.body.get("served") == 1) if msg.type is MsgType.HEARTBEAT else None
+        mine_served = (self.served_of() if self.status in PRIMARY_STATUSES
+                       else self._primary_served)
+        if not competing_primary_wins(mine=mine, theirs=theirs, mine_served=mine_served,
+                                      theirs_served=served):
             return False
         # messaging lines 18-20: make sure the rest of our branch hears it too
         self._emit(Send(self.cfg.group, msg))
-        self._reset(now_us, f"competing primary {theirs} outranks {mine}")
+        self._reset(now_us, f"competing primary {theirs}{' (served)' if served else ''} "
+                            f"outranks {mine}{' (served)' if mine_served else ''}")
         return True
 
     # ---- joining (backup-change lines 1-14) --------------------------------------------
@@ -781,6 +842,8 @@ class Membership:
         if not may_propose(my_key=self.key, seen_min=seen[0] if seen else None):
             self._last_heard[self.primary.birth] = now_us     # a senior backup is on it
             return
+        if self._awaiting_evidence(now_us):
+            return
         members = proposal_members(self.members, self.primary, self.key)
         self._generated_target = target
         heard = self._last_heard.get(self.primary.birth, self._hb_sent_us)
@@ -795,6 +858,49 @@ class Membership:
             self._last_heard.setdefault(k.birth, now_us)
         self._send_proposal(now_us)
         self._check_phase1(now_us)
+
+    def _awaiting_evidence(self, now_us: int) -> bool:
+        """Takeover needs evidence (beyond the paper). A backup cannot tell its primary's
+        crash from its own isolation, and a backup cut off from the serving primary and
+        its clients that takes over starts a branch of its own with a higher precedence
+        than the serving primary's, which wins on the heal: the replies the clients had
+        from the serving branch are rolled back (docs/ARCHITECTURE.md, "Partitions").
+        So while this replica has connections with remote groups (clients that may have
+        seen output), it proposes only when one of them says, after the detector fired,
+        that it does not hear our primary either: each remote group is sent a PROBE
+        every retransmit interval, and every member answers with what it last heard of
+        our primary (a live primary speaks to each remote group at least every
+        keep-alive interval). An answer that our primary spoke to them after it fell
+        silent to us, and lately, means we are the one cut off: we keep waiting (the
+        serving primary removes us; on the heal we hear it and rejoin). A remote group
+        whose primary died with ours still answers (its backups do), and counts our
+        PROBEs as nothing. With no remote connection nobody can have seen output: the
+        takeover proceeds as the paper's."""
+        held = self._takeover_held_us
+        if held is None or self._fd_deadline_us() > held:      # a new suspicion
+            groups = tuple(self.remote_groups_of())
+            if not groups:
+                self._takeover_held_us = None
+                return False
+            self._takeover_held_us = now_us
+            self.takeovers_held += 1
+            self._probe(groups, now_us)
+            return True
+        if self._evidence_us > held:
+            self._takeover_held_us = None
+            return False
+        if now_us >= self._probe_due_us:
+            self._probe(tuple(self.remote_groups_of()), now_us)
+        return True
+
+    def _probe(self, groups: tuple[str, ...], now_us: int) -> None:
+        g = self.cfg.group
+        for remote in groups[:MAX_PROBED_GROUPS]:
+            self._emit(Send(remote, Message(
+                type=MsgType.PROBE, src_group=g, dst_group=remote, conn_seq=0,
+                role=Role.CLIENT, pvn=self.pvn, precedence=self.precedence,
+                sender=self.birth, body={"answer": 0, "pvn": 0, "primary": 0, "ago": 0})))
+        self._probe_due_us = now_us + self.cfg.retransmit_us
 
     def _send_proposal(self, now_us: int) -> None:
         p = self._proposal

@@ -35,6 +35,9 @@ old_primary) is the receiver's own view (or, for a view the receiver holds by
 acknowledging a proposal, the same parent); any other proposal belongs to another
 branch and is left to precedence pruning (`competing_primary_wins`).
 
+After a heal the branch kept is the one that served remote groups in its view, then the
+one with the higher primary (`competing_primary_wins`).
+
 Precedences alone can tie across partitioned branches (each branch's primary assigns
 "the next precedence" independently), so replicas are compared by the key
 (precedence, birth_id): unique, and totally ordered the same way everywhere.
@@ -101,10 +104,26 @@ def may_propose(*, my_key: Key, seen_min: Key | None) -> bool:
     return seen_min is None or not seen_min < my_key
 
 
-def competing_primary_wins(*, mine: Key | None, theirs: Key) -> bool:
+def competing_primary_wins(*, mine: Key | None, theirs: Key, mine_served: bool = False,
+                           theirs_served: bool | None = None) -> bool:
     """Messaging lines 18-20 / theorem 1 case 2: a message from the primary of a
-    competing membership whose primary has higher precedence prunes our branch."""
-    return mine is None or theirs > mine
+    competing membership whose primary has higher precedence prunes our branch.
+
+    Beyond the paper: a branch whose primary has received data from a remote group in
+    its view ("served": a client may have seen its output) outranks one that has not,
+    whatever the precedences. A backup cut off alone with no connection takes over its
+    own branch (it has nobody to ask: membership/core.py "Takeover needs evidence");
+    meanwhile the other side may open connections and serve them, and a heal decided by
+    precedence alone rolled those replies back. `theirs_served` None: the message does
+    not say (only HEARTBEATs do); then a served branch of ours waits for their
+    heartbeat."""
+    if mine is None:
+        return True
+    if theirs_served is None:
+        return not mine_served and theirs > mine
+    if mine_served != theirs_served:
+        return theirs_served
+    return theirs > mine
 
 
 def fault_timeout_us(rank: int, *, timeout_base_us: int, inaction_us: int,

@@ -53,6 +53,12 @@ class MsgType(enum.IntEnum):
     STATE_ACK = 28
     NEW_PRIMARY_VIEW = 29   # on each inter-group connection, phase 2 of a primary change
     NEW_PRIMARY_VIEW_ACK = 30
+    # a backup whose fault detector fired asks each remote group it has connections with
+    # "when did you last hear our primary?"; every member of that group answers
+    # (`answer` 1, with what it last heard of the asking group's primary). A takeover
+    # needs an answer that our primary is silent there too (membership/core.py,
+    # "Takeover needs evidence"). Between groups, off any connection (conn_seq 0).
+    PROBE = 31
 
 
 # Kinds of message type, each written once. Membership's types are numbered from 20: they
@@ -63,7 +69,9 @@ FIRST_MEMBERSHIP_TYPE = 20
 DATA_TYPES = frozenset({MsgType.REQUEST, MsgType.REPLY})
 MEMBERSHIP_TYPES = frozenset(t for t in MsgType if t >= FIRST_MEMBERSHIP_TYPE)
 PHASE2_TYPES = frozenset({MsgType.NEW_PRIMARY_VIEW, MsgType.NEW_PRIMARY_VIEW_ACK})
-MEMBERSHIP_CORE_TYPES = MEMBERSHIP_TYPES - PHASE2_TYPES    # what membership's core handles
+# what membership's core handles (a PROBE is answered by the messaging core: the
+# gateway, which has no membership, answers too)
+MEMBERSHIP_CORE_TYPES = MEMBERSHIP_TYPES - PHASE2_TYPES - {MsgType.PROBE}
 
 
 class Role(enum.IntEnum):
@@ -81,7 +89,9 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
     MsgType.SECOND_ACK: {},
     MsgType.KEEP_ALIVE: {},
     MsgType.NACK: {"missing": list},                 # message sequence numbers wanted
-    MsgType.HEARTBEAT: {"rank": int},
+    # served: 1 from a primary with connections to remote groups (or that had data from
+    # one in this view): a branch some client may have seen (`competing_primary_wins`)
+    MsgType.HEARTBEAT: {"rank": int, "served": int},
     # upto: order-info position carried (primary) / delivered (backup's ack); done: the
     # position the backup's application has executed (its lag report; 0 from a primary)
     MsgType.ORDER_INFO: {"upto": int, "done": int},
@@ -105,6 +115,9 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
     MsgType.STATE_ACK: {"chunk": int},
     MsgType.NEW_PRIMARY_VIEW: {"old_pvn": int, "last_delivered": int},
     MsgType.NEW_PRIMARY_VIEW_ACK: {"last_delivered_from": int, "last_sent_to": int},
+    # answer 1: pvn/primary (birth id, 0: none) of the asking group's primary last heard
+    # (its messages only a primary sends), `ago` microseconds before this answer
+    MsgType.PROBE: {"answer": int, "pvn": int, "primary": int, "ago": int},
 }
 
 # flags of a data message's stream

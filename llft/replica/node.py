@@ -216,11 +216,18 @@ class ReplicaNode:
         self.app_state = app_state or _NoAppState()
         self.membership = mb.Membership(membership_config or mb.Config(group=group), rng,
                                         self)
+        self.membership.remote_groups_of = self._remote_groups
+        self.membership.served_of = lambda: self.live and self.messaging.served
         self.stats: dict[str, int] = {}
         self._mb_next: tuple[int | None] | None = None   # membership's deadline, cached
         self._actions: deque[NodeAction] = deque()
         self._now = 0
         self._fresh_messaging()
+
+    def _remote_groups(self) -> list[str]:
+        """The groups this replica has open connections with (membership asks when its
+        detector fires: a takeover then needs to hear one of them)."""
+        return sorted({cid[0] for cid in self.messaging.conns} - {self.group})
 
     def _fresh_messaging(self) -> None:
         self.messaging = mg.MessagingEndpoint(self.group, self.membership.birth,
@@ -359,6 +366,9 @@ class ReplicaNode:
             "precedence": me["precedence"] if me else None,
             "pvn": m.pvn, "primary": m.members[0].birth if m.members else None,
             "members": members,
+            # the detector fired; no remote group has said our primary is silent there too
+            "takeover": {"held": m.takeover_held, "held_count": m.takeovers_held,
+                         "primary_alive_answers": m.probes_alive},
             "order_info": {"produced": e.order_info_produced() if e.is_primary else None,
                            "delivered": self.order_info_delivered(m.pvn)},
             "backup_lag": {f"{b:x}": v for b, v in self.backup_lag(self._now).items()}
@@ -385,6 +395,10 @@ class ReplicaNode:
     def handle_message(self, msg: Message, now_us: int) -> None:
         self._now = max(self._now, now_us)
         t = msg.type
+        if (t is MsgType.PROBE and msg.body["answer"] and msg.src_group != self.group
+                and self.membership.takeover_held):
+            b = msg.body                    # evidence (or not) for a held takeover
+            self._touched().probe_answered(b["primary"], b["pvn"], b["ago"], now_us)
         if t in MEMBERSHIP_CORE_TYPES:
             self._touched().handle_message(msg, now_us)
         elif t == MsgType.HEARTBEAT:

@@ -193,6 +193,10 @@ class Sim:
     def heal(self) -> None:
         self._component = {}
 
+    def connected(self, a: Hashable, b: Hashable) -> bool:
+        """No partition separates `a` and `b` now."""
+        return self._component.get(a, 0) == self._component.get(b, 0)
+
     def inject(self, group: str, datagram: bytes, delay_us: int = 0) -> None:
         for node in self._listeners.get(group, ()):
             self._push(self.now_us + delay_us, _DGRAM, node, (datagram, None))

@@ -503,15 +503,20 @@ class Schedule:
 
     def _stateful(self, g: str) -> list[str]:
         """Replicas that would carry the group's state on: holding it, running (not
-        paused), and members of the view of the group's newest primary (a replica its
-        primary already removed only thinks it is a member)."""
+        paused), members of the view of the group's newest primary (a replica its
+        primary already removed only thinks it is a member), and not cut off from that
+        primary (one cut off lacks what the primary served meanwhile: crashing the
+        primary then is a double fault, after which the cut-off replica rightly never
+        takes over; membership/core.py "Takeover needs evidence")."""
         live = [n for n in self._live(g) if self.sim.core(n).live and not self.sim.paused(n)]
-        prim = [self.sim.core(n) for n in self._live(g) if self.sim.core(n).is_primary]
+        prim = [n for n in self._live(g) if self.sim.core(n).is_primary]
         if not prim:
             return live
-        newest = max(prim, key=lambda c: (c.pvn, c.membership.change)).membership
-        births = {k.birth for k in newest.members}
-        return [n for n in live if self.sim.core(n).birth in births]
+        top = max(prim, key=lambda n: (self.sim.core(n).pvn,
+                                       self.sim.core(n).membership.change))
+        births = {k.birth for k in self.sim.core(top).membership.members}
+        return [n for n in live if self.sim.core(n).birth in births
+                and self.sim.connected(n, top)]
 
     def _do(self, *words) -> None:
         """Apply one event of the schedule now and record it."""
@@ -693,6 +698,9 @@ class Schedule:
         for node in self.nodes_made:    # coverage of the catch-up (node.py)
             for k in ("catch_up_sent", "caught_up_entries", "history_differs", "catch_up_gap"):
                 self.stats[k] += node.stats.get(k, 0)
+            # coverage of "takeover needs evidence" (membership/core.py)
+            self.stats["takeovers held"] += node.membership.takeovers_held
+            self.stats["probe answers: primary alive"] += node.membership.probes_alive
         return Outcome(self.violations, self.script, self.stats)
 
     def _check_one_history(self, settled: bool) -> None:

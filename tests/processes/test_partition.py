@@ -6,7 +6,9 @@ gateway in the root namespace (on the bridge's address); counter clients checkin
 reply through it. Cut the primary's link: the two backups exclude it and one takes over;
 the clients' replies stay exactly-once and in order. Heal: the old primary, which went on
 as primary of its own branch, learns the other branch has precedence, resets (a new birth,
-its application restarted) and rejoins as a backup. Then the same for a backup's link.
+its application restarted) and rejoins as a backup. A backup's link cut: its detector
+fires, but no remote group answers its probes, so it holds its takeover (it must not found
+a branch of its own); healed, it learns it was removed and rejoins as a backup.
 Every wait is on a condition read from the status files, with a deadline.
 """
 from __future__ import annotations
@@ -93,11 +95,22 @@ def cut_and_heal(seg: netns.Segment, lc: LocalCluster, load: BackgroundLoad,
     if primary_pid != victim["agent_pid"]:
         assert prim["agent_pid"] == primary_pid      # a backup cut: the primary stays
     wait_replies(load, 50, f"with {NAMES[i]} cut off")
-    # the cut-off side, hearing no one, ends as the primary of a view of itself alone:
-    # heal only then, so the heal is always a meeting of two primaries
-    wait_for(lambda ags: any(a.get("agent_pid") == victim["agent_pid"]
-                             and a.get("role") == "primary" and len(a.get("members", [])) == 1
-                             for a in ags), f"{NAMES[i]} alone in its own branch", lc)
+    if victim.get("role") == "primary":
+        # the cut-off primary, hearing no one, ends as the primary of a view of itself
+        # alone: heal only then, so the heal is a meeting of two primaries
+        wait_for(lambda ags: any(a.get("agent_pid") == victim["agent_pid"]
+                                 and a.get("role") == "primary"
+                                 and len(a.get("members", [])) == 1
+                                 for a in ags), f"{NAMES[i]} alone in its own branch", lc)
+    else:
+        # a cut-off backup's detector fires, but no remote group answers its probes: it
+        # must not take over a branch of its own (membership/core.py "Takeover needs
+        # evidence"); heal while it holds
+        wait_for(lambda ags: any(a.get("agent_pid") == victim["agent_pid"]
+                                 and (a.get("takeover") or {}).get("held")
+                                 for a in ags), f"{NAMES[i]} holding its takeover", lc)
+        me = next(a for a in agents(lc) if a.get("agent_pid") == victim["agent_pid"])
+        assert me["role"] == "backup" and me["pvn"] == victim["pvn"], me
     seg.heal(i)
     prim2, ms = wait_for(serving_primary(-1, 3), f"{NAMES[i]} back as a backup", lc)
     assert prim2["agent_pid"] == prim["agent_pid"]   # the healed branch does not take over
@@ -150,15 +163,12 @@ def test_cut_primary_and_heal(tmp_path):
         assert prim["agent_pid"] != first["agent_pid"]          # a backup took over
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug: the cut-off backup takes over alone (it cannot tell a partition from its "
-    "primary's crash) with a precedence higher than the serving primary's; on the heal "
-    "the precedence rule (membership/rules.py competing_primary_wins) makes the stale "
-    "branch win: the serving primary resets, replies already given are rolled back "
-    "('order info ... entries are missing') and the clients stall"))
 def test_cut_backup_and_heal(tmp_path):
-    """A backup cut off: the primary goes on without it; healed, the backup (which took
-    over its own branch meanwhile) resets and rejoins as a backup of the same primary."""
+    """A backup cut off: the primary goes on without it; the backup's detector fires but
+    it holds its takeover (no remote group says the primary is silent there: it hears
+    none); healed, it learns it was removed, resets and rejoins as a backup of the same
+    primary. (Before "takeover needs evidence" it took over a branch of its own with a
+    higher precedence, which won on the heal and rolled back replies the clients had.)"""
     with partitioned_service(tmp_path) as (seg, lc, load):
         prim = next(a for a in agents(lc) if a.get("role") == "primary")
         backup = next(a for a in agents(lc) if a.get("role") == "backup")

@@ -21,7 +21,7 @@ MS = 1_000
 
 def hb(sender: int, prec: int, rank: int, pvn: int = 4) -> Message:
     return Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, pvn, prec, sender,
-                   body={"rank": rank})
+                   body={"rank": rank, "served": 0})
 
 
 def propose_backup(sender: int) -> Message:

@@ -216,11 +216,23 @@ class MessagingEndpoint:
         self.carry: list[ConnId] = []       # backup: recent frees of earlier views, reported
         # CLOSED answers sent lately (cid -> time): a retransmitted window gets one answer
         self._closed_answered: dict[ConnId, int] = {}
+        self._probe_answered: dict[str, int] = {}   # remote group -> our last PROBE answer
+        # remote group -> (pvn, birth, time) of the last message only its primary sends
+        self.primary_heard: dict[str, tuple[int, int, int]] = {}
+        self._since_us: int | None = None   # our first message: listening since
+        self.served_pvn = 0                 # the last view in which we, primary, got data
 
     # ======================================================================== views ===
     @property
     def is_primary(self) -> bool:
         return self.primary_id == self.birth_id
+
+    @property
+    def served(self) -> bool:
+        """Primary with a connection to a remote group (open now, or that brought data in
+        this view): its branch carries output a client may have seen. A successor that
+        took over its predecessor's connections continues a served branch."""
+        return self.is_primary and (bool(self.conns) or self.served_pvn == self.pvn)
 
     def set_view(self, pvn: int, primary_birth_id: int, members: list[tuple[int, int]],
                  my_birth_id: int, now_us: int | None = None) -> None:
@@ -522,6 +534,29 @@ class MessagingEndpoint:
             self._emit(c.remote, self._msg(c, MsgType.NACK, {"missing": []}))
             self._solicit_after[c.remote] = self._now + self.config.first_ack_retry_us
 
+    def _answer_probe(self, msg: Message) -> None:
+        """A remote backup whose detector fired asks when we last heard its group's
+        primary (every member answers, the gateway too; membership/core.py "Takeover
+        needs evidence"). One answer per remote group per nack_delay_us, however many
+        probes arrive (a group's held backups probe together); an answer is not
+        answered."""
+        if msg.body["answer"]:
+            return
+        last = self._probe_answered.get(msg.src_group)
+        if last is not None and self._now - last < self.config.nack_delay_us:
+            return
+        if last is None and len(self._probe_answered) >= MAX_PROBED_BY:
+            del self._probe_answered[min(self._probe_answered,
+                                         key=self._probe_answered.__getitem__)]
+        self._probe_answered[msg.src_group] = self._now
+        self._count("probe_answered")
+        self._emit(msg.src_group, Message(
+            type=MsgType.PROBE, src_group=self.group, dst_group=msg.src_group,
+            conn_seq=INTRA_CONN_SEQ, role=Role.CLIENT, pvn=self.pvn,
+            precedence=self.precedence, sender=self.birth_id,
+            body=probe_answer(self.primary_heard.get(msg.src_group), self._since_us,
+                              self._now)))
+
     def _after_event(self) -> None:
         """Watermark news: a backup reports a risen watermark soon; a primary whose group
         watermark rose tells remote senders holding data it now covers (KEEP_ALIVE soon),
@@ -578,6 +613,8 @@ class MessagingEndpoint:
 
     def handle_message(self, msg: Message, now_us: int) -> None:
         self._now = max(self._now, now_us)
+        if self._since_us is None:
+            self._since_us = now_us
         if msg.sender == self.birth_id:
             return
         if msg.ts > self.clock:
@@ -594,6 +631,16 @@ class MessagingEndpoint:
             return
         if msg.type in MEMBERSHIP_CORE_TYPES:
             return      # membership's
+        if msg.type is MsgType.PROBE:
+            self._answer_probe(msg)
+            return
+        if msg.type in PRIMARY_ONLY_TYPES:
+            heard = self.primary_heard.get(msg.src_group)
+            if heard is None or msg.pvn >= heard[0]:
+                if heard is None and len(self.primary_heard) >= MAX_PROBED_BY:
+                    del self.primary_heard[min(self.primary_heard,
+                                               key=lambda g: self.primary_heard[g][2])]
+                self.primary_heard[msg.src_group] = (msg.pvn, msg.sender, self._now)
         cid = (msg.src_group, msg.conn_seq, Role(1 - msg.role))
         c = self.conns.get(cid)
         if c is None and cid in self.closed:
@@ -666,6 +713,8 @@ class MessagingEndpoint:
                 c.remote_view.delivered = trailer[4]
                 if not self.is_primary:
                     self._trim_log(c)
+        if t in DATA_TYPES and self.is_primary:
+            self.served_pvn = self.pvn
         handler = _INTER_GROUP_HANDLERS.get((t, self.is_primary))
         if handler is not None:
             getattr(self, handler)(c, msg)
@@ -1386,7 +1435,8 @@ class MessagingEndpoint:
         if not self.backups and self.is_primary:
             return
         back = self._heartbeat_back()
-        self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": self.rank()},
+        self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": self.rank(),
+                                                            "served": int(self.served)},
                                            back=back, ack=self.digest(),
                                            order_info=self._heartbeat_frees()))
         self._after_heartbeat()
@@ -1741,6 +1791,16 @@ class MessagingEndpoint:
 DIGEST_MASK = 0x7FFFFFFF
 CLOSED_ANSWERS_KEPT = 256
 FREES_PER_HEARTBEAT = 256
+MAX_PROBED_BY = 64                  # remote groups whose primaries and probes we track
+
+
+def probe_answer(heard: tuple[int, int, int] | None, since_us: int, now_us: int) -> dict:
+    """A PROBE's answer body: what we last heard of the asking group's primary (never:
+    primary 0, and `ago` how long we have been listening)."""
+    if heard is None:
+        return {"answer": 1, "pvn": 0, "primary": 0, "ago": max(0, now_us - since_us)}
+    pvn, birth, at = heard
+    return {"answer": 1, "pvn": pvn, "primary": birth, "ago": max(0, now_us - at)}
 
 
 def _item_hash(c: Connection) -> int:

@@ -1,0 +1,152 @@
+"""Takeover needs evidence (membership/core.py `_awaiting_evidence`), and a served branch
+outranks an unserved one on a heal (membership/rules.py `competing_primary_wins`).
+
+A backup cut off alone cannot tell that from its primary's crash; before these rules it
+took over a branch of its own that won on the heal and rolled back replies the clients
+had (tests/sim/regressions/replica_partition_stale_branch_wins.scenario). The cores are
+driven directly with crafted messages, at the times they ask for.
+"""
+from __future__ import annotations
+
+import random
+
+from llft.protocol.messages import Message, MsgType, Role
+from llft.protocol.messaging import MessagingEndpoint
+from membership.core import Config, Membership, Send, Status
+from membership.rules import Key, competing_primary_wins
+
+G, R = "g", "clients"
+CFG = Config(group=G)
+HB, BASE, MS = CFG.heartbeat_interval_us, CFG.timeout_base_us, 1_000
+PRIMARY, ME = 100, 105
+
+
+def backup(remote_groups=(R,)) -> Membership:
+    core = Membership(CFG, random.Random(1))
+    core.start(0)
+    core.birth = ME
+    core.status = Status.BACKUP
+    core._install(4, 0, [Key(1, PRIMARY), Key(2, ME)], 2, 0)
+    core.remote_groups_of = lambda: remote_groups
+    core.take_actions()
+    return core
+
+
+def sent(core: Membership, mtype: MsgType) -> list[Send]:
+    return [a for a in core.take_actions() if isinstance(a, Send) and a.msg.type is mtype]
+
+
+def advance(core: Membership, until_us: int) -> int:
+    """Run the timer whenever it asks, up to `until_us` (no local stall)."""
+    now = core.next_timer_us()
+    while now <= until_us:
+        core.handle_timer(now)
+        now = core.next_timer_us()
+    return until_us
+
+
+def fire_detector(core: Membership) -> int:
+    """Run the timer (no word from the primary) until the detector has fired."""
+    while not core.takeover_held and core.status is Status.BACKUP:
+        core.handle_timer(core.next_timer_us())
+    return core.next_timer_us()
+
+
+def test_with_no_remote_connection_the_detector_proposes_at_once():
+    core = backup(remote_groups=())
+    fire_detector(core)
+    assert core.status is Status.PRIMARY_PHASE2 and core.takeovers_held == 0
+
+
+def test_a_backup_with_clients_probes_them_and_waits_for_their_word():
+    core = backup()
+    now = fire_detector(core)
+    assert core.status is Status.BACKUP and core.takeover_held
+    probes = sent(core, MsgType.PROBE)
+    assert [(a.dst_group, a.msg.type, a.msg.body["answer"]) for a in probes] == [
+        (R, MsgType.PROBE, 0)]
+    # nobody answers (cut off alone): it probes again every retransmit interval and never
+    # proposes, however long the silence
+    advance(core, now + 200 * CFG.retransmit_us)
+    types = [a.msg.type for a in core.take_actions() if isinstance(a, Send)]
+    assert types.count(MsgType.PROBE) >= 199 and MsgType.PROPOSE_PRIMARY not in types
+    assert core.status is Status.BACKUP and core.takeover_held
+
+
+def test_an_answer_that_the_primary_is_silent_there_too_lets_it_take_over():
+    core = backup()
+    now = fire_detector(core)
+    heard = core._last_heard[PRIMARY]
+    core.probe_answered(PRIMARY, 4, now - heard, now)        # last heard when we did
+    assert core.status is Status.PRIMARY_PHASE2      # alone: phase 1 is done at once
+    assert sent(core, MsgType.PROPOSE_PRIMARY)
+
+
+def test_an_answer_that_the_primary_spoke_to_them_since_keeps_it_waiting():
+    core = backup()
+    now = fire_detector(core)
+    core.probe_answered(PRIMARY, 4, 1 * MS, now)             # it spoke to them 1 ms ago
+    assert core.status is Status.BACKUP and core.probes_alive == 1
+    # it spoke to them a whole detector timeout after it fell silent to us: we were cut
+    # off while it served them; even once it is silent there as well, never take over
+    heard = core._last_heard[PRIMARY]
+    later = advance(core, now + 10 * BASE)
+    core.probe_answered(PRIMARY, 4, later - (heard + 2 * BASE), later)
+    assert core.status is Status.BACKUP and core.probes_alive == 2
+    # another primary of our group serves them (a later view): not ours to take over
+    core.probe_answered(999, 5, 0, later + 1)
+    assert core.status is Status.BACKUP and core.probes_alive == 3
+
+
+def test_an_answer_from_a_member_that_never_heard_our_primary_counts_once_it_listened():
+    core = backup()
+    now = fire_detector(core)
+    core.probe_answered(0, 0, BASE // 2, now)                # just started listening
+    assert core.status is Status.BACKUP
+    core.probe_answered(0, 0, 2 * BASE, now + 1)             # listened long enough
+    assert core.status is Status.PRIMARY_PHASE2      # alone: phase 1 is done at once
+
+
+def test_the_primary_heard_again_ends_the_hold():
+    core = backup()
+    fire_detector(core)
+    now = core.next_timer_us()
+    core.handle_message(Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 4, 1, PRIMARY,
+                                body={"rank": 1, "served": 1}), now)
+    assert not core.takeover_held and core._primary_served
+
+
+def test_every_member_of_a_remote_group_answers_with_what_it_heard_of_our_primary():
+    ep = MessagingEndpoint(R, 7)
+    keepalive = Message(MsgType.KEEP_ALIVE, G, R, 1, Role.SERVER, 4, 1, PRIMARY, ts=1)
+    ep.handle_message(keepalive, 1_000)
+    ep.take_actions()
+    probe = Message(MsgType.PROBE, G, R, 0, Role.CLIENT, 4, 2, ME,
+                    body={"answer": 0, "pvn": 0, "primary": 0, "ago": 0})
+    ep.handle_message(probe, 31_000)
+    (a,) = [a for a in ep.take_actions() if getattr(a, "msg", None) is not None
+            and a.msg.type is MsgType.PROBE]
+    assert a.dst_group == G and a.msg.body == {"answer": 1, "pvn": 4, "primary": PRIMARY,
+                                               "ago": 30_000}
+    ep.handle_message(probe, 31_100)                  # rate-limited: one per nack delay
+    assert not [a for a in ep.take_actions() if getattr(a, "msg", None) is not None
+                and a.msg.type is MsgType.PROBE]
+    answer = Message(MsgType.PROBE, G, R, 0, Role.CLIENT, 4, 2, ME,
+                     body={"answer": 1, "pvn": 0, "primary": 0, "ago": 0})
+    ep.handle_message(answer, 40_000)                 # an answer is not answered
+    assert not [a for a in ep.take_actions() if getattr(a, "msg", None) is not None
+                and a.msg.type is MsgType.PROBE]
+
+
+def test_a_served_branch_outranks_an_unserved_one_whatever_the_precedence():
+    low, high = Key(1, 10), Key(7, 20)
+    assert competing_primary_wins(mine=low, theirs=high)                  # the paper
+    assert not competing_primary_wins(mine=low, theirs=high, mine_served=True,
+                                      theirs_served=False)
+    assert competing_primary_wins(mine=high, theirs=low, mine_served=False,
+                                  theirs_served=True)
+    assert competing_primary_wins(mine=low, theirs=high, mine_served=True,
+                                  theirs_served=True)                     # both: precedence
+    # a message that does not say (not a HEARTBEAT): a served branch waits for one
+    assert not competing_primary_wins(mine=low, theirs=high, mine_served=True)
+    assert competing_primary_wins(mine=low, theirs=high, mine_served=False)
