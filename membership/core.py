@@ -455,6 +455,7 @@ class Membership:
             p.version_us = later(p.version_us)
             p.drop_check_us = later(p.drop_check_us)
         self._group_heard_us = later(self._group_heard_us)
+        self._current_us = later(self._current_us)
         self._join_start_us = later(self._join_start_us)
         for b, t in self._other_joiners.items():
             self._other_joiners[b] = later(t)
@@ -469,7 +470,8 @@ class Membership:
             return
         if now_us >= self._hb_due_us:
             self._send(MsgType.HEARTBEAT, {"rank": self.rank, "served": int(
-                self.status in PRIMARY_STATUSES and self.served_of())})
+                self.status in PRIMARY_STATUSES and self.served_of()),
+                "lineage": self.lineage, "change": self.change})
             self._heartbeat_sent(now_us)
         if self.status in (Status.BACKUP, Status.AWAITING_STATE):
             if now_us >= self._fd_deadline_us():
@@ -512,7 +514,9 @@ class Membership:
                 and msg.sender == self.birth and msg.pvn == self.pvn
                 and msg.precedence == self.precedence and msg.body.get("rank") == self.rank
                 and msg.body.get("served") == int(self.status in PRIMARY_STATUSES
-                                                  and self.served_of())):
+                                                  and self.served_of())
+                and msg.body.get("lineage") == self.lineage
+                and msg.body.get("change") == self.change):
             self._heartbeat_sent(now_us, self.cfg.heartbeat_interval_us // 2)
             self.heartbeats_carried += 1
 
@@ -552,8 +556,11 @@ class Membership:
             self.probes_alive += 1              # another primary of ours serves them
             return
         if primary == mine:
-            # when it spoke to them, against when it fell silent to us
-            after_us = now_us - ago_us - self._last_heard.get(mine, self._hb_sent_us)
+            # when it spoke to them, against when it fell silent to us (or when we last
+            # knew we held its membership: a primary heard again after it removed us,
+            # before we learn that, leaves our state as stale as the removal)
+            after_us = now_us - ago_us - min(self._last_heard.get(mine, self._hb_sent_us),
+                                             self._current_us)
             if after_us > c.timeout_base_us:
                 # a whole detector timeout after: no crash explains that (its heartbeats
                 # to us would all have been lost); we were cut off while it served them,
@@ -606,6 +613,7 @@ class Membership:
         self.precedence = 0
         self.pvn = 0
         self.change = 0
+        self.lineage = 0                 # the view our group's lineage was founded at
         self.members: list[Key] = []
         self.max_precedence = 0
         self._accepted_by_proposal = False
@@ -636,6 +644,7 @@ class Membership:
         self._resent_membership_us = -(1 << 62)
         self._takeover_held_us: int | None = None   # detector fired, no evidence yet
         self._primary_served = False                # our primary's last HEARTBEAT says
+        self._current_us = now_us                   # ... and was of our membership then
         self._evidence_us = -1                      # a remote group's last "silent too"
         self._probe_due_us = 0
 
@@ -671,6 +680,7 @@ class Membership:
     def _install(self, pvn: int, change: int, members: list[Key], max_prec: int,
                  now_us: int, reason: str = "") -> None:
         self.pvn, self.change, self.members = pvn, change, list(members)
+        self._current_us = now_us
         me = next(k for k in members if k.birth == self.birth)
         self.precedence = me.precedence
         self.max_precedence = max(self.max_precedence, max_prec, members[-1].precedence)
@@ -712,6 +722,8 @@ class Membership:
                 self._takeover_held_us = None       # the primary speaks: no suspicion
                 if msg.type is MsgType.HEARTBEAT:
                     self._primary_served = msg.body.get("served") == 1
+                    if msg.pvn == self.pvn and msg.body.get("change", 0) <= self.change:
+                        self._current_us = now_us   # and we hold its membership
             left = self._settling.get(msg.sender)
             if left is not None and msg.type is MsgType.HEARTBEAT:
                 self._restoring_us.pop(msg.sender, None)    # it speaks: restored
@@ -751,12 +763,14 @@ class Membership:
         mine_served = (self.served_of() if self.status in PRIMARY_STATUSES
                        else self._primary_served)
         if not competing_primary_wins(mine=mine, theirs=theirs, mine_served=mine_served,
-                                      theirs_served=served):
+                                      theirs_served=served, mine_lineage=self.lineage,
+                                      theirs_lineage=msg.body.get("lineage", 0)):
             return False
         # messaging lines 18-20: make sure the rest of our branch hears it too
         self._emit(Send(self.cfg.group, msg))
         self._reset(now_us, f"competing primary {theirs}{' (served)' if served else ''} "
-                            f"outranks {mine}{' (served)' if mine_served else ''}")
+                            f"of lineage {msg.body.get('lineage', '?')} outranks {mine}"
+                            f"{' (served)' if mine_served else ''} of lineage {self.lineage}")
         return True
 
     # ---- joining (backup-change lines 1-14) --------------------------------------------
@@ -783,6 +797,7 @@ class Membership:
         prec = self.max_seen_precedence + 1
         self.status = Status.PRIMARY_PHASE2
         self._heartbeat_sent(now_us - self.cfg.heartbeat_interval_us)
+        self.lineage = self.max_seen_pvn + 1
         self._install(self.max_seen_pvn + 1, 0, [Key(prec, self.birth)], prec, now_us,
                       f"founded the group: no member heard for "
                       f"{self.cfg.found_timeout_us // 1000} ms")
@@ -1042,6 +1057,7 @@ class Membership:
             if included:
                 self.status = Status.AWAITING_STATE
                 self._incoming = None
+                self.lineage = body["lineage"]
                 self._heartbeat_sent(now_us)
                 self._install(msg.pvn, body["change"], members, body["max_precedence"], now_us,
                               f"admitted as a backup by primary {short_id(msg.sender)}")
@@ -1115,7 +1131,8 @@ class Membership:
 
     def _membership_body(self, change: int, members: list[Key], old: list[Key]) -> dict:
         return {"members": _encode_members(members), "old_members": _encode_members(old),
-                "change": change, "max_precedence": self.max_precedence}
+                "change": change, "max_precedence": self.max_precedence,
+                "lineage": self.lineage}
 
     def _begin_change(self, mtype: MsgType, members: list[Key], now_us: int,
                       why: str = "") -> None:

@@ -105,7 +105,8 @@ def may_propose(*, my_key: Key, seen_min: Key | None) -> bool:
 
 
 def competing_primary_wins(*, mine: Key | None, theirs: Key, mine_served: bool = False,
-                           theirs_served: bool | None = None) -> bool:
+                           theirs_served: bool | None = None, mine_lineage: int = 0,
+                           theirs_lineage: int = 0) -> bool:
     """Messaging lines 18-20 / theorem 1 case 2: a message from the primary of a
     competing membership whose primary has higher precedence prunes our branch.
 
@@ -116,11 +117,18 @@ def competing_primary_wins(*, mine: Key | None, theirs: Key, mine_served: bool =
     meanwhile the other side may open connections and serve them, and a heal decided by
     precedence alone rolled those replies back. `theirs_served` None: the message does
     not say (only HEARTBEATs do); then a served branch of ours waits for their
-    heartbeat."""
+    heartbeat.
+
+    Before both: the older lineage (the lower view number its lineage was founded at;
+    0: unknown) wins. A replica reset while cut off hears no member and founds the group
+    anew, with an empty state, at a view above every view it heard of: a branch that
+    continues the group's lineage must outrank it, served or not."""
     if mine is None:
         return True
     if theirs_served is None:
         return not mine_served and theirs > mine
+    if mine_lineage and theirs_lineage and mine_lineage != theirs_lineage:
+        return theirs_lineage < mine_lineage
     if mine_served != theirs_served:
         return theirs_served
     return theirs > mine

@@ -90,8 +90,11 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
     MsgType.KEEP_ALIVE: {},
     MsgType.NACK: {"missing": list},                 # message sequence numbers wanted
     # served: 1 from a primary with connections to remote groups (or that had data from
-    # one in this view): a branch some client may have seen (`competing_primary_wins`)
-    MsgType.HEARTBEAT: {"rank": int, "served": int},
+    # one in this view): a branch some client may have seen; lineage: as in ACCEPT_BACKUP
+    # (both for membership/rules.py `competing_primary_wins`); change: the sender's
+    # membership change in its view (a backup that hears a later one from its primary is
+    # behind: maybe removed; membership/core.py `probe_answered`)
+    MsgType.HEARTBEAT: {"rank": int, "served": int, "lineage": int, "change": int},
     # upto: order-info position carried (primary) / delivered (backup's ack); done: the
     # position the backup's application has executed (its lag report; 0 from a primary)
     MsgType.ORDER_INFO: {"upto": int, "done": int},
@@ -105,11 +108,13 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
                               "change": int, "max_precedence": int},
     MsgType.PROPOSE_PRIMARY_ACK: {"proposer": int, "change": int, "max_precedence": int},
     MsgType.PROPOSE_BACKUP: {"host": str, "pid": int},
+    # lineage: the view number at which the group's lineage was founded (a joiner takes
+    # it from its primary; membership/rules.py `competing_primary_wins`)
     MsgType.ACCEPT_BACKUP: {"members": list, "old_members": list, "change": int,
-                            "max_precedence": int},
+                            "max_precedence": int, "lineage": int},
     MsgType.ACCEPT_BACKUP_ACK: {"change": int},
     MsgType.REMOVE_BACKUP: {"members": list, "old_members": list, "change": int,
-                            "max_precedence": int},
+                            "max_precedence": int, "lineage": int},
     MsgType.REMOVE_BACKUP_ACK: {"change": int},
     MsgType.STATE: {"to": int, "chunk": int, "chunks": int, "data": bytes},
     MsgType.STATE_ACK: {"chunk": int},

@@ -551,6 +551,8 @@ class ReplicaNode:
         self._actions.append(action)
 
     def _set_view(self, pvn: int, members) -> None:
+        self.messaging.lineage = self.membership.lineage
+        self.messaging.change = self.membership.change
         self.messaging.set_view(pvn, members[0].birth,
                                 [(k.birth, k.precedence) for k in members],
                                 self.birth, self._now)

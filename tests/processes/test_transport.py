@@ -159,7 +159,7 @@ def test_own_multicasts_are_dropped_given_birth_id():
         async with Endpoint(KEY, "svc", got.append, groups=gm, birth_id=99) as ep:
             ep.send("svc", data_msg(1))                       # sender 99: an echo
             hb = Message(MsgType.HEARTBEAT, "svc", "svc", 0, Role.CLIENT, 1, 1, 7,
-                         body={"rank": 2, "served": 0})
+                         body={"rank": 2, "served": 0, "lineage": 0, "change": 0})
             ep.send("svc", hb)
             assert await ep.wait_until(lambda: len(got) == 1, 10)
             assert got[0].sender == 7 and ep.counters["own_messages"] == 1

@@ -331,7 +331,7 @@ def test_awaiting_state_backup_resets_when_the_primary_fails():
     g.sim.crash(0)
     msg = Message(MsgType.ACCEPT_BACKUP, G, G, 0, Role.CLIENT, p.pvn, p.precedence, p.birth,
                   body={"members": [[p.birth, 1], [core.birth, 2]], "old_members": [[p.birth, 1]],
-                        "change": 1, "max_precedence": 2})
+                        "change": 1, "max_precedence": 2, "lineage": 0})
     core.handle_message(msg, g.sim.now_us)
     assert core.status is Status.AWAITING_STATE
     old = core.birth
@@ -389,7 +389,7 @@ def test_core_resets_when_excluded_and_ignores_stale_proposals():
 def test_once_a_view_is_entered_a_competing_proposal_for_it_is_ignored():
     c = member(birth=130, prec=5, members=((100, 1), (105, 2), (120, 4), (130, 5)))
     c.handle_message(pp(105, 2, [(105, 2), (120, 4), (130, 5)]), 10)
-    hb = Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 5, 2, 105, body={"rank": 1, "served": 0})
+    hb = Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 5, 2, 105, body={"rank": 1, "served": 0, "lineage": 0, "change": 0})
     c.handle_message(hb, 11)                                        # the view formed
     c.handle_message(pp(120, 4, [(120, 4), (130, 5)]), 12)
     assert c.primary == Key(2, 105)
@@ -409,8 +409,8 @@ def test_a_proposal_from_another_branch_is_not_judged_by_our_view():
 
 def test_competing_primary_heartbeat_prunes_lower_branch_and_is_remulticast():
     c = member()
-    higher = Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 2, 7, 999, body={"rank": 1, "served": 0})
-    lower = Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 9, 1, 5, body={"rank": 1, "served": 0})
+    higher = Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 2, 7, 999, body={"rank": 1, "served": 0, "lineage": 0, "change": 0})
+    lower = Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 9, 1, 5, body={"rank": 1, "served": 0, "lineage": 0, "change": 0})
     c.handle_message(lower, 5)             # key (1, 5) < our primary's (1, 100): ignored
     assert c.status is Status.BACKUP
     c.handle_message(higher, 6)
@@ -457,7 +457,7 @@ def test_sim_campaign(soak):
 def change_msg(mtype, members, change, sender=100, prec=1, pvn=4):
     return Message(mtype, G, G, 0, Role.CLIENT, pvn, prec, sender,
                    body={"members": [list(m) for m in members], "old_members": [],
-                         "change": change, "max_precedence": 9})
+                         "change": change, "max_precedence": 9, "lineage": 0})
 
 
 def test_backup_accepts_a_new_membership_and_recomputes_its_rank():

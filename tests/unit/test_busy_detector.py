@@ -21,7 +21,7 @@ MS = 1_000
 
 def hb(sender: int, prec: int, rank: int, pvn: int = 4) -> Message:
     return Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, pvn, prec, sender,
-                   body={"rank": rank, "served": 0})
+                   body={"rank": rank, "served": 0, "lineage": 0, "change": 0})
 
 
 def propose_backup(sender: int) -> Message:
@@ -221,7 +221,7 @@ def test_a_backup_stall_seen_first_by_a_message_does_not_suspect_the_primary():
 def _removed(c: Membership, now: int) -> Reset:
     msg = Message(MsgType.REMOVE_BACKUP, G, G, 0, Role.CLIENT, c.pvn, 1, c.primary.birth,
                   body={"members": [[c.primary.birth, 1]], "old_members": [],
-                        "change": c.change + 1, "max_precedence": 9})
+                        "change": c.change + 1, "max_precedence": 9, "lineage": 0})
     c.handle_message(msg, now)
     return next(a for a in c.take_actions() if isinstance(a, Reset))
 

@@ -112,7 +112,7 @@ def test_the_primary_heard_again_ends_the_hold():
     fire_detector(core)
     now = core.next_timer_us()
     core.handle_message(Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 4, 1, PRIMARY,
-                                body={"rank": 1, "served": 1}), now)
+                                body={"rank": 1, "served": 1, "lineage": 0, "change": 0}), now)
     assert not core.takeover_held and core._primary_served
 
 
@@ -150,3 +150,53 @@ def test_a_served_branch_outranks_an_unserved_one_whatever_the_precedence():
     # a message that does not say (not a HEARTBEAT): a served branch waits for one
     assert not competing_primary_wins(mine=low, theirs=high, mine_served=True)
     assert competing_primary_wins(mine=low, theirs=high, mine_served=False)
+
+
+def test_the_older_lineage_outranks_a_group_founded_anew():
+    # a replica reset while cut off founds the group again at a view above every view it
+    # heard of: served and of higher precedence, its branch still yields to the lineage
+    old, refounded = Key(1, 10), Key(9, 20)
+    assert not competing_primary_wins(mine=old, theirs=refounded, mine_served=False,
+                                      theirs_served=True, mine_lineage=1, theirs_lineage=6)
+    assert competing_primary_wins(mine=refounded, theirs=old, mine_served=True,
+                                  theirs_served=False, mine_lineage=6, theirs_lineage=1)
+    # same lineage (or unknown): served, then precedence
+    assert competing_primary_wins(mine=old, theirs=refounded, mine_served=True,
+                                  theirs_served=True, mine_lineage=1, theirs_lineage=1)
+    assert competing_primary_wins(mine=old, theirs=refounded, mine_served=True,
+                                  theirs_served=True, mine_lineage=1, theirs_lineage=0)
+
+
+def test_a_founder_starts_a_lineage_and_a_joiner_takes_its_primarys():
+    founder = Membership(CFG, random.Random(3))
+    founder.max_seen_pvn = 5                       # it heard of view 5 before its reset
+    founder.start(0)
+    while founder.status is Status.JOINING:
+        founder.handle_timer(founder.next_timer_us())
+    assert founder.pvn == founder.lineage == 6
+    joiner = Membership(CFG, random.Random(4))
+    joiner.start(0)
+    joiner.handle_message(Message(
+        MsgType.ACCEPT_BACKUP, G, G, 0, Role.CLIENT, 6, 1, founder.birth,
+        body={"members": [[founder.birth, 1], [joiner.birth, 2]], "old_members": [],
+              "change": 1, "max_precedence": 2, "lineage": 6}), 1_000)
+    assert joiner.status is Status.AWAITING_STATE and joiner.lineage == 6
+
+
+def test_a_primary_heard_after_it_removed_us_does_not_make_our_state_current():
+    """The primary's heartbeats name its membership change: one that is later than ours
+    (it removed us while we were cut off, and the heal let its heartbeat through first)
+    refreshes the detector but not `_current_us`, from which a probe's answer is judged."""
+    core = backup()
+    t0 = advance(core, 10 * MS)
+    for t in range(t0, t0 + 5 * HB, HB):           # heard, but of a later membership
+        advance(core, t)
+        core.handle_message(Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 4, 1, PRIMARY,
+                                    body={"rank": 1, "served": 1, "lineage": 0,
+                                          "change": 7}), t)
+    now = fire_detector(core)
+    # the clients heard the primary 3 ms after its last heartbeat reached us: a crash,
+    # were we current; but our state is as old as our last current moment
+    heard = core._last_heard[PRIMARY]
+    core.probe_answered(PRIMARY, 4, now - (heard + 3 * MS), now)
+    assert core.status is Status.BACKUP and core.probes_alive == 1

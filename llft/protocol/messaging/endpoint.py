@@ -221,6 +221,8 @@ class MessagingEndpoint:
         self.primary_heard: dict[str, tuple[int, int, int]] = {}
         self._since_us: int | None = None   # our first message: listening since
         self.served_pvn = 0                 # the last view in which we, primary, got data
+        self.lineage = 0                    # membership's (said in our HEARTBEATs)
+        self.change = 0                     # membership's change in this view (likewise)
 
     # ======================================================================== views ===
     @property
@@ -1436,7 +1438,9 @@ class MessagingEndpoint:
             return
         back = self._heartbeat_back()
         self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": self.rank(),
-                                                            "served": int(self.served)},
+                                                            "served": int(self.served),
+                                                            "lineage": self.lineage,
+                                                            "change": self.change},
                                            back=back, ack=self.digest(),
                                            order_info=self._heartbeat_frees()))
         self._after_heartbeat()
