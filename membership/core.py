@@ -647,6 +647,7 @@ class Membership:
         self._current_us = now_us                   # ... and was of our membership then
         self._evidence_us = -1                      # a remote group's last "silent too"
         self._probe_due_us = 0
+        self._probe_groups: tuple[str, ...] = ()
 
     def _reset(self, now_us: int, reason: str) -> None:
         """Rejoin as a new member, after a back-off: a replica reset again and again
@@ -899,18 +900,19 @@ class Membership:
                 return False
             self._takeover_held_us = now_us
             self.takeovers_held += 1
-            self._probe(groups, now_us)
+            self._probe_groups = groups[:MAX_PROBED_GROUPS]   # (asked once: O(connections))
+            self._probe(now_us)
             return True
         if self._evidence_us > held:
             self._takeover_held_us = None
             return False
         if now_us >= self._probe_due_us:
-            self._probe(tuple(self.remote_groups_of()), now_us)
+            self._probe(now_us)
         return True
 
-    def _probe(self, groups: tuple[str, ...], now_us: int) -> None:
+    def _probe(self, now_us: int) -> None:
         g = self.cfg.group
-        for remote in groups[:MAX_PROBED_GROUPS]:
+        for remote in self._probe_groups:
             self._emit(Send(remote, Message(
                 type=MsgType.PROBE, src_group=g, dst_group=remote, conn_seq=0,
                 role=Role.CLIENT, pvn=self.pvn, precedence=self.precedence,

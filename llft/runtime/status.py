@@ -14,11 +14,12 @@ JSON (`--json`):
     {"group": G, "view": pvn, "primary": birth,
      "members": [{"birth", "role", "rank", "precedence", "host", "agent_pid", "app_pid",
                   "lag", "lag_ms", "lag_entries", "sync", "lag_held", "log", "diverged",
-                  "counters", ...}, ...],
+                  "takeover", "counters", ...}, ...],
 `lag` counts order-info positions the replica has not received; `lag_ms` is how old the
 oldest entry is that its application has not executed (the primary's measure, which the
 lag bound holds, docs/LOG.md); `sync` is "catching-up" for a joiner still replaying the
-history it joined with, then "ready".
+history it joined with, then "ready"; `takeover.held` is true while a backup's detector has
+fired and no remote group has yet said that the primary is silent there too.
      "gateways": [...], "departed": [...]}
 Exit status: 0 if the group has a primary, 1 if none was found, 2 on a configuration error.
 """
@@ -143,12 +144,13 @@ def group_status(cfg: config_mod.ClusterConfig, group: str) -> dict:
                 "lag_held": a.get("lag_held"), "log": a.get("log"),
                 "connections": a.get("connections"), "diverged": a.get("diverged"),
                 "connections_open": a.get("connections_open"), "streams": a.get("streams"),
-                "rss_kb": a.get("rss_kb"),
+                "rss_kb": a.get("rss_kb"), "takeover": a.get("takeover"),
                 "counters": a.get("counters", {})})
     in_view = {m["birth"] for m in members}
     others = [{"birth": a["birth"], "birth_hex": f"{a['birth']:x}", "role": a.get("role"),
                "status": a.get("status"), "host": a.get("host"),
-               "agent_pid": a.get("agent_pid"), "app_pid": a.get("app_pid")}
+               "agent_pid": a.get("agent_pid"), "app_pid": a.get("app_pid"),
+               "takeover": a.get("takeover")}
               for a in agents if a["birth"] not in in_view]
     return {"group": group, "view": ref.get("pvn") if ref else None,
             "primary": ref.get("primary") if ref else None,
@@ -159,6 +161,13 @@ def group_status(cfg: config_mod.ClusterConfig, group: str) -> dict:
 
 def _ms(v) -> str:
     return "-" if v is None else f"{v:.0f}"
+
+
+def _held(m: dict) -> list[str]:
+    if not (m.get("takeover") or {}).get("held"):
+        return []
+    return ["     takeover held: its primary is silent, and no remote group has said it is "
+            "silent there too (cut off? docs/ARCHITECTURE.md open item 9)"]
 
 
 def render(st: dict) -> str:
@@ -180,9 +189,11 @@ def render(st: dict) -> str:
                          "the lag bound)")
         if (m["log"] or {}).get("full"):
             lines.append(f"     log full, joins refused: {m['log']['full']}")
+        lines.extend(_held(m))
     for j in st["joining"]:
         lines.append(f"   - {str(j['role']):8}      {j['birth_hex']:16} {str(j['host'])[:12]:12}"
                      f" {str(j['agent_pid']):>7}  (not in the view yet)")
+        lines.extend(_held(j))
     for g in st["gateways"]:
         lines.append(f"gateway pid {g.get('pid')}: {json.dumps(g.get('counters', {}))}")
     for d in st["departed"]:

@@ -22,7 +22,7 @@ import time
 import pytest
 
 from llft import EXAMPLES_DIR
-from llft.runtime.status import read_files
+from llft.runtime.status import read_files, render
 from llft.tools import netns
 from llft.tools.cluster import ClusterError, LocalCluster
 from llft.tools.loadclient import BackgroundLoad
@@ -111,6 +111,7 @@ def cut_and_heal(seg: netns.Segment, lc: LocalCluster, load: BackgroundLoad,
                                  for a in ags), f"{NAMES[i]} holding its takeover", lc)
         me = next(a for a in agents(lc) if a.get("agent_pid") == victim["agent_pid"])
         assert me["role"] == "backup" and me["pvn"] == victim["pvn"], me
+        assert "takeover held" in render(lc.status())      # what `llft status` shows
     seg.heal(i)
     prim2, ms = wait_for(serving_primary(-1, 3), f"{NAMES[i]} back as a backup", lc)
     assert prim2["agent_pid"] == prim["agent_pid"]   # the healed branch does not take over
