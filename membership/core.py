@@ -45,8 +45,13 @@ Change of a backup (figure alg-backup-change):
                retransmitted; lines 20-21: the joiner `restore`s.
 Partitions (messaging lines 18-20, theorem 1 case 2): a message only a primary sends
 (rank-1 Heartbeat, AcceptBackup, RemoveBackup, State) from a primary that is not ours and
-has a higher key than ours makes us re-multicast it and reset; so after a heal every
-branch but the one with the highest primary is pruned.
+outranks ours makes us re-multicast it and reset; so after a heal every branch but the
+highest is pruned. Beyond the paper, so that the branch kept is the one the clients saw
+(docs/ARCHITECTURE.md open item 9): branches rank by (older lineage, served, precedence)
+(`rules.competing_primary_wins`; heartbeats carry lineage, served and the membership
+change), and a backup with remote connections takes over only once a remote group
+answers its PROBE that our primary is silent there too (`_awaiting_evidence`,
+`probe_answered`): a backup cut off alone holds instead of founding a branch.
 
 Beyond the paper (it is silent on these; see docs/ARCHITECTURE.md "Membership"):
   * a proposed member that neither acknowledges nor speaks for `ack_timeout_us` is
@@ -354,7 +359,8 @@ class Membership:
         # the remote groups this replica has connections with (the runtime's knowledge,
         # asked only when the detector fires): a takeover needs to hear one of them
         self.remote_groups_of: Callable[[], Iterable[str]] = tuple
-        # whether our primary branch has had remote data in this view (the runtime's)
+        # whether we, primary, serve remote groups: connections, or remote data in this
+        # view (the runtime's knowledge; our heartbeats say it, `competing_primary_wins`)
         self.served_of: Callable[[], bool] = bool
         self.takeovers_held = 0                 # suspicions held for want of evidence
         self.probes_alive = 0                   # answers: our primary speaks to them
@@ -880,7 +886,7 @@ class Membership:
         crash from its own isolation, and a backup cut off from the serving primary and
         its clients that takes over starts a branch of its own with a higher precedence
         than the serving primary's, which wins on the heal: the replies the clients had
-        from the serving branch are rolled back (docs/ARCHITECTURE.md, "Partitions").
+        from the serving branch are rolled back (docs/ARCHITECTURE.md open item 9).
         So while this replica has connections with remote groups (clients that may have
         seen output), it proposes only when one of them says, after the detector fired,
         that it does not hear our primary either: each remote group is sent a PROBE
