@@ -54,6 +54,8 @@ class BuildExtWithShim(build_ext):
         )
 
 
+CONNECT = ["pyspark>=4.0", "pandas>=2.2,<3", "pyarrow>=18", "grpcio>=1.76",
+           "grpcio-status>=1.76", "googleapis-common-protos>=1.71", "zstandard>=0.25"]
 cffi_modules = []
 if os.path.exists(os.path.join("native", "shm_build.py")):
     cffi_modules.append("native/shm_build.py:ffibuilder")
@@ -74,7 +76,10 @@ setup(
         "pyspark>=3.5",
     ],
     extras_require={
-        "dev": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.7", "pytest-timeout>=2"],
+        # the Spark Connect client (pyspark[connect], pandas below 3 as pyspark 4.3 asks)
+        "connect": CONNECT,
+        "dev": ["pytest>=7", "hypothesis>=6", "matplotlib>=3.7", "pytest-timeout>=2"]
+        + CONNECT,
     },
     cffi_modules=cffi_modules,
     cmdclass={"build_ext": BuildExtWithShim},

@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sniff": ("llft.tools.sniff", "decode live llft traffic (scapy)"),
     "record": ("determinizer.recordreplay", "run a command as a primary and store its trace"),
     "replay": ("determinizer.recordreplay", "run a command as a backup, fed from a trace"),
+    "spark-connect": ("llft.spark.connect", "start, stop or show a Spark Connect server "
+                      "from the pyspark wheel (loopback by default)"),
 }
 
 # kind -> module, for `llft simulate KIND` and `llft bench KIND`
