@@ -179,6 +179,10 @@ class Config:
     # was otherwise removed at every attempt, for minutes).
     restore_allowance_us_per_mib: int = 50_000
     adaptive_cap_us: int | None = None    # longest extension of a timeout; default 3 x base
+    # a live primary speaks to each remote group at least every keep-alive interval
+    # (messaging's 15 ms): a remote group that heard ours less long ago than this, and
+    # after it fell silent to us, says it lives (`probe_answered`)
+    live_remote_silence_us: int = 45_000
     rejoin_backoff_min_us: int = 10_000   # a second reset waits this long before it applies
     rejoin_backoff_max_us: int = 80_000   # the wait doubles up to this
     rejoin_stable_us: int = 1_000_000     # member this long before a reset: back to the min
@@ -461,7 +465,9 @@ class Membership:
             p.version_us = later(p.version_us)
             p.drop_check_us = later(p.drop_check_us)
         self._group_heard_us = later(self._group_heard_us)
-        self._current_us = later(self._current_us)
+        if self._behind_since_us is not None:
+            self._behind_since_us = later(self._behind_since_us)
+        self._primary_spoke_us = later(self._primary_spoke_us)
         self._join_start_us = later(self._join_start_us)
         for b, t in self._other_joiners.items():
             self._other_joiners[b] = later(t)
@@ -558,29 +564,44 @@ class Membership:
         if now_us < self._fd_deadline_us():
             return
         mine, c = self.primary.birth, self.cfg
+        if now_us - self._primary_spoke_us < c.timeout_base_us:
+            self.probes_alive += 1              # its heartbeats are late, but it speaks
+            return
         if primary and (pvn > self.pvn or (pvn == self.pvn and primary != mine)):
             self.probes_alive += 1              # another primary of ours serves them
             return
         if primary == mine:
-            # when it spoke to them, against when it fell silent to us (or when we last
-            # knew we held its membership: a primary heard again after it removed us,
+            # when it spoke to them, against when it fell silent to us: its last message
+            # of any kind to our group (under load its heartbeats come late while its
+            # order info still flows), or, if its heartbeats named a membership change
+            # we never got, when that began (a primary heard again after it removed us,
             # before we learn that, leaves our state as stale as the removal)
-            after_us = now_us - ago_us - min(self._last_heard.get(mine, self._hb_sent_us),
-                                             self._current_us)
-            if after_us > c.timeout_base_us:
-                # a whole detector timeout after: no crash explains that (its heartbeats
-                # to us would all have been lost); we were cut off while it served them,
+            silent_us = max(self._last_heard.get(mine, self._hb_sent_us),
+                            self._primary_spoke_us)
+            if self._behind_since_us is not None:
+                silent_us = min(silent_us, self._behind_since_us)
+            after_us = now_us - ago_us - silent_us
+            if after_us > c.timeout_base_us + self._extension_us(mine, c.timeout_base_us):
+                # a whole detector timeout after (as extended for this primary's observed
+                # timing): no crash explains that (its messages to us would all have been
+                # lost); we were cut off while it served them,
                 # so our state lacks what they saw. Never take over from it: the branch
                 # that served them (or its successor) prunes ours when we hear it.
                 self.probes_alive += 1
                 return
-            if after_us > 2 * c.heartbeat_interval_us and ago_us < c.timeout_base_us:
+            if (after_us > 2 * c.heartbeat_interval_us
+                    and ago_us < c.live_remote_silence_us):
                 self.probes_alive += 1          # it speaks to them lately, not to us
                 return
         elif ago_us < c.timeout_base_us:
             return      # it never heard our primary, nor listened long enough to tell
         self._evidence_us = now_us
         self._fault_detector_fired(now_us)
+
+    def primary_spoke(self, now_us: int) -> None:
+        """The runtime heard a message of any kind from our primary to our group (the
+        core itself sees only heartbeats and membership messages)."""
+        self._primary_spoke_us = now_us
 
     def abandon(self, reason: str, now_us: int) -> None:
         """The replica's state cannot go on in this group (its application executed
@@ -650,7 +671,8 @@ class Membership:
         self._resent_membership_us = -(1 << 62)
         self._takeover_held_us: int | None = None   # detector fired, no evidence yet
         self._primary_served = False                # our primary's last HEARTBEAT says
-        self._current_us = now_us                   # ... and was of our membership then
+        self._primary_spoke_us = -1                 # its last message of any kind
+        self._behind_since_us: int | None = None    # its heartbeats name a later change
         self._evidence_us = -1                      # a remote group's last "silent too"
         self._probe_due_us = 0
         self._probe_groups: tuple[str, ...] = ()
@@ -687,7 +709,7 @@ class Membership:
     def _install(self, pvn: int, change: int, members: list[Key], max_prec: int,
                  now_us: int, reason: str = "") -> None:
         self.pvn, self.change, self.members = pvn, change, list(members)
-        self._current_us = now_us
+        self._behind_since_us = None
         me = next(k for k in members if k.birth == self.birth)
         self.precedence = me.precedence
         self.max_precedence = max(self.max_precedence, max_prec, members[-1].precedence)
@@ -724,13 +746,18 @@ class Membership:
         if msg.sender in self._last_heard or any(k.birth == msg.sender for k in self._tracked()):
             if self.status in PRIMARY_STATUSES and msg.pvn != self.pvn:
                 return          # a backup living in another view is not alive for us
+            before = self._last_heard.get(msg.sender, now_us)
             self._last_heard[msg.sender] = now_us
             if self.members and msg.sender == self.members[0].birth:
                 self._takeover_held_us = None       # the primary speaks: no suspicion
-                if msg.type is MsgType.HEARTBEAT:
+                if msg.type is MsgType.HEARTBEAT and msg.pvn == self.pvn:
                     self._primary_served = msg.body.get("served") == 1
-                    if msg.pvn == self.pvn and msg.body.get("change", 0) <= self.change:
-                        self._current_us = now_us   # and we hold its membership
+                    if msg.body.get("change", 0) <= self.change:
+                        self._behind_since_us = None
+                    elif self._behind_since_us is None:
+                        # a membership we never got (we may have been removed): our
+                        # state is as old as the last word we had before this one
+                        self._behind_since_us = before
             left = self._settling.get(msg.sender)
             if left is not None and msg.type is MsgType.HEARTBEAT:
                 self._restoring_us.pop(msg.sender, None)    # it speaks: restored

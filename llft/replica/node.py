@@ -395,6 +395,9 @@ class ReplicaNode:
     def handle_message(self, msg: Message, now_us: int) -> None:
         self._now = max(self._now, now_us)
         t = msg.type
+        m = self.membership
+        if msg.src_group == self.group and m.members and msg.sender == m.members[0].birth:
+            m.primary_spoke(now_us)         # any message: it is not silent to us
         if (t is MsgType.PROBE and msg.body["answer"] and msg.src_group != self.group
                 and self.membership.takeover_held):
             b = msg.body                    # evidence (or not) for a held takeover

@@ -186,7 +186,8 @@ def test_a_founder_starts_a_lineage_and_a_joiner_takes_its_primarys():
 def test_a_primary_heard_after_it_removed_us_does_not_make_our_state_current():
     """The primary's heartbeats name its membership change: one that is later than ours
     (it removed us while we were cut off, and the heal let its heartbeat through first)
-    refreshes the detector but not `_current_us`, from which a probe's answer is judged."""
+    refreshes the detector, but our state counts as no newer than the word we had before
+    it (`_behind_since_us`), from which a probe's answer is judged."""
     core = backup()
     t0 = advance(core, 10 * MS)
     for t in range(t0, t0 + 5 * HB, HB):           # heard, but of a later membership
@@ -200,3 +201,22 @@ def test_a_primary_heard_after_it_removed_us_does_not_make_our_state_current():
     heard = core._last_heard[PRIMARY]
     core.probe_answered(PRIMARY, 4, now - (heard + 3 * MS), now)
     assert core.status is Status.BACKUP and core.probes_alive == 1
+
+
+def test_a_primary_whose_heartbeats_came_late_under_load_is_judged_by_its_last_word():
+    """Under load a primary's heartbeats come late while its order info still flows (the
+    runtime reports every message from it: `primary_spoke`). Its last reply to the clients
+    came long after its last heartbeat but right after its last order info: a crash, not
+    a cut, so the backup takes over (judged by heartbeats alone it held for ever: the
+    rank-3 backup then took over and reset it, tests/processes/test_busy_machine.py)."""
+    core = backup()
+    now = fire_detector(core)
+    heard = core._last_heard[PRIMARY]
+    spoke = heard + 2 * BASE                        # order info 50 ms after the heartbeat
+    core.primary_spoke(spoke)
+    soon = advance(core, spoke + 5 * MS)            # it still speaks: not silent
+    core.probe_answered(PRIMARY, 4, soon - spoke, soon)
+    assert core.status is Status.BACKUP and core.probes_alive == 1
+    later = advance(core, spoke + BASE + 5 * MS)    # then silent to us and to them
+    core.probe_answered(PRIMARY, 4, later - (spoke + 1 * MS), later)
+    assert core.status is Status.PRIMARY_PHASE2
