@@ -171,8 +171,11 @@ def test_thread_ids_are_reused_across_a_promotion(tmp_path):
     ends = [e for e in es if e.call == CALL_IDS["thread end"]]
     # a's id is free once a has ended, which a.join() does not wait for (CPython wakes the
     # joiner as the thread's state is deleted): b takes id 1 again, or 2 if a was not
-    # quite gone
-    assert sorted(e.tid for e in ends) == sorted(e.aux for e in creates) and creates[0].aux == 1
+    # quite gone; and the process may exit before b's end is recorded (b.join() does not
+    # wait for it either: CI once recorded ends [1] for creates [1, 2])
+    assert creates[0].aux == 1 and len(creates) == 2
+    assert ends and set(e.tid for e in ends) <= set(e.aux for e in creates)
+    assert ends[0].tid == 1 or creates[1].aux == 2
     if creates[1].aux == 1:   # b's calls are numbered on from a's
         assert next(e for e in es[es.index(creates[1]):] if e.tid == 1).n == ends[0].n + 1
     # cut after the time.time() read between the two thread creations
