@@ -87,7 +87,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
 
-from llft.protocol.messages import Message, MsgType, Role, Send
+from llft.protocol.messages import Message, MsgType, Role, Send, probe
 from membership.detector import ArrivalStats, extension_us
 from membership.rules import (Key, PPDecision, competing_primary_wins, decide_propose_primary,
                               fault_timeout_us, may_propose, proposal_members)
@@ -481,9 +481,7 @@ class Membership:
             self._joiner_tick(now_us)
             return
         if now_us >= self._hb_due_us:
-            self._send(MsgType.HEARTBEAT, {"rank": self.rank, "served": int(
-                self.status in PRIMARY_STATUSES and self.served_of()),
-                "lineage": self.lineage, "change": self.change})
+            self._send(MsgType.HEARTBEAT, self._heartbeat_body())
             self._heartbeat_sent(now_us)
         if self.status in (Status.BACKUP, Status.AWAITING_STATE):
             if now_us >= self._fd_deadline_us():
@@ -524,11 +522,7 @@ class Membership:
         stops leaves a gap of at most 1.5 intervals."""
         if (self._started and self.is_member() and msg.type is MsgType.HEARTBEAT
                 and msg.sender == self.birth and msg.pvn == self.pvn
-                and msg.precedence == self.precedence and msg.body.get("rank") == self.rank
-                and msg.body.get("served") == int(self.status in PRIMARY_STATUSES
-                                                  and self.served_of())
-                and msg.body.get("lineage") == self.lineage
-                and msg.body.get("change") == self.change):
+                and msg.precedence == self.precedence and msg.body == self._heartbeat_body()):
             self._heartbeat_sent(now_us, self.cfg.heartbeat_interval_us // 2)
             self.heartbeats_carried += 1
 
@@ -623,6 +617,13 @@ class Membership:
         if len(self._actions) >= MAX_ACTIONS:
             raise RuntimeError(f"more than MAX_ACTIONS={MAX_ACTIONS} actions not taken")
         self._actions.append(action)
+
+    def _heartbeat_body(self) -> dict:
+        """What our HEARTBEAT says beyond its header (messaging's says the same when it
+        stands for ours: `heartbeat_carried`)."""
+        return {"rank": self.rank,
+                "served": int(self.status in PRIMARY_STATUSES and self.served_of()),
+                "lineage": self.lineage, "change": self.change}
 
     def _heartbeat_sent(self, at_us: int, slack_us: int = 0) -> None:
         self._hb_sent_us = at_us
@@ -946,10 +947,8 @@ class Membership:
     def _probe(self, now_us: int) -> None:
         g = self.cfg.group
         for remote in self._probe_groups:
-            self._emit(Send(remote, Message(
-                type=MsgType.PROBE, src_group=g, dst_group=remote, conn_seq=0,
-                role=Role.CLIENT, pvn=self.pvn, precedence=self.precedence,
-                sender=self.birth, body={"answer": 0, "pvn": 0, "primary": 0, "ago": 0})))
+            self._emit(Send(remote, probe(g, remote, pvn=self.pvn,
+                                          precedence=self.precedence, sender=self.birth)))
         self._probe_due_us = now_us + self.cfg.retransmit_us
 
     def _send_proposal(self, now_us: int) -> None:

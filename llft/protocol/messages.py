@@ -125,6 +125,7 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
     MsgType.PROBE: {"answer": int, "pvn": int, "primary": int, "ago": int},
 }
 
+
 # flags of a data message's stream
 STREAM_OPEN = 1   # first message of a connection's stream
 # The end of a stream is one unit of its offset space (like TCP's FIN): the last byte of
@@ -153,6 +154,16 @@ class Message:
     body: dict[str, Any] = field(default_factory=dict)
     order_info: bytes = b""  # opaque, piggybacked (determinizer codec)
     version: int = WIRE_VERSION
+
+
+def probe(src_group: str, dst_group: str, *, pvn: int, precedence: int, sender: int,
+          answer: dict | None = None) -> Message:
+    """A PROBE (between groups, off any connection); `answer` is the body of an answer
+    (None: the question)."""
+    return Message(type=MsgType.PROBE, src_group=src_group, dst_group=dst_group,
+                   conn_seq=0, role=Role.CLIENT, pvn=pvn, precedence=precedence,
+                   sender=sender,
+                   body=answer or {"answer": 0, "pvn": 0, "primary": 0, "ago": 0})
 
 
 @dataclass(frozen=True, slots=True)

@@ -399,7 +399,7 @@ class ReplicaNode:
         if msg.src_group == self.group and m.members and msg.sender == m.members[0].birth:
             m.primary_spoke(now_us)         # any message: it is not silent to us
         if (t is MsgType.PROBE and msg.body["answer"] and msg.src_group != self.group
-                and self.membership.takeover_held):
+                and m.takeover_held):
             b = msg.body                    # evidence (or not) for a held takeover
             self._touched().probe_answered(b["primary"], b["pvn"], b["ago"], now_us)
         if t in MEMBERSHIP_CORE_TYPES:

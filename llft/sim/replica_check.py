@@ -508,15 +508,14 @@ class Schedule:
         primary (one cut off lacks what the primary served meanwhile: crashing the
         primary then is a double fault, after which the cut-off replica rightly never
         takes over; membership/core.py "Takeover needs evidence")."""
-        live = [n for n in self._live(g) if self.sim.core(n).live and not self.sim.paused(n)]
-        prim = [n for n in self._live(g) if self.sim.core(n).is_primary]
+        core = self.sim.core
+        live = [n for n in self._live(g) if core(n).live and not self.sim.paused(n)]
+        prim = [n for n in self._live(g) if core(n).is_primary]
         if not prim:
             return live
-        top = max(prim, key=lambda n: (self.sim.core(n).pvn,
-                                       self.sim.core(n).membership.change))
-        births = {k.birth for k in self.sim.core(top).membership.members}
-        return [n for n in live if self.sim.core(n).birth in births
-                and self.sim.connected(n, top)]
+        top = max(prim, key=lambda n: (core(n).pvn, core(n).membership.change))
+        births = {k.birth for k in core(top).membership.members}
+        return [n for n in live if core(n).birth in births and self.sim.connected(n, top)]
 
     def _do(self, *words) -> None:
         """Apply one event of the schedule now and record it."""

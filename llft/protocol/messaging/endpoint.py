@@ -142,7 +142,7 @@ import msgpack
 
 from llft.protocol.messages import (DATA_TYPES, MEMBERSHIP_CORE_TYPES, MEMBERSHIP_TYPES,
                                     STREAM_END, STREAM_FIN, STREAM_OPEN, STREAM_RST, Message,
-                                    MsgType, Role, Send)
+                                    MsgType, Role, Send, probe)
 from llft.protocol.messaging.actions import (Closed, Deliver, DeliverOrderInfo, Freed, Opened,
                                              Phase2Done, RecoveredOrderInfo, Resynced)
 from llft.protocol.messaging.closed import ClosedSeqs
@@ -547,17 +547,12 @@ class MessagingEndpoint:
         last = self._probe_answered.get(msg.src_group)
         if last is not None and self._now - last < self.config.nack_delay_us:
             return
-        if last is None and len(self._probe_answered) >= MAX_PROBED_BY:
-            del self._probe_answered[min(self._probe_answered,
-                                         key=self._probe_answered.__getitem__)]
-        self._probe_answered[msg.src_group] = self._now
+        _remember(self._probe_answered, msg.src_group, self._now, MAX_PROBED_BY)
         self._count("probe_answered")
-        self._emit(msg.src_group, Message(
-            type=MsgType.PROBE, src_group=self.group, dst_group=msg.src_group,
-            conn_seq=INTRA_CONN_SEQ, role=Role.CLIENT, pvn=self.pvn,
-            precedence=self.precedence, sender=self.birth_id,
-            body=probe_answer(self.primary_heard.get(msg.src_group), self._since_us,
-                              self._now)))
+        self._emit(msg.src_group, probe(
+            self.group, msg.src_group, pvn=self.pvn, precedence=self.precedence,
+            sender=self.birth_id, answer=probe_answer(
+                self.primary_heard.get(msg.src_group), self._since_us, self._now)))
 
     def _after_event(self) -> None:
         """Watermark news: a backup reports a risen watermark soon; a primary whose group
@@ -639,10 +634,8 @@ class MessagingEndpoint:
         if msg.type in PRIMARY_ONLY_TYPES:
             heard = self.primary_heard.get(msg.src_group)
             if heard is None or msg.pvn >= heard[0]:
-                if heard is None and len(self.primary_heard) >= MAX_PROBED_BY:
-                    del self.primary_heard[min(self.primary_heard,
-                                               key=lambda g: self.primary_heard[g][2])]
-                self.primary_heard[msg.src_group] = (msg.pvn, msg.sender, self._now)
+                _remember(self.primary_heard, msg.src_group,
+                          (msg.pvn, msg.sender, self._now), MAX_PROBED_BY)
         cid = (msg.src_group, msg.conn_seq, Role(1 - msg.role))
         c = self.conns.get(cid)
         if c is None and cid in self.closed:
@@ -1246,10 +1239,7 @@ class MessagingEndpoint:
         last = self._closed_answered.get(cid)
         if last is not None and self._now - last < self.config.retransmit_us:
             return
-        self._closed_answered.pop(cid, None)
-        self._closed_answered[cid] = self._now
-        while len(self._closed_answered) > CLOSED_ANSWERS_KEPT:
-            del self._closed_answered[next(iter(self._closed_answered))]
+        _remember(self._closed_answered, cid, self._now, CLOSED_ANSWERS_KEPT)
         self._emit(cid[0], self._closed_msg(cid))
 
     def _closed_msg(self, cid: ConnId) -> Message:
@@ -1796,6 +1786,15 @@ DIGEST_MASK = 0x7FFFFFFF
 CLOSED_ANSWERS_KEPT = 256
 FREES_PER_HEARTBEAT = 256
 MAX_PROBED_BY = 64                  # remote groups whose primaries and probes we track
+
+
+def _remember(memory: dict, key, value, limit: int) -> None:
+    """Store `value` as the newest entry of `memory` (insertion order is recency) and
+    forget the oldest beyond `limit`."""
+    memory.pop(key, None)
+    memory[key] = value
+    while len(memory) > limit:
+        del memory[next(iter(memory))]
 
 
 def probe_answer(heard: tuple[int, int, int] | None, since_us: int, now_us: int) -> dict:
