@@ -164,7 +164,8 @@ class Server:
         if pid is None:
             return False
         try:
-            tree = [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True)
+            jvm = psutil.Process(pid)
+            tree = [jvm] + jvm.children(recursive=True)
         except psutil.Error:
             tree = []
         env = self.env()
