@@ -1,10 +1,10 @@
 """Start an unmodified command under the preload shim, as a primary or as a backup.
 
 The same function serves `llft record`, `llft replay` and the replica runtime:
-- LD_PRELOAD=libllft_preload.so, LLFT_SHM, and LLFT_ROOT_PID = the child's own pid
-  (set in the child between fork and exec; the shim activates only in that process
-  and only once it is a CPython interpreter, so bash wrappers such as pyenv's
-  `python3` that exec the interpreter pass it on untouched);
+- LD_PRELOAD=libllft_preload.so, LLFT_SHM, and LLFT_PARENT_PID; the shim's constructor
+  in the child sets LLFT_ROOT_PID = its own pid (the shim activates only in that process
+  and only once it is a CPython interpreter, so bash wrappers such as pyenv's `python3`
+  that exec the interpreter pass it on untouched);
 - ASLR off (personality ADDR_NO_RANDOMIZE): ids and addresses the app may print are
   the same at every replica;
 - an environment given explicitly (a backup uses the primary's, recorded), so that the
@@ -21,6 +21,8 @@ from native import shim_path
 
 ADDR_NO_RANDOMIZE = 0x0040000
 _libc = ctypes.CDLL(None, use_errno=True)
+_libc.personality.argtypes = [ctypes.c_ulong]
+_libc.personality.restype = ctypes.c_int
 
 
 def shim_env(base: dict[str, str], shm_env: dict[str, str], external_ports=()) -> dict[str, str]:
@@ -39,25 +41,36 @@ def shim_env(base: dict[str, str], shm_env: dict[str, str], external_ports=()) -
     return env
 
 
-PR_SET_PDEATHSIG = 1
+PERSONALITY_QUERY = 0xFFFFFFFF
 
 
 def spawn(cmd: list[str], env: dict[str, str], cwd: str | None = None,
           death_signal: int = 0, nice: int = 0, **popen_kw) -> subprocess.Popen:
-    """Popen `cmd` with exactly `env` plus LLFT_ROOT_PID=<its pid>, ASLR off; with
-    `death_signal`, the child gets that signal when the spawning thread dies (the
-    replica agent: the app never outlives its agent); `nice` lowers its CPU priority."""
-    items = [(k.encode(), v.encode()) for k, v in env.items()]
+    """Popen `cmd` with exactly `env`, ASLR off; with `death_signal`, the child gets that
+    signal when the spawning thread dies (the replica agent: the app never outlives its
+    agent); `nice` lowers its CPU priority.
 
-    def child_setup():  # runs in the child, between fork and exec
-        _libc.personality(ADDR_NO_RANDOMIZE)
-        if nice:
-            os.nice(nice)
-        if death_signal:
-            _libc.prctl(PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
-        os.environ.clear()                       # unsetenv each: the C environ is emptied
-        for k, v in items:
-            os.putenv(k, v)
-        os.putenv(b"LLFT_ROOT_PID", str(os.getpid()).encode())
-
-    return subprocess.Popen(cmd, cwd=cwd, preexec_fn=child_setup, **popen_kw)
+    No Python runs between fork and exec, so Popen vforks: the caller (the agent's event
+    loop) waits ~1 ms. With a `preexec_fn` it forked the whole agent and ran Python in
+    the child, and on a busy machine that held the loop for 100-500 ms, long enough for
+    the group to call the agent dead. The child's part happens elsewhere: ASLR is a
+    personality flag of the spawning thread that the child inherits (set around the
+    call); the shim's constructor names the child the root process and asks for the
+    death signal (native/shim_core.c `root_setup`); the nice value is applied from here
+    once the child exists (its threads start later and inherit it)."""
+    env = {**env, "LLFT_PARENT_PID": str(os.getpid())}
+    if death_signal:
+        env["LLFT_DEATH_SIGNAL"] = str(int(death_signal))
+    old = _libc.personality(PERSONALITY_QUERY)
+    _libc.personality(old | ADDR_NO_RANDOMIZE)
+    try:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, **popen_kw)
+    finally:
+        _libc.personality(old)
+    if nice:
+        try:
+            os.setpriority(os.PRIO_PROCESS, proc.pid,
+                           min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice))
+        except ProcessLookupError:
+            pass                                  # gone already: its exit status says why
+    return proc

@@ -7,8 +7,9 @@
  * Theory of operation
  * -------------------
  * The agent starts the application with LD_PRELOAD=libllft_preload.so and, in the
- * environment, LLFT_SHM (the shared-memory file, layout in llft_shm.h) and
- * LLFT_ROOT_PID (the pid of the process to determinize). At load time the shim
+ * environment, LLFT_SHM (the shared-memory file, layout in llft_shm.h); the process it
+ * spawned sets LLFT_ROOT_PID (the pid of the process to determinize) to its own pid
+ * first thing (`root_setup`, which its descendants inherit). At load time the shim
  * decides once whether it is ACTIVE:
  *   - pid != LLFT_ROOT_PID: a descendant (bash subshell, the Spark JVM...): inactive,
  *     and it strips itself from the environment so grandchildren never see it;
@@ -50,6 +51,9 @@
  */
 
 #include "shim_internal.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
 
 /* ------------------------------------------------------------------ real symbols */
 
@@ -486,18 +490,44 @@ static void strip_env(void) {
     }
     unsetenv("LLFT_SHM");
     unsetenv("LLFT_ROOT_PID");
+    unsetenv("LLFT_PARENT_PID");
+    unsetenv("LLFT_DEATH_SIGNAL");
     unsetenv("LLFT_EXTERNAL_PORTS");
     unsetenv("LLFT_SERVICE_PORT");
 }
 
 static void child_after_fork(void) { g_active = 0; }
 
+/* The process llft spawned (determinizer/runner.py `spawn`) has no LLFT_ROOT_PID: the
+ * spawner runs no code between fork and exec, so that Popen can vfork (a fork of the
+ * agent with Python in the child blocked its event loop for up to 0.5 s on a busy
+ * machine). The child's part is done here, first thing: it names itself the root (a
+ * wrapper it execs keeps the pid and finds the variable), and it asks for
+ * LLFT_DEATH_SIGNAL when its spawner dies -- at once if that already happened. */
+static void root_setup(void) {
+    const char *sig = getenv("LLFT_DEATH_SIGNAL");
+    const char *parent = getenv("LLFT_PARENT_PID");
+    if (!getenv("LLFT_ROOT_PID")) {
+        char pid[16];
+        snprintf(pid, sizeof pid, "%d", (int)R(getpid)());
+        setenv("LLFT_ROOT_PID", pid, 1);
+    }
+    if (sig && atoi(sig) > 0 && parent) {
+        prctl(PR_SET_PDEATHSIG, (unsigned long)atoi(sig), 0, 0, 0);
+        if (getppid() != (pid_t)atoi(parent)) raise(atoi(sig));
+    }
+}
+
 __attribute__((constructor(101)))
 static void llft_init(void) {
     t_guard++;
-    const char *root = getenv("LLFT_ROOT_PID");
     const char *path = getenv("LLFT_SHM");
-    if (!root || !path) goto out;                 /* not started by llft: inert */
+    if (!path) goto out;                          /* not started by llft: inert */
+    const char *root = getenv("LLFT_ROOT_PID");
+    if (!root || getpid() == (pid_t)atoi(root)) {  /* the spawned process (or its exec) */
+        root_setup();
+        root = getenv("LLFT_ROOT_PID");
+    }
     if (getpid() != (pid_t)atoi(root)) { strip_env(); goto out; }  /* a descendant */
     if (!dlsym(RTLD_DEFAULT, "Py_IsInitialized")) goto out;        /* bash wrapper, java */
     int fd = R(open)(path, O_RDWR | O_CLOEXEC);

@@ -113,6 +113,8 @@ import faulthandler
 import logging
 import os
 import random
+import shlex
+import shutil
 import signal
 import socket
 import struct
@@ -130,7 +132,7 @@ from llft.replica import actions
 from llft.replica import node as rp
 from llft.runtime import config as config_mod
 from llft.runtime import keys
-from llft.runtime import logs, proctree
+from llft.runtime import logs, proctree, stalls
 from llft.runtime import status as status_files
 from llft.runtime.application import (AppMode, Application, raise_agent_priority,
                                       raise_fd_limit)
@@ -149,6 +151,7 @@ PIGGYBACK_BYTES = 16 << 10       # order info a message may carry (output commit
 APP_STATE_VERSION = 1
 EXIT_TASK_FAILED = 70            # a background task of the agent failed (EX_SOFTWARE)
 LOOP_HANG_S = 20.0               # the event loop silent this long: stacks to the log
+SLOW_ACTION_MS = 30             # one node action handled this long is logged (heartbeats wait)
 CONNECT_FD_RETRY_S = 0.05       # out of descriptors: retry a connection to the app this often
 HISTORY_SLICE = 1000             # restored log entries handed to the app per loop turn
 FOUNDING_GUARD_S = 0.02         # a joiner re-reads this host's status files (founding)
@@ -286,6 +289,7 @@ class Agent:
     async def run(self) -> int:
         loop = self.loop = asyncio.get_running_loop()
         logs.install_loop_handler(loop, log)
+        stalls.start_from_env(loop, log)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
         proctree.become_subreaper()
@@ -315,6 +319,7 @@ class Agent:
             await asyncio.to_thread(self._leave_no_process, stopped)
         if self.app.divergence is None:
             self.status_file.remove()
+        await asyncio.to_thread(self.status_file.close)   # a diverged one stays behind
         return self.exit_code
 
     def _leave_no_process(self, stopped) -> None:
@@ -342,6 +347,8 @@ class Agent:
         return stopped
 
     def _app_spawned(self, app: Application) -> None:
+        if app is self.app and not app.closed:
+            _log(f"application pid {app.proc.pid} started ({app.mode.value})")
         self._sessions.add(app.session)
         if self.watchdog is not None:
             self.watchdog.track_session(app.session)
@@ -424,7 +431,12 @@ class Agent:
         handler = self._handlers.get(type(a))
         if handler is None:
             raise TypeError(f"llft run: {a!r} is not a node action")
+        t0 = time.monotonic()
         handler(a)
+        ms = (time.monotonic() - t0) * 1000
+        if ms >= SLOW_ACTION_MS:        # the loop (and so the heartbeats) stood still
+            self._count("slow_actions")
+            log.info(f"handling {type(a).__name__} took {ms:.0f} ms")
 
     def _view_switch(self, a: actions.ViewSwitch) -> None:
         if a.primary:
@@ -589,7 +601,11 @@ class Agent:
         if app.diverged:
             self._diverged()
             return
-        _log(f"the application exited with status {rc}: this replica stops")
+        if app.spawn_error is not None:
+            log.error(f"cannot start the application {shlex.join(self.cmd)}: "
+                      f"{app.spawn_error}: this replica stops")
+        else:
+            _log(f"the application exited with status {rc}: this replica stops")
         self.exit_code = rc if rc > 0 else (128 - rc if rc < 0 else 0)
         self._event("app_exit", status=rc)
         self.stop_event.set()
@@ -597,8 +613,7 @@ class Agent:
     def _become_primary(self, pvn: int) -> None:
         if self.mode is AppMode.NONE:
             self.app.start_primary(self.env)
-            _log(f"primary of view {pvn} (founder); application pid {self.app.proc.pid}: "
-                 f"{self._why_primary(pvn)}")
+            _log(f"primary of view {pvn} (founder): {self._why_primary(pvn)}")
         elif self.mode is AppMode.BACKUP:
             self._promote_from = self.app.consumed_entries or 0
             self.app.begin_promotion()
@@ -663,6 +678,8 @@ class Agent:
         """Feeds the restored log to `app` a slice per loop turn, so that the agent goes
         on answering heartbeats; what arrived meanwhile follows in its order."""
         history, left = self._history, chunks
+        if left == 0:       # joined before the group's first entry: nothing to catch up on
+            self._history_entries = self._fed_total
         while history:
             if self.app is not app or app.closed or self.stop_event.is_set():
                 return                          # reset or stopping: a new app, a new log
@@ -679,7 +696,7 @@ class Agent:
             self._history_entries = self._fed_total
         _log(f"backup (rank {self.node.rank}) of view {self.node.pvn}: replaying "
              f"{chunks} order-info chunks ({self._history_entries} entries) and "
-             f"{input_bytes} input bytes; application pid {app.pid}; catching up")
+             f"{input_bytes} input bytes; catching up")
         self._event("restored", chunks=chunks, entries=self._history_entries)
 
     def _feed_failed(self, app: Application, why: str) -> None:
@@ -827,18 +844,24 @@ class Agent:
     async def _founding_guard_loop(self) -> None:
         while True:
             await asyncio.sleep(FOUNDING_GUARD_S)
-            self._guard_founding()
+            if self.node.status not in mb.MEMBER_STATUSES:
+                # read by a helper thread: a busy file system must not stall the loop
+                agents = await asyncio.to_thread(self._host_agents)
+                self._guard_founding(agents)
 
-    def _guard_founding(self) -> None:
+    def _host_agents(self) -> list[dict]:
+        return status_files.read_files(self.cfg.status_dir(self.group))[0]
+
+    def _guard_founding(self, agents: list[dict] | None = None) -> None:
         """A joiner does not found the group while an agent of this host is a member of it
         and alive (paused or starved: we cannot hear it, yet it holds the group's state;
         founding anew would make two lineages and one of them would lose its state).
-        Members on other hosts are not known this way (docs/DESIGN.md)."""
+        Members on other hosts are not known this way (docs/DESIGN.md). `agents`: the
+        status files of this host, read now if not given."""
         if self.node.status in mb.MEMBER_STATUSES:
             return
         why = None
-        agents, _, _ = status_files.read_files(self.cfg.status_dir(self.group))
-        for st in agents:
+        for st in self._host_agents() if agents is None else agents:
             if (st.get("birth") != self.node.birth and st.get("role") in ("primary", "backup")
                     and st.get("agent_pid") != os.getpid()):
                 why = (f"agent pid {st.get('agent_pid')} of this host is a {st.get('role')} "
@@ -963,13 +986,12 @@ class Agent:
         }
 
     def _write_status(self) -> None:
-        try:
-            path = os.path.join(self.cfg.status_dir(self.group), f"{self.node.birth:x}.json")
-            self.status_file.write(path, self.status())
-        except OSError as e:
-            self._count("status_write_errors")
-            if self.counters["status_write_errors"] == 1:
-                _log(f"cannot write status under {self.cfg.runtime_dir}: {e}")
+        path = os.path.join(self.cfg.status_dir(self.group), f"{self.node.birth:x}.json")
+        self.status_file.write(path, self.status())     # written by a helper thread
+        sf = self.status_file
+        if sf.errors and not self.counters.get("status_write_errors"):
+            _log(f"cannot write status under {self.cfg.runtime_dir}: {sf.last_error}")
+        self.counters["status_write_errors"] = sf.errors
 
 
 # ---- command line ------------------------------------------------------------------------
@@ -986,6 +1008,10 @@ def run(args) -> int:
         cmd = cmd[1:]
     if not cmd:
         print("llft run: no command: llft run --config F --group G -- CMD...", file=sys.stderr)
+        return 2
+    if shutil.which(cmd[0]) is None:    # before joining: a backup would fail only later
+        print(f"llft run: {cmd[0]}: command not found (not on PATH, or not an executable "
+              "file)", file=sys.stderr)
         return 2
     why_not = raise_agent_priority()    # before any thread starts (nice is per thread)
     raise_fd_limit()

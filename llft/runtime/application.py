@@ -46,9 +46,14 @@ reset (a promotion) sees `closed` and gives up; nothing raises.
 
 Process tree (llft/runtime/proctree.py). The app runs in a session of its own; `stop()`
 kills its whole tree (SIGTERM, a grace, SIGKILL): the app, a JVM it started, that JVM's
-workers. The app dies with its agent (PR_SET_PDEATHSIG: SIGKILL), so it is spawned from
-the agent's main thread, the loop's; the rest of the tree dies by the agent's watchdog
-(`on_spawn` tells the agent the new session).
+workers. The app dies with its agent (PR_SET_PDEATHSIG: SIGKILL, which names the thread
+that spawned it), so it is spawned from one thread that lives as long as the agent
+(`_Spawner`); the rest of the tree dies by the agent's watchdog (`on_spawn` tells the
+agent the new session). Never from the event loop: starting a process waits until its
+exec, and on a busy machine that took 100-500 ms, heartbeats unsent, long enough for the
+group to remove the replica being started. `start_*` return at once; `proc` and `pid`
+are None until the spawner is done; `stop()` meanwhile waits for it before it reads the
+tree. A command that cannot be started is an exit (`spawn_error`, status 127).
 """
 from __future__ import annotations
 
@@ -153,9 +158,36 @@ TRANSITIONS: dict[AppMode, frozenset[AppMode]] = {
 FED_MODES = frozenset({AppMode.BACKUP, AppMode.PROMOTING})   # the feeder thread runs
 
 
-def _finish(victims, sid, shm, threads, done: Callable[[int | None], None]) -> None:
-    """Helper thread of `stop()`: kill the tree, then unmap the block once the threads
-    that wait on it are gone."""
+class _Spawner:
+    """The thread that starts this agent's apps, one at a time, off the event loop. It
+    runs until the process exits: an app's death signal is tied to its spawning thread."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="llft-spawner",
+                                                daemon=True)
+                self._thread.start()
+        self._jobs.put(job)
+
+    def _run(self) -> None:
+        while True:
+            self._jobs.get()()
+
+
+_spawner = _Spawner()
+
+
+def _finish(read_tree, shm, threads, done: Callable[[int | None], None]) -> None:
+    """Helper thread of `stop()`: read the tree (`read_tree()`: victims and the app's
+    session, once a spawn under way is done), kill it, then unmap the block once the
+    threads that wait on it are gone."""
+    victims, sid = read_tree()
     left = victims
     try:
         left = proctree.kill_tree(victims, [sid] if sid else [])
@@ -187,7 +219,10 @@ class Application:
         self.closed = False                   # stop() was called (see the docstring)
         self.stopped: threading.Event = threading.Event()   # the tree is gone
         self.shm = None
-        self.proc = None
+        self.proc = None                      # set by the spawner thread
+        self.spawn_error: OSError | None = None
+        self._spawn_done = threading.Event()  # no spawn under way
+        self._spawn_done.set()
         self.divergence: dict | None = None
         self._oi_lock = threading.Lock()
         self._drain_thread: threading.Thread | None = None
@@ -224,17 +259,33 @@ class Application:
         self._feed_thread.start()
 
     def _spawn(self, shm_mode: int, env: dict[str, str]) -> None:
-        from determinizer.runner import shim_env, spawn
+        from determinizer.runner import shim_env
         from determinizer.shm import Shm
         self.loop = asyncio.get_running_loop()
         self.shm = Shm.create(shm_mode, stall_ms=NO_STALL_MS)
         senv = self.shm.env(service_port=self.service_port)
-        self.proc = spawn(self.cmd, shim_env(env, senv), cwd=self.cwd,
-                          death_signal=signal.SIGKILL, nice=_app_nice,
-                          start_new_session=True)
-        proctree.own(self.proc.pid)           # its exit status is _wait's
-        self._on_spawn(self)
-        threading.Thread(target=self._wait, args=(self.proc,), daemon=True).start()
+        self._spawn_done.clear()
+        full_env = shim_env(env, senv)
+        _spawner.submit(lambda: self._spawn_now(full_env))
+
+    def _spawn_now(self, env: dict[str, str]) -> None:
+        """The spawner thread: start the process, then tell the loop."""
+        from determinizer.runner import spawn
+        try:
+            with proctree.spawning():         # owned before anybody may reap it
+                proc = spawn(self.cmd, env, cwd=self.cwd, death_signal=signal.SIGKILL,
+                             nice=_app_nice, start_new_session=True)
+                proctree.own(proc.pid)        # its exit status is _wait's
+        except (OSError, ValueError) as e:   # not found, not executable, bad argument
+            self.spawn_error = e if isinstance(e, OSError) else OSError(str(e))
+            self._spawn_done.set()
+            self.loop.call_soon_threadsafe(self._on_exit, self, 127)
+            return
+        self.proc = proc
+        # the session is announced before stop() may read the tree (and forget it)
+        self.loop.call_soon_threadsafe(self._on_spawn, self)
+        self._spawn_done.set()
+        threading.Thread(target=self._wait, args=(proc,), daemon=True).start()
 
     @property
     def session(self) -> int | None:
@@ -382,10 +433,13 @@ class Application:
             self._feed_queue.put(None)
         # Read the tree before killing anything: a killed process's children are
         # reparented at once and would no longer descend from it.
-        victims = (proctree.tree(self.proc.pid, self.session, exclude)
-                   if self.proc is not None else [])
-        victims += [p for p in also if p.pid not in exclude
-                    and p.pid not in {v.pid for v in victims}]
+        def read_tree():
+            self._spawn_done.wait()           # a spawn under way: its process is ours
+            victims = (proctree.tree(self.proc.pid, self.session, exclude)
+                       if self.proc is not None else [])
+            victims += [p for p in also if p.pid not in exclude
+                        and p.pid not in {v.pid for v in victims}]
+            return victims, self.session
         # The drain and feeder threads may still be inside a (bounded) wait on this block:
         # it is unmapped once they are gone, not under them (never join on the loop).
         threads = [t for t in (self._drain_thread, self._feed_thread) if t is not None]
@@ -396,6 +450,6 @@ class Application:
                 self._on_stopped(sid)
             finally:
                 stopped.set()
-        threading.Thread(target=_finish, args=(victims, self.session, self.shm, threads, done),
+        threading.Thread(target=_finish, args=(read_tree, self.shm, threads, done),
                          daemon=True).start()
         return stopped

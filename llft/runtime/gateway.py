@@ -148,6 +148,7 @@ class Gateway:
         self.server: asyncio.AbstractServer | None = None
         self.bound: tuple[str, int] | None = None
         self.status_path = os.path.join(cfg.status_dir(group), f"gateway-{os.getpid()}.json")
+        self.status_file = status_files.StatusFile()
         self.background = TaskSet(log, self._task_failed)
         self.stop_event: asyncio.Event | None = None
         self.exit_code = 0
@@ -335,20 +336,19 @@ class Gateway:
         }
 
     def write_status(self) -> None:
-        try:
-            status_files.write_file(self.status_path, self.status())
-        except OSError as e:
-            if not self._status_warned:
-                self._status_warned = True
-                log.warning("cannot write status file %s: %s",
-                            self.status_path, e)
+        self.status_file.write(self.status_path, self.status())   # by a helper thread
+        if self.status_file.errors and not self._status_warned:
+            self._status_warned = True
+            log.warning("cannot write status file %s: %s", self.status_path,
+                        self.status_file.last_error)
 
     def remove_status(self) -> None:
-        for p in (self.status_path, f"{self.status_path}.tmp"):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
+        self.status_file.remove()               # after any write still pending
+        self.status_file.close()
+        try:
+            os.unlink(f"{self.status_path}.tmp")
+        except OSError:
+            pass
 
     async def _status_loop(self) -> None:
         while True:
@@ -388,6 +388,7 @@ class Gateway:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
             self.write_status()
+            await asyncio.to_thread(self.status_file.close)   # on disk before "ready"
             status_task = self.background.spawn(self._status_loop(), "status")
             print(json.dumps({"event": "ready", "listen": list(self.bound),
                               "group": self.group}), file=out, flush=True)

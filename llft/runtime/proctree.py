@@ -44,6 +44,7 @@ watchdog, an OOM kill of both).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -63,6 +64,7 @@ ORPHAN_CHECK_S = 1.0          # the agent reaps orphans and reports escapees thi
 _libc = ctypes.CDLL(None, use_errno=True)
 _owned: set[int] = set()      # children a Popen object waits for: never reaped here
 _owned_lock = threading.Lock()
+_spawning = 0                 # spawns under way (`spawning`): reap nothing meanwhile
 
 
 def become_subreaper() -> None:
@@ -70,6 +72,20 @@ def become_subreaper() -> None:
     if _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         e = ctypes.get_errno()
         raise OSError(e, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(e)}")
+
+
+@contextlib.contextmanager
+def spawning():
+    """A child is being started (not yet `own`ed): `reap_orphans` leaves every child
+    alone meanwhile, or it could take the new one's exit status from its Popen."""
+    global _spawning
+    with _owned_lock:
+        _spawning += 1
+    try:
+        yield
+    finally:
+        with _owned_lock:
+            _spawning -= 1
 
 
 def own(pid: int) -> None:
@@ -229,7 +245,7 @@ def reap_orphans() -> int:
             children = []
     for pid in children:
         with _owned_lock:
-            if pid in _owned:
+            if pid in _owned or _spawning:
                 continue
         try:
             if os.waitpid(pid, os.WNOHANG)[0] == pid:

@@ -30,36 +30,96 @@ import glob
 import json
 import os
 import sys
+import threading
 
 from llft.runtime import config as config_mod
 
 
-def write_file(path: str, status: dict) -> None:
+def write_file(path: str, status: dict | str) -> None:
     """Write a status file atomically (a temporary file, then a rename): a reader sees
-    the previous version or this one, never a part. Agents and gateways use this."""
+    the previous version or this one, never a part. `status`: a dict, or its JSON."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(status, f, default=str)
+        if isinstance(status, str):
+            f.write(status)
+        else:
+            json.dump(status, f, default=str)
     os.replace(tmp, path)
 
 
 class StatusFile:
     """One process's status file, rewritten whole at each `write`. Its path may change
     (an agent's file is named by its birth id, which a reset changes): once the file
-    at the new path is written, the one at the old path is removed."""
+    at the new path is written, the one at the old path is removed.
 
-    def __init__(self) -> None:
-        self.path: str | None = None
+    Written by a helper thread, never on the caller's (an agent's event loop): on a busy
+    machine one rename in the runtime folder (ext4) took over 100 ms, heartbeats unsent,
+    and got a live primary replaced. `write` takes a snapshot (JSON) and returns; only the
+    latest snapshot is written; `remove` happens in order after the writes asked before
+    it; `close` waits (bounded) until everything asked is done. A failure is counted in
+    `errors` with the last one in `last_error` (the caller reports it)."""
 
-    def write(self, path: str, status: dict) -> None:
-        """Raises OSError if the file cannot be written (the caller reports it)."""
-        write_file(path, status)
-        if self.path and self.path != path:
-            self.remove()
-        self.path = path
+    def __init__(self, path: str | None = None) -> None:
+        self.path: str | None = None            # the file as last written
+        self._default = path
+        self._ops: list[tuple] = []             # ("write", path, text) | ("remove",)
+        self._cv = threading.Condition()
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self.errors = 0
+        self.last_error: OSError | None = None
+
+    def write(self, path: str | None, status: dict) -> None:
+        text = json.dumps(status, default=str)
+        with self._cv:
+            if self._ops and self._ops[-1][0] == "write":
+                self._ops[-1] = ("write", path or self._default, text)   # superseded
+            else:
+                self._ops.append(("write", path or self._default, text))
+            self._start_locked()
+            self._cv.notify()
 
     def remove(self) -> None:
+        with self._cv:
+            self._ops.append(("remove",))
+            self._start_locked()
+            self._cv.notify()
+
+    def close(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every write and removal asked is done; False on timeout."""
+        with self._cv:
+            return self._cv.wait_for(lambda: not self._ops and not self._busy, timeout_s)
+
+    def _start_locked(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="llft-status-writer",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._ops)
+                op = self._ops.pop(0)
+                self._busy = True
+            try:
+                if op[0] == "write":
+                    write_file(op[1], op[2])
+                    if self.path and self.path != op[1]:
+                        self._unlink()
+                    self.path = op[1]
+                else:
+                    self._unlink()
+            except OSError as e:
+                self.errors += 1
+                self.last_error = e
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+
+    def _unlink(self) -> None:
         if self.path:
             try:
                 os.unlink(self.path)

@@ -172,6 +172,15 @@ class LocalCluster:
                 for m in st["members"]),
             timeout_s, f"{n} members with running applications")
 
+    def wait_ready(self, n: int, timeout_s: float = 60) -> dict:
+        """n members, every backup caught up with the history it joined with
+        (`llft status` sync "ready"): a backup stuck "catching-up" waits a longer
+        detector timeout and cannot take over first."""
+        return self.wait_status(
+            lambda st: len(st["members"]) == n and all(
+                m["app_pid"] and m["sync"] in ("primary", "ready") for m in st["members"]),
+            timeout_s, f"{n} members, every backup ready")
+
     def primary(self) -> dict | None:
         st = self.status()
         return next((m for m in st["members"] if m["role"] == "primary"), None)

@@ -54,7 +54,7 @@ def test_paused_primary_is_replaced_and_no_reply_is_wrong(tmp_path):
         assert r.replies == r.requests == 4 * 600
 
         # the paused replica learns it was excluded, resets and rejoins as a backup
-        st = lc.wait_members(3, timeout_s=120)
+        st = lc.wait_ready(3, timeout_s=120)
         assert new["birth"] in {m["birth"] for m in st["members"]}
         assert next(m for m in st["members"] if m["role"] == "primary")["birth"] == new["birth"]
         old_name = lc.name_of(old["agent_pid"])

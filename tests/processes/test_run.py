@@ -147,3 +147,29 @@ def test_agents_outrank_their_applications_sessions(tmp_path):
         if app[0] != "root":
             assert app[1] == 0, (agent, app)        # its session keeps the share it had
         assert agent[1] < app[1], (agent, app)
+
+
+def test_a_command_that_cannot_start_is_one_clear_line(tmp_path):
+    """A command not found is refused before the replica joins (one line, status 2); one
+    that exists but cannot be executed (no interpreter line, wrong format) founds, fails to
+    start, and the replica stops with one error line naming the command (status 127),
+    leaving no process behind."""
+    import subprocess
+    lc = LocalCluster(str(tmp_path))
+    argv = lc.llft_argv("run", "--config", lc.config_path, "--group", lc.group, "--")
+    r = subprocess.run(argv + [str(tmp_path / "no-such-command")], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"llft run: {tmp_path / 'no-such-command'}: command not found (not on PATH, or not "
+        "an executable file)"]
+
+    bad = tmp_path / "not-a-program"
+    bad.write_bytes(b"\x00\x01\x02")
+    bad.chmod(0o755)
+    r = subprocess.run(argv + [str(bad)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 127, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1 and f"cannot start the application {bad}: [Errno 8]" in errors[0], \
+        r.stderr
+    assert "Traceback" not in r.stderr

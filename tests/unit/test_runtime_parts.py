@@ -42,15 +42,42 @@ def test_app_without_process_feeds_nothing_and_stops():
 
 
 def test_status_file_replaces_and_removes(tmp_path):
-    f = StatusFile()
+    f = StatusFile()                        # written by a helper thread: close() waits
     a, b = tmp_path / "g" / "a.json", tmp_path / "g" / "b.json"
     f.write(str(a), {"n": 1})
+    assert f.close()
     assert json.loads(a.read_text()) == {"n": 1}
     f.write(str(b), {"n": 2})               # a new birth id: the old file goes
+    assert f.close()
     assert not a.exists() and json.loads(b.read_text()) == {"n": 2}
     f.remove()
+    assert f.close()
     assert not b.exists() and f.path is None
     f.remove()                              # twice is harmless
+    assert f.close() and f.errors == 0
+
+
+def test_status_file_keeps_the_order_of_writes_and_removal(tmp_path):
+    f = StatusFile()
+    a = tmp_path / "a.json"
+    for n in range(200):                    # a burst: only the latest needs writing
+        f.write(str(a), {"n": n})
+    f.remove()                              # asked after them: nothing is left behind
+    assert f.close()
+    assert not a.exists() and not (tmp_path / "a.json.tmp").exists()
+    f.write(str(a), {"n": "last"})
+    assert f.close() and json.loads(a.read_text()) == {"n": "last"}
+
+
+def test_status_file_counts_a_failure_and_goes_on(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    f = StatusFile()
+    f.write(str(blocker / "sub" / "a.json"), {"n": 1})     # a file where a folder must be
+    assert f.close()
+    assert f.errors == 1 and isinstance(f.last_error, OSError)
+    f.write(str(tmp_path / "ok.json"), {"n": 2})
+    assert f.close() and json.loads((tmp_path / "ok.json").read_text()) == {"n": 2}
 
 
 class _Endpoint:
