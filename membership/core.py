@@ -186,6 +186,7 @@ class Config:
     rejoin_backoff_min_us: int = 10_000   # a second reset waits this long before it applies
     rejoin_backoff_max_us: int = 80_000   # the wait doubles up to this
     rejoin_stable_us: int = 1_000_000     # member this long before a reset: back to the min
+    catch_up_wait_max_us: int = 60_000_000   # longest a backup's own replay delays a takeover
     host: str = ""
     pid: int = 0
 
@@ -360,6 +361,7 @@ class Membership:
         self._backoff_level = 0          # resets since the last stable membership
         self.founding_held: str | None = None   # hold_founding (survives a reset)
         self.catching_up = False                # set_catching_up (the runtime's knowledge)
+        self._replay_done_us = 0                # set_catch_up_estimate (ditto)
         # the remote groups this replica has connections with (the runtime's knowledge,
         # asked only when the detector fires): a takeover needs to hear one of them
         self.remote_groups_of: Callable[[], Iterable[str]] = tuple
@@ -542,6 +544,18 @@ class Membership:
         catching-up backup replaced a live primary). The receiving side of the
         primary's protection of a member it just gave its state (`_receiving_state`)."""
         self.catching_up = flag
+
+    def set_catch_up_estimate(self, us: int, now_us: int) -> None:
+        """The runtime's estimate, at `now_us`, of how long its application needs to
+        execute what it was given (0: nothing left). Our detector on the primary does not
+        fire before that replay would end: a takeover could not serve sooner anyway, and
+        a primary that was only paused (a GC, a swapped-out VM) resumes meanwhile and
+        nothing changes. The estimate is renewed as the replay proceeds, so a dead
+        primary is replaced when the replay is nearly done, no later than before; and
+        never later than `catch_up_wait_max_us` after it fell silent (an app that makes
+        no progress). A Spark backup that had just rejoined replaced a primary paused for
+        1.6 s and left the clients without a reply for 25 s: its cold JVM's replay."""
+        self._replay_done_us = now_us + int(us) if us > 0 else 0
 
     @property
     def takeover_held(self) -> bool:
@@ -874,8 +888,9 @@ class Membership:
         # every rank extends by what the rank-2 floor would: the ranks keep their order
         c, p = self.cfg, self.primary.birth
         heard = self._last_heard.get(p, self._hb_sent_us)
-        return (heard + c.fault_timeout_us(max(2, self.rank))
-                + self._extension_us(p, c.timeout_base_us))
+        fire = heard + c.fault_timeout_us(max(2, self.rank))
+        return max(fire + self._extension_us(p, c.timeout_base_us),
+                   min(self._replay_done_us, fire + c.catch_up_wait_max_us))
 
     def _ack_timeout_us(self, births) -> int:
         """The ack timeout of a change for these members: the longest of theirs."""

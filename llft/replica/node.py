@@ -291,6 +291,11 @@ class ReplicaNode:
         """The application replays the history we joined with: longest timeouts (membership)."""
         self.membership.set_catching_up(flag)
 
+    def set_catch_up_estimate(self, us: int, now_us: int) -> None:
+        """How long the application needs for what it was given: no takeover before
+        that replay would end (membership)."""
+        self.membership.set_catch_up_estimate(us, now_us)
+
     def accepts_joiners(self) -> bool:
         """Membership asks before admitting a backup: only with the whole log."""
         return self.log_full is None

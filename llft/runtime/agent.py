@@ -156,6 +156,8 @@ CONNECT_FD_RETRY_S = 0.05       # out of descriptors: retry a connection to the 
 HISTORY_SLICE = 1000             # restored log entries handed to the app per loop turn
 FOUNDING_GUARD_S = 0.02         # a joiner re-reads this host's status files (founding)
 LAG_CHECK_S = 0.02               # backups report execution / the primary checks the bound
+CATCH_UP_WINDOW_S = 5.0          # a backup's execution rate is measured over this long
+CATCH_UP_WAIT_MAX_S = 60.0       # longest wait its detector adds for its own replay
 
 log = logging.getLogger("llft.run")
 
@@ -257,6 +259,7 @@ class Agent:
         # arrive meanwhile queue behind it, so the app sees the log's order
         self._history: collections.deque = collections.deque()
         self._founding_held: str | None = None   # why this joiner may not found
+        self._progress: collections.deque = collections.deque()   # (mono, consumed)
         self._set_sync("none")                # backup: "catching-up" -> "ready"
         self._restored_mono = 0.0
         self._own_lag = {"entries": 0, "ms": 0.0}
@@ -269,6 +272,9 @@ class Agent:
         on its peers (Membership.set_catching_up)."""
         self._sync = sync
         self.node.set_catching_up(sync == "catching-up")
+        if sync == "none":
+            self._progress.clear()
+            self.node.set_catch_up_estimate(0, self.driver.clock_us())
 
     @property
     def mode(self) -> AppMode:
@@ -886,6 +892,9 @@ class Agent:
         oldest = self._marks[0][3] if self._marks else now
         self._own_lag = {"entries": self._fed_total - consumed,
                          "ms": round((now - oldest) * 1000, 1)}
+        est = self._catch_up_estimate_us(now, consumed)
+        self._own_lag["catch_up_ms"] = est // 1000
+        self.node.set_catch_up_estimate(est, self.driver.clock_us())
         if (self._sync == "catching-up" and consumed >= self._history_entries
                 and (now - oldest) * 1e6 <= self.node.lag_bound_us):
             self._set_sync("ready")
@@ -893,6 +902,23 @@ class Agent:
             _log(f"caught up: the application replayed the history it joined with "
                  f"({self._history_entries} entries) in {s:.2f} s; ready")
             self._event("ready", replay_s=round(s, 3), entries=self._history_entries)
+
+    def _catch_up_estimate_us(self, now: float, consumed: int) -> int:
+        """How long the app needs for the entries it was given and has not executed:
+        their count over its execution rate of the last CATCH_UP_WINDOW_S (no progress
+        in that window: CATCH_UP_WAIT_MAX_S). No takeover by us before this replay
+        would end (Membership.set_catch_up_estimate)."""
+        progress = self._progress
+        progress.append((now, consumed))
+        while now - progress[0][0] > CATCH_UP_WINDOW_S:
+            progress.popleft()
+        left = self._fed_total - consumed
+        if left <= 0:
+            return 0
+        t0, c0 = progress[0]
+        rate = (consumed - c0) / max(now - t0, LAG_CHECK_S)      # entries per second
+        est = left / rate if rate > 0 else CATCH_UP_WAIT_MAX_S
+        return int(min(est, CATCH_UP_WAIT_MAX_S) * 1e6)
 
     def _check_lag_bound(self) -> None:
         released = self.node.stats.get("lag_released", 0)

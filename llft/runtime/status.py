@@ -18,7 +18,9 @@ JSON (`--json`):
 `lag` counts order-info positions the replica has not received; `lag_ms` is how old the
 oldest entry is that its application has not executed (the primary's measure, which the
 lag bound holds, docs/LOG.md); `sync` is "catching-up" for a joiner still replaying the
-history it joined with, then "ready"; `takeover.held` is true while a backup's detector has
+history it joined with, then "ready"; `catch_up_ms` is a backup's estimate of how long its
+application needs for what it was given (no takeover by it before that, docs/LOG.md);
+`takeover.held` is true while a backup's detector has
 fired and no remote group has yet said that the primary is silent there too.
      "gateways": [...], "departed": [...]}
 Exit status: 0 if the group has a primary, 1 if none was found, 2 on a configuration error.
@@ -199,6 +201,7 @@ def group_status(cfg: config_mod.ClusterConfig, group: str) -> dict:
                 "pvn": a.get("pvn"), "lag": lag, "app_lag_entries": app_lag,
                 "lag_ms": 0.0 if m["rank"] == 1 else lag_ms,
                 "lag_entries": reported["entries"] if reported else None,
+                "catch_up_ms": None if m["rank"] == 1 else own.get("catch_up_ms"),
                 "lag_ready": reported["ready"] if reported else None,
                 "sync": "primary" if m["rank"] == 1 else a.get("sync", "?"),
                 "lag_held": a.get("lag_held"), "log": a.get("log"),

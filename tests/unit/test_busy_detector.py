@@ -98,9 +98,11 @@ def test_the_extension_is_capped_so_a_death_is_still_detected_in_bounded_time():
 
 # ---- the backup's fault detector on the primary --------------------------------------
 
-def _detect(gaps_us: list[int], catching_up: bool = False) -> tuple[int, int]:
+def _detect(gaps_us: list[int], catching_up: bool = False,
+            catch_up=lambda now: 0) -> tuple[int, int]:
     """A rank-2 backup hears the primary every interval except the given gaps, then
-    the primary dies: (time of its last heartbeat, time the backup proposes)."""
+    the primary dies: (time of its last heartbeat, time the backup proposes).
+    `catch_up(now)`: the runtime's estimate of its own replay left, given at each timer."""
     c = core_in(Status.BACKUP, 105, ((100, 1), (105, 2), (111, 3)))
     c.set_catching_up(catching_up)
     plan, t = [], 0
@@ -117,11 +119,12 @@ def _detect(gaps_us: list[int], catching_up: bool = False) -> tuple[int, int]:
     pending = list(plan)
 
     def feed(now):
+        c.set_catch_up_estimate(catch_up(now), now)
         while pending and pending[0] <= now:
             c.handle_message(hb(100, 1, 1), pending.pop(0))
     proposed = None
     now = 0
-    while proposed is None and now < last + 10 * CFG.timeout_base_us:
+    while proposed is None and now < last + 2 * CFG.catch_up_wait_max_us:
         now = c.next_timer_us()
         feed(now)
         c.handle_timer(now)
@@ -148,6 +151,27 @@ def test_a_backup_still_replaying_its_history_waits_longest_then_suspects():
     last, proposed = _detect([], catching_up=True)
     assert proposed - last == CFG.fault_timeout_us(2) + CFG.extension_cap_us
     last, proposed = _detect([], catching_up=False)    # caught up: the floor again
+    assert proposed - last == CFG.fault_timeout_us(2)
+
+
+def test_a_backup_waits_at_least_as_long_as_its_own_replay_would_take():
+    # catching up with 2 s of replay left, the estimate shrinking as it replays: the
+    # primary (dead at `last`) is replaced when the replay is done, not 2 s before it
+    # (a paused primary resumes meanwhile and nothing changes)
+    end = {}
+
+    def replay_left(now):
+        end.setdefault("t", now + 2_000 * MS) if now > 200 * MS else None
+        return max(0, end["t"] - now) if "t" in end else 0
+    last, proposed = _detect([], catching_up=True, catch_up=replay_left)
+    assert end["t"] <= proposed <= end["t"] + CFG.heartbeat_interval_us
+    # an app that makes no progress delays the takeover by a bounded time
+    last, proposed = _detect([], catching_up=True, catch_up=lambda now: 10**12)
+    assert proposed - last == CFG.fault_timeout_us(2) + CFG.catch_up_wait_max_us
+    # a replay that ends within the usual timeout changes nothing (the last heartbeat
+    # of the primary comes at 200 ms: 10 ms of replay left then)
+    last, proposed = _detect([], catching_up=False,
+                             catch_up=lambda now: max(0, 210 * MS - now))
     assert proposed - last == CFG.fault_timeout_us(2)
 
 
