@@ -84,7 +84,7 @@ from dataclasses import dataclass
 
 from llft.runtime.application import raise_fd_limit
 from llft.runtime import config as cluster_config
-from llft.runtime import logs
+from llft.runtime import logs, stalls
 from llft.runtime import status as status_files
 from llft.runtime.driver import Driver
 from llft.runtime.tasks import TaskSet
@@ -365,6 +365,7 @@ class Gateway:
         out = out or sys.stdout
         loop = asyncio.get_running_loop()
         logs.install_loop_handler(loop, log)
+        stalls.start_from_env(loop, log)
         stop = self.stop_event = asyncio.Event()
         host, port = self.listen
         try:
