@@ -220,7 +220,7 @@ class Application:
         self.stopped: threading.Event = threading.Event()   # the tree is gone
         self.shm = None
         self.proc = None                      # set by the spawner thread
-        self.spawn_error: OSError | None = None
+        self.spawn_error: Exception | None = None   # why the spawner could not start it
         self._spawn_done = threading.Event()  # no spawn under way
         self._spawn_done.set()
         self.divergence: dict | None = None
@@ -277,7 +277,7 @@ class Application:
                              nice=_app_nice, start_new_session=True)
                 proctree.own(proc.pid)        # its exit status is _wait's
         except (OSError, ValueError) as e:   # not found, not executable, bad argument
-            self.spawn_error = e if isinstance(e, OSError) else OSError(str(e))
+            self.spawn_error = e
             self._spawn_done.set()
             self.loop.call_soon_threadsafe(self._on_exit, self, 127)
             return

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import traceback
 
 ENV = "LLFT_STALL_TRACE"
@@ -37,7 +38,6 @@ def start_from_env(loop: asyncio.AbstractEventLoop, log: logging.Logger) -> bool
 
 
 def _trace(loop, tid: int, threshold_s: float, log: logging.Logger) -> None:
-    stop = threading.Event()
     while not loop.is_closed():
         ran = threading.Event()
         try:
@@ -50,4 +50,4 @@ def _trace(loop, tid: int, threshold_s: float, log: logging.Logger) -> None:
             log.info(f"event loop busy for more than {threshold_s * 1000:.0f} ms, in:\n"
                      + where.rstrip())
             ran.wait()
-        stop.wait(PERIOD_S)
+        time.sleep(PERIOD_S)

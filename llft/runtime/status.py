@@ -37,16 +37,13 @@ import threading
 from llft.runtime import config as config_mod
 
 
-def write_file(path: str, status: dict | str) -> None:
-    """Write a status file atomically (a temporary file, then a rename): a reader sees
-    the previous version or this one, never a part. `status`: a dict, or its JSON."""
+def write_file(path: str, text: str) -> None:
+    """Write a status file (its JSON text) atomically (a temporary file, then a rename):
+    a reader sees the previous version or this one, never a part."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        if isinstance(status, str):
-            f.write(status)
-        else:
-            json.dump(status, f, default=str)
+        f.write(text)
     os.replace(tmp, path)
 
 
@@ -62,9 +59,8 @@ class StatusFile:
     it; `close` waits (bounded) until everything asked is done. A failure is counted in
     `errors` with the last one in `last_error` (the caller reports it)."""
 
-    def __init__(self, path: str | None = None) -> None:
+    def __init__(self) -> None:
         self.path: str | None = None            # the file as last written
-        self._default = path
         self._ops: list[tuple] = []             # ("write", path, text) | ("remove",)
         self._cv = threading.Condition()
         self._busy = False
@@ -72,13 +68,13 @@ class StatusFile:
         self.errors = 0
         self.last_error: OSError | None = None
 
-    def write(self, path: str | None, status: dict) -> None:
-        text = json.dumps(status, default=str)
+    def write(self, path: str, status: dict) -> None:
+        op = ("write", path, json.dumps(status, default=str))
         with self._cv:
             if self._ops and self._ops[-1][0] == "write":
-                self._ops[-1] = ("write", path or self._default, text)   # superseded
+                self._ops[-1] = op                  # the pending one is superseded
             else:
-                self._ops.append(("write", path or self._default, text))
+                self._ops.append(op)
             self._start_locked()
             self._cv.notify()
 
