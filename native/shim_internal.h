@@ -127,6 +127,8 @@
     X(pid_t, waitpid, (pid_t, int *, int)) \
     X(pid_t, getpid, (void)) \
     X(int, kill, (pid_t, int)) \
+    X(int, raise, (int)) \
+    X(int, pthread_kill, (pthread_t, int)) \
     X(int, pipe, (int[2])) \
     X(int, pipe2, (int[2], int))
 
@@ -270,6 +272,7 @@ static inline int replaying(struct bk *b, unsigned call, uint64_t op, void *payl
 void sleep_barrier(struct bk *b);                       /* shim_time.c */
 int sig_take_pending(void);                             /* shim_signals.c */
 void sig_replay(int sig);
+void sig_sending(int on);                               /* inside a call that sends a signal */
 void gc_point(int may_collect);                         /* shim_gc.c */
 ssize_t random_call(unsigned call, int fd, void *buf, size_t n, unsigned flags);  /* shim_random.c */
 

@@ -35,11 +35,12 @@
  * is not a commitment: the JVM's answers may differ in content (ports, ids), so a
  * read with no matching hint passes through, and a hint nobody reads is skipped.
  * A peer INSIDE the process (fd.local_peer: the other end is one of the process's own
- * sockets -- asyncio talking to a server thread) replays too, so there the hints are
- * commitments: a backup reads exactly the primary's count (waiting without a cap), a
- * non-blocking send takes exactly the primary's count (what its kernel cannot take yet
- * is queued and pushed by the waiting peer: pend_send), EAGAIN is returned without a
- * call, and a loopback datagram socket's reads are hinted the same way.
+ * sockets, over loopback TCP or a unix socket -- asyncio talking to a server thread)
+ * replays too, so there the hints are commitments: a backup reads exactly the primary's
+ * count (waiting without a cap), a send takes exactly the primary's count (what its
+ * kernel cannot take yet is queued and pushed by the waiting peer: pend_send; a blocking
+ * send hands its bytes over before it learns the count: priv_send_blocking), EAGAIN is
+ * returned without a call, and a loopback datagram socket's reads are hinted the same way.
  * The kind of an AF_INET socket is decided at the primary when it connects, and the
  * CONNECT record carries it, so a backup with no network agrees with the primary.
  * poll/select/epoll_wait are ordered when they watch at least one socket (group and
@@ -238,12 +239,36 @@ static int own_port(int self, uint16_t port, int type) {
     return 0;
 }
 static int own_dgram_port(uint16_t port) { return own_port(-1, port, SOCK_DGRAM); }
-/* A private stream's other end: one of our own sockets? (peer NULL: ask the kernel) */
+/* A private stream's other end: one of our own sockets? (peer NULL: ask the kernel) A
+ * unix stream's is ours if the kernel's credentials of its other end name this process
+ * (the listener's creator for a client, the connecting process for an accepted one). */
 static void note_local_peer(int fd, const struct sockaddr *peer) {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     if (!peer && R(getpeername)(fd, (struct sockaddr *)&ss, &sl) == 0) peer = (struct sockaddr *)&ss;
+    if (peer && peer->sa_family == AF_UNIX) {
+        struct ucred uc;
+        socklen_t ul = sizeof uc;
+        g_fd[fd].local_peer = R(getsockopt)(fd, SOL_SOCKET, SO_PEERCRED, &uc, &ul) == 0 && uc.pid == g_pid;
+        return;
+    }
     g_fd[fd].local_peer = peer && addr_is_loopback(peer) && own_port(fd, addr_port(peer), SOCK_STREAM);
+}
+/* A unix stream connected to a listener of this process (asyncio's open_unix_connection
+ * to a server thread): a private stream with its peer in the process, like a loopback
+ * one -- read counts hinted, writes counted -- or a backup's reads are chunked by its
+ * own timing (an SSL client read two session tickets at once, where the primary's
+ * epoll had reported them one by one, and waited for a third). Other unix sockets stay
+ * plain private ones. Not ordered: the other end is the same program everywhere. */
+static int unix_connect(int fd, const struct sockaddr *a, socklen_t len) {
+    int r = R(connect)(fd, a, len);
+    int e = errno;
+    if (r == 0 && sock_type(fd) == SOCK_STREAM) {
+        note_local_peer(fd, NULL);
+        if (g_fd[fd].local_peer) g_fd[fd].kind = FDK_PRIVATE_STREAM;
+    }
+    errno = e;
+    return r;
 }
 
 static int classify_peer(const struct sockaddr *a) {
@@ -409,12 +434,55 @@ static void pend_close(int fd) {
     pend_unlock();
 }
 
+/* Bytes a backup handed over ahead of the program (see priv_send_blocking). */
+#define MAX_AHEAD 16
+static struct ahead { int fd; size_t len; uint32_t hash; int checked; } g_ahead[MAX_AHEAD];
+static int g_nahead;
+static struct ahead *ahead_of(int fd, int make) {
+    for (int i = 0; i < g_nahead; i++) if (g_ahead[i].fd == fd) return &g_ahead[i];
+    if (!make || g_nahead == MAX_AHEAD) return NULL;
+    g_ahead[g_nahead] = (struct ahead){fd, 0, 2166136261u, 1};
+    return &g_ahead[g_nahead++];
+}
+static void ahead_forget(int fd) {
+    pend_lock();
+    for (int i = 0; i < g_nahead; i++)
+        if (g_ahead[i].fd == fd) { g_ahead[i] = g_ahead[--g_nahead]; break; }
+    pend_unlock();
+}
+/* How many of buf's n bytes are out already; a send that does not repeat them diverges. */
+static size_t ahead_covers(int fd, const void *buf, size_t n) {
+    pend_lock();
+    struct ahead *a = ahead_of(fd, 0);
+    size_t m = a ? (a->len < n ? a->len : n) : 0;
+    int bad = a && m == a->len && a->checked && fnv1a(buf, m, 2166136261u) != a->hash;
+    pend_unlock();
+    if (bad)
+        diverge("divergence: thread %d call #%llu: a write to an in-process peer does not "
+                "repeat the %zu bytes the interrupted write before it had handed over",
+                t_tid, (unsigned long long)t_n, m);
+    return m;
+}
+/* The program's count r of a send whose bytes [0, n) are out: [r, n) stay ahead. */
+static void ahead_settle(int fd, const void *buf, size_t n, ssize_t r) {
+    size_t done = r > 0 ? (size_t)r : 0;
+    pend_lock();
+    struct ahead *a = ahead_of(fd, done < n);
+    if (a && done >= n) *a = g_ahead[--g_nahead];
+    else if (a) {
+        a->len = n - done;
+        a->hash = fnv1a((const char *)buf + done, n - done, 2166136261u);
+        a->checked = 1;
+    }
+    pend_unlock();
+}
 EXPORT int close(int fd) {
     if (g_active && fd_ok(fd) && g_fd[fd].kind) {
         /* a vfork child shares our memory: only the process itself forgets its fds */
         if ((pid_t)syscall(SYS_getpid) == g_pid) {
             if (g_fd[fd].kind == FDK_GROUP_LISTEN) group_unpublish(fd);
             if (g_fd[fd].local_peer && g_npend) pend_close(fd);
+            if (g_fd[fd].local_peer && g_nahead) ahead_forget(fd);
             fd_forget(fd);
         }
     }
@@ -461,6 +529,8 @@ static int connect_ordered(int fd, const struct sockaddr *a, socklen_t len) {
     return r;
 }
 EXPORT int connect(int fd, const struct sockaddr *a, socklen_t len) {
+    if (active_here() && fd_kind(fd) == FDK_PRIVATE && a && a->sa_family == AF_UNIX)
+        return GUARDED(unix_connect(fd, a, len));
     HOOK(fd_kind(fd) == FDK_SOCK, R(connect)(fd, a, len), connect_ordered(fd, a, len));
 }
 
@@ -687,6 +757,7 @@ static ssize_t priv_recv(int fd, void *buf, size_t n, int flags, int kindcall) {
  * or queued: see above) and returns the primary's result, or its error (EAGAIN) without
  * writing. So a non-blocking sender (asyncio's sock_sendall) makes the same sends and
  * readiness waits, and its peer's hinted reads find their bytes. */
+#define PRIV_SEND_NB(fd, flags) (((flags) & MSG_DONTWAIT) || (fcntl(fd, F_GETFL) & O_NONBLOCK))
 static ssize_t priv_send(int fd, const void *buf, size_t n, int flags, int kindcall) {
     uint64_t op = fd_op(fd);
     ssize_t r;
@@ -713,6 +784,65 @@ static ssize_t priv_send(int fd, const void *buf, size_t n, int flags, int kindc
     }
     errno = e ? e : errno;
     return r;
+}
+
+/* A BLOCKING write to a private stream whose peer is in the process. The primary's kernel
+ * takes the bytes as the peer reads them and the call returns when all are in, or
+ * earlier if a signal interrupts it (test_socketserver's 16 MB write, interrupted by
+ * another thread's pthread_kill): its count is recorded when it returns, AFTER the
+ * peer's reads of those bytes. So a backup cannot wait for that record before writing:
+ * it hands the whole buffer over at once (sent, or queued for the reading peer to push:
+ * pend_send) and then waits for the primary's count. What it handed over beyond that
+ * count is AHEAD of the program, which sends those bytes again (sendall sends the rest):
+ * that send finds them out already (checked by hash) and skips them. A backup that made
+ * the real blocking call instead blocked where the primary had not (its kernel buffers
+ * are its own), with the peer waiting for this thread's next ordered call: a deadlock. */
+static ssize_t priv_send_blocking(int fd, const void *buf, size_t n, int flags, int kindcall) {
+    uint64_t op = fd_op(fd);
+    ssize_t r;
+    int e = 0;
+    size_t out = ahead_covers(fd, buf, n);   /* bytes a backup (or this, before a promotion) sent */
+    if (!backup_now()) {
+        r = (ssize_t)out;
+        if (out < n || n == 0) {
+            ssize_t k = kindcall == 1 ? R(write)(fd, (const char *)buf + out, n - out)
+                                      : R(send)(fd, (const char *)buf + out, n - out, flags);
+            if (k >= 0) r += k;
+            else if (!out) { r = -1; e = errno; }
+        }
+        ahead_settle(fd, buf, (size_t)out, r);
+        pr_append(LLFT_C_PRIVATE_RECV, op, r, e, 0, PRIV_HINT_SEND, NULL, 0);
+        errno = e ? e : errno;
+        return r;
+    }
+    struct stallw sw = {0, 0};
+    while (out < n && !pend_send(fd, (const char *)buf + out, n - out, flags)) {   /* table full */
+        struct timespec ms = {0, 1000000};
+        R(nanosleep)(&ms, NULL);
+        stall_check(&sw, "room for the bytes the primary sent to an in-process peer", LLFT_C_PRIVATE_RECV, op);
+    }
+    struct bk b;
+    int got = bk_begin(&b, LLFT_C_PRIVATE_RECV, op, NULL, 0);
+    if (got == BK_RECORD && b.h.flags == PRIV_HINT_SEND && b.h.ret <= (int64_t)n) {
+        r = (ssize_t)b.h.ret;
+        e = b.h.err;
+        bk_end(&b);
+    } else {
+        /* promoted meanwhile (BK_PRIMARY), or no count of the primary's here: its socket
+         * did not see a peer in the process (the peer closed before the accept looked):
+         * its blocking write took all n, as this one did */
+        r = (ssize_t)n;
+        if (got == BK_RECORD) bk_end(&b);
+        else if (got == BK_PRIMARY) pr_append(LLFT_C_PRIVATE_RECV, op, r, 0, 0, PRIV_HINT_SEND, NULL, 0);
+    }
+    ahead_settle(fd, buf, n, r);
+    errno = e ? e : errno;
+    return r;
+}
+/* Any write to a private stream whose peer is in the process. */
+static ssize_t priv_send_local(int fd, const void *buf, size_t n, int flags, int kindcall) {
+    return PRIV_SEND_NB(fd, flags) ? priv_send(fd, buf, n, flags, kindcall)
+                                   : priv_send_blocking(fd, buf, n, flags, kindcall);
 }
 
 /* A read of a loopback datagram socket of the process's own (local_peer: a server bound
@@ -773,10 +903,6 @@ static int dgram_external(int fd, const struct sockaddr *peer) {
 #define EXT_ENTER(fd) (active_here() && fd_kind(fd) == FDK_EXTERNAL)
 #define PRIV_ENTER(fd) (active_here() && fd_kind(fd) == FDK_PRIVATE_STREAM)
 #define PRIV_SEND_ENTER(fd) (PRIV_ENTER(fd) && g_fd[fd].local_peer)
-/* Only a send that cannot block is ordered (priv_send): a blocking one is recorded when
- * it returns, after the peer's reads of its bytes (test_socketserver's 16 MB write), so
- * a backup could not have its record before the peer needs the bytes. */
-#define PRIV_SEND_NB(fd, flags) (((flags) & MSG_DONTWAIT) || (fcntl(fd, F_GETFL) & O_NONBLOCK))
 #define PRIV_DGRAM_ENTER(fd) (active_here() && fd_kind(fd) == FDK_PRIVATE && g_fd[fd].local_peer)
 
 EXPORT ssize_t read(int fd, void *buf, size_t n) {
@@ -831,19 +957,19 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags) {
 }
 EXPORT ssize_t write(int fd, const void *buf, size_t n) {
     if (GROUP_ENTER(fd)) return GUARDED(group_send_buf(fd, buf, n, 0));
-    if (PRIV_SEND_ENTER(fd) && PRIV_SEND_NB(fd, 0)) return GUARDED(priv_send(fd, buf, n, 0, 1));
+    if (PRIV_SEND_ENTER(fd)) return GUARDED(priv_send_local(fd, buf, n, 0, 1));
     if (!EXT_ENTER(fd)) return R(write)(fd, buf, n);
     return GUARDED(ext_send(fd, buf, n, 0, NULL, 0, 1));
 }
 EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags) {
     if (GROUP_ENTER(fd)) return GUARDED(group_send_buf(fd, buf, n, flags));
-    if (PRIV_SEND_ENTER(fd) && PRIV_SEND_NB(fd, flags)) return GUARDED(priv_send(fd, buf, n, flags, 0));
+    if (PRIV_SEND_ENTER(fd)) return GUARDED(priv_send_local(fd, buf, n, flags, 0));
     if (!EXT_ENTER(fd)) return R(send)(fd, buf, n, flags);
     return GUARDED(ext_send(fd, buf, n, flags, NULL, 0, 0));
 }
 EXPORT ssize_t sendto(int fd, const void *buf, size_t n, int flags, const struct sockaddr *d, socklen_t dl) {
     if (GROUP_ENTER(fd)) return GUARDED(group_send_buf(fd, buf, n, flags));   /* TCP: d is ignored */
-    if (PRIV_SEND_ENTER(fd) && PRIV_SEND_NB(fd, flags)) return GUARDED(priv_send(fd, buf, n, flags, 0));
+    if (PRIV_SEND_ENTER(fd)) return GUARDED(priv_send_local(fd, buf, n, flags, 0));
     if (active_here() && fd_kind(fd) == FDK_SOCK && d) dgram_external(fd, d);
     if (!EXT_ENTER(fd)) return R(sendto)(fd, buf, n, flags, d, dl);
     return GUARDED(ext_send(fd, buf, n, flags, d, dl, 2));

@@ -47,8 +47,14 @@ EXPORT pid_t getpid(void) {
     return real == g_pid ? g_group_pid : real;   /* a forked child: its own */
 }
 EXPORT int kill(pid_t pid, int sig) {
-    if (g_active && g_group_pid && pid == g_group_pid && R(getpid)() == g_pid) pid = g_pid;
-    return R(kill)(pid, sig);
+    if (!g_active) return R(kill)(pid, sig);
+    if (g_group_pid && pid == g_group_pid && R(getpid)() == g_pid) pid = g_pid;
+    sig_sending(1);   /* a signal this thread gets now is its own (shim_signals.c) */
+    int r = R(kill)(pid, sig);
+    int e = errno;
+    sig_sending(0);
+    errno = e;
+    return r;
 }
 
 /* File timestamps are clock readings the kernel took: a file the run wrote has the

@@ -14,8 +14,17 @@
  * (SIGALRM, SIGVTALRM, SIGPROF, SIGCHLD) that really arrive are dropped: their sources
  * exist there too, at other times; the primary's are replayed instead.
  * A signal that arrives while a thread runs Python code (no call in progress) is replayed
- * at the end of that thread's next ordered call: later than at the primary. Signals the
- * process sends itself are not recorded (the backup's code sends them again).
+ * at the end of that thread's next ordered call: later than at the primary. (Rare for
+ * signals between the process's own threads: the sender holds the GIL, so the target is
+ * blocked in a call or waiting for the GIL, which is an ordered call too.)
+ * A signal a thread sends ITSELF (raise, os.kill(os.getpid()) from the main thread,
+ * pthread_kill(self)) arrives before the sending call returns, at the same point of the
+ * program everywhere: it is not recorded, and a backup's code sends it again. A signal
+ * one thread sends ANOTHER (test_socketserver's client thread interrupting the main
+ * thread's blocking write with pthread_kill) arrives at a moment of the target's that
+ * timing picks: it is recorded like an outside signal, and at a backup the live one is
+ * dropped (its sender exists there too) and the primary's is replayed. The shim tells
+ * the two apart by marking the thread that is inside kill/raise/pthread_kill.
  * Fault signals (SEGV, BUS, ILL, FPE, ABRT, TRAP) are never wrapped.
  */
 #include "shim_internal.h"
@@ -26,6 +35,7 @@ static struct sigaction g_orig[NSIG_WRAP];   /* the application's handlers */
 static int g_wrapped[NSIG_WRAP];
 static TLS volatile int t_sig_pending;                 /* a handler ran in this thread */
 static TLS volatile int t_sig_replaying;               /* the signal being raised is a replayed one */
+static TLS volatile int t_sig_sending;                 /* inside kill/raise/pthread_kill */
 static int (*real_sigaction)(int, const struct sigaction *, struct sigaction *);
 
 static int wrappable(int sig) {
@@ -38,13 +48,14 @@ static int timer_signal(int sig) {
 }
 
 static void sig_wrapper(int sig, siginfo_t *info, void *ctx) {
-    if (t_tid >= 0 && g_active && !t_sig_replaying && timer_signal(sig) && backup_now())
-        return;   /* the primary's own occurrence is replayed */
-    /* a signal this process sent itself (kill(getpid()), raise, pthread_kill) is sent
-     * again by the same code at a backup: only the others are inputs */
     int self_sent = info && (info->si_code == SI_USER || info->si_code == SI_TKILL
                              || info->si_code == SI_QUEUE) && info->si_pid == g_pid;
-    if (t_tid >= 0 && g_active && !self_sent) t_sig_pending = sig;
+    /* sent by this very thread, inside its kill/raise: the same point at a backup */
+    int own = self_sent && t_sig_sending;
+    if (t_tid >= 0 && g_active && !t_sig_replaying && (timer_signal(sig) || (self_sent && !own))
+        && backup_now())
+        return;   /* its source exists here too, at another time: the primary's is replayed */
+    if (t_tid >= 0 && g_active && !own) t_sig_pending = sig;
     const struct sigaction *o = &g_orig[sig];
     if (o->sa_flags & SA_SIGINFO) o->sa_sigaction(sig, info, ctx);
     else if (o->sa_handler != SIG_DFL && o->sa_handler != SIG_IGN) o->sa_handler(sig);
@@ -90,4 +101,24 @@ void sig_replay(int sig) {
     syscall(SYS_tgkill, R(getpid)(), (pid_t)syscall(SYS_gettid), sig);
     t_sig_replaying = 0;
     t_sig_pending = 0;
+}
+
+/* The calls that send signals: a signal the calling thread gets before they return is
+ * its own (see the top). kill() of the group pid is in shim_process.c. */
+void sig_sending(int on) { t_sig_sending = on; }
+EXPORT int raise(int sig) {
+    if (!g_active) return R(raise)(sig);
+    t_sig_sending = 1;
+    int r = R(raise)(sig);
+    int e = errno;
+    t_sig_sending = 0;
+    errno = e;
+    return r;
+}
+EXPORT int pthread_kill(pthread_t th, int sig) {
+    if (!g_active) return R(pthread_kill)(th, sig);
+    t_sig_sending = 1;
+    int r = R(pthread_kill)(th, sig);
+    t_sig_sending = 0;
+    return r;
 }

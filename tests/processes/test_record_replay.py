@@ -35,6 +35,9 @@ PROGRAMS = {
     # peers inside the process: read sizes, send counts, datagram timing (shim_net.c)
     "inprocess_stream": (["inprocess_stream.py"], [], False),
     "inprocess_dgram": (["inprocess_dgram.py"], [], False),
+    "inprocess_stream_unix": (["inprocess_stream.py", "unix"], [], False),
+    # TLS between threads over a unix socket (test_asyncio.test_streams' ssl tests)
+    "tls_unix_inprocess": (["tls_unix_inprocess.py"], [], False),
     # pipes to a child: readiness and read sizes (shim_process.c)
     "child_pipes": (["child_pipes.py"], [], False),
     # timestamps of a file the run wrote are the primary's (shim_process.c)
@@ -293,5 +296,31 @@ def test_signal_that_interrupted_a_call_is_replayed(tmp_path):
     interrupted = [e for e in entries if e.flags >> 8 == signal.SIGALRM]
     assert [e.call for e in interrupted] == [orderinfo.Call.EPOLL_WAIT] and interrupted[0].err == 4
     for _ in range(2):
+        p, _ = replay(trace, str(work))
+        assert p.stdout == out
+
+
+def test_a_thread_that_interrupts_another_threads_blocking_write(tmp_path):
+    """test_socketserver's test_write in small (tests/programs/thread_signal_write.py): the
+    main thread's blocking 16 MB write to a peer in the process is interrupted by the
+    peer's thread (pthread_kill). The write's count is recorded when it returns and carries
+    the signal; a backup hands the bytes over without blocking, returns the primary's
+    count and raises the signal there (its own pthread_kill is dropped). The main thread's
+    signal to itself is not recorded: the backup's code sends it again."""
+    import signal
+    from determinizer import orderinfo
+    work = tmp_path / "work"
+    work.mkdir()
+    trace = str(tmp_path / "trace")
+    out, _ = record([PYTHON3, program("thread_signal_write.py")], trace, str(work))
+    assert out == b"received 16777216 of 16777216 handlers ['usr1', 'usr2']\n", out
+    with open(f"{trace}/orderinfo.bin", "rb") as f:
+        entries = orderinfo.decode(f.read())
+    carried = [(e.call, e.flags & 0xff) for e in entries if e.flags >> 8]
+    writes = [e.ret for e in entries if e.call == orderinfo.Call.PRIVATE_RECV and e.flags & 1]
+    assert carried == [(orderinfo.Call.PRIVATE_RECV, 1)], carried   # SIGUSR1 on a write's count
+    assert sum(writes) == 16 * 1024 * 1024 and len(writes) >= 2, writes   # interrupted, resent
+    assert not any(e.flags >> 8 == signal.SIGUSR2 for e in entries)
+    for _ in range(3):
         p, _ = replay(trace, str(work))
         assert p.stdout == out
