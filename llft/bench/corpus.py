@@ -76,19 +76,25 @@ def _run(cmd: list[str], work: str, name: str, timeout: float) -> tuple[int, byt
     and block the program); (status, stdout, stderr, seconds). Every phase goes through here,
     each bounded by `timeout` (subprocess.TimeoutExpired past it).
 
-    Every run starts with the same empty temporary folder (TMPDIR, one path for all runs):
-    replicas are on different hosts, each with its own /tmp, but these runs share one. Without
-    it a replay diverged when its own pid's regrtest work folder (/tmp/test_python_worker_PID,
-    pids are each replica's own) was left in /tmp by an earlier killed run and the recorded
-    run's was not: mkdir failed only on one side, which warned (CI, test_sched 1/2)."""
+    Every run starts in the same empty working folder with the same empty temporary folder
+    (TMPDIR), one path each for all runs: replicas are on different hosts, each with its own
+    /tmp, but these runs share one. Without it a replay diverged when its own pid's regrtest
+    work folder (/tmp/test_python_worker_PID, pids are each replica's own) was left in /tmp by
+    an earlier killed run and the recorded run's was not: mkdir failed only on one side, which
+    warned (CI, test_sched 1/2). And regrtest lists its working folder before and after each
+    test (a directory listing is not an input the shim records): when that folder held this
+    command's own outputs (record.out, then replay0.out...), a replay allocated other objects
+    than the recording, its thread pool's workers sat at other addresses, and shutdown joined
+    them in another order (test_asyncio.test_streams, 1 replay in 3 diverged)."""
     out_path, err_path = os.path.join(work, name + ".out"), os.path.join(work, name + ".err")
-    tmp = os.path.join(work, "tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.mkdir(tmp)
+    tmp, cwd = os.path.join(work, "tmp"), os.path.join(work, "cwd")
+    for folder in (tmp, cwd):
+        shutil.rmtree(folder, ignore_errors=True)
+        os.mkdir(folder)
     env = dict(os.environ, TMPDIR=tmp)
     t0 = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        rc = subprocess.run(cmd, stdout=out, stderr=err, cwd=work, env=env,
+        rc = subprocess.run(cmd, stdout=out, stderr=err, cwd=cwd, env=env,
                             timeout=timeout).returncode
     seconds = time.monotonic() - t0
     with open(out_path, "rb") as f:
