@@ -149,7 +149,8 @@ class Shm:
         return ffi.string(lib.llft_report(self._base)).decode(errors="replace").strip()
 
     def stats(self) -> dict[str, int]:
-        """{"records": ..., "waits": ..., "gil_drops": ..., "ring_full": ..., "held": ...}"""
+        """{"records": ..., "waits": ..., "gil_drops": ..., "ring_full": ..., "held": ...,
+        "input_wait": ...}"""
         return {st.name.lower(): lib.llft_stat(self._base, st) for st in Stat}
 
     def close(self) -> None:

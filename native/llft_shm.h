@@ -90,6 +90,7 @@ enum llft_call {
     LLFT_C_SELECT, LLFT_C_EPOLL_WAIT, LLFT_C_GETSOCKOPT, LLFT_C_GETSOCKNAME,
     LLFT_C_GETPEERNAME, LLFT_C_SHUTDOWN,
     LLFT_C_STAT = 61, LLFT_C_WAITPID, LLFT_C_PRIVATE_RECV, LLFT_C_GETPID,
+    LLFT_C_BIND,           /* a bind to port 0 (aux: the port the kernel chose) */
     LLFT_C_GIL_TAKE = 70,  /* a thread took the GIL (aux: LLFT_GIL_PREEMPTED) */
     LLFT_C_WHERE = 71      /* LLFT_TRACE_WHERE: the recording thread's Python location
                               (payload, text) at its next call; an annotation, not a call */
@@ -113,7 +114,9 @@ enum llft_stat {
     LLFT_ST_WAITS     = 1,   /* backup: waits that had to sleep */
     LLFT_ST_GIL_DROPS = 2,   /* backup: waits done after releasing the GIL */
     LLFT_ST_RING_FULL = 3,   /* primary: appends that waited for the drainer */
-    LLFT_ST_HELD      = 4    /* primary: appends that waited while ctl.hold was set */
+    LLFT_ST_HELD      = 4,   /* primary: appends that waited while ctl.hold was set */
+    LLFT_ST_INPUT_WAIT = 5   /* backup: threads waiting now for the agent's bytes on a group
+                                connection (a gauge: the app can go no further without input) */
 };
 
 /* The ctl words the agent reads (llft_get in native/shm_build.py). */
@@ -322,6 +325,7 @@ static inline const char *llft_call_name(unsigned c) {
     case LLFT_C_WAITPID: return "waitpid";
     case LLFT_C_PRIVATE_RECV: return "recv(private)";
     case LLFT_C_GETPID: return "getpid";
+    case LLFT_C_BIND: return "bind";
     case LLFT_C_GIL_TAKE: return "take the GIL";
     case LLFT_C_WHERE: return "where";
     default: return "?";

@@ -259,7 +259,7 @@ static uint32_t iov_hash(const struct iovec *iov, int n, size_t len) {
 
 /* Backup: wait (no GIL, stall-checked) until `want` bytes are readable, or for EOF
  * when want == 0. */
-static void group_wait_bytes(int fd, size_t want, struct bk *b) {
+static void group_wait_loop(int fd, size_t want, struct bk *b, int *counted) {
     struct stallw sw = {0, 0};
     for (;;) {
         int avail = 0;
@@ -278,11 +278,19 @@ static void group_wait_bytes(int fd, size_t want, struct bk *b) {
             if (pf.revents & POLLERR) return;   /* the real read reports the error */
         }
         if (!b->gil) b->gil = gil_drop();
+        if (!(*counted)++) __atomic_fetch_add(&g_ctl->stats[LLFT_ST_INPUT_WAIT], 1, __ATOMIC_RELAXED);
         if (avail > 0 && want) { struct timespec ts = {0, 200000}; R(nanosleep)(&ts, NULL); }
         else { pf.revents = 0; R(poll)(&pf, 1, WAIT_SLICE_MS); }
         stall_check(&sw, want ? "the agent's bytes on a group connection" : "the agent's EOF on a group connection",
                     LLFT_C_RECV, b->h.op);
     }
+}
+/* A thread that sleeps here counts in LLFT_ST_INPUT_WAIT: the agent does not wait for a
+ * backup's replay to progress while it cannot (its next input is not delivered yet). */
+static void group_wait_bytes(int fd, size_t want, struct bk *b) {
+    int counted = 0;
+    group_wait_loop(fd, want, b, &counted);
+    if (counted) __atomic_fetch_sub(&g_ctl->stats[LLFT_ST_INPUT_WAIT], 1, __ATOMIC_RELAXED);
 }
 
 /* Every read of a group socket, as recvmsg (read/recv/recvfrom/readv are special cases). */

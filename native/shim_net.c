@@ -308,10 +308,65 @@ EXPORT int socketpair(int d, int t, int p, int sv[2]) {
     }
     return r;
 }
+/* A port the program lets the kernel choose (bind to port 0) is the primary's at a
+ * backup: programs send it to their own threads (ftplib's PASV reply "227 ...
+ * (127,0,0,1,p1,p2)" and PORT command, test_ftplib), and a backup whose port had other
+ * digits sent a message of another length to a reader held to the primary's counts. The
+ * primary records the port; a backup binds to it, or, if it is taken there (replicas
+ * sharing a host while the primary lives), to the kernel's choice as before. */
+static int port0_bind(int fd, const struct sockaddr *a, socklen_t len) {
+    uint64_t op = thread_op();
+    int r, e;
+    struct bk b;
+    if (replaying(&b, LLFT_C_BIND, op, NULL, 0)) {
+        r = -1;
+        if (b.h.ret == 0 && b.h.aux && len <= sizeof(struct sockaddr_storage)) {
+            struct sockaddr_storage ss;
+            memcpy(&ss, a, len);
+            if (ss.ss_family == AF_INET) ((struct sockaddr_in *)&ss)->sin_port = htons((uint16_t)b.h.aux);
+            else ((struct sockaddr_in6 *)&ss)->sin6_port = htons((uint16_t)b.h.aux);
+            /* the port's last connections may be in TIME_WAIT here (the primary's, on one
+             * host): a stream binds past them, as the primary's kernel let it */
+            int reuse = 0, on = 1;
+            socklen_t rl = sizeof reuse;
+            int stream = sock_type(fd) == SOCK_STREAM;
+            if (stream) {
+                R(getsockopt)(fd, SOL_SOCKET, SO_REUSEADDR, &reuse, &rl);
+                if (!reuse) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+            }
+            r = R(bind)(fd, (struct sockaddr *)&ss, len);
+            int be = errno;
+            if (stream && !reuse) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &reuse, sizeof reuse);
+            errno = be;
+            if (r != 0 && g_debug) {
+                char line[96];
+                int k = snprintf(line, sizeof line, "llft[bind] t%d port %u is taken here (errno %d)\n",
+                                 t_tid, (unsigned)b.h.aux, errno);
+                R(write)(2, line, (size_t)k);
+            }
+        }
+        if (r != 0) r = R(bind)(fd, a, len);
+        e = r ? errno : 0;
+        bk_end(&b);
+    } else {
+        r = R(bind)(fd, a, len);
+        e = r ? errno : 0;
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        uint16_t port = r == 0 && R(getsockname)(fd, (struct sockaddr *)&ss, &sl) == 0
+                        ? addr_port((struct sockaddr *)&ss) : 0;
+        pr_append(LLFT_C_BIND, op, r, e, port, 0, NULL, 0);
+    }
+    errno = e ? e : errno;
+    return r;
+}
+
 EXPORT int bind(int fd, const struct sockaddr *a, socklen_t len) {
     if (active_here() && fd_kind(fd) == FDK_SOCK && is_service_addr(fd, a, len))
         return GUARDED(group_bind(fd, a, len));
-    int r = R(bind)(fd, a, len);
+    int r = active_here() && fd_kind(fd) == FDK_SOCK && a && len >= sizeof(struct sockaddr_in)
+            && (a->sa_family == AF_INET || a->sa_family == AF_INET6) && addr_port(a) == 0
+            ? GUARDED(port0_bind(fd, a, len)) : R(bind)(fd, a, len);
     if (active_here() && fd_kind(fd) == FDK_SOCK && addr_is_loopback(a)) {
         int e = errno;
         g_fd[fd].kind = FDK_PRIVATE;  /* a loopback server serves the process tree */

@@ -907,13 +907,18 @@ class Agent:
         """How long the app needs for the entries it was given and has not executed:
         their count over its execution rate of the last CATCH_UP_WINDOW_S (no progress
         in that window: CATCH_UP_WAIT_MAX_S). No takeover by us before this replay
-        would end (Membership.set_catch_up_estimate)."""
+        would end (Membership.set_catch_up_estimate). An app with no progress that waits
+        for input it has not been given (bytes the dead primary read, which messaging
+        delivers here only in the next view) cannot catch up by waiting: 0. Without this a
+        backup held its takeover for CATCH_UP_WAIT_MAX_S (test_streams' thread bursts)."""
         progress = self._progress
         progress.append((now, consumed))
         while now - progress[0][0] > CATCH_UP_WINDOW_S:
             progress.popleft()
         left = self._fed_total - consumed
         if left <= 0:
+            return 0
+        if len(progress) > 1 and progress[-2][1] == consumed and self.app.waiting_for_input:
             return 0
         t0, c0 = progress[0]
         rate = (consumed - c0) / max(now - t0, LAG_CHECK_S)      # entries per second

@@ -409,6 +409,12 @@ class Application:
         f = self._feeder
         return f.consumed if f and self._mapped else None
 
+    @property
+    def waiting_for_input(self) -> bool:
+        """A thread of the app waits now for bytes the agent has not written to a group
+        connection: its replay can go no further until they are delivered."""
+        return bool(self._mapped and self.shm.stats().get("input_wait", 0))
+
     def record_divergence(self) -> dict:
         """What the shim reported of the divergence (kept in `divergence`)."""
         d = getattr(self.shm, "divergence", None)

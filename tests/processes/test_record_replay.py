@@ -38,6 +38,8 @@ PROGRAMS = {
     "inprocess_stream_unix": (["inprocess_stream.py", "unix"], [], False),
     # TLS between threads over a unix socket (test_asyncio.test_streams' ssl tests)
     "tls_unix_inprocess": (["tls_unix_inprocess.py"], [], False),
+    # ports the kernel chose reach the output (shim_net.c port0_bind)
+    "bound_ports": (["bound_ports.py"], [], False),
     # pipes to a child: readiness and read sizes (shim_process.c)
     "child_pipes": (["child_pipes.py"], [], False),
     # timestamps of a file the run wrote are the primary's (shim_process.c)
@@ -322,5 +324,25 @@ def test_a_thread_that_interrupts_another_threads_blocking_write(tmp_path):
     assert sum(writes) == 16 * 1024 * 1024 and len(writes) >= 2, writes   # interrupted, resent
     assert not any(e.flags >> 8 == signal.SIGUSR2 for e in entries)
     for _ in range(3):
+        p, _ = replay(trace, str(work))
+        assert p.stdout == out
+
+
+def test_ports_the_kernel_chose_are_the_primarys(tmp_path):
+    """bind to port 0 (tests/programs/bound_ports.py: a loopback and a wildcard TCP server,
+    a UDP socket) is an ordered call carrying the port the kernel chose; a backup binds to
+    that port, so the digits the program sends its own threads (ftplib's PASV reply) and
+    prints are the primary's."""
+    import ast
+    from determinizer import orderinfo
+    work = tmp_path / "work"
+    work.mkdir()
+    trace = str(tmp_path / "trace")
+    out, _ = record([PYTHON3, program("bound_ports.py")], trace, str(work))
+    ports = ast.literal_eval(out.decode().split("ports ", 1)[1].split(" reply")[0])
+    with open(f"{trace}/orderinfo.bin", "rb") as f:
+        binds = [e for e in orderinfo.decode(f.read()) if e.call == orderinfo.Call.BIND]
+    assert [e.aux for e in binds] == ports and all(e.ret == 0 for e in binds), binds
+    for _ in range(2):
         p, _ = replay(trace, str(work))
         assert p.stdout == out
