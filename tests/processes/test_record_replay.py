@@ -36,8 +36,6 @@ PROGRAMS = {
     "inprocess_stream": (["inprocess_stream.py"], [], False),
     "inprocess_dgram": (["inprocess_dgram.py"], [], False),
     "inprocess_stream_unix": (["inprocess_stream.py", "unix"], [], False),
-    # TLS between threads over a unix socket (test_asyncio.test_streams' ssl tests)
-    "tls_unix_inprocess": (["tls_unix_inprocess.py"], [], False),
     # ports the kernel chose reach the output (shim_net.c port0_bind)
     "bound_ports": (["bound_ports.py"], [], False),
     # pipes to a child: readiness and read sizes (shim_process.c)
