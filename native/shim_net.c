@@ -314,37 +314,38 @@ EXPORT int socketpair(int d, int t, int p, int sv[2]) {
  * digits sent a message of another length to a reader held to the primary's counts. The
  * primary records the port; a backup binds to it, or, if it is taken there (replicas
  * sharing a host while the primary lives), to the kernel's choice as before. */
+/* Backup: bind to the primary's `port` (0 if taken here). A stream binds past the port's
+ * TIME_WAIT connections (the primary's, on one host), as the primary's kernel let it. */
+static int bind_port(int fd, const struct sockaddr *a, socklen_t len, uint16_t port) {
+    struct sockaddr_storage ss;
+    if (len > sizeof ss) return -1;
+    memcpy(&ss, a, len);
+    if (ss.ss_family == AF_INET) ((struct sockaddr_in *)&ss)->sin_port = htons(port);
+    else ((struct sockaddr_in6 *)&ss)->sin6_port = htons(port);
+    int reuse = 0, on = 1;
+    socklen_t rl = sizeof reuse;
+    int stream = sock_type(fd) == SOCK_STREAM;
+    if (stream) {
+        R(getsockopt)(fd, SOL_SOCKET, SO_REUSEADDR, &reuse, &rl);
+        if (!reuse) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+    }
+    int r = R(bind)(fd, (struct sockaddr *)&ss, len);
+    int e = errno;
+    if (stream && !reuse) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &reuse, sizeof reuse);
+    if (r != 0 && g_debug) {
+        char line[96];
+        int k = snprintf(line, sizeof line, "llft[bind] t%d port %u is taken here (errno %d)\n",
+                         t_tid, (unsigned)port, e);
+        R(write)(2, line, (size_t)k);
+    }
+    return r;
+}
 static int port0_bind(int fd, const struct sockaddr *a, socklen_t len) {
     uint64_t op = thread_op();
     int r, e;
     struct bk b;
     if (replaying(&b, LLFT_C_BIND, op, NULL, 0)) {
-        r = -1;
-        if (b.h.ret == 0 && b.h.aux && len <= sizeof(struct sockaddr_storage)) {
-            struct sockaddr_storage ss;
-            memcpy(&ss, a, len);
-            if (ss.ss_family == AF_INET) ((struct sockaddr_in *)&ss)->sin_port = htons((uint16_t)b.h.aux);
-            else ((struct sockaddr_in6 *)&ss)->sin6_port = htons((uint16_t)b.h.aux);
-            /* the port's last connections may be in TIME_WAIT here (the primary's, on one
-             * host): a stream binds past them, as the primary's kernel let it */
-            int reuse = 0, on = 1;
-            socklen_t rl = sizeof reuse;
-            int stream = sock_type(fd) == SOCK_STREAM;
-            if (stream) {
-                R(getsockopt)(fd, SOL_SOCKET, SO_REUSEADDR, &reuse, &rl);
-                if (!reuse) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-            }
-            r = R(bind)(fd, (struct sockaddr *)&ss, len);
-            int be = errno;
-            if (stream && !reuse) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &reuse, sizeof reuse);
-            errno = be;
-            if (r != 0 && g_debug) {
-                char line[96];
-                int k = snprintf(line, sizeof line, "llft[bind] t%d port %u is taken here (errno %d)\n",
-                                 t_tid, (unsigned)b.h.aux, errno);
-                R(write)(2, line, (size_t)k);
-            }
-        }
+        r = b.h.ret == 0 && b.h.aux ? bind_port(fd, a, len, (uint16_t)b.h.aux) : -1;
         if (r != 0) r = R(bind)(fd, a, len);
         e = r ? errno : 0;
         bk_end(&b);
@@ -491,12 +492,12 @@ static void pend_close(int fd) {
 
 /* Bytes a backup handed over ahead of the program (see priv_send_blocking). */
 #define MAX_AHEAD 16
-static struct ahead { int fd; size_t len; uint32_t hash; int checked; } g_ahead[MAX_AHEAD];
+static struct ahead { int fd; size_t len; uint32_t hash; } g_ahead[MAX_AHEAD];
 static int g_nahead;
 static struct ahead *ahead_of(int fd, int make) {
     for (int i = 0; i < g_nahead; i++) if (g_ahead[i].fd == fd) return &g_ahead[i];
     if (!make || g_nahead == MAX_AHEAD) return NULL;
-    g_ahead[g_nahead] = (struct ahead){fd, 0, 2166136261u, 1};
+    g_ahead[g_nahead] = (struct ahead){fd, 0, 0};
     return &g_ahead[g_nahead++];
 }
 static void ahead_forget(int fd) {
@@ -510,7 +511,7 @@ static size_t ahead_covers(int fd, const void *buf, size_t n) {
     pend_lock();
     struct ahead *a = ahead_of(fd, 0);
     size_t m = a ? (a->len < n ? a->len : n) : 0;
-    int bad = a && m == a->len && a->checked && fnv1a(buf, m, 2166136261u) != a->hash;
+    int bad = a && m == a->len && fnv1a(buf, m, 2166136261u) != a->hash;
     pend_unlock();
     if (bad)
         diverge("divergence: thread %d call #%llu: a write to an in-process peer does not "
@@ -527,7 +528,6 @@ static void ahead_settle(int fd, const void *buf, size_t n, ssize_t r) {
     else if (a) {
         a->len = n - done;
         a->hash = fnv1a((const char *)buf + done, n - done, 2166136261u);
-        a->checked = 1;
     }
     pend_unlock();
 }

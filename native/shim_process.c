@@ -51,9 +51,7 @@ EXPORT int kill(pid_t pid, int sig) {
     if (g_group_pid && pid == g_group_pid && R(getpid)() == g_pid) pid = g_pid;
     sig_sending(1);   /* a signal this thread gets now is its own (shim_signals.c) */
     int r = R(kill)(pid, sig);
-    int e = errno;
     sig_sending(0);
-    errno = e;
     return r;
 }
 

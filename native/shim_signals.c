@@ -110,9 +110,7 @@ EXPORT int raise(int sig) {
     if (!g_active) return R(raise)(sig);
     t_sig_sending = 1;
     int r = R(raise)(sig);
-    int e = errno;
     t_sig_sending = 0;
-    errno = e;
     return r;
 }
 EXPORT int pthread_kill(pthread_t th, int sig) {
