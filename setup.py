@@ -65,8 +65,10 @@ setup(
     version="0.1.0",
     description="Transparent leader-follower replication (LLFT) for unmodified Python processes",
     python_requires=">=3.11",
-    packages=find_packages(include=["llft", "llft.*", "membership", "determinizer", "native"]),
-    package_data={"native": ["*.so", "*.h"]},
+    packages=find_packages(include=["llft", "llft.*", "membership", "determinizer",
+                                    "determinizer.*", "native"]),
+    # site/sitecustomize.py is started by a replicated app (PYTHONPATH), not imported
+    package_data={"native": ["*.so", "*.h"], "determinizer.grpcrelay": ["site/*.py"]},
     setup_requires=["cffi>=1.16"],
     install_requires=[
         "cffi>=1.16",

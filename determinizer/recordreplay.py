@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 
+from determinizer.grpcrelay import Relay, relay_env
 from determinizer.orderinfo import split
 from determinizer.runner import shim_env, spawn
 from determinizer.shm import Shm
@@ -67,6 +68,8 @@ def record(cmd: list[str], trace: str, external_ports=(), env=None, cwd=None, qu
     env = dict(os.environ if env is None else env)
     cwd = cwd or os.getcwd()
     shm = Shm.create(Shm.PRIMARY)
+    relay = Relay()                 # the app's gRPC channels (grpcrelay/): the primary's calls
+    env = relay_env(env, relay.address)
     t0 = time.monotonic()
     nbytes = 0
     try:
@@ -95,6 +98,7 @@ def record(cmd: list[str], trace: str, external_ports=(), env=None, cwd=None, qu
                   file=sys.stderr)
         return proc.returncode
     finally:
+        relay.stop()
         shm.close()
 
 

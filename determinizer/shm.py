@@ -6,8 +6,11 @@ This is the API the replica runtime calls to pump order information:
     env = shm.env()                      # LLFT_SHM=...; the runner adds LD_PRELOAD, pid
     # primary: shim -> network
     data = shm.drain(timeout_ms=50)      # whole entries, global order (bytes; codec = orderinfo)
-    shm.wait(timeout_ms)                 # True once there is something to drain (takes nothing;
-                                         # call it without a lock, then drain(0) under one)
+    shm.wait(timeout_ms)                 # 1 once there is something to drain (takes nothing;
+                                         # call it without a lock, then drain(0) under one),
+                                         # 2 once an external send waits for output commit
+    shm.set_commit(True)                 # primary: external sends wait for commit_done(t)
+    shm.commit_req, shm.commit_done(t)   # (t: a ticket; the backups hold all before it)
     # backup: network -> shim
     feeder = shm.feeder()
     feeder.push(data)                    # entries in the primary's order; blocks only
@@ -81,12 +84,28 @@ class Shm:
         n = lib.llft_drain(self._base, self._drain_buf, DRAIN_CHUNK_BYTES, timeout_ms)
         return bytes(ffi.buffer(self._drain_buf, n)) if n else b""
 
-    def wait(self, timeout_ms: int = 50) -> bool:
-        """True as soon as the primary ring holds order information to drain (taken by
-        nobody: a drain() follows), False after timeout_ms. Needs no lock: only
-        drain() must be serialised, so wait() in one thread and drain(0) under the
+    def wait(self, timeout_ms: int = 50, seen_commit_req: int | None = None) -> int:
+        """1 as soon as the primary ring holds order information to drain (taken by
+        nobody: a drain() follows), 2 as soon as an output commit beyond
+        `seen_commit_req` is asked for (`commit_req`), 0 after timeout_ms. Needs no lock:
+        only drain() must be serialised, so wait() in one thread and drain(0) under the
         agent's lock keep the order."""
-        return bool(lib.llft_wait(self._base, int(timeout_ms)))
+        seen = self.commit_req if seen_commit_req is None else seen_commit_req
+        return lib.llft_wait(self._base, int(timeout_ms), seen & 0xFFFFFFFF)
+
+    # ---- primary: output commit of external sends (native/llft_shm.h, ctl.commit_*)
+    def set_commit(self, on: bool) -> None:
+        """While on, the app's external sends wait for `commit_done` (an agent's app)."""
+        lib.llft_set_commit(self._base, 1 if on else 0)
+
+    @property
+    def commit_req(self) -> int:
+        """The last ticket an external send took (it waits until commit_done reaches it)."""
+        return self._get(CtlWord.COMMIT_REQ)
+
+    def commit_done(self, ticket: int) -> None:
+        """Every entry appended before `ticket` was taken is held by every backup."""
+        lib.llft_commit_done(self._base, ticket & 0xFFFFFFFF)
 
     # ---- backup: agent -> shim
     def feeder(self) -> "Feeder":

@@ -64,8 +64,7 @@ def handle(line: str) -> str:
 
 
 def serve_connection(conn: socket.socket, handle=handle) -> None:
-    """One reply line per request line, until the client closes (`handle`: line -> reply;
-    examples/spark_counter.py passes its own)."""
+    """One reply line per request line, until the client closes (`handle`: line -> reply)."""
     buf = b""
     with conn:
         while True:
@@ -91,16 +90,25 @@ def serve_connection(conn: socket.socket, handle=handle) -> None:
                     return
 
 
-def main() -> int:
-    port = int(sys.argv[1]) if len(sys.argv) > 1 else 9000
+def serve_forever(port: int, handle=handle, name: str | None = None) -> None:
+    """Listen on 0.0.0.0:port, a thread per connection (`serve_connection`); with `name`,
+    say so on stderr once listening (examples/spark_counter.py and connect_counter.py
+    serve their own `handle` this way)."""
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind(("0.0.0.0", port))
     srv.listen(128)
+    if name:
+        print(f"{name}: listening on {port}", file=sys.stderr, flush=True)
     while True:
         conn, _ = srv.accept()
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=serve_connection, args=(conn,), daemon=True).start()
+        threading.Thread(target=serve_connection, args=(conn, handle), daemon=True).start()
+
+
+def main() -> int:
+    serve_forever(int(sys.argv[1]) if len(sys.argv) > 1 else 9000)
+    return 0
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ The kv_counter protocol (examples/kv_counter.py), INCR only:
 import argparse
 import os
 import random
-import socket
 import sys
 import threading
 import time
@@ -92,17 +91,9 @@ def main(argv=None) -> int:
              .config("spark.ui.showConsoleProgress", "false")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind(("0.0.0.0", a.port))
-    srv.listen(128)
     threading.Thread(target=ticker, args=(spark,), name="ticker", daemon=True).start()
-    print(f"spark_counter: listening on {a.port}", file=sys.stderr, flush=True)
-    while True:
-        conn, _ = srv.accept()
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=kv_counter.serve_connection,
-                         args=(conn, lambda line: handle(spark, line)), daemon=True).start()
+    kv_counter.serve_forever(a.port, lambda line: handle(spark, line), name="spark_counter")
+    return 0
 
 
 if __name__ == "__main__":

@@ -41,8 +41,9 @@
 #include <sys/syscall.h>
 
 #define LLFT_SHM_MAGIC        0x314654464c4c0000ULL
-#define LLFT_SHM_VERSION      5u   /* 2: group connections (ctl.group_*, ctl.div_*); 3: GIL records; 4: ctl.hold;
-                                      5: thread ids reused (THREAD_EXIT records) */
+#define LLFT_SHM_VERSION      6u   /* 2: group connections (ctl.group_*, ctl.div_*); 3: GIL records; 4: ctl.hold;
+                                      5: thread ids reused (THREAD_EXIT records);
+                                      6: output commit of external sends (ctl.commit_*) */
 
 /* ==== cdef begin ====================================================================
  * Everything up to cdef end is also read by cffi (native/shm_build.py): the Python
@@ -115,15 +116,17 @@ enum llft_stat {
     LLFT_ST_GIL_DROPS = 2,   /* backup: waits done after releasing the GIL */
     LLFT_ST_RING_FULL = 3,   /* primary: appends that waited for the drainer */
     LLFT_ST_HELD      = 4,   /* primary: appends that waited while ctl.hold was set */
-    LLFT_ST_INPUT_WAIT = 5   /* backup: threads waiting now for the agent's bytes on a group
+    LLFT_ST_INPUT_WAIT = 5,  /* backup: threads waiting now for the agent's bytes on a group
                                 connection (a gauge: the app can go no further without input) */
+    LLFT_ST_COMMITS   = 6    /* primary: external sends that waited for an output commit */
 };
 
 /* The ctl words the agent reads (llft_get in native/shm_build.py). */
 enum llft_ctl_word {
     LLFT_CTL_MODE = 0, LLFT_CTL_ACTIVE_PID, LLFT_CTL_FEED_DONE, LLFT_CTL_DIVERGED,
     LLFT_CTL_NEXT_TID, LLFT_CTL_PROGRESS, LLFT_CTL_GROUP_PORT, LLFT_CTL_GROUP_FAMILY,
-    LLFT_CTL_DIV_SET, LLFT_CTL_DIV_CONN, LLFT_CTL_HOLD
+    LLFT_CTL_DIV_SET, LLFT_CTL_DIV_CONN, LLFT_CTL_HOLD, LLFT_CTL_COMMIT_REQ,
+    LLFT_CTL_COMMIT_DONE
 };
 
 /* One order-information entry (t, o, n, d). d = (ret, err, aux, payload). The wire
@@ -192,6 +195,17 @@ struct llft_ctl {
      * before it records: the app stops where its next entry would be. A futex word. */
     uint32_t hold;
     uint32_t pad_hold;
+    /* primary: output commit for EXTERNAL sends (docs/DESIGN.md, "Output commit"). While
+     * commit_on (set by an agent, never by `llft record`), a thread about to send on an
+     * external socket takes a ticket (commit_req, bumped; the drainer is woken through
+     * out.pub_seq) and waits, without the GIL, until commit_done reaches it: the agent
+     * stores a ticket in commit_done once every backup holds every entry appended
+     * before the ticket was taken. So an external server never sees an effect of a
+     * primary's execution that a successor could not reproduce. Futex words. */
+    uint32_t commit_on;
+    uint32_t commit_req;
+    uint32_t commit_done;
+    uint32_t pad_commit;
 };
 struct llft_shm {
     struct llft_ctl  ctl;

@@ -703,6 +703,25 @@ static ssize_t ext_recv(int fd, void *buf, size_t n, int flags, struct sockaddr 
     return r;
 }
 
+/* Output commit before an external send (ctl.commit_*, native/llft_shm.h): the bytes
+ * leave only once every backup holds every entry recorded before them, so the server
+ * never sees an effect of an execution a successor would not reproduce (a Spark Connect
+ * client released results the new primary's replay had not received yet, and its
+ * reattach found them gone). Python sends without the GIL; the wait is a futex. */
+static void ext_commit(void) {
+    struct llft_ctl *c = g_ctl;
+    if (!__atomic_load_n(&c->commit_on, __ATOMIC_ACQUIRE)) return;
+    uint32_t t = __atomic_add_fetch(&c->commit_req, 1, __ATOMIC_ACQ_REL);
+    __atomic_fetch_add(&c->stats[LLFT_ST_COMMITS], 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&g_shm->out.pub_seq, 1, __ATOMIC_ACQ_REL);   /* the drainer looks */
+    llft_futex_wake_all(&g_shm->out.pub_seq, 1);
+    for (;;) {
+        uint32_t done = __atomic_load_n(&c->commit_done, __ATOMIC_ACQUIRE);
+        if ((int32_t)(done - t) >= 0 || !__atomic_load_n(&c->commit_on, __ATOMIC_ACQUIRE)) return;
+        llft_futex(&c->commit_done, FUTEX_WAIT, done, WAIT_SLICE_MS);
+    }
+}
+
 static ssize_t ext_send(int fd, const void *buf, size_t n, int flags,
                         const struct sockaddr *dst, socklen_t dlen, int kindcall) {
     uint64_t op = fd_op(fd);
@@ -718,6 +737,7 @@ static ssize_t ext_send(int fd, const void *buf, size_t n, int flags,
                     "external", n, r);
         bk_end(&b);
     } else {
+        ext_commit();
         if (kindcall == 1) r = R(write)(fd, buf, n);
         else if (kindcall == 2) r = R(sendto)(fd, buf, n, flags, dst, dlen);
         else r = R(send)(fd, buf, n, flags);

@@ -34,7 +34,7 @@ FUNCTIONS = """
     size_t llft_shm_size(void);
     void llft_shm_init(void *base, uint32_t mode, uint32_t stall_ms);
     int64_t llft_drain(void *base, uint8_t *out, size_t cap, int timeout_ms);
-    int llft_wait(void *base, int timeout_ms);
+    int llft_wait(void *base, int timeout_ms, uint32_t seen_commit_req);
     uint64_t llft_div_offset(void *base);
     void *llft_seqtab_new(void);
     void llft_seqtab_free(void *t);
@@ -43,6 +43,8 @@ FUNCTIONS = """
     uint32_t llft_get(void *base, int what);
     void llft_set_mode(void *base, uint32_t mode);
     void llft_set_hold(void *base, uint32_t on);
+    void llft_set_commit(void *base, uint32_t on);
+    void llft_commit_done(void *base, uint32_t ticket);
     uint64_t llft_stat(void *base, int i);
     const char *llft_report(void *base);
     const char *llft_call_name(unsigned c);
@@ -96,12 +98,13 @@ int64_t llft_drain(void *base, uint8_t *out, size_t cap, int timeout_ms) {
     return (int64_t)n;
 }
 
-/* 1 as soon as the primary ring holds a committed record to drain, without taking it;
+/* 1 as soon as the primary ring holds a committed record to drain, without taking it,
+ * 2 as soon as an output commit was asked for beyond `seen_commit_req` (ctl.commit_req);
  * 0 after timeout_ms (0: just look). Safe without a lock next to a drainer: it only
  * reads the commit word at `tail` (the drainer may take the record meanwhile; then a
  * later drain simply returns less). llft_drain(base, buf, 0, t) waits the same way
  * but cannot tell "something there" from "timed out" (it returns 0 for both). */
-int llft_wait(void *base, int timeout_ms) {
+int llft_wait(void *base, int timeout_ms, uint32_t seen_commit_req) {
     struct llft_shm *s = base;
     struct llft_ring *r = &s->out;
     struct timespec t0, now;
@@ -113,6 +116,7 @@ int llft_wait(void *base, int timeout_ms) {
     for (;;) {
         uint32_t seq = __atomic_load_n(&r->pub_seq, __ATOMIC_ACQUIRE);
         if (llft_ring_peek(r, s->out_data, LLFT_OUT_CAP_BYTES)) return 1;
+        if (__atomic_load_n(&s->ctl.commit_req, __ATOMIC_ACQUIRE) != seen_commit_req) return 2;
         if (timeout_ms <= 0) return 0;
         clock_gettime(CLOCK_MONOTONIC, &now);
         long left = timeout_ms - ((now.tv_sec - t0.tv_sec) * 1000L + (now.tv_nsec - t0.tv_nsec) / 1000000L);
@@ -209,6 +213,8 @@ uint32_t llft_get(void *base, int what) {
     case LLFT_CTL_DIV_SET: return __atomic_load_n(&c->div_set, __ATOMIC_ACQUIRE);
     case LLFT_CTL_DIV_CONN: return __atomic_load_n(&c->div_conn, __ATOMIC_ACQUIRE);
     case LLFT_CTL_HOLD: return __atomic_load_n(&c->hold, __ATOMIC_ACQUIRE);
+    case LLFT_CTL_COMMIT_REQ: return __atomic_load_n(&c->commit_req, __ATOMIC_ACQUIRE);
+    case LLFT_CTL_COMMIT_DONE: return __atomic_load_n(&c->commit_done, __ATOMIC_ACQUIRE);
     }
     return 0;
 }
@@ -228,6 +234,19 @@ void llft_set_hold(void *base, uint32_t on) {
     struct llft_ctl *c = &((struct llft_shm *)base)->ctl;
     __atomic_store_n(&c->hold, on ? 1u : 0u, __ATOMIC_RELEASE);
     if (!on) llft_futex_wake_all(&c->hold, 1);
+}
+/* Output commit of external sends (ctl.commit_*): on/off, and "every entry appended
+ * before `ticket` is held by the backups" (wakes the senders waiting for it). Off also
+ * lets every waiter go (the agent stops, or no longer runs this app as a primary). */
+void llft_set_commit(void *base, uint32_t on) {
+    struct llft_ctl *c = &((struct llft_shm *)base)->ctl;
+    __atomic_store_n(&c->commit_on, on ? 1u : 0u, __ATOMIC_RELEASE);
+    if (!on) llft_futex_wake_all(&c->commit_done, 1);
+}
+void llft_commit_done(void *base, uint32_t ticket) {
+    struct llft_ctl *c = &((struct llft_shm *)base)->ctl;
+    __atomic_store_n(&c->commit_done, ticket, __ATOMIC_RELEASE);
+    llft_futex_wake_all(&c->commit_done, 1);
 }
 uint64_t llft_stat(void *base, int i) {
     return __atomic_load_n(&((struct llft_shm *)base)->ctl.stats[i & 7], __ATOMIC_RELAXED);

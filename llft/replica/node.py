@@ -469,6 +469,12 @@ class ReplicaNode:
         return (self.messaging.is_primary and self.messaging.order_info_unprotected_bytes()
                 > self.messaging_config.max_piggyback_bytes)
 
+    def order_info_held(self) -> bool:
+        """Every order-info entry handed to messaging is held by every backup (a primary
+        with no backup holds it alone): the output commit of an EXTERNAL send, which
+        carries no piggyback and reaches no group that could reflect it."""
+        return not self.messaging.is_primary or self.messaging.order_info_unprotected_bytes() == 0
+
     def send(self, conn: mg.ConnId, data: bytes, now_us: int) -> int:
         """The application wrote `data` on `conn`; returns the bytes accepted. A restored
         backup's replay re-writes what the group already sent: those are swallowed."""

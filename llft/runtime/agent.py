@@ -126,6 +126,7 @@ from typing import Any, Callable
 import msgpack
 
 from determinizer import orderinfo
+from determinizer.grpcrelay import Relay, relay_env
 from llft.protocol import messaging as mg
 from llft.protocol.messages import Role
 from llft.replica import actions
@@ -221,6 +222,12 @@ class Agent:
         self.stop_event = asyncio.Event()
         self.exit_code = 0
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("LLFT_")}
+        # the app's gRPC client channels are relayed (determinizer/grpcrelay/): the
+        # primary's relay makes the calls, backups read its answers from the order info;
+        # the port is the group's, so a promoted backup finds its own host's relay there
+        self.relay_address = ("127.0.0.1", self.gcfg.grpc_relay_port)
+        self.env = relay_env(self.env, self.relay_address)
+        self.relay: Relay | None = None
         self.cwd = os.getcwd()
         self._restored_app: dict | None = None
         self.tasks = TaskSet(log, self._task_failed)
@@ -242,7 +249,10 @@ class Agent:
                                on_order_info=self._take_order_info,
                                on_feed_failed=self._feed_failed,
                                on_spawn=self._app_spawned,
-                               on_stopped=self._app_tree_gone)
+                               on_stopped=self._app_tree_gone,
+                               on_commit_wanted=self._commit_wanted)
+        self._commit_task: asyncio.Task | None = None
+        self._commit_answered = 0             # the app's last external-send ticket answered
         self.conns: dict[mg.ConnId, AppConn] = {}
         self.registered = 0                   # "C" entries so far (the next index)
         self.unregistered: list[AppConn] = []  # primary: delivered on, no "C" yet
@@ -301,6 +311,12 @@ class Agent:
         proctree.become_subreaper()
         self.watchdog = proctree.Watchdog()
         try:
+            self.relay = Relay(self.relay_address[1], reuse_port=True,
+                               spawning=proctree.spawning, started=proctree.own)
+        except OSError as e:
+            _log(f"warning: {e}; this replica's app cannot make gRPC calls as a primary "
+                 f"(set grpc_relay_port in [group.{self.group}])")
+        try:
             await self.endpoint.start()
             self._guard_founding()              # before the founding timeout can run
             self.node.start(self.driver.clock_us())
@@ -323,6 +339,8 @@ class Agent:
             self.driver.stop()
             self.endpoint.close()       # the group moves on while the tree dies
             await asyncio.to_thread(self._leave_no_process, stopped)
+            if self.relay is not None:
+                await asyncio.to_thread(self.relay.stop)
         if self.app.divergence is None:
             self.status_file.remove()
         await asyncio.to_thread(self.status_file.close)   # a diverged one stays behind
@@ -827,6 +845,33 @@ class Agent:
             self._count("close_not_ready")
         c.app_done = True
         self._forget_if_done(c)
+
+    # -- output commit of the app's external sends (native/llft_shm.h, ctl.commit_*) --
+    def _commit_wanted(self) -> None:
+        """An external send of the primary's app waits for output commit (loop thread)."""
+        if self._commit_task is None or self._commit_task.done():
+            self._commit_task = self.tasks.spawn(self._commit_external(self.app), "commit")
+
+    async def _commit_external(self, app: Application) -> None:
+        """Answer the tickets taken so far, each once the backups hold every entry the app
+        recorded before it: the drain takes those entries (they were appended before the
+        ticket), messaging sends them at once, and the answer waits for the backups'
+        acknowledgements. No backup: at once. A reset or demotion ends the wait (the app
+        is killed)."""
+        while app is self.app and self.mode is AppMode.PRIMARY and not app.closed:
+            ticket = app.shm.commit_req
+            if ticket == self._commit_answered:
+                return
+            self._take_order_info()
+            while ((self._oi_pending or not self.node.order_info_held())
+                   and app is self.app and self.mode is AppMode.PRIMARY):
+                await self._wait_progress()
+                self._take_order_info()
+            if app is not self.app or app.closed:
+                return
+            app.shm.commit_done(ticket)
+            self._commit_answered = ticket
+            self._count("external_commits")
 
     async def _wait_progress(self) -> None:
         self.driver.progress.clear()

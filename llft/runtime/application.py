@@ -209,12 +209,14 @@ class Application:
                  on_order_info: Callable[[], None],
                  on_feed_failed: Callable[["Application", str], None],
                  on_spawn: Callable[["Application"], None] = lambda app: None,
-                 on_stopped: Callable[[int | None], None] = lambda sid: None):
+                 on_stopped: Callable[[int | None], None] = lambda sid: None,
+                 on_commit_wanted: Callable[[], None] = lambda: None):
         self.loop: asyncio.AbstractEventLoop | None = None   # the one that spawns it
         self.cmd, self.cwd, self.service_port = cmd, cwd, service_port
         self._on_exit, self._on_order_info = on_exit, on_order_info
         self._on_feed_failed = on_feed_failed
         self._on_spawn, self._on_stopped = on_spawn, on_stopped
+        self._on_commit_wanted = on_commit_wanted   # an external send waits (loop thread)
         self.mode = AppMode.NONE
         self.closed = False                   # stop() was called (see the docstring)
         self.stopped: threading.Event = threading.Event()   # the tree is gone
@@ -247,6 +249,7 @@ class Application:
         from determinizer.shm import Shm
         self._spawn(Shm.PRIMARY, env)
         self._enter(AppMode.PRIMARY)
+        self.shm.set_commit(True)
         self._start_drain()
 
     def start_backup(self, env: dict[str, str]) -> None:
@@ -318,6 +321,7 @@ class Application:
     def promote(self) -> None:
         if self.closed:
             return                            # reset or stopped meanwhile: nothing to do
+        self.shm.set_commit(True)
         self.shm.promote()
         self._enter(AppMode.PRIMARY)
         self._start_drain()
@@ -331,14 +335,21 @@ class Application:
 
     def _drain_loop(self, shm) -> None:
         stop, drained = self._drain_stop, self._drained
+        seen = 0            # tickets start at 0; one taken before this thread ran is news
         while not stop.is_set():
-            if shm.wait(DRAIN_WAIT_MS):
+            got = shm.wait(DRAIN_WAIT_MS, seen)
+            if got == 2:
+                # an external send waits for output commit: the loop at once, once per
+                # ticket (the agent drains, then answers when the backups hold it all)
+                seen = shm.commit_req
+                self.loop.call_soon_threadsafe(self._on_commit_wanted)
+            elif got:
                 # One wake-up of the loop per batch: the output path drains before every
                 # send, so a request's entries usually leave with its reply; only what
                 # is still there after DRAIN_COALESCE_S needs the loop woken (a busy app
                 # producing entries without output: once per interval, not per entry).
                 drained.clear()
-                if drained.wait(DRAIN_COALESCE_S) or stop.is_set() or not shm.wait(0):
+                if drained.wait(DRAIN_COALESCE_S) or stop.is_set() or not shm.wait(0, seen):
                     continue
                 drained.clear()
                 self.drain_wakeups += 1

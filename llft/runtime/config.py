@@ -18,6 +18,8 @@ Everything else, with its default:
     fault_timeout_ms = 100        # rank-2 backup suspects the primary after this
     [group.counter]
     gateway_address = "239.255.0.1:47001"   # the group's gateway (default: port + 1)
+    grpc_relay_port = 2xxxx       # loopback port of the app's gRPC relay (default: 20000 +
+                                  # a hash of the group name; the same at every replica)
 
 Why 100 ms and not the paper's ~30: an agent shares the machine with its application
 (and, on a test box, with two more replicas on two cores); a primary whose agent is not
@@ -38,6 +40,7 @@ import os
 import re
 import socket
 import tomllib
+import zlib
 from dataclasses import dataclass, field
 
 from llft.runtime.transport import GroupAddress, GroupMap
@@ -56,6 +59,14 @@ class GroupConfig:
     address: GroupAddress
     service_port: int
     gateway_address: GroupAddress
+    grpc_relay_port: int = 0
+
+    @staticmethod
+    def default_relay_port(name: str) -> int:
+        """The same number at every replica of a group (the app's relayed gRPC channels
+        name it: a promoted backup reconnects to its own host's relay there), outside
+        Linux's ephemeral range (32768-60999)."""
+        return 20000 + zlib.crc32(name.encode()) % 10000
 
     @property
     def gateway_group(self) -> str:
@@ -132,7 +143,7 @@ def _known_settings(path: str, where: str, table: dict, known: set[str]) -> None
 
 CLUSTER_KEYS = {"key_file", "interface", "ttl", "runtime_dir", "heartbeat_ms",
                 "fault_timeout_ms"}
-GROUP_KEYS = {"address", "service_port", "gateway_address"}
+GROUP_KEYS = {"address", "service_port", "gateway_address", "grpc_relay_port"}
 
 
 def load(path: str) -> ClusterConfig:
@@ -211,7 +222,9 @@ def parse(raw: dict, path: str = "<config>") -> ClusterConfig:
                 raise ConfigError(f"{path}: {what} {a.mcast_addr}:{a.port} is also "
                                   f"{other}: each group and gateway needs its own")
             seen[(a.mcast_addr, a.port)] = what
-        groups[name] = GroupConfig(name, addr, int(port), gw)
+        relay = (_number(path, f"{where} grpc_relay_port", g["grpc_relay_port"], 1, 65535, True)
+                 if "grpc_relay_port" in g else GroupConfig.default_relay_port(name))
+        groups[name] = GroupConfig(name, addr, int(port), gw, int(relay))
     return ClusterConfig(
         path=path,
         key_file=os.path.join(base, key_file),

@@ -16,9 +16,10 @@ scripts do, with what a test or an operator needs on top:
 
 State (pid and log files) lives under `--dir` (default `~/.llft/spark-connect`).
 
-What this is not yet: replication of a Connect driver (issue 15). Today `llft record`
-of a Connect client works, `llft replay` diverges on grpcio's C-core threads (threads
-its native thread pool starts in no stable order: docs/ARCHITECTURE.md, open item 7).
+A Connect driver under `llft run` is replicated through its agent's gRPC relay
+(determinizer/grpcrelay/): the replicas share this server, only the primary's calls
+reach it, backups read the answers from the order information (README, "Spark Connect
+drivers").
 """
 from __future__ import annotations
 

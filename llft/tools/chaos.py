@@ -1,6 +1,6 @@
 """`llft chaos`: a seeded fault campaign against a replicated service, every reply checked.
 
-    llft chaos [--workload kv|http|spark] [--faults 20] [--seed 1] [--replicas 3] [--clients 2]
+    llft chaos [--workload kv|http|spark|connect] [--faults 20] [--seed 1] [--replicas 3] [--clients 2]
                [--kinds kill_primary,pause_primary,...] [--only 3,7] [--fresh-every N]
                [--keep] [--json FILE]
 
@@ -52,7 +52,9 @@ campaign's exit status is 0 only if all of them are zero and every fault settled
 Workloads (examples/): `kv` (kv_counter.py, a threaded line-protocol counter), `http`
 (http_counter.py, one connection per request), `spark` (spark_counter.py, a PySpark
 driver with its own local Spark session: a Spark job per request, a ticker thread with
-a lock running Spark jobs with Python workers; 2 replicas by default, paced clients).
+a lock running Spark jobs with Python workers; 2 replicas by default, paced clients),
+`connect` (connect_counter.py, the same driver as a Spark Connect thin client: the
+campaign starts one Connect server, shared by the replicas).
 """
 from __future__ import annotations
 
@@ -105,6 +107,8 @@ class Workload:
     interval_s: float = 0.0     # each client sends a request at most this often (0: back
                                 # to back)
     resume_replies: int = RESUME_REPLIES
+    connect_server: bool = False  # the app is a Spark Connect client (--remote): the
+                                  # campaign runs one server for it (`llft spark-connect`)
 
 
 WORKLOADS = {
@@ -115,7 +119,13 @@ WORKLOADS = {
     # clients paced so that Spark alone does not saturate a small machine
     "spark": Workload("spark", "spark_counter.py", "counter", replicas=2, interval_s=0.25,
                       resume_replies=4),
+    # the same driver as a Spark Connect thin client: the replicas share one Spark (the
+    # campaign's Connect server); only the primary's calls reach it (through its agent's
+    # gRPC relay), backups read the answers from the order information
+    "connect": Workload("connect", "connect_counter.py", "counter", replicas=2,
+                        interval_s=0.25, resume_replies=4, connect_server=True),
 }
+CONNECT_START_TIMEOUT_S = 240
 
 
 @dataclass(frozen=True)
@@ -200,11 +210,25 @@ class Campaign:
         self.namespaces = namespaces
         self.seg: netns.Segment | None = None   # with namespaces: one slot per replica
         self.slot: dict[str, int] = {}          # replica name -> its namespace
+        self.connect_port = 0                   # the Spark Connect server's, if one runs
+
+    def _spark_connect(self, verb: str, *extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "llft", "spark-connect", verb, "--port",
+             str(self.connect_port), "--dir", os.path.join(self.workdir, "spark-connect"),
+             *extra], capture_output=True, text=True, timeout=CONNECT_START_TIMEOUT_S)
 
     # ---- the cluster ---------------------------------------------------------------------
     def start(self) -> None:
         if self.namespaces:
             self.seg = netns.Segment(self.n)
+        if self.wl.connect_server:
+            self.connect_port = _free_port()
+            r = self._spark_connect("start", "--master", "local[1]")
+            if r.returncode != 0:
+                raise ClusterError(f"the Spark Connect server did not start: "
+                                   f"{_last_line(r.stderr or r.stdout)}")
+            self.app += ["--remote", f"sc://127.0.0.1:{self.connect_port}"]
         for _ in range(self.n):
             self._new_replica()
             self.lc.wait_members(len(self.replicas), timeout_s=SETTLE_TIMEOUT_S)
@@ -482,8 +506,11 @@ class Campaign:
             for p in proctree.descendants(m.get("agent_pid") or 0):
                 self._remember(p.pid)
         self.lc.stop(timeout_s=30)
+        out_stop = []
+        if self.connect_port and (r := self._spark_connect("stop")).returncode != 0:
+            out_stop.append(f"spark-connect stop: {_last_line(r.stderr or r.stdout)}")
         left = _until_gone(lambda: [p for p in self._alive_seen() if p.pid != os.getpid()], 15)
-        out = _describe(left)
+        out = out_stop + _describe(left)
         for p in left:
             _signal(p, signal.SIGKILL)
         if self.seg is not None:

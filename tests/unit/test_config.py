@@ -31,6 +31,11 @@ def test_minimal_file_has_sound_defaults(tmp_path):
     gm = cfg.group_map()
     assert gm.address("counter.gateway").port == 47001
     assert cfg.heartbeat_ms == 5 and cfg.fault_timeout_ms == 100
+    # the gRPC relay's port: the same at every replica, outside the ephemeral range
+    assert g.grpc_relay_port == config.GroupConfig.default_relay_port("counter")
+    assert 20000 <= g.grpc_relay_port < 30000
+    named = config.load(write(tmp_path, MINIMAL + "grpc_relay_port = 12345\n", "b.toml"))
+    assert named.group("counter").grpc_relay_port == 12345
 
 
 @pytest.mark.parametrize("text, words", [
@@ -53,6 +58,8 @@ def test_minimal_file_has_sound_defaults(tmp_path):
     ("[cluster]\nkey_file='k'\n[group.a]\naddress='239.1.1.1:5'\nservice_port=1\n"
      "[group.b]\naddress='239.1.1.1:6'\nservice_port=2\n", "also"),
     ("[cluster\n", "not valid TOML"),
+    ("[cluster]\nkey_file='k'\n[group.a]\naddress='239.1.1.1:5'\nservice_port=1\n"
+     "grpc_relay_port=0\n", "grpc_relay_port"),
 ])
 def test_faults_are_one_line(tmp_path, text, words):
     with pytest.raises(config.ConfigError) as e:

@@ -45,8 +45,9 @@ def test_names_come_from_the_header():
     assert Call.CLOCK_GETTIME == 1 and Call.PRIVATE_RECV == 63
     assert CALL_IDS["read(/dev/urandom)"] is Call.READ_RANDOM
     assert CALL_IDS["recv(private)"] is Call.PRIVATE_RECV
-    assert [s.name for s in Stat] == ["RECORDS", "WAITS", "GIL_DROPS", "RING_FULL", "HELD", "INPUT_WAIT"]
-    assert CtlWord.DIV_CONN == 9 and CtlWord.HOLD == 10
+    assert [s.name for s in Stat] == ["RECORDS", "WAITS", "GIL_DROPS", "RING_FULL", "HELD",
+                                      "INPUT_WAIT", "COMMITS"]
+    assert CtlWord.DIV_CONN == 9 and CtlWord.HOLD == 10 and CtlWord.COMMIT_DONE == 12
 
 
 def test_codec_rejects_malformed():
