@@ -5,7 +5,10 @@ plainly and replicated under `llft run` (each replica then starts its own local 
 session; llft replicates this Python program, never the JVM).
 
     python examples/nexmark_pipeline.py [--port 9400] [--window-ms 1000]
-        [--batch-events 500] [--batch-ms 250] [--checkpoint DIR]
+        [--batch-events 500] [--batch-ms 250] [--checkpoint DIR] [--remote sc://HOST:PORT]
+
+`--remote`: the same driver as a Spark Connect thin client of a shared server (under
+`llft run` the replicas then share that one Spark) instead of its own local session.
 
 It listens on PORT. A client that sends `SOURCE\\n` is the event stream (the driver
 answers `FROM <offset>\\n`, then reads events: see llft/spark/nexmark.py); a client that sends
@@ -67,6 +70,8 @@ def parse_args(argv):
     p.add_argument("--batch-ms", type=int, default=250)
     p.add_argument("--checkpoint", help="directory for the state checkpoint (restart recovery)")
     p.add_argument("--master", default="local[1]")
+    p.add_argument("--remote", help="a Spark Connect server (sc://host:port) instead of a "
+                   "local session")
     return p.parse_args(argv)
 
 
@@ -276,13 +281,18 @@ class Pipeline:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    spark = (SparkSession.builder.master(a.master).appName("nexmark-pipeline")
-             .config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", "1")
-             .config("spark.default.parallelism", "1")
-             .config("spark.sql.adaptive.enabled", "false")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    if a.remote:
+        spark = SparkSession.builder.remote(a.remote).getOrCreate()
+        for k, v in (("spark.sql.shuffle.partitions", "1"), ("spark.sql.adaptive.enabled", "false")):
+            spark.conf.set(k, v)
+    else:
+        spark = (SparkSession.builder.master(a.master).appName("nexmark-pipeline")
+                 .config("spark.ui.enabled", "false")
+                 .config("spark.sql.shuffle.partitions", "1")
+                 .config("spark.default.parallelism", "1")
+                 .config("spark.sql.adaptive.enabled", "false")
+                 .getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
     pipe = Pipeline(spark, a.window_ms, a.checkpoint)
     conns = Connections(a.port, pipe.next_offset)
     print(f"pipeline: listening on {a.port}", file=sys.stderr, flush=True)

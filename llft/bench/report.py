@@ -237,6 +237,31 @@ def bars(results_dir: str, name: str, title: str, ylabel: str, groups: list[str]
     return _save(plt, fig, ax, results_dir, name, title, ylabel)
 
 
+def timelines(results_dir: str, name: str, title: str, xlabel: str, ylabel: str,
+              series: dict[str, tuple[list, list, str]], marks: dict[str, list[float]]
+              ) -> str | None:
+    """Step lines (label -> (xs, ys, matplotlib line style)), each series' own colour
+    shared by its marks (label -> x positions, drawn as dotted vertical lines: e.g. the
+    kills); None if matplotlib is absent."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    os.makedirs(results_dir, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    colours: dict[str, str] = {}
+    for label, (xs, ys, style) in series.items():
+        group = label.split(" ")[0]
+        line, = ax.step(xs, ys, style, where="post", label=label, color=colours.get(group))
+        colours.setdefault(group, line.get_color())
+    for label, xs in marks.items():
+        for i, x in enumerate(xs):
+            ax.axvline(x, linestyle=":", color=colours.get(label.split(" ")[0]),
+                       label=label if i == 0 else None)
+    ax.set_xlabel(xlabel)
+    ax.grid(True, alpha=0.3)
+    return _save(plt, fig, ax, results_dir, name, title, ylabel)
+
+
 def _save(plt, fig, ax, results_dir: str, name: str, title: str, ylabel: str) -> str:
     """Title, y label, legend; write `<name>.png` into results_dir."""
     ax.set_title(title)

@@ -1,39 +1,46 @@
-"""`llft bench spark`: a PySpark streaming driver protected by llft against the way Spark
-users protect it today (a supervisor restarting it from its checkpoint).
+"""`llft bench spark`: a PySpark streaming driver protected by llft (classic and Spark
+Connect) against the way Spark users protect it today (a supervisor restarting it from
+its checkpoint), on one workload and the same kill points, in one run.
 
 The driver is examples/nexmark_pipeline.py, unmodified, on one Workload (same seed, same
-generated input) in three setups, all in one run:
+generated input). Setups:
 
-  reference    plain python, no llft, no checkpoint (sparkrun.reference): the expected
-               output and the baseline throughput
-  llft_2r      2 x `llft run` of the driver behind `llft gateway`
-               (sparkrun.replicated(replicas=2, kill_after=[k])): the primary's agent is
-               SIGKILLed once the sink holds k windows (its driver gets SIGKILL through
-               PR_SET_PDEATHSIG, the driver's JVM exits on stdin EOF); the backup takes over
-  checkpoint   the driver with `--checkpoint DIR` on a fixed port under a restart-always
-               supervisor (llft.spark.supervisor.supervised(kill_after=[k])), generator and sink
-               connected straight to it; the driver's Python process is SIGKILLed once the
-               sink holds k windows (its JVM exits on stdin EOF; the kill row says when it
-               was gone); the supervisor restarts it at once, it restores its last
-               checkpoint and asks the source to replay from the checkpointed offset
+  reference          plain python, no llft, its own local Spark: the expected output and
+                     the baseline of every overhead
+  llft_2r            2 x `llft run` of the driver behind `llft gateway`, each replica with
+                     its own local Spark (classic mode)
+  connect_reference  plain python as a thin client of a Spark Connect server (one server
+                     for the whole bench, `llft spark-connect`): Connect's own cost
+  llft_connect_2r    2 x `llft run` of the driver as thin clients of that server: only the
+                     primary's calls reach it (its agent's gRPC relay)
+  checkpoint         the driver with `--checkpoint DIR` under a restart-always supervisor
+                     (llft.spark.supervisor), generator and sink connected straight to it
 
-`--repeat N` runs of each replicated setup (one kill each, interleaved llft, checkpoint,
-llft, ...). Per kill: kill -> next result line at the sink (any line, a repeat counts),
-kill -> first new window (a window the sink did not hold before the kill), kill ->
-promoted (llft) or restarted (checkpoint: a new driver process started), results lost
-(the sink's gaps) and repeated (windows received again, dropped by the sink), and
-whether the de-duplicated output is byte-identical to the reference's.
+Every setup runs once without a failure (its output timeline: when each window reached
+the sink). The three protected setups then run `--kills` times, each SIGKILLed once at a
+kill point (the sink holds k windows; k cycles over the stream's windows from
+`--kill-after`, the same points for every setup, runs interleaved): llft_* kill the
+primary's agent (its driver dies by PR_SET_PDEATHSIG; the backup takes over),
+checkpoint kills the driver's Python process (the supervisor restarts it, it restores its
+checkpoint and replays the input after it).
 
-Throughput is measured on the part of every run before its kill (the reference on the
-same windows): input events of windows 1..k-1 divided by the time between the arrivals
-of window 0 and window k-1 at the sink (window 0 is left out: it carries the Spark
-session's warm-up). With `--rate` above what the driver can process (the default on a
-small machine) this is the driver's processing rate; the markdown says so when the
-measured rate comes near `--rate` (input-bound).
+What a failure cost is the delay it adds to the output timeline against the same setup's
+run without one: `added_ms` = (kill run: first event sent -> the end line) - (the same in
+the failure-free run), p50/p99 over the kills; also kill -> next result, kill -> first
+new window, windows lost and repeated, and whether the de-duplicated output equals the
+reference's. Steady state (the failure-free runs): throughput (input events of windows
+1..W-1 over the time between the arrivals of windows 0 and W-1: window 0 carries the
+warm-up) and window latency (arrival at the sink - when the generator, paced at
+`--rate`, sent the window's last event), each against the reference's.
 
-Writes spark.csv (one row per setup), spark_kills.csv (every kill), spark.md,
-spark.png (kill -> next result and kill -> first new window, both setups) and
-spark_throughput.png. Every run starts Spark JVMs (2 for llft_2r): a few minutes.
+With `--pin` (the default on 2+ cores) every driver runs on one core of its own
+(taskset), so that throughput ratios mean something on a small machine: the reference,
+the checkpoint driver, the Connect server and replica 1 on CPU 0, replica 2 on CPU 1
+(a restarted replica takes its slot's CPU); each driver's own JVM inherits its core.
+
+Writes spark.csv (one row per setup), spark_runs.csv (every run), spark.md, spark.png
+(added delay per kill), spark_throughput.png and spark_timeline.png (windows at the sink
+over time: each setup's failure-free run and its first kill run, the kill marked).
 """
 from __future__ import annotations
 
@@ -41,14 +48,18 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import traceback
 
-from llft.spark import sparkrun, supervisor
 from llft.bench import report
+from llft.spark import sparkrun, supervisor
+from llft.spark.connect import Server
 
-SETUPS = ("reference", "llft_2r", "checkpoint")
+SETUPS = ("reference", "llft_2r", "connect_reference", "llft_connect_2r", "checkpoint")
+KILLED = ("llft_2r", "llft_connect_2r", "checkpoint")
+CONNECT = ("connect_reference", "llft_connect_2r")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,41 +70,57 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=wl.seed)
     p.add_argument("--window-ms", type=int, default=wl.window_ms,
                    help="event-time window (1 ms per event: events per window)")
-    p.add_argument("--kill-after", type=int, default=3,
-                   help="kill once the sink holds this many windows")
-    p.add_argument("--repeat", type=int, default=2, help="kills (runs) per setup")
+    p.add_argument("--kill-after", type=int, default=1,
+                   help="the first kill point (windows at the sink); the next runs' points "
+                   "cycle over the stream's windows")
+    p.add_argument("--kills", type=int, default=10, help="killed runs per protected setup")
+    p.add_argument("--setups", default=",".join(SETUPS),
+                   help=f"a subset of {','.join(SETUPS)} (the reference always runs)")
+    p.add_argument("--pin", action=argparse.BooleanOptionalAction,
+                   default=(os.cpu_count() or 1) >= 2,
+                   help="one core per driver (taskset); default: on with 2+ cores")
     p.add_argument("--fault-timeout-ms", type=float, default=None,
-                   help="fault_timeout_ms of the llft group (default: the configuration's "
-                   "default)")
+                   help="fault_timeout_ms of the llft groups (default: the configuration's)")
     p.add_argument("--run-timeout", type=float, default=400,
                    help="seconds per run before it is reported as failed")
     p.add_argument("--quick", action="store_true",
-                   help="smoke size: 1000 events, 250-event windows, kill after 2 windows, "
-                   "1 kill per setup")
+                   help="smoke size: 1000 events, 250-event windows, 1 kill per setup")
     p.add_argument("--results", default=report.DEFAULT_RESULTS_DIR)
 
 
+# ---- what one run's sink saw --------------------------------------------------------------
 def _windows(sink) -> list[dict]:
     return [json.loads(w.line) for w in sink.windows]
 
 
-def pre_kill_throughput(sink, k: int) -> float:
-    """Input events/s between the arrivals of window 0 and window k-1 (events of windows
-    1..k-1); nan with fewer than 2 windows or no time between them."""
-    if k < 2 or len(sink.windows) < k:
+def steady_throughput(sink) -> float:
+    """Input events/s of windows 1..W-1 over the time between the arrivals of window 0
+    and the last window (window 0 carries the warm-up); nan with fewer than 2 windows."""
+    if len(sink.windows) < 2:
         return float("nan")
     ws = _windows(sink)
-    events = sum(w["events"][1] - w["events"][0] + 1 for w in ws[1:k])
-    dt = sink.windows[k - 1].t - sink.windows[0].t
+    events = sum(w["events"][1] - w["events"][0] + 1 for w in ws[1:])
+    dt = sink.windows[-1].t - sink.windows[0].t
     return events / dt if dt > 0 else float("nan")
 
 
-def window_gap_ms(sink, k: int) -> float:
-    """Median time between consecutive window arrivals among windows 0..k-1 (how long
-    the sink waits for a window when nothing fails); nan with fewer than 2 windows."""
-    ts = [w.t for w in sink.windows[:k]]
-    gaps = [1000 * (b - a) for a, b in zip(ts, ts[1:])]
-    return statistics.median(gaps) if gaps else float("nan")
+def window_latency_ms(res: sparkrun.Result, rate: float) -> float:
+    """Median over windows 1.. of arrival at the sink - when the paced generator sent the
+    window's last event (first_send + seq / rate); nan if unpaced or never sent."""
+    first = res.streams.gen.first_send_t
+    if not rate or first is None or len(res.sink.windows) < 2:
+        return float("nan")
+    lat = [1000 * (w.t - (first + d["events"][1] / rate))
+           for w, d in list(zip(res.sink.windows, _windows(res.sink)))[1:]]
+    return statistics.median(lat)
+
+
+def end_s(res: sparkrun.Result) -> float | None:
+    """First event sent -> the end line at the sink."""
+    st = res.streams
+    if st.sink.end_t is None or st.gen.first_send_t is None:
+        return None
+    return st.sink.end_t - st.gen.first_send_t
 
 
 def first_new_window_ms(sink, t_kill: float) -> float | None:
@@ -104,121 +131,167 @@ def first_new_window_ms(sink, t_kill: float) -> float | None:
     return 1000 * (sink.windows[before].t - t_kill)
 
 
+def timeline(res: sparkrun.Result) -> tuple[list[float], list[int]]:
+    """(seconds since the first event was sent, windows held) at each arrival."""
+    t0 = res.streams.gen.first_send_t or 0.0
+    return [0.0] + [w.t - t0 for w in res.sink.windows], list(range(len(res.sink.windows) + 1))
+
+
+def kill_points(n: int, first: int, windows: int) -> list[int]:
+    """n kill points cycling over 1..windows-2 from `first` (a kill needs a window after
+    it to be measured)."""
+    span = max(1, windows - 2)
+    return [1 + (first - 1 + i) % span for i in range(n)]
+
+
 def _med(xs: list) -> float:
     xs = [x for x in xs if isinstance(x, (int, float)) and x == x]
     return statistics.median(xs) if xs else float("nan")
 
 
-def _span(xs: list) -> str:
-    xs = [x for x in xs if isinstance(x, (int, float)) and x == x]
-    if not xs:
-        return "n/a"
-    if len(xs) == 1:
-        return f"{xs[0]:.0f}"
-    return f"{statistics.median(xs):.0f} [{min(xs):.0f}-{max(xs):.0f}]"
+def _pct(xs: list, q: float) -> float:
+    return report.percentile([x for x in xs if isinstance(x, (int, float)) and x == x], q)
+
+
+# ---- the run ----------------------------------------------------------------------------
+class Pinning:
+    """taskset prefixes: one core per driver (see the module docstring)."""
+
+    def __init__(self, on: bool):
+        self.cpus = sorted(os.sched_getaffinity(0)) if on else []
+
+    def cpu(self, slot: int) -> int | None:
+        return self.cpus[slot % len(self.cpus)] if self.cpus else None
+
+    def argv(self, slot: int, argv: list[str]) -> list[str]:
+        c = self.cpu(slot)
+        return argv if c is None else ["taskset", "-c", str(c)] + argv
 
 
 def run(args) -> int:
     command = report.command_of(args, add_arguments, "spark")
     if args.quick:
-        args.events, args.window_ms, args.kill_after, args.repeat = 1000, 250, 2, 1
+        args.events, args.window_ms, args.kills = 1000, 250, 1
     wl = sparkrun.Workload(events=args.events, seed=args.seed, rate=args.rate,
                            window_ms=args.window_ms)
-    k = args.kill_after
-    if not 1 <= k < wl.windows:
-        print(f"llft bench spark: --kill-after {k} must be in 1..{wl.windows - 1} "
-              f"({wl.windows} windows of {wl.window_ms} events)", file=sys.stderr)
+    setups = [s for s in SETUPS if s == "reference" or s in args.setups.split(",")]
+    unknown = set(args.setups.split(",")) - set(SETUPS)
+    if unknown or wl.windows < 3 or not 1 <= args.kill_after <= wl.windows - 2:
+        print(f"llft bench spark: setups are {','.join(SETUPS)}; --kill-after must be in "
+              f"1..{wl.windows - 2} ({wl.windows} windows of {wl.window_ms} events)",
+              file=sys.stderr)
         return 2
+    points = kill_points(args.kills, args.kill_after, wl.windows)
+    pin = Pinning(args.pin)
     say = (lambda text: print(f"  {text}", flush=True))
-    kills = report.Table("spark_kills", f"Every kill ({wl.events} events at "
-                         f"{wl.rate:g}/s, SIGKILL once the sink holds {k} windows)",
-                         ["setup", "run", "next_result_ms", "new_window_ms", "window_gap_ms",
-                          "promoted_ms",
-                          "restarted_ms", "jvm_gone_ms", "lost", "repeated", "identical",
-                          "throughput_ev_s", "whole_run_ev_s", "elapsed_s", "error"])
-    ref_bytes, ref_row = None, {}
+    runs = report.Table("spark_runs", f"Every run ({wl.events} events at {wl.rate:g}/s, "
+                        f"{wl.windows} windows)",
+                        ["setup", "run", "kill_after", "added_ms", "next_result_ms",
+                         "new_window_ms", "promoted_ms", "restarted_ms", "lost", "repeated",
+                         "identical", "throughput_ev_s", "latency_ms", "end_s", "elapsed_s",
+                         "error"])
+    ref_bytes: bytes | None = None
+    free: dict[str, sparkrun.Result] = {}
+    first_kill: dict[str, sparkrun.Result] = {}
     with tempfile.TemporaryDirectory(prefix="llft-bench-spark-") as tmp:
-        print(f"reference: {wl.events} events, seed {wl.seed}, rate {wl.rate:g}/s", flush=True)
+        server = None
         try:
-            ref = sparkrun.reference(os.path.join(tmp, "reference"), wl,
-                                     timeout_s=args.run_timeout)
-            problems = ref.sink.verdict(wl.events)
-            ref_bytes = ref.sink.received_bytes() if not problems else None
-            ref_row = dict(setup="reference", run=1, lost=len(ref.sink.gaps),
-                           repeated=ref.sink.repeated,
-                           throughput_ev_s=pre_kill_throughput(ref.sink, k),
-                           window_gap_ms=window_gap_ms(ref.sink, k),
-                           whole_run_ev_s=ref.streams.throughput(),
-                           elapsed_s=ref.elapsed_s, error="; ".join(problems))
-        except Exception as e:              # noqa: BLE001 -- reported in the table
-            traceback.print_exc()
-            ref_row = dict(setup="reference", run=1, error=f"{type(e).__name__}: {e}"[:300])
-        kills.add(**ref_row)
-        for i in range(1, args.repeat + 1):
-            for setup in SETUPS[1:]:
-                print(f"{setup} run {i}/{args.repeat}: kill after {k} windows", flush=True)
-                kills.add(**_one(setup, i, os.path.join(tmp, f"{setup}-{i}"), wl, k, args,
-                                 ref_bytes, say))
-    summary = _summary(kills, k)
-    kills.print()
+            if any(s in CONNECT for s in setups):
+                server = _start_connect(tmp, pin)
+                print(f"Spark Connect server {server.url()} (pinned: {pin.cpu(0)})", flush=True)
+            for setup in setups:                        # the failure-free runs
+                print(f"{setup}: no failure", flush=True)
+                row, res = _one(setup, "free", None, os.path.join(tmp, f"{setup}-free"), wl,
+                                args, ref_bytes, None, server, pin, say)
+                runs.add(**row)
+                if res is not None:
+                    free[setup] = res
+                    if setup == "reference" and not row.get("error"):
+                        ref_bytes = res.sink.received_bytes()
+            for i, k in enumerate(points, 1):             # the kills, interleaved
+                for setup in [s for s in setups if s in KILLED]:
+                    print(f"{setup} kill {i}/{len(points)}: once the sink holds {k} windows",
+                          flush=True)
+                    row, res = _one(setup, str(i), k, os.path.join(tmp, f"{setup}-{i}"), wl,
+                                    args, ref_bytes, free.get(setup), server, pin, say)
+                    runs.add(**row)
+                    if res is not None and setup not in first_kill:
+                        first_kill[setup] = res
+        finally:
+            if server is not None:
+                server.stop()
+    summary = _summary(runs, setups)
+    runs.print()
     summary.print()
     summary.write_csv(args.results)
-    kills.write_csv(args.results)
-    rows = {r["setup"]: r for r in summary.rows}
-    plots = [
-        report.bars(args.results, "spark", f"Driver killed after {k} windows: time to results "
-                    "(median)", "seconds after the kill",
-                    ["kill -> next result", "kill -> first new window"],
-                    {s: [rows.get(s, {}).get("next_result_ms", float("nan")) / 1000,
-                         rows.get(s, {}).get("new_window_ms", float("nan")) / 1000]
-                     for s in SETUPS[1:]}),
-        report.bars(args.results, "spark_throughput", "Steady-state throughput before the "
-                    "kill (median)", "input events/s", ["throughput"],
-                    {s: [rows.get(s, {}).get("throughput_ev_s", float("nan"))] for s in SETUPS}),
-    ]
-    failed = [r for r in kills.rows if r.get("error")]
-    md = report.write_markdown(args.results, "spark", [summary.markdown(), kills.markdown()],
-                               notes=_notes(args, wl, k, rows, kills, failed), plots=plots,
-                               command=command)
+    runs.write_csv(args.results)
+    plots = _plots(args.results, summary, setups, free, first_kill)
+    failed = [r for r in runs.rows if r.get("error")]
+    md = report.write_markdown(args.results, "spark", [summary.markdown(), runs.markdown()],
+                               notes=_notes(args, wl, points, summary, failed, pin),
+                               plots=plots, command=command)
     print(f"wrote {md}")
     return 1 if failed else 0
 
 
-def _one(setup: str, i: int, workdir: str, wl: sparkrun.Workload, k: int, args,
-         ref_bytes: bytes | None, say) -> dict:
-    row = dict(setup=setup, run=i)
+def _start_connect(tmp: str, pin: Pinning) -> Server:
+    port = sparkrun.free_port()
+    server = Server(port, state_dir=os.path.join(tmp, "spark-connect"))
+    cmd = [sys.executable, "-m", "llft", "spark-connect", "start", "--port", str(port),
+           "--dir", server.state_dir, "--master", "local[1]",
+           "--conf", "spark.sql.shuffle.partitions=1", "--conf", "spark.default.parallelism=1",
+           "--conf", "spark.ui.enabled=false"]
+    r = subprocess.run(pin.argv(0, cmd), capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"the Spark Connect server did not start: {r.stderr.strip()[-500:]}")
+    return server
+
+
+def _one(setup: str, name: str, k: int | None, workdir: str, wl: sparkrun.Workload, args,
+         ref_bytes: bytes | None, free: sparkrun.Result | None, server: Server | None,
+         pin: Pinning, say) -> tuple[dict, sparkrun.Result | None]:
+    row = dict(setup=setup, run=name, kill_after=k if k is not None else "")
+    kill_after = [k] if k is not None else []
+    remote = server.url() if setup in CONNECT else None
     try:
-        if setup == "llft_2r":
-            res = sparkrun.replicated(workdir, wl, replicas=2, kill_after=[k],
+        if setup in ("reference", "connect_reference"):
+            res = sparkrun.reference(workdir, wl, timeout_s=args.run_timeout, remote=remote,
+                                     name=setup, wrap=lambda argv: pin.argv(0, argv))
+        elif setup in ("llft_2r", "llft_connect_2r"):
+            res = sparkrun.replicated(workdir, wl, replicas=2, kill_after=kill_after,
                                       fault_timeout_ms=args.fault_timeout_ms, on_event=say,
-                                      timeout_s=args.run_timeout)
+                                      timeout_s=args.run_timeout, remote=remote,
+                                      restart=False, wrap=pin.argv)
         else:
-            res = supervisor.supervised(workdir, wl, kill_after=[k], on_event=say,
-                                        timeout_s=args.run_timeout)
+            res = supervisor.supervised(workdir, wl, kill_after=kill_after, on_event=say,
+                                        timeout_s=args.run_timeout,
+                                        wrap=lambda argv: pin.argv(0, argv))
     except Exception as e:                  # noqa: BLE001 -- one failed run is a row
         traceback.print_exc()
-        kept = _keep_logs(workdir, os.path.join(args.results, f"spark_failed_{setup}_{i}"))
+        kept = _keep_logs(workdir, os.path.join(args.results, f"spark_failed_{setup}_{name}"))
         row["error"] = (f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
                         + (f" (logs: {kept})" if kept else ""))
-        return row
-    kill = res.kills[0]
+        return row, None
     sink = res.sink
     problems = sink.verdict(wl.events)
-    row.update(next_result_ms=kill.get("next_result_ms"),
-               new_window_ms=first_new_window_ms(sink, kill["t_kill"]),
-               window_gap_ms=window_gap_ms(sink, k),
-               promoted_ms=kill.get("promoted_ms", ""), restarted_ms=kill.get("restarted_ms", ""),
-               jvm_gone_ms=kill.get("jvm_gone_ms", ""), lost=len(sink.gaps),
-               repeated=sink.repeated,
+    e, e_free = end_s(res), end_s(free) if free is not None else None
+    row.update(lost=len(sink.gaps), repeated=sink.repeated,
                identical=("n/a" if ref_bytes is None else
                           "yes" if sink.received_bytes() == ref_bytes else "no"),
-               throughput_ev_s=pre_kill_throughput(sink, k),
-               whole_run_ev_s=res.streams.throughput(), elapsed_s=res.elapsed_s,
+               throughput_ev_s=steady_throughput(sink),
+               latency_ms=window_latency_ms(res, wl.rate), end_s=e, elapsed_s=res.elapsed_s,
                error="; ".join(problems))
-    if setup == "checkpoint" and kill.get("jvm_gone_ms") is None:
-        row["error"] = (row["error"] + "; " if row["error"] else "") + \
-            "the killed driver's JVM outlived it by 30 s"
-    return row
+    if res.kills:
+        kill = res.kills[0]
+        row.update(next_result_ms=kill.get("next_result_ms"),
+                   new_window_ms=first_new_window_ms(sink, kill["t_kill"]),
+                   promoted_ms=kill.get("promoted_ms", ""),
+                   restarted_ms=kill.get("restarted_ms", ""),
+                   added_ms=1000 * (e - e_free) if e is not None and e_free is not None else "")
+        if setup == "checkpoint" and kill.get("jvm_gone_ms") is None:
+            row["error"] = (row["error"] + "; " if row["error"] else "") + \
+                "the killed driver's JVM outlived it by 30 s"
+    return row, res
 
 
 def _keep_logs(workdir: str, dest: str) -> str:
@@ -234,84 +307,108 @@ def _keep_logs(workdir: str, dest: str) -> str:
     return dest
 
 
-def _summary(kills: report.Table, k: int) -> report.Table:
-    t = report.Table("spark", f"llft against supervisor + checkpoint (driver SIGKILLed once "
-                     f"the sink holds {k} windows; medians over runs, [min-max])",
-                     ["setup", "runs", "kill_to_next_result_ms", "kill_to_new_window_ms",
-                      "recovery_vs_llft", "lost", "repeated", "identical", "throughput_ev_s",
-                      "throughput_vs_reference", "window_gap_ms", "next_result_ms",
-                      "new_window_ms",
-                      "failed_runs"])
-    ref_thr = _med([r.get("throughput_ev_s") for r in kills.rows if r["setup"] == "reference"])
-    llft_next = _med([r.get("next_result_ms") for r in kills.rows if r["setup"] == "llft_2r"])
-    for s in SETUPS:
-        rs = [r for r in kills.rows if r["setup"] == s]
-        good = [r for r in rs if not r.get("error")]
-        thr = _med([r.get("throughput_ev_s") for r in rs])
-        row = dict(setup=s, runs=len(rs), failed_runs=len(rs) - len(good),
+def _summary(runs: report.Table, setups: list[str]) -> report.Table:
+    t = report.Table("spark", "Four ways to run the driver (failure-free run: steady state; "
+                     "kill runs: what a SIGKILL added to the output timeline)",
+                     ["setup", "throughput_ev_s", "throughput_vs_reference", "latency_ms",
+                      "latency_vs_reference", "kills", "added_ms_p50", "added_ms_p99",
+                      "next_result_ms_p50", "next_result_ms_p99", "new_window_ms_p50",
+                      "lost", "repeated", "identical", "failed_runs"])
+    free = {r["setup"]: r for r in runs.rows if r["run"] == "free"}
+    ref = free.get("reference", {})
+
+    def vs(row: dict, col: str):
+        a, b = row.get(col), ref.get(col)
+        ok = all(isinstance(x, float) and x == x for x in (a, b)) and b
+        return a / b if ok else ""
+    for s in setups:
+        rs = [r for r in runs.rows if r["setup"] == s]
+        kills = [r for r in rs if r["run"] != "free"]
+        f = free.get(s, {})
+        row = dict(setup=s, throughput_ev_s=f.get("throughput_ev_s", ""),
+                   throughput_vs_reference=vs(f, "throughput_ev_s"),
+                   latency_ms=f.get("latency_ms", ""), latency_vs_reference=vs(f, "latency_ms"),
                    lost=sum(r.get("lost") or 0 for r in rs),
                    repeated=sum(r.get("repeated") or 0 for r in rs),
-                   window_gap_ms=_med([r.get("window_gap_ms") for r in rs]),
-                   throughput_ev_s=thr, throughput_vs_reference=thr / ref_thr if ref_thr else "")
-        if s != "reference":
-            nxt = [r.get("next_result_ms") for r in rs]
-            new = [r.get("new_window_ms") for r in rs]
-            row.update(kill_to_next_result_ms=_span(nxt), kill_to_new_window_ms=_span(new),
-                       next_result_ms=_med(nxt), new_window_ms=_med(new),
-                       recovery_vs_llft=_med(nxt) / llft_next if llft_next else "",
-                       identical=f"{sum(r.get('identical') == 'yes' for r in rs)}/{len(rs)}")
+                   failed_runs=sum(1 for r in rs if r.get("error")))
+        if s in KILLED:
+            added = [r.get("added_ms") for r in kills]
+            nxt = [r.get("next_result_ms") for r in kills]
+            row.update(kills=len(kills), added_ms_p50=_med(added), added_ms_p99=_pct(added, 99),
+                       next_result_ms_p50=_med(nxt), next_result_ms_p99=_pct(nxt, 99),
+                       new_window_ms_p50=_med([r.get("new_window_ms") for r in kills]),
+                       identical=f"{sum(r.get('identical') == 'yes' for r in kills)}/{len(kills)}")
         t.add(**row)
     return t
 
 
-def _notes(args, wl: sparkrun.Workload, k: int, rows: dict, kills: report.Table,
-           failed: list) -> str:
-    llft, ck = rows.get("llft_2r", {}), rows.get("checkpoint", {})
-    def ratio(col: str) -> float:
-        a, b = ck.get(col, float("nan")), llft.get(col, float("nan"))
-        return a / b if isinstance(a, float) and isinstance(b, float) and b else float("nan")
+def _plots(results: str, summary: report.Table, setups: list[str],
+           free: dict[str, sparkrun.Result], first_kill: dict[str, sparkrun.Result]) -> list:
+    rows = {r["setup"]: r for r in summary.rows}
+    killed = [s for s in setups if s in KILLED]
+    series: dict[str, tuple[list, list, str]] = {}
+    marks: dict[str, list[float]] = {}
+    for s in killed:
+        if s in free:
+            xs, ys = timeline(free[s])
+            series[f"{s} (no failure)"] = (xs, ys, "--")
+        if s in first_kill:
+            res = first_kill[s]
+            xs, ys = timeline(res)
+            series[f"{s} (killed)"] = (xs, ys, "-")
+            t0 = res.streams.gen.first_send_t or 0.0
+            marks[f"{s} kill"] = [k["t_kill"] - t0 for k in res.kills]
+    if "reference" in free:
+        xs, ys = timeline(free["reference"])
+        series["reference"] = (xs, ys, ":")
+    return [
+        report.bars(results, "spark", "What a driver kill added to the output timeline",
+                    "ms (p50, p99 over the kills)", ["p50", "p99"],
+                    {s: [rows.get(s, {}).get("added_ms_p50", float("nan")),
+                         rows.get(s, {}).get("added_ms_p99", float("nan"))] for s in killed}),
+        report.bars(results, "spark_throughput", "Steady-state throughput (failure-free run)",
+                    "input events/s", ["throughput"],
+                    {s: [rows.get(s, {}).get("throughput_ev_s") or float("nan")] for s in setups}),
+        report.timelines(results, "spark_timeline", "Windows at the sink over time (first kill "
+                         "run of each setup, dotted: its kill)", "seconds since the first event",
+                         "windows received", series, marks),
+    ]
+
+
+def _notes(args, wl: sparkrun.Workload, points: list[int], summary: report.Table,
+           failed: list, pin: Pinning) -> str:
+    rows = {r["setup"]: r for r in summary.rows}
+
+    def ratio(a: str, b: str, col: str) -> str:
+        x, y = rows.get(a, {}).get(col), rows.get(b, {}).get(col)
+        ok = all(isinstance(v, float) and v == v for v in (x, y)) and y
+        return f"{x / y:.1f}x" if ok else "n/a"
     lines = [
         f"Workload: examples/nexmark_pipeline.py, {wl.events} events (seed {wl.seed}), "
         f"generator at {wl.rate:g} events/s, {wl.window_ms}-event windows ({wl.windows} "
-        f"windows), micro-batches of {wl.batch_events} events or {wl.batch_ms} ms; the driver "
-        f"is SIGKILLed once the sink holds {k} windows; {args.repeat} run(s) per setup.",
+        f"windows), micro-batches of {wl.batch_events} events or {wl.batch_ms} ms. Kill "
+        f"points (windows at the sink): {points}, the same for every protected setup. "
+        f"llft groups: fault_timeout_ms = {report.detector_ms(args.fault_timeout_ms)}. "
+        + (f"Pinned: drivers (and their JVMs) one core each, CPUs {pin.cpus}."
+           if pin.cpus else "Not pinned."),
         "",
-        "- **llft_2r**: 2 replicas under `llft run` behind `llft gateway` "
-        f"(fault_timeout_ms = {report.detector_ms(args.fault_timeout_ms)}); SIGKILL of the primary's agent (its "
-        "driver dies by PR_SET_PDEATHSIG, the driver's JVM on stdin EOF). promoted_ms: the "
-        "backup is primary.",
-        "- **checkpoint**: the driver with `--checkpoint DIR` on a fixed port under "
-        "`llft.spark.supervisor` (restart at once, like `spark-submit --supervise` or systemd "
-        "`Restart=always`), generator and sink connected straight to it and reconnecting; "
-        "SIGKILL of the driver's Python process. restarted_ms: the new driver process "
-        "started; jvm_gone_ms: the killed driver's JVM had exited (stdin EOF). The new "
-        "driver starts a JVM, restores its last checkpoint (parquet) and replays the input "
-        "from the checkpointed offset: windows emitted after that checkpoint are emitted "
-        "again (repeated; the sink drops them).",
-        "- next_result_ms: kill -> the next result line at the sink (a repeat counts); "
-        "new_window_ms: kill -> the first window the sink did not hold at the kill; "
-        "lost: gaps in the sink's window numbers or event ranges; identical: the "
-        "de-duplicated output equals the reference run's byte for byte; recovery_vs_llft: "
-        "median next_result_ms over llft_2r's; window_gap_ms: the median time between "
-        f"window arrivals before the kill (windows 0..{k - 1}), i.e. how long the sink "
-        "waits for the next window when nothing fails: a kill -> new window close to it "
-        "means the kill cost little beyond the normal wait.",
-        "- All replicas and JVMs run on this one machine: with llft_2r the backup's driver "
-        "and JVM do the same Spark work as the primary's on the same cores (on separate "
-        "machines they would not compete), which is most of its lower throughput here.",
-        f"- throughput_ev_s: measured on the part of each run before its kill (the reference: "
-        f"the same windows): input events of windows 1..{k - 1} over the time between the "
-        f"arrivals of windows 0 and {k - 1} (window 0 carries the Spark warm-up). whole_run_ev_s "
-        "(every kill row): all input events over first event sent -> end line, the recovery "
-        "included.",
+        "- added_ms: (first event sent -> end line) of the kill run minus the same in the "
+        "setup's failure-free run: the delay the failure added to the output; p99 over "
+        f"{len(points)} kills is their maximum. next_result_ms: kill -> the next result line "
+        "(a repeat counts); new_window_ms: kill -> the first window the sink did not hold.",
+        "- throughput_ev_s: input events of windows 1..W-1 over the time between the "
+        "arrivals of windows 0 and W-1 (failure-free run); latency_ms: the median over "
+        "windows of arrival - the paced send of the window's last event (it includes the "
+        "queue when the driver is slower than the generator).",
+        "- llft_2r: every replica runs its own local Spark and does all the Spark work; "
+        "llft_connect_2r: the replicas share one Connect server, only the primary's calls "
+        "reach it (its agent's gRPC relay), the backup replays the answers; checkpoint: "
+        "the supervisor restarts the driver, which starts a JVM, restores its last "
+        "checkpoint and replays the input after it (windows after it come twice: repeated).",
         "",
-        f"Recovery (kill -> next result), checkpoint / llft: **{ratio('next_result_ms'):.1f}x**; "
-        f"kill -> first new window: **{ratio('new_window_ms'):.1f}x**.",
+        f"Added delay p50, checkpoint / llft_2r: **{ratio('checkpoint', 'llft_2r', 'added_ms_p50')}**; "
+        f"checkpoint / llft_connect_2r: **{ratio('checkpoint', 'llft_connect_2r', 'added_ms_p50')}**.",
     ]
-    thr = [r.get("throughput_ev_s") for r in rows.values()]
-    if wl.rate and any(isinstance(x, float) and x == x and x > 0.8 * wl.rate for x in thr):
-        lines.append(f"\nNote: some throughput comes near the generator's rate ({wl.rate:g}/s): "
-                     "those runs were input-bound; use a higher --rate or --rate 0.")
     if failed:
         lines.append("\nFailed runs: " + "; ".join(f"{r['setup']} {r['run']}: {r['error']}"
                                                    for r in failed))

@@ -43,10 +43,13 @@ class Workload:
         return -(-self.events // self.window_ms)
 
 
-def pipeline_argv(port: int, wl: Workload, checkpoint: str | None = None) -> list[str]:
+def pipeline_argv(port: int, wl: Workload, checkpoint: str | None = None,
+                  remote: str | None = None) -> list[str]:
+    """remote: a Spark Connect server's URL (the driver as its thin client)."""
     argv = [sys.executable, PIPELINE, "--port", str(port), "--window-ms", str(wl.window_ms),
             "--batch-events", str(wl.batch_events), "--batch-ms", str(wl.batch_ms)]
-    return argv + (["--checkpoint", checkpoint] if checkpoint else [])
+    return (argv + (["--checkpoint", checkpoint] if checkpoint else [])
+            + (["--remote", remote] if remote else []))
 
 
 def free_port() -> int:
@@ -136,12 +139,15 @@ class Result:
         return self.streams.sink
 
 
-def reference(workdir: str, wl: Workload, timeout_s: float = 600) -> Result:
-    """The unreplicated run: plain python, no shim, no llft."""
+def reference(workdir: str, wl: Workload, timeout_s: float = 600,
+              remote: str | None = None, name: str = "reference", wrap=None) -> Result:
+    """The unreplicated run: plain python, no shim, no llft (against `remote`, a Spark
+    Connect server, if given). wrap(argv) -> argv: e.g. a taskset prefix."""
     os.makedirs(workdir, exist_ok=True)
     port = free_port()
-    log = open(os.path.join(workdir, "reference.log"), "wb")
-    p = subprocess.Popen(pipeline_argv(port, wl), cwd=workdir, stdout=log, stderr=log,
+    log = open(os.path.join(workdir, f"{name}.log"), "wb")
+    argv = pipeline_argv(port, wl, remote=remote)
+    p = subprocess.Popen(wrap(argv) if wrap else argv, cwd=workdir, stdout=log, stderr=log,
                          stdin=subprocess.DEVNULL)
     t0 = time.monotonic()
     st = Streams.start(("127.0.0.1", port), wl)
@@ -163,12 +169,15 @@ def reference(workdir: str, wl: Workload, timeout_s: float = 600) -> Result:
 
 def replicated(workdir: str, wl: Workload, replicas: int = 2, kill_after: list[int] = (),
                fault_timeout_ms: float | None = None, timeout_s: float = 600, on_event=None,
-               group: str = "nexmark", restart: bool = False) -> Result:
+               group: str = "nexmark", restart: bool = False, remote: str | None = None,
+               wrap=None) -> Result:
     """`replicas` x `llft run` of the pipeline, started in the same instant (as users
     do), a gateway, the generator and the sink through it; the primary is SIGKILLed once
     the sink holds each of `kill_after` windows. With `restart`, each killed replica is
     started again and rejoins (replaying the group's history) before the next kill:
-    kill -> restart/rejoin -> kill. on_event(text) reports progress (the demo prints it)."""
+    kill -> restart/rejoin -> kill. on_event(text) reports progress (the demo prints it).
+    remote: the drivers are thin clients of that Spark Connect server. wrap(i, argv) ->
+    argv for the i-th replica started (0-based): e.g. a taskset prefix."""
     say = on_event or (lambda _text: None)
     t0 = time.monotonic()
     port = free_port()
@@ -178,8 +187,13 @@ def replicated(workdir: str, wl: Workload, replicas: int = 2, kill_after: list[i
                       else f"fault_timeout_ms = {fault_timeout_ms:g}")
     st = None
     try:
+        app = pipeline_argv(port, wl, remote=remote)
+
+        def start(i: int) -> None:
+            lc.start_replica(f"r{i + 1}", app,
+                             wrap=(lambda argv: wrap(i, argv)) if wrap else (lambda argv: argv))
         for i in range(replicas):
-            lc.start_replica(f"r{i + 1}", pipeline_argv(port, wl))
+            start(i)
         st0 = lc.wait_members(replicas, timeout_s=300)
         say(f"{replicas} replicas started together formed view {st0['view']}")
         started = replicas          # replicas started so far (names r1, r2, ...)
@@ -202,8 +216,8 @@ def replicated(workdir: str, wl: Workload, replicas: int = 2, kill_after: list[i
                    "promoted_ms": 1000 * (t_prom - t_kill)}
             if restart:
                 nonlocal started
+                start(started)
                 started += 1
-                lc.start_replica(f"r{started}", pipeline_argv(port, wl))
                 lc.wait_members(replicas, timeout_s=max(1, deadline - time.monotonic()))
                 rec["rejoined_s"] = time.monotonic() - t_prom
                 say(f"r{started} started and rejoined in {rec['rejoined_s']:.1f} s")

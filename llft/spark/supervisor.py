@@ -184,20 +184,21 @@ def wait_gone(pids: list[int], timeout_s: float, poll_s: float = 0.01) -> float 
 
 # ---- the Nexmark pipeline under a supervisor ----------------------------------------------
 def supervised(workdir: str, wl: sparkrun.Workload, kill_after: list[int] = (),
-               timeout_s: float = 900, on_event=None) -> sparkrun.Result:
+               timeout_s: float = 900, on_event=None, wrap=None) -> sparkrun.Result:
     """The pipeline with `--checkpoint <workdir>/checkpoint` on a fixed port under a
     Supervisor; generator and sink connect to it directly. For each k of `kill_after`,
     once the sink holds k windows the driver's Python process is SIGKILLed and the
     supervisor restarts it. Per kill: t_kill, restarted_ms (new driver process started),
     jvm_gone_ms (the killed driver's JVM exited, None if it outlived 30 s),
     next_result_ms (first result line of any kind after the kill, repeats included) and
-    windows_before."""
+    windows_before. wrap(argv) -> argv: e.g. a taskset prefix for the driver."""
     say = on_event or (lambda _text: None)
     os.makedirs(workdir, exist_ok=True)
     t0 = time.monotonic()
     port = sparkrun.free_port()
     ckpt = os.path.join(workdir, "checkpoint")
-    sup = Supervisor(sparkrun.pipeline_argv(port, wl, checkpoint=ckpt), cwd=workdir,
+    argv = sparkrun.pipeline_argv(port, wl, checkpoint=ckpt)
+    sup = Supervisor(wrap(argv) if wrap else argv, cwd=workdir,
                      log_path=os.path.join(workdir, "supervised.log"), on_event=say).start()
     st = None
     try:
