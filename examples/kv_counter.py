@@ -92,8 +92,8 @@ def serve_connection(conn: socket.socket, handle=handle) -> None:
 
 def serve_forever(port: int, handle=handle, name: str | None = None) -> None:
     """Listen on 0.0.0.0:port, a thread per connection (`serve_connection`); with `name`,
-    say so on stderr once listening (examples/spark_counter.py and connect_counter.py
-    serve their own `handle` this way)."""
+    say so on stderr once listening (examples/spark_counter.py serves its own `handle`
+    this way)."""
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind(("0.0.0.0", port))

@@ -59,7 +59,7 @@ def read(sock: socket.socket) -> dict | None:
     try:
         obj = msgpack.unpackb(body, raw=False)
     except Exception as e:  # msgpack raises several types for garbage
-        raise FrameError(f"not msgpack: {e}") from None
+        raise FrameError(f"not msgpack ({type(e).__name__}: {e})") from None
     if not isinstance(obj, dict):
         raise FrameError(f"a frame is a map, got {type(obj).__name__}")
     return obj

@@ -53,8 +53,8 @@ Workloads (examples/): `kv` (kv_counter.py, a threaded line-protocol counter), `
 (http_counter.py, one connection per request), `spark` (spark_counter.py, a PySpark
 driver with its own local Spark session: a Spark job per request, a ticker thread with
 a lock running Spark jobs with Python workers; 2 replicas by default, paced clients),
-`connect` (connect_counter.py, the same driver as a Spark Connect thin client: the
-campaign starts one Connect server, shared by the replicas).
+`connect` (spark_counter.py --remote, the same driver as a Spark Connect thin client:
+the campaign starts one Connect server, shared by the replicas).
 """
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ WORKLOADS = {
     # the same driver as a Spark Connect thin client: the replicas share one Spark (the
     # campaign's Connect server); only the primary's calls reach it (through its agent's
     # gRPC relay), backups read the answers from the order information
-    "connect": Workload("connect", "connect_counter.py", "counter", replicas=2,
+    "connect": Workload("connect", "spark_counter.py", "counter", replicas=2,
                         interval_s=0.25, resume_replies=4, connect_server=True),
 }
 CONNECT_START_TIMEOUT_S = 240

@@ -182,6 +182,25 @@ def test_the_hook_installs_the_channel_and_leaves_no_trace(tmp_path):
     assert os.path.isfile(os.path.join(SITE_DIR, "sitecustomize.py"))
 
 
+def test_record_and_replay_of_a_grpc_client(server, tmp_path):
+    """tests/programs/grpc_client.py (calls of every kind from two threads, a failing one)
+    records against the server and replays twice: identical output, its channel the
+    relay's. A replay runs no relay (the recorded one is gone): it makes no call."""
+    port = server.rsplit(":", 1)[1]
+    trace = str(tmp_path / "trace")
+    prog = os.path.join(os.path.dirname(__file__), "..", "programs", "grpc_client.py")
+    llft = [sys.executable, "-m", "llft"]
+    rec = subprocess.run(llft + ["record", "--trace", trace, "--", sys.executable, prog, port],
+                         capture_output=True, timeout=120)
+    assert rec.returncode == 0, rec.stderr.decode()[-2000:]
+    assert b"RelayChannel" in rec.stdout and b"INVALID_ARGUMENT" in rec.stdout
+    for _ in range(2):
+        rep = subprocess.run(llft + ["replay", "--trace", trace], capture_output=True,
+                             timeout=120)
+        assert rep.returncode == 0, rep.stderr.decode()[-2000:]
+        assert rep.stdout == rec.stdout
+
+
 def test_an_external_send_waits_for_output_commit(tmp_path):
     """At a primary whose agent asked for output commit, an external send leaves only once
     the agent says the backups hold everything recorded before it."""

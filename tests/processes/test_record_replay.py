@@ -344,3 +344,19 @@ def test_ports_the_kernel_chose_are_the_primarys(tmp_path):
     for _ in range(2):
         p, _ = replay(trace, str(work))
         assert p.stdout == out
+
+
+def test_a_native_thread_pool_replays(tmp_path):
+    """tests/programs/native_pool.py: pyarrow's C++ thread pool (and jemalloc's background
+    thread) working for the interpreter; record, replay twice: the same output (the wall
+    clock included). The venv's interpreter: pyarrow is installed there."""
+    cmd = [sys.executable, program("native_pool.py")]
+    work = tmp_path / "work"
+    work.mkdir()
+    trace = str(tmp_path / "trace")
+    out, _ = record(cmd, trace, str(work))
+    assert b"pool" in out and b"sum" in out
+    assert run_plain(cmd, str(tmp_path), []) != run_plain(cmd, str(tmp_path), [])
+    for i in range(2):
+        p, _ = replay(trace, str(work))
+        assert p.stdout == out, f"replay {i}:\n{p.stdout.decode()}\n---\n{out.decode()}"

@@ -103,8 +103,8 @@ def test_record_and_replay_of_a_thin_client(tmp_path):
 
 
 def test_replicated_connect_driver_kill_restart_kill(tmp_path):
-    """examples/connect_counter.py (a Spark job per request on a shared Connect server, a
-    ticker thread with its own jobs) replicated twice with the default configuration,
+    """examples/spark_counter.py --remote (a Spark job per request on a shared Connect server,
+    a ticker thread running Python UDF jobs) replicated twice with the default configuration,
     the kv counter's checking clients through the gateway: the backup does no Spark work
     (no connection to the relay or the server, a fraction of the primary's CPU), then a
     primary kill, a restart of the new primary (SIGTERM, a new replica rejoins) and a
