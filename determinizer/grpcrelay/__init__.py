@@ -41,10 +41,12 @@ class Relay:
     `proc.pid`: the process, once started; `stop()` ends it and closes the port."""
 
     def __init__(self, port: int = 0, reuse_port: bool = False, host: str = "127.0.0.1",
-                 spawning=contextlib.nullcontext, started=lambda pid: None):
-        """`spawning()` is held around the start, `started(pid)` called within it (a
-        subreaping agent: proctree.spawning and proctree.own)."""
-        self._spawning, self._started = spawning, started
+                 spawning=contextlib.nullcontext, started=lambda pid: None,
+                 reaped=lambda pid: None):
+        """`spawning()` is held around a start, `started(pid)` called within it,
+        `reaped(pid)` once its exit status is taken (a subreaping agent: proctree's
+        spawning, own and disown)."""
+        self._spawning, self._started, self._reaped = spawning, started, reaped
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if reuse_port:
@@ -57,7 +59,8 @@ class Relay:
             raise OSError(e.errno, f"the gRPC relay cannot listen on {host}:{port}: "
                           f"{e.strerror}") from None
         self.host, self.port = host, self.sock.getsockname()[1]
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | None = None   # the latest process started
+        self.starts = 0
         self._stop_r, self._stop_w = os.pipe()
         self._watch = threading.Thread(target=self._start_when_needed, daemon=True,
                                        name="grpc-relay-watch")
@@ -69,22 +72,34 @@ class Relay:
 
     def _start_when_needed(self) -> None:
         """The watch thread: start the process when a connection waits, then stay: the
-        process dies with this thread (PR_SET_PDEATHSIG names the spawning thread)."""
-        ready, _, _ = select.select([self.sock, self._stop_r], [], [])
-        if self.sock not in ready:
-            return
+        process dies with this thread (PR_SET_PDEATHSIG names the spawning thread). A
+        process that dies (killed with an app's tree, say) is started again when the
+        next connection waits: the port never holds connections nobody accepts."""
         cmd = [sys.executable, "-m", "determinizer.grpcrelay.relay",
                "--fd", str(self.sock.fileno()), "--parent", str(os.getpid())]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([ROOT] + ([env["PYTHONPATH"]]
                                                       if env.get("PYTHONPATH") else []))
-        with self._spawning():
-            self.proc = subprocess.Popen(cmd, env=env, pass_fds=(self.sock.fileno(),),
-                                         stdin=subprocess.DEVNULL)
-            self._started(self.proc.pid)
-        select.select([self._stop_r], [], [])
-        self.proc.terminate()
-        self.proc.wait()
+        while True:
+            ready, _, _ = select.select([self.sock, self._stop_r], [], [])
+            if self._stop_r in ready:
+                return
+            with self._spawning():
+                proc = subprocess.Popen(cmd, env=env, pass_fds=(self.sock.fileno(),),
+                                        stdin=subprocess.DEVNULL)
+                self._started(proc.pid)
+            self.proc, self.starts = proc, self.starts + 1
+            exited = os.pidfd_open(proc.pid)
+            try:
+                ready, _, _ = select.select([self._stop_r, exited], [], [])
+            finally:
+                os.close(exited)
+            if self._stop_r in ready:
+                proc.terminate()
+            proc.wait()                               # died (or stopped): reaped
+            self._reaped(proc.pid)
+            if self._stop_r in ready:
+                return
 
     def stop(self) -> None:
         os.write(self._stop_w, b"x")

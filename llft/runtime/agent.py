@@ -119,6 +119,7 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -225,9 +226,11 @@ class Agent:
         # the app's gRPC client channels are relayed (determinizer/grpcrelay/): the
         # primary's relay makes the calls, backups read its answers from the order info;
         # the port is the group's, so a promoted backup finds its own host's relay there
+        # (`_relay_up` when our app becomes the primary, down with the app)
         self.relay_address = ("127.0.0.1", self.gcfg.grpc_relay_port)
         self.env = relay_env(self.env, self.relay_address)
-        self.relay: Relay | None = None
+        self.relay: Relay | None = None      # listening only while our app is the primary
+        self._relay_stops: list[threading.Thread] = []
         self.cwd = os.getcwd()
         self._restored_app: dict | None = None
         self.tasks = TaskSet(log, self._task_failed)
@@ -311,12 +314,6 @@ class Agent:
         proctree.become_subreaper()
         self.watchdog = proctree.Watchdog()
         try:
-            self.relay = Relay(self.relay_address[1], reuse_port=True,
-                               spawning=proctree.spawning, started=proctree.own)
-        except OSError as e:
-            _log(f"warning: {e}; this replica's app cannot make gRPC calls as a primary "
-                 f"(set grpc_relay_port in [group.{self.group}])")
-        try:
             await self.endpoint.start()
             self._guard_founding()              # before the founding timeout can run
             self.node.start(self.driver.clock_us())
@@ -339,8 +336,8 @@ class Agent:
             self.driver.stop()
             self.endpoint.close()       # the group moves on while the tree dies
             await asyncio.to_thread(self._leave_no_process, stopped)
-            if self.relay is not None:
-                await asyncio.to_thread(self.relay.stop)
+            for t in self._relay_stops:
+                await asyncio.to_thread(t.join)
         if self.app.divergence is None:
             self.status_file.remove()
         await asyncio.to_thread(self.status_file.close)   # a diverged one stays behind
@@ -357,11 +354,34 @@ class Agent:
             list(self._sessions), exclude=[wd])
         self.watchdog.close()
 
+    def _relay_up(self) -> None:
+        """Our app becomes the primary: its gRPC calls need a relay on the group's port
+        (replicas on one host share it, SO_REUSEPORT; only primaries listen, so a backup
+        never takes a primary's connection)."""
+        if self.relay is not None:
+            return
+        try:
+            self.relay = Relay(self.relay_address[1], reuse_port=True,
+                               spawning=proctree.spawning, started=proctree.own,
+                               reaped=proctree.disown)
+        except OSError as e:
+            _log(f"warning: {e}: the application's gRPC calls will fail (set "
+                 f"grpc_relay_port in [group.{self.group}])")
+
     def _stop_app(self):
-        # Every descendant of the agent but the watchdog belongs to this app's tree: one
-        # app lives at a time, and a reset stops the old one before the new one starts
-        # (a daemon of the app that left its session is an orphan of ours by now).
+        # Every descendant of the agent but the watchdog and the gRPC relay belongs to
+        # this app's tree: one app lives at a time, and a reset stops the old one before
+        # the new one starts (a daemon of the app that left its session is an orphan of
+        # ours by now). The relay stops with the app (off the loop: it waits for its
+        # process); queued connections are refused and the caller's client retries.
+        relay, self.relay = self.relay, None
         exclude = [self.watchdog.pid] if self.watchdog else []
+        if relay is not None:
+            if relay.proc is not None:
+                exclude.append(relay.proc.pid)
+            t = threading.Thread(target=relay.stop, name="relay-stop", daemon=True)
+            t.start()
+            self._relay_stops = [x for x in self._relay_stops if x.is_alive()] + [t]
         stopped = self.app.stop(exclude=exclude, also=proctree.descendants(os.getpid()))
         for c in self.conns.values():
             if c.reader_task:
@@ -636,6 +656,7 @@ class Agent:
 
     def _become_primary(self, pvn: int) -> None:
         if self.mode is AppMode.NONE:
+            self._relay_up()
             self.app.start_primary(self.env)
             _log(f"primary of view {pvn} (founder): {self._why_primary(pvn)}")
         elif self.mode is AppMode.BACKUP:
@@ -656,6 +677,7 @@ class Agent:
             if app.caught_up() and not self._history:
                 break
             await asyncio.sleep(PROMOTE_CHECK_S)   # the app executes its last entries
+        self._relay_up()
         app.promote()
         for c in self.conns.values():              # delivered on, never registered
             if c.index < 0:

@@ -146,6 +146,25 @@ def test_bad_frames_close_one_connection_and_the_relay_goes_on(server, relay):
     assert relay.proc.poll() is None
 
 
+def test_a_relay_process_that_dies_is_started_again(server, relay):
+    """An agent's reset kills its app's tree; a relay process killed with it (or any other
+    way) is started again at the next connection: calls fail over to it (UNAVAILABLE at
+    most once: the pooled connection died with the process), none waits for ever."""
+    ch = RelayChannel(relay.address, server)
+    assert ch.unary_unary("/t.S/Echo")(b"ab") == b"ba"
+    first = relay.proc
+    first.kill()
+    first.wait()
+    outcomes = []
+    for _ in range(2):
+        try:
+            outcomes.append(ch.unary_unary("/t.S/Echo")(b"cd"))
+        except grpc.RpcError as e:
+            outcomes.append(e.code())
+    assert outcomes[-1] == b"dc" and set(outcomes[:-1]) <= {grpc.StatusCode.UNAVAILABLE}
+    assert relay.starts == 2 and relay.proc is not first and relay.proc.poll() is None
+
+
 def test_the_relay_starts_only_when_needed_and_dies_with_its_parent(tmp_path):
     code = ("import sys, socket; sys.path.insert(0, sys.argv[1]);"
             "from determinizer.grpcrelay import Relay; r = Relay();"
@@ -193,12 +212,12 @@ def test_record_and_replay_of_a_grpc_client(server, tmp_path):
     rec = subprocess.run(llft + ["record", "--trace", trace, "--", sys.executable, prog, port],
                          capture_output=True, timeout=120)
     assert rec.returncode == 0, rec.stderr.decode()[-2000:]
-    assert b"RelayChannel" in rec.stdout and b"INVALID_ARGUMENT" in rec.stdout
+    assert b"RelayChannel" in rec.stdout and b"INVALID_ARGUMENT" in rec.stdout, rec.stdout
     for _ in range(2):
         rep = subprocess.run(llft + ["replay", "--trace", trace], capture_output=True,
                              timeout=120)
         assert rep.returncode == 0, rep.stderr.decode()[-2000:]
-        assert rep.stdout == rec.stdout
+        assert rep.stdout == rec.stdout, (rec.stdout, rep.stdout, rep.stderr.decode()[-2000:])
 
 
 def test_an_external_send_waits_for_output_commit(tmp_path):
