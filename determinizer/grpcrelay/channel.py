@@ -40,11 +40,7 @@ def _metadata_in(md) -> tuple:
 
 
 class _Lost(Exception):
-    """The relay connection failed; `sent`: whether any of the call's bytes left."""
-
-    def __init__(self, why: str, sent: bool):
-        super().__init__(why)
-        self.sent = sent
+    """The relay connection failed (the call ends UNAVAILABLE)."""
 
 
 class _Conn:
@@ -245,7 +241,7 @@ class _MultiCallable:
                 conn.close()
                 self._ch._drop_idle()           # they were opened by the same (gone) primary
                 if attempt:
-                    raise _Lost(f"cannot reach the llft gRPC relay: {e}", sent=False) from None
+                    raise _Lost(f"cannot reach the llft gRPC relay: {e}") from None
         if streaming:
             try:
                 for req in request:
@@ -253,7 +249,7 @@ class _MultiCallable:
                 conn.send({"end": True})
             except OSError as e:
                 conn.close()
-                raise _Lost(f"connection to the llft gRPC relay lost: {e}", sent=True) from None
+                raise _Lost(f"connection to the llft gRPC relay lost: {e}") from None
         return conn
 
     def _call(self, request, timeout=None, metadata=None, credentials=None,
@@ -317,7 +313,7 @@ class RelayChannel(grpc.Channel):
             return _Conn(self._relay)
         except OSError as e:
             raise _Lost(f"cannot reach the llft gRPC relay at {self._relay[0]}:"
-                        f"{self._relay[1]}: {e}", sent=False) from None
+                        f"{self._relay[1]}: {e}") from None
 
     def _give(self, conn: _Conn) -> None:
         with self._lock:

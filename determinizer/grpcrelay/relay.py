@@ -29,8 +29,6 @@ import grpc
 
 from determinizer.grpcrelay import frames
 
-_CODES = {c.value[0]: c for c in grpc.StatusCode}
-
 
 def _log(msg: str) -> None:
     print(f"llft grpc-relay[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
@@ -43,10 +41,8 @@ def _identity(b):
 class Relay:
     def __init__(self, sock: socket.socket):
         self.sock = sock                            # listening
-        self.port = self.sock.getsockname()[1]
         self._channels: dict[tuple, grpc.Channel] = {}
         self._lock = threading.Lock()
-        self.calls = 0
 
     def channel(self, target: str, options) -> grpc.Channel:
         key = (target, tuple((str(k), v if isinstance(v, (int, str)) else str(v))
@@ -75,6 +71,8 @@ class Relay:
             _log(f"closing a connection: {e}")
         except OSError:
             pass                                    # the app went away
+        except (ValueError, TypeError, KeyError) as e:   # a header field of the wrong type
+            _log(f"closing a connection: a malformed call ({type(e).__name__}: {e})")
         finally:
             conn.close()
 
@@ -97,14 +95,15 @@ class Relay:
         kind, method = head.get("kind"), head.get("method")
         if kind not in frames.KINDS or not isinstance(method, str) or "target" not in head:
             raise frames.FrameError(f"not a call: kind {kind!r}, method {method!r}")
-        self.calls += 1
         ch = self.channel(head["target"], head.get("options"))
         factory = {"uu": ch.unary_unary, "us": ch.unary_stream,
                    "su": ch.stream_unary, "ss": ch.stream_stream}[kind]
         mc = factory(method, request_serializer=_identity, response_deserializer=_identity)
         kw = dict(timeout=head.get("timeout"),
                   metadata=[tuple(p) for p in head.get("metadata") or ()] or None,
-                  wait_for_ready=head.get("wait_for_ready"))
+                  wait_for_ready=head.get("wait_for_ready"),
+                  compression=(grpc.Compression(head["compression"])
+                               if head.get("compression") is not None else None))
         reqs = self._requests(conn, head)
         send = lambda obj: conn.sendall(frames.encode(obj))  # noqa: E731
         if kind in ("uu", "su"):
