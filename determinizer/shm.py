@@ -169,7 +169,7 @@ class Shm:
 
     def stats(self) -> dict[str, int]:
         """{"records": ..., "waits": ..., "gil_drops": ..., "ring_full": ..., "held": ...,
-        "input_wait": ...}"""
+        "input_wait": ..., "commits": ...}"""
         return {st.name.lower(): lib.llft_stat(self._base, st) for st in Stat}
 
     def close(self) -> None:

@@ -20,13 +20,20 @@ SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "site")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _python_path_first(env: dict[str, str], folder: str) -> dict[str, str]:
+    """A copy of `env` whose PYTHONPATH starts with `folder`."""
+    env = dict(env)
+    env["PYTHONPATH"] = os.pathsep.join([folder] + ([env["PYTHONPATH"]]
+                                                    if env.get("PYTHONPATH") else []))
+    return env
+
+
 def relay_env(env: dict[str, str], relay: tuple[str, int]) -> dict[str, str]:
     """`env` for an app whose gRPC channels `relay` serves."""
-    env = dict(env)
-    if "PYTHONPATH" in env:                           # sitecustomize puts it back
-        env["LLFT_PYTHONPATH_BEFORE"] = env["PYTHONPATH"]
-    env["PYTHONPATH"] = os.pathsep.join(
-        [SITE_DIR] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    before = env.get("PYTHONPATH")
+    env = _python_path_first(env, SITE_DIR)
+    if before is not None:                            # sitecustomize puts it back
+        env["LLFT_PYTHONPATH_BEFORE"] = before
     env["LLFT_GRPC_RELAY"] = f"{relay[0]}:{relay[1]}"
     return env
 
@@ -77,9 +84,7 @@ class Relay:
         next connection waits: the port never holds connections nobody accepts."""
         cmd = [sys.executable, "-m", "determinizer.grpcrelay.relay",
                "--fd", str(self.sock.fileno()), "--parent", str(os.getpid())]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([ROOT] + ([env["PYTHONPATH"]]
-                                                      if env.get("PYTHONPATH") else []))
+        env = _python_path_first(os.environ, ROOT)
         while True:
             ready, _, _ = select.select([self.sock, self._stop_r], [], [])
             if self._stop_r in ready:

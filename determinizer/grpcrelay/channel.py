@@ -130,15 +130,18 @@ class _Stream(grpc.RpcError, grpc.Call):
                                      self._initial or ())
             return None
 
+    def _read_initial(self) -> bool:
+        """The call's first frame, its initial metadata (once); False if it failed."""
+        if self._initial is None and self._outcome is None:
+            f = self._frame()
+            if f is not None:
+                self._initial = _metadata_in(f.get("im"))
+        return self._initial is not None
+
     def _next_raw(self):
         """The next response's bytes; None once the status came (self._outcome)."""
-        if self._outcome is not None:
+        if self._outcome is not None or not self._read_initial():
             return None
-        if self._initial is None:                    # the first frame: initial metadata
-            f = self._frame()
-            if f is None:
-                return None
-            self._initial = _metadata_in(f.get("im"))
         f = self._frame()
         if f is None:
             return None
@@ -183,10 +186,7 @@ class _Stream(grpc.RpcError, grpc.Call):
         return self._finish().trailing_metadata()
 
     def initial_metadata(self):
-        if self._initial is None and self._outcome is None:
-            f = self._frame()
-            if f is not None:
-                self._initial = _metadata_in(f.get("im"))
+        self._read_initial()
         return self._initial
 
     def is_active(self):
@@ -297,8 +297,7 @@ class RelayChannel(grpc.Channel):
 
     def __init__(self, relay: tuple[str, int], target: str, options=None):
         self._relay, self._target = relay, target
-        self._options = [[str(k), v if isinstance(v, (int, str)) else str(v)]
-                         for k, v in options or ()]
+        self._options = frames.options_out(options)
         self._idle: list[_Conn] = []
         self._lock = threading.Lock()
         self._closed = False

@@ -65,6 +65,12 @@ def read(sock: socket.socket) -> dict | None:
     return obj
 
 
+def options_out(options) -> list:
+    """Channel options (pairs, or None) as frame data: values int or str (the relay keys
+    its channels by them)."""
+    return [[str(k), v if isinstance(v, (int, str)) else str(v)] for k, v in options or ()]
+
+
 def metadata_out(md) -> list:
     """gRPC metadata (pairs, or None) as frame data."""
     return [[str(k), v if isinstance(v, (bytes, str)) else str(v)] for k, v in (md or ())]

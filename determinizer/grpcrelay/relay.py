@@ -45,8 +45,7 @@ class Relay:
         self._lock = threading.Lock()
 
     def channel(self, target: str, options) -> grpc.Channel:
-        key = (target, tuple((str(k), v if isinstance(v, (int, str)) else str(v))
-                             for k, v in options or ()))
+        key = (target, tuple(map(tuple, frames.options_out(options))))
         with self._lock:
             ch = self._channels.get(key)
             if ch is None:
@@ -105,14 +104,15 @@ class Relay:
                   compression=(grpc.Compression(head["compression"])
                                if head.get("compression") is not None else None))
         reqs = self._requests(conn, head)
+        if kind in ("uu", "us"):                    # one request, then the "end"
+            got = list(reqs)
+            if len(got) != 1:
+                raise frames.FrameError(f"a unary call with {len(got)} requests")
+            reqs = got[0]
         send = lambda obj: conn.sendall(frames.encode(obj))  # noqa: E731
         if kind in ("uu", "su"):
-            req = next(reqs) if kind == "uu" else reqs
-            if kind == "uu":
-                for _ in reqs:                      # the "end" (and nothing else)
-                    raise frames.FrameError("a unary call with more than one request")
             try:
-                resp, call = mc.with_call(req, **kw)
+                resp, call = mc.with_call(reqs, **kw)
             except grpc.RpcError as e:
                 send({"im": frames.metadata_out(e.initial_metadata())})
                 send(self._status(e))
@@ -121,10 +121,7 @@ class Relay:
             send({"m": resp})
             send(self._status(call))
             return
-        call = mc(next(reqs) if kind == "us" else reqs, **kw)
-        if kind == "us":
-            for _ in reqs:
-                raise frames.FrameError("a unary call with more than one request")
+        call = mc(reqs, **kw)
         unwatch = _cancel_on_close(conn, call) if kind == "us" else lambda: None
         try:
             send({"im": frames.metadata_out(call.initial_metadata())})

@@ -115,14 +115,6 @@ def window_latency_ms(res: sparkrun.Result, rate: float) -> float:
     return statistics.median(lat)
 
 
-def end_s(res: sparkrun.Result) -> float | None:
-    """First event sent -> the end line at the sink."""
-    st = res.streams
-    if st.sink.end_t is None or st.gen.first_send_t is None:
-        return None
-    return st.sink.end_t - st.gen.first_send_t
-
-
 def first_new_window_ms(sink, t_kill: float) -> float | None:
     """Kill -> arrival of the first window the sink did not hold at the kill."""
     before = sum(1 for w in sink.windows if w.t <= t_kill)
@@ -274,7 +266,7 @@ def _one(setup: str, name: str, k: int | None, workdir: str, wl: sparkrun.Worklo
         return row, None
     sink = res.sink
     problems = sink.verdict(wl.events)
-    e, e_free = end_s(res), end_s(free) if free is not None else None
+    e, e_free = res.streams.span_s(), free.streams.span_s() if free is not None else None
     row.update(lost=len(sink.gaps), repeated=sink.repeated,
                identical=("n/a" if ref_bytes is None else
                           "yes" if sink.received_bytes() == ref_bytes else "no"),

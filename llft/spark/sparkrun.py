@@ -96,11 +96,16 @@ class Streams:
         for t in self.threads:
             t.join(timeout=5)
 
+    def span_s(self) -> float | None:
+        """First event sent -> the end line at the sink (None before both)."""
+        if self.sink.end_t is None or self.gen.first_send_t is None:
+            return None
+        return self.sink.end_t - self.gen.first_send_t
+
     def throughput(self) -> float:
         """Input events per second from the first event sent to the end line."""
-        if self.sink.end_t is None or self.gen.first_send_t is None:
-            return float("nan")
-        return self.sink.end.get("events", 0) / max(1e-9, self.sink.end_t - self.gen.first_send_t)
+        span = self.span_s()
+        return float("nan") if span is None else self.sink.end.get("events", 0) / max(1e-9, span)
 
 
 class RunError(RuntimeError):

@@ -136,7 +136,9 @@ def test_bad_frames_close_one_connection_and_the_relay_goes_on(server, relay):
     for garbage in (b"\xff\xff\xff\xff" + b"x" * 16, frames.HEADER.pack(3) + b"\xc1\xc1\xc1",
                     frames.encode({"kind": "zz", "method": 1}),
                     frames.encode({"kind": "uu", "method": "/t.S/Echo", "target": server,
-                                   "compression": 99, "m": b"x", "end": True})):
+                                   "compression": 99, "m": b"x", "end": True}),
+                    frames.encode({"kind": "uu", "method": "/t.S/Echo", "target": server,
+                                   "end": True})):
         with socket.create_connection(relay.address) as s:
             s.sendall(garbage)
             s.settimeout(30)
