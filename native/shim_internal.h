@@ -203,6 +203,7 @@ static inline int is_gil_mutex(const pthread_mutex_t *m) {
 }
 int gil_lock(pthread_mutex_t *m);
 void gil_order_start(void);
+void import_lock_order_start(void);   /* shim_locks.c */
 void gil_passed_take(void);
 
 /* ------------------------------------------------------------------ divergence */

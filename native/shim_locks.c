@@ -3,9 +3,10 @@
  * Intercepts POSIX semaphores (sem_init/destroy/wait/trywait/timedwait/clockwait:
  * threading.Lock/RLock and everything built on them) and the pthread mutexes of C
  * extensions (pthread_mutex_init/destroy/lock/trylock/timedlock), but orders only
- * those initialised after Py_IsInitialized(): the GIL, the runtime's HEAD_LOCK, the
- * import and pending-call locks are all created during start-up and are never
- * ordered. Claims are ordered (success, try-lock failure, timed-wait timeout);
+ * those initialised after Py_IsInitialized(): the GIL, the runtime's HEAD_LOCK and the
+ * pending-call lock are created during start-up and are never ordered; so is the
+ * import lock, which is registered when a second thread is about to exist
+ * (import_lock_order_start). Claims are ordered (success, try-lock failure, timed-wait timeout);
  * releases need no order. A backup really acquires a claim the primary won, after
  * its turn has come in the lock's queue.
  */
@@ -118,7 +119,39 @@ static int sem_op(unsigned call, sem_t *s, clockid_t clk, const struct timespec 
 EXPORT int sem_wait(sem_t *s) {
     HOOK(lock_lookup(s), R(sem_wait)(s), sem_op(LLFT_C_SEM_WAIT, s, 0, NULL));
 }
+/* CPython's import lock (import.c's import_lock, created during start-up) is held by
+ * importlib across finder calls that release the GIL (stat, listdir: _find_spec's
+ * _ImportLockContext), so two threads importing at once contend on it. Unordered, a
+ * backup thread could get it at another of the holder's releases than at the primary
+ * and then wait for a GIL turn the holder can only give after taking the lock again
+ * (a stall seen with two threads lazily importing a codec in getaddrinfo). It is not
+ * exported: take and release it through CPython's own functions, with the GIL, before
+ * the first thread is created (the same point in every replica), and register the
+ * semaphore that take tries. Until a take names it (CPython not found, or the GIL not
+ * held at that pthread_create) it stays unordered and the next creation tries again. */
+static TLS int t_catch_lock;
+static int g_import_lock_ordered;
+void import_lock_order_start(void) {
+    if (g_import_lock_ordered || !app_started() || !gil_held()) return;
+    void (*acquire)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "_PyImport_AcquireLock");
+    int (*release)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "_PyImport_ReleaseLock");
+    if (!acquire || !release) { g_import_lock_ordered = -1; return; }
+    t_catch_lock = 1;
+    acquire();              /* with one thread: a try that succeeds, named to sem_trywait */
+    t_catch_lock = 0;
+    release();
+    if (g_debug && g_import_lock_ordered != 1)
+        R(write)(2, "llft: import lock not found: not ordered\n", 41);
+}
+static int catch_import_lock(sem_t *s) {
+    t_catch_lock = 0;
+    if (!lock_lookup(s)) lock_register(s, new_lid());
+    g_import_lock_ordered = 1;
+    return R(sem_trywait)(s);
+}
+
 EXPORT int sem_trywait(sem_t *s) {
+    if (t_catch_lock) return catch_import_lock(s);
     HOOK(lock_lookup(s), R(sem_trywait)(s), sem_op(LLFT_C_SEM_TRYWAIT, s, 0, NULL));
 }
 EXPORT int sem_timedwait(sem_t *s, const struct timespec *abst) {

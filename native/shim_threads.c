@@ -156,6 +156,7 @@ EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)
     gc_point(0);   /* automatic GC off before a second thread exists */
     t_guard++;
     gil_order_start();   /* and GIL hand-offs ordered (shim_gil.c) */
+    import_lock_order_start();   /* and the import lock's claims (shim_locks.c) */
     t_guard--;
     return GUARDED(pthread_create_ordered(th, attr, fn, arg));
 }

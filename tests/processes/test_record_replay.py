@@ -32,6 +32,8 @@ PROGRAMS = {
     "udp_inprocess": (["udp_inprocess.py"], [], False),
     # more threads than logical thread ids: ids of ended threads reused (shim_threads.c)
     "many_threads": (["many_threads.py"], [], False),
+    # threads importing at once contend on CPython's import lock (shim_locks.c)
+    "concurrent_imports": (["concurrent_imports.py"], [], False),
     # peers inside the process: read sizes, send counts, datagram timing (shim_net.c)
     "inprocess_stream": (["inprocess_stream.py"], [], False),
     "inprocess_dgram": (["inprocess_dgram.py"], [], False),
