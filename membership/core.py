@@ -88,7 +88,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
 
 from llft.protocol.messages import Message, MsgType, Role, Send, probe
-from membership.detector import ArrivalStats, extension_us
+from membership.detector import ArrivalStats, extension_us, window_for
 from membership.rules import (Key, PPDecision, competing_primary_wins, decide_propose_primary,
                               fault_timeout_us, may_propose, proposal_members)
 
@@ -521,7 +521,13 @@ class Membership:
         only its header (pvn, precedence, sender) and `rank`: if those are what ours
         would say, it stands for ours, and ours waits. Ours is then due half an interval
         after the other's next one, so a tie goes to the other core and a core that
-        stops leaves a gap of at most 1.5 intervals."""
+        stops leaves a gap of at most 1.5 intervals.
+
+        It is also this core's tick (the loop ran: `_observe_clock`), so our next tick
+        falls due with the other core's next heartbeat: one wake-up per interval for
+        both, not two (an idle agent's cost is its wake-ups)."""
+        if self._started and msg.type is MsgType.HEARTBEAT and msg.sender == self.birth:
+            self._observe_clock(now_us, tick=True)
         if (self._started and self.is_member() and msg.type is MsgType.HEARTBEAT
                 and msg.sender == self.birth and msg.pvn == self.pvn
                 and msg.precedence == self.precedence and msg.body == self._heartbeat_body()):
@@ -783,7 +789,8 @@ class Membership:
             st = self._arrivals.get(msg.sender)
             if st is None:
                 if len(self._arrivals) < 2 * MAX_MEMBERS:
-                    self._arrivals[msg.sender] = ArrivalStats(now_us)
+                    self._arrivals[msg.sender] = ArrivalStats(
+                        now_us, *window_for(self.cfg.heartbeat_interval_us))
             else:
                 st.arrived(now_us)
 

@@ -39,19 +39,30 @@ from __future__ import annotations
 import math
 from collections import deque
 
-ARRIVAL_WINDOW = 2_048     # inter-arrival gaps remembered per peer (~10 s: a member sends one
-                           # heartbeat per 5 ms interval; llft/replica/node.py)
+ARRIVAL_WINDOW = 2_048     # inter-arrival gaps remembered per peer (~10 s of heartbeats at
+                           # 5 ms; llft/replica/node.py); `window_for` scales it
 KNOWN_AFTER = 64           # gaps before a peer's own history is trusted over its peers'
+WINDOW_SPAN_US = 10_240_000  # what the window spans in time, at any heartbeat interval
 SIGMAS = 4                 # mean + SIGMAS * stddev: a silence beyond it is improbable
 MARGIN = 2                 # wait MARGIN x the longest expected silence before acting
+
+
+def window_for(heartbeat_interval_us: int) -> tuple[int, int]:
+    """(window, known_after) in gaps for a heartbeat interval: the same ~10 s of history
+    and ~0.3 s before a peer's own gaps count, whatever the interval."""
+    per = max(1, heartbeat_interval_us)
+    return (max(64, WINDOW_SPAN_US // per),
+            max(16, KNOWN_AFTER * WINDOW_SPAN_US // ARRIVAL_WINDOW // per))
 
 
 class ArrivalStats:
     """Inter-arrival times of one peer's messages over a bounded window."""
 
-    __slots__ = ("last_us", "_gaps", "_maxq", "_n", "_sum", "_sumsq")
+    __slots__ = ("last_us", "_gaps", "_maxq", "_n", "_sum", "_sumsq", "_window", "_known_after")
 
-    def __init__(self, now_us: int) -> None:
+    def __init__(self, now_us: int, window: int = ARRIVAL_WINDOW,
+                 known_after: int = KNOWN_AFTER) -> None:
+        self._window, self._known_after = window, known_after
         self.last_us = now_us                 # arrival of its latest message
         self._gaps: deque[int] = deque()
         self._maxq: deque[tuple[int, int]] = deque()   # (index, gap), gaps decreasing
@@ -65,7 +76,7 @@ class ArrivalStats:
         self._gaps.append(gap)
         self._sum += gap
         self._sumsq += gap * gap
-        if len(self._gaps) > ARRIVAL_WINDOW:
+        if len(self._gaps) > self._window:
             old = self._gaps.popleft()
             self._sum -= old
             self._sumsq -= old * old
@@ -74,7 +85,7 @@ class ArrivalStats:
         while self._maxq and self._maxq[-1][1] <= gap:
             self._maxq.pop()
         self._maxq.append((i, gap))
-        while self._maxq[0][0] <= i - ARRIVAL_WINDOW:
+        while self._maxq[0][0] <= i - self._window:
             self._maxq.popleft()
 
     def shift(self, stall_us: int, now_us: int) -> None:
@@ -82,7 +93,7 @@ class ArrivalStats:
         self.last_us = min(now_us, self.last_us + stall_us)
 
     def known(self) -> bool:
-        return len(self._gaps) >= KNOWN_AFTER
+        return len(self._gaps) >= self._known_after
 
     def expected_silence_us(self) -> int:
         n = len(self._gaps)

@@ -51,6 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="throughput: seconds per configuration and client count")
     p.add_argument("--idle-s", type=float, default=10.0,
                    help="idle: seconds of CPU measurement with no load")
+    p.add_argument("--heartbeat-ms", type=float, default=None,
+                   help="heartbeat_ms of the llft clusters (default: the configuration's)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: replicas 1, 200 rounds, clients 1,16, 1 s, idle 3 s")
     p.add_argument("--results", default=report.DEFAULT_RESULTS_DIR)
@@ -163,7 +165,7 @@ def run(args) -> int:
     idle_rows: list[dict] = []
     failed = []
     with tempfile.TemporaryDirectory(prefix="llft-bench-echo-") as tmp:
-        setup = Setup(tmp, proxy=True, fault_timeout_ms=None)
+        setup = Setup(tmp, proxy=True, heartbeat_ms=args.heartbeat_ms)
         try:
             for phase, r in enumerate(replicas):
                 t = setup.add_cluster(r)

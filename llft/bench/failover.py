@@ -50,7 +50,9 @@ import time
 
 from llft import EXAMPLES_DIR
 from llft.bench import report
+from llft.bench.service import cluster_settings
 from llft.runtime import keys
+from llft.runtime.config import HEARTBEATS_PER_TIMEOUT
 from llft.tools.procs import ProcGroup, random_group_addresses
 
 STARTUP_TIMEOUT_S = 30.0
@@ -64,7 +66,8 @@ KV_COUNTER = os.path.join(EXAMPLES_DIR, "kv_counter.py")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=10, help="failovers per group size")
     p.add_argument("--replicas", default="2,3")
-    p.add_argument("--heartbeat-ms", type=float, default=5.0)
+    p.add_argument("--heartbeat-ms", type=float, default=None,
+                   help="membership part (default: timeout / 5, as the configuration's)")
     p.add_argument("--timeout-ms", type=float, default=25.0)
     p.add_argument("--service-kills", type=int, default=5,
                    help="primary kills per group size in the replicated-service part")
@@ -74,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fault_timeout_ms of the replicated service's cluster (the agents "
                    "and their applications share 2 cores here: 25 ms gives false suspicions; "
                    "100 ms is the configuration's default)")
+    p.add_argument("--service-heartbeat-ms", type=float, default=None,
+                   help="heartbeat_ms of the replicated service's cluster (default: the "
+                   "configuration's, fault_timeout_ms / 5)")
     p.add_argument("--quick", action="store_true", help="smoke run: 2 runs, 2 service kills")
     p.add_argument("--results", default=report.DEFAULT_RESULTS_DIR)
 
@@ -216,8 +222,8 @@ def _longest_gap(reply_times, start: float, lo: float, hi: float) -> float:
 def service_size(tmp: str, args, size: int) -> tuple[list[dict], dict]:
     from llft.tools.cluster import LocalCluster
     from llft.tools.loadclient import run_load
-    extra = (f"heartbeat_ms = {args.heartbeat_ms:g}\n"
-             f"fault_timeout_ms = {args.service_timeout_ms:g}")
+    extra = cluster_settings(fault_timeout_ms=args.service_timeout_ms,
+                             heartbeat_ms=args.service_heartbeat_ms)
     lc = LocalCluster(os.path.join(tmp, f"service{size}"), group=f"counter{size}",
                       service_port=9000, extra_cluster=extra)
     cmd = [sys.executable, KV_COUNTER, "9000"]
@@ -348,6 +354,10 @@ def run(args) -> int:
     command = report.command_of(args, add_arguments, "failover")
     if args.quick:
         args.runs, args.service_kills = 2, 2
+    if args.heartbeat_ms is None:
+        args.heartbeat_ms = max(0.5, args.timeout_ms / HEARTBEATS_PER_TIMEOUT)
+    svc_hb = args.service_heartbeat_ms or max(0.5, args.service_timeout_ms
+                                              / HEARTBEATS_PER_TIMEOUT)
     sizes = [int(s) for s in args.replicas.split(",") if s.strip()]
     svc_sizes = [int(s) for s in args.service_replicas.split(",") if s.strip()]
     raw = report.Table("failover_runs", "Failover runs", ["replicas", "run", "detection_ms",
@@ -361,7 +371,7 @@ def run(args) -> int:
                           "rejoin_ms", "rejoin_pause_ms"])
     service = report.Table(
         "failover_service", f"Replicated service (kv_counter, 4 counter clients through the "
-        f"gateway; heartbeat {args.heartbeat_ms:g} ms, fault timeout "
+        f"gateway; heartbeat {svc_hb:g} ms, fault timeout "
         f"{args.service_timeout_ms:g} ms): client-visible pause per primary kill, "
         f"median [min-max] of {args.service_kills} kills (ms)",
         ["replicas", "kills", "view_ms", "promoted_ms", "pause_ms", "steady_gap_ms",

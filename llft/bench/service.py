@@ -131,6 +131,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def cluster_settings(**settings: float | None) -> str:
+    """[cluster] lines for the settings given (None: the configuration's default)."""
+    return "\n".join(f"{k} = {v:g}" for k, v in settings.items() if v is not None)
+
+
 class Setup:
     """The configurations' processes: echo.py and the proxy for the whole run, and one
     LocalCluster per replica count, started for its phase (`add_cluster`) and stopped
@@ -138,12 +143,13 @@ class Setup:
 
     def __init__(self, tmp: str, proxy: bool, fault_timeout_ms: float | None = None,
                  app: str = ECHO, probe: tuple[bytes, bytes] = (b"ping\n", b"ping\n"),
-                 group_prefix: str = "echo"):
+                 group_prefix: str = "echo", heartbeat_ms: float | None = None):
         """`app`: the service program (run as `python APP PORT`); `probe`: one request
         and its exact reply, sent through each new group's whole path first;
-        `fault_timeout_ms` None: the configuration's default."""
+        `fault_timeout_ms`, `heartbeat_ms` None: the configuration's defaults."""
         self.tmp = tmp
         self.fault_timeout_ms = fault_timeout_ms
+        self.heartbeat_ms = heartbeat_ms
         self.app, self.probe, self.group_prefix = app, probe, group_prefix
         app_name = os.path.relpath(app, os.path.dirname(EXAMPLES_DIR))
         self.procs: list[subprocess.Popen] = []
@@ -196,8 +202,8 @@ class Setup:
         from llft.tools.cluster import LocalCluster
         lc = LocalCluster(os.path.join(self.tmp, f"llft{n}"), group=f"{self.group_prefix}{n}",
                           service_port=SERVICE_PORT,
-                          extra_cluster="" if self.fault_timeout_ms is None
-                          else f"fault_timeout_ms = {self.fault_timeout_ms:g}")
+                          extra_cluster=cluster_settings(fault_timeout_ms=self.fault_timeout_ms,
+                                                         heartbeat_ms=self.heartbeat_ms))
         self.clusters.append(lc)
         t.cluster = lc
         t.diag = lambda: "; ".join(f"{name}.log: {_last_lines(lc.log_tail(name))}"

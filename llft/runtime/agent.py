@@ -199,14 +199,17 @@ class Agent:
         self.key = cfg.load_key()
         hb = int(cfg.heartbeat_ms * 1000)
         base = int(cfg.fault_timeout_ms * 1000)
+        # a lost proposal, acceptance or join request is sent again after at most 5 ms,
+        # however rare the heartbeats (config.py: heartbeat_ms follows the timeout)
+        resend = min(hb, 5_000)
         # every timeout is a floor that membership extends per peer by what its timing
         # showed (membership/detector.py), by at most 3 x base; a replica reset again
         # soon after a reset waits base/2 (50 ms by default), doubling up to 20 x base
         # (2 s), before it applies; 100 x base (10 s) as a member forgets the resets
         self.membership_config = mb.Config(
             group=group, heartbeat_interval_us=hb, timeout_base_us=base,
-            backup_timeout_us=2 * base, ack_timeout_us=2 * base, retransmit_us=hb,
-            join_retry_us=2 * hb, found_timeout_us=4 * base,
+            backup_timeout_us=2 * base, ack_timeout_us=2 * base, retransmit_us=resend,
+            join_retry_us=2 * resend, found_timeout_us=4 * base,
             adaptive_cap_us=3 * base, rejoin_backoff_min_us=base // 2,
             rejoin_backoff_max_us=20 * base, rejoin_stable_us=100 * base,
             host=socket.gethostname(), pid=os.getpid())

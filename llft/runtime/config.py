@@ -14,8 +14,9 @@ Everything else, with its default:
     [cluster]
     ttl = 1                       # multicast TTL (1: the local segment)
     runtime_dir = "/tmp/llft-<uid>"  # status files of the replicas of this host
-    heartbeat_ms = 5              # membership and messaging heartbeats
     fault_timeout_ms = 100        # rank-2 backup suspects the primary after this
+    heartbeat_ms = 20             # membership and messaging heartbeats (default:
+                                  # fault_timeout_ms / 5)
     [group.counter]
     gateway_address = "239.255.0.1:47001"   # the group's gateway (default: port + 1)
     grpc_relay_port = 2xxxx       # loopback port of the app's gRPC relay (default: 20000 +
@@ -28,6 +29,14 @@ reset and a full rejoin. On a quiet machine `fault_timeout_ms = 25` detects in ~
 (`llft bench failover` measures both). The value is a floor: each replica waits longer
 for a peer whose heartbeats have been late before, by up to 3 x fault_timeout_ms
 (membership/detector.py).
+
+Why a heartbeat every fault_timeout_ms / 5: a detector then suspects a peer only after
+four heartbeats in a row went missing (the ratio the membership simulator checks), and
+an idle group costs what its heartbeats cost: every heartbeat is a Python event at every
+member (one multicast send, a receive at each peer). At 5 ms with a 100 ms timeout an
+idle agent of a 3-replica group used ~9 % of a core, at 20 ms ~4 %, with the same
+failover times (docs/BENCHMARKS.md, "A quieter idle group"). A shorter timeout brings
+shorter heartbeats with it.
 
 Relative paths (key_file, runtime_dir) are relative to the configuration file's folder.
 Every fault is a `ConfigError` whose str() is one line naming the file and what to fix;
@@ -45,6 +54,7 @@ from dataclasses import dataclass, field
 
 from llft.runtime.transport import GroupAddress, GroupMap
 
+HEARTBEATS_PER_TIMEOUT = 5       # default heartbeat_ms = fault_timeout_ms / this
 GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 GATEWAY_SUFFIX = ".gateway"
 
@@ -81,7 +91,7 @@ class ClusterConfig:
     interface: str
     ttl: int = 1
     runtime_dir: str = ""
-    heartbeat_ms: float = 5.0
+    heartbeat_ms: float = 100.0 / HEARTBEATS_PER_TIMEOUT
     fault_timeout_ms: float = 100.0
     groups: dict[str, GroupConfig] = field(default_factory=dict)
 
@@ -225,6 +235,8 @@ def parse(raw: dict, path: str = "<config>") -> ClusterConfig:
         relay = (_number(path, f"{where} grpc_relay_port", g["grpc_relay_port"], 1, 65535, True)
                  if "grpc_relay_port" in g else GroupConfig.default_relay_port(name))
         groups[name] = GroupConfig(name, addr, int(port), gw, int(relay))
+    timeout_ms = float(_number(path, "[cluster] fault_timeout_ms",
+                               cl.get("fault_timeout_ms", 100.0), 2, 60_000))
     return ClusterConfig(
         path=path,
         key_file=os.path.join(base, key_file),
@@ -232,9 +244,9 @@ def parse(raw: dict, path: str = "<config>") -> ClusterConfig:
         ttl=int(_number(path, "[cluster] ttl", cl.get("ttl", 1), 0, 255, True)),
         runtime_dir=os.path.join(base, runtime_dir),
         heartbeat_ms=float(_number(path, "[cluster] heartbeat_ms",
-                                   cl.get("heartbeat_ms", 5.0), 0.5, 1000)),
-        fault_timeout_ms=float(_number(path, "[cluster] fault_timeout_ms",
-                                       cl.get("fault_timeout_ms", 100.0), 2, 60_000)),
+                                   cl.get("heartbeat_ms", max(0.5, timeout_ms / HEARTBEATS_PER_TIMEOUT)),
+                                   0.5, 1000)),
+        fault_timeout_ms=timeout_ms,
         groups=groups)
 
 

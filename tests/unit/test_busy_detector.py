@@ -377,6 +377,29 @@ def test_a_member_whose_heartbeats_are_carried_sends_none_and_still_forgives_a_s
     assert c.status is Status.BACKUP and not sent(c, MsgType.PROPOSE_PRIMARY)
 
 
+def test_carried_heartbeats_are_the_ticks_one_wake_up_per_interval():
+    """Messaging's heartbeat timer runs at its own phase; once its heartbeats are carried,
+    membership's tick falls due with them: the two cores wake the loop once per interval,
+    not twice (an idle agent's cost is its wake-ups)."""
+    c = core_in(Status.BACKUP, 105, ((100, 1), (105, 2), (111, 3)))
+    c.handle_timer(0)
+    c.take_actions()
+    wakeups, mg_next, now = [], HB // 3, 0           # messaging's phase: a third of one off
+    while now < 100 * MS:
+        now = min(c.next_timer_us(), mg_next)
+        wakeups.append(now)
+        if c.next_timer_us() <= now:
+            c.handle_timer(now)
+        if mg_next <= now:
+            c.heartbeat_carried(hb(105, 2, 2), now)
+            c.handle_message(hb(100, 1, 1), now)
+            c.handle_message(hb(111, 3, 3), now)
+            mg_next = now + HB
+        c.take_actions()
+    assert len(wakeups) <= 100 * MS // HB + 2
+    assert c.stalls == 0 and c.status is Status.BACKUP
+
+
 def test_own_heartbeats_resume_within_one_and_a_half_intervals_when_none_is_carried():
     c = core_in(Status.BACKUP, 105, ((100, 1), (105, 2)))
     c.handle_timer(c.next_timer_us())

@@ -30,7 +30,14 @@ def test_minimal_file_has_sound_defaults(tmp_path):
     assert cfg.key_file == str(tmp_path / "cluster.key")     # relative to the file
     gm = cfg.group_map()
     assert gm.address("counter.gateway").port == 47001
-    assert cfg.heartbeat_ms == 5 and cfg.fault_timeout_ms == 100
+    assert cfg.heartbeat_ms == 20 and cfg.fault_timeout_ms == 100
+    # the heartbeat follows the timeout unless it is set
+    short = config.load(write(tmp_path, MINIMAL.replace(
+        "[cluster]", "[cluster]\nfault_timeout_ms = 25"), "s.toml"))
+    assert short.heartbeat_ms == 5
+    both = config.load(write(tmp_path, MINIMAL.replace(
+        "[cluster]", "[cluster]\nfault_timeout_ms = 25\nheartbeat_ms = 2"), "h.toml"))
+    assert both.heartbeat_ms == 2
     # the gRPC relay's port: the same at every replica, outside the ephemeral range
     assert g.grpc_relay_port == config.GroupConfig.default_relay_port("counter")
     assert 20000 <= g.grpc_relay_port < 30000
