@@ -15,8 +15,8 @@ proxy, stopped). Per phase:
   throughput req/s with each of `--clients` request/reply clients (`--duration` s each),
              and CPU us per request of every process of the configuration (agents,
              apps, gateway; proxy and server for the baselines)
-  after load datagrams/s the group sends in the second after the last client stopped
-             (a quiet group: ~ its idle rate)
+  after load datagrams/s the group sends in the first and in the second second after
+             the last client stopped (a quiet group: back to its idle rate in the second)
   conn/req   req/s with each of `--conn-clients` clients opening a connection per
              request (connect, 1 KB, FIN, the echo, the server's close)
 Ratios are to the proxy (the one-hop forwarder) measured in the same phase.
@@ -137,15 +137,19 @@ def measure_idle(setup: Setup, target, seconds: float) -> dict:
             "datagrams_per_s": (d1 - d0) / wall}
 
 
-def measure_after_load(target) -> float:
-    """Datagrams/s the group sent in the second after the load stopped."""
+def measure_after_load(target) -> tuple[float, float]:
+    """Datagrams/s the group sent in the first and in the second second after the load
+    stopped (the streams' ends and the last acknowledgements fall in the first; a quiet
+    group is back to its idle rate in the second)."""
     t0 = time.monotonic()
     _wait_status_fresh(target, t0)
-    d0, w0 = _datagrams(target), time.monotonic()
-    time.sleep(1.0)             # the measured interval itself
-    t1 = time.monotonic()
-    _wait_status_fresh(target, t1)
-    return (_datagrams(target) - d0) / (time.monotonic() - w0)
+    marks = [(_datagrams(target), time.monotonic())]
+    for _ in range(2):
+        time.sleep(1.0)         # the measured interval itself
+        t1 = time.monotonic()
+        _wait_status_fresh(target, t1)
+        marks.append((_datagrams(target), time.monotonic()))
+    return tuple((d1 - d0) / (w1 - w0) for (d0, w0), (d1, w1) in zip(marks, marks[1:]))
 
 
 # --------------------------------------------------------------------- command --------
@@ -202,7 +206,9 @@ def run(args) -> int:
                                     for n in procs)
                     if idle_rows and t.cluster is not None and c == clients[-1]:
                         # also (especially) when the load failed: is the group quiet?
-                        idle_rows[-1]["after_load_datagrams_per_s"] = measure_after_load(t)
+                        (idle_rows[-1]["after_load_datagrams_per_s"],
+                         idle_rows[-1]["after_load_2nd_s_datagrams_per_s"]) = \
+                            measure_after_load(t)
                 for c in conn_clients:
                     acc = {}
                     for x in targets:
@@ -243,9 +249,10 @@ def run(args) -> int:
     for row in rows:
         cpu_table.add(**row)
     idle_cols = ["config", "replicas", "agent_cpu_pct_max", "agent_cpu_pct_mean",
-                 "gateway_cpu_pct", "datagrams_per_s", "after_load_datagrams_per_s"]
+                 "gateway_cpu_pct", "datagrams_per_s", "after_load_datagrams_per_s",
+                 "after_load_2nd_s_datagrams_per_s"]
     idle_table = report.Table("echo_idle", f"Idle group ({args.idle_s:g} s, no load) and the "
-                              "second after the last load stopped", idle_cols)
+                              "two seconds after the last load stopped", idle_cols)
     for row in idle_rows:
         idle_table.add(**row)
     for tb in (table, cpu_table, idle_table):

@@ -224,6 +224,8 @@ class Agent:
         self.driver = Driver(self.endpoint, self.node, on_action=self._on_action)
         self._handlers = self._action_handlers()
         self.stop_event = asyncio.Event()
+        self._joining = asyncio.Event()     # set while not a member: the founding guard's
+        self._joining.set()
         self.exit_code = 0
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("LLFT_")}
         # the app's gRPC client channels are relayed (determinizer/grpcrelay/): the
@@ -480,6 +482,10 @@ class Agent:
             raise TypeError(f"llft run: {a!r} is not a node action")
         t0 = time.monotonic()
         handler(a)
+        if self.node.status in mb.MEMBER_STATUSES:
+            self._joining.clear()
+        else:
+            self._joining.set()
         ms = (time.monotonic() - t0) * 1000
         if ms >= SLOW_ACTION_MS:        # the loop (and so the heartbeats) stood still
             self._count("slow_actions")
@@ -919,6 +925,7 @@ class Agent:
 
     async def _founding_guard_loop(self) -> None:
         while True:
+            await self._joining.wait()          # a member has nothing to guard: no wake-ups
             await asyncio.sleep(FOUNDING_GUARD_S)
             if self.node.status not in mb.MEMBER_STATUSES:
                 # read by a helper thread: a busy file system must not stall the loop

@@ -100,5 +100,6 @@ def test_echo_quick(tmp_path):
         assert r["conn_rps_1"] and r["conn_rps_16"], r
     (idle,) = read_csv(os.path.join(out, "echo_idle.csv"))
     assert idle["config"] == "llft_1r" and idle["agent_cpu_pct_max"] != ""
+    assert idle["after_load_datagrams_per_s"] and idle["after_load_2nd_s_datagrams_per_s"]
     cpu = read_csv(os.path.join(out, "echo_cpu.csv"))
     assert "gateway=" in cpu[2]["cpu_us_per_req_1"] and "r1=" in cpu[2]["cpu_us_per_req_1"]
