@@ -135,11 +135,11 @@ def test_checker_catches_a_duplicate_delivery(monkeypatch):
 def test_a_new_primary_catches_its_backups_up():
     # a schedule where a new primary recovered order info in phase 2 that a backup never
     # had; it re-sends the old view's tail before its view marker (node.py, "Catch-up")
-    # and the backup delivers those entries. Schedule 214 of `llft simulate replica
-    # --seed 2` (it was schedule 74 of --seed 4 until takeovers waited for a remote
-    # group's answer, which moved every takeover by a round trip; 1 of the first 900
-    # schedules of seeds 4, 2 and 1 takes this path now)
-    o = rc.CAMPAIGN.outcome(10045355992224552626, {})
+    # and the backup delivers those entries. Schedule 300 of `llft simulate replica
+    # --seed 2` (it was schedule 214 until backups reported a watermark rise covering
+    # no data with their next heartbeat, and schedule 74 of --seed 4 until takeovers
+    # waited for a remote group's answer: each moved the timing of every takeover)
+    o = rc.CAMPAIGN.outcome(6289870509813320896, {})
     assert o.violations == []
     assert o.stats["catch_up_sent"] >= 1 and o.stats["caught_up_entries"] >= 1
 

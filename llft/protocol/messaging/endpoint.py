@@ -181,6 +181,7 @@ class MessagingEndpoint:
         self.backups: list[int] = []
         self.clock = 0                      # Lamport clock
         self.gw = 0                         # mygroupwatermark (backups: as told by primary)
+        self.max_data_ts = 0                # highest ts of data kept on any connection
         self.conns: dict[ConnId, Connection] = {}
         self._conn_order: dict[ConnId, int] = {}    # position in conns (timer firing order)
         self._told_us: dict[str, int] = {}  # remote group -> last trailer stating `others`
@@ -575,7 +576,13 @@ class MessagingEndpoint:
                         told.add(c.remote)
                         self.timers.arm_earlier(Timer.KEEPALIVE, c.cid, soon)
                         c.send.ka_urgent = True
-        elif self.timers.due(Timer.WATERMARK_REPORT) is None and self.backups:
+        elif (self.timers.due(Timer.WATERMARK_REPORT) is None and self.backups
+              and self.max_data_ts > self.reported_w):
+            # Soon only if the rise may cover data (what the group watermark frees: the
+            # members' received lists, the backups' deliveries, a remote sender's window).
+            # A rise that only follows the remote keep-alives' timestamps waits for our
+            # next heartbeat, which carries it: with idle connections open, a report per
+            # keep-alive was most of an idle group's traffic.
             if self.timestamp_watermark() > self.reported_w:
                 self.timers.set(Timer.WATERMARK_REPORT, None,
                                 self._now + self.config.watermark_report_us)
@@ -904,6 +911,8 @@ class MessagingEndpoint:
         for m in rx.take_contiguous():
             c.recv.keep_received(m)
             c.recv.held.append(m)
+            if m.ts > self.max_data_ts:
+                self.max_data_ts = m.ts
         self._release_held(c)
         c.recv.advance_ts(rx)
         c.recv.drop_old_view_if_done()
