@@ -526,11 +526,11 @@ class Membership:
         It is also this core's tick (the loop ran: `_observe_clock`), so our next tick
         falls due with the other core's next heartbeat: one wake-up per interval for
         both, not two (an idle agent's cost is its wake-ups)."""
-        if self._started and msg.type is MsgType.HEARTBEAT and msg.sender == self.birth:
-            self._observe_clock(now_us, tick=True)
-        if (self._started and self.is_member() and msg.type is MsgType.HEARTBEAT
-                and msg.sender == self.birth and msg.pvn == self.pvn
-                and msg.precedence == self.precedence and msg.body == self._heartbeat_body()):
+        if not (self._started and msg.type is MsgType.HEARTBEAT and msg.sender == self.birth):
+            return
+        self._observe_clock(now_us, tick=True)
+        if (self.is_member() and msg.pvn == self.pvn and msg.precedence == self.precedence
+                and msg.body == self._heartbeat_body()):
             self._heartbeat_sent(now_us, self.cfg.heartbeat_interval_us // 2)
             self.heartbeats_carried += 1
 

@@ -4,8 +4,8 @@
  * threading.Lock/RLock and everything built on them) and the pthread mutexes of C
  * extensions (pthread_mutex_init/destroy/lock/trylock/timedlock), but orders only
  * those initialised after Py_IsInitialized(): the GIL, the runtime's HEAD_LOCK and the
- * pending-call lock are created during start-up and are never ordered; so is the
- * import lock, which is registered when a second thread is about to exist
+ * pending-call lock are created during start-up and are never ordered. The import lock
+ * is created then too, but is registered when a second thread is about to exist
  * (import_lock_order_start). Claims are ordered (success, try-lock failure, timed-wait timeout);
  * releases need no order. A backup really acquires a claim the primary won, after
  * its turn has come in the lock's queue.

@@ -52,7 +52,7 @@ from llft import EXAMPLES_DIR
 from llft.bench import report
 from llft.bench.service import cluster_settings
 from llft.runtime import keys
-from llft.runtime.config import HEARTBEATS_PER_TIMEOUT
+from llft.runtime.config import default_heartbeat_ms
 from llft.tools.procs import ProcGroup, random_group_addresses
 
 STARTUP_TIMEOUT_S = 30.0
@@ -355,9 +355,8 @@ def run(args) -> int:
     if args.quick:
         args.runs, args.service_kills = 2, 2
     if args.heartbeat_ms is None:
-        args.heartbeat_ms = max(0.5, args.timeout_ms / HEARTBEATS_PER_TIMEOUT)
-    svc_hb = args.service_heartbeat_ms or max(0.5, args.service_timeout_ms
-                                              / HEARTBEATS_PER_TIMEOUT)
+        args.heartbeat_ms = default_heartbeat_ms(args.timeout_ms)
+    svc_hb = args.service_heartbeat_ms or default_heartbeat_ms(args.service_timeout_ms)
     sizes = [int(s) for s in args.replicas.split(",") if s.strip()]
     svc_sizes = [int(s) for s in args.service_replicas.split(",") if s.strip()]
     raw = report.Table("failover_runs", "Failover runs", ["replicas", "run", "detection_ms",

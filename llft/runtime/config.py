@@ -55,6 +55,14 @@ from dataclasses import dataclass, field
 from llft.runtime.transport import GroupAddress, GroupMap
 
 HEARTBEATS_PER_TIMEOUT = 5       # default heartbeat_ms = fault_timeout_ms / this
+DEFAULT_FAULT_TIMEOUT_MS = 100.0
+
+
+def default_heartbeat_ms(fault_timeout_ms: float) -> float:
+    """heartbeat_ms when the file does not set it (the module docstring says why)."""
+    return max(0.5, fault_timeout_ms / HEARTBEATS_PER_TIMEOUT)
+
+
 GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 GATEWAY_SUFFIX = ".gateway"
 
@@ -91,8 +99,8 @@ class ClusterConfig:
     interface: str
     ttl: int = 1
     runtime_dir: str = ""
-    heartbeat_ms: float = 100.0 / HEARTBEATS_PER_TIMEOUT
-    fault_timeout_ms: float = 100.0
+    heartbeat_ms: float = default_heartbeat_ms(DEFAULT_FAULT_TIMEOUT_MS)
+    fault_timeout_ms: float = DEFAULT_FAULT_TIMEOUT_MS
     groups: dict[str, GroupConfig] = field(default_factory=dict)
 
     def group(self, name: str) -> GroupConfig:
@@ -236,7 +244,7 @@ def parse(raw: dict, path: str = "<config>") -> ClusterConfig:
                  if "grpc_relay_port" in g else GroupConfig.default_relay_port(name))
         groups[name] = GroupConfig(name, addr, int(port), gw, int(relay))
     timeout_ms = float(_number(path, "[cluster] fault_timeout_ms",
-                               cl.get("fault_timeout_ms", 100.0), 2, 60_000))
+                               cl.get("fault_timeout_ms", DEFAULT_FAULT_TIMEOUT_MS), 2, 60_000))
     return ClusterConfig(
         path=path,
         key_file=os.path.join(base, key_file),
@@ -244,7 +252,7 @@ def parse(raw: dict, path: str = "<config>") -> ClusterConfig:
         ttl=int(_number(path, "[cluster] ttl", cl.get("ttl", 1), 0, 255, True)),
         runtime_dir=os.path.join(base, runtime_dir),
         heartbeat_ms=float(_number(path, "[cluster] heartbeat_ms",
-                                   cl.get("heartbeat_ms", max(0.5, timeout_ms / HEARTBEATS_PER_TIMEOUT)),
+                                   cl.get("heartbeat_ms", default_heartbeat_ms(timeout_ms)),
                                    0.5, 1000)),
         fault_timeout_ms=timeout_ms,
         groups=groups)
