@@ -29,7 +29,7 @@ import time
 from llft.runtime import config as config_mod
 from llft.runtime import keys
 from llft.tools.procs import read_event
-from llft.runtime.status import group_status
+from llft.runtime.status import group_status, read_files
 
 POLL_S = 0.01
 
@@ -146,8 +146,31 @@ class LocalCluster:
     def __enter__(self) -> "LocalCluster":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:
+            # a failing test's report shows what the group was doing when it gave up
+            # (its temporary folder is gone by the time anyone reads a CI log)
+            try:
+                print(self.diagnosis(), file=sys.stderr)
+            except Exception as e:              # noqa: BLE001 (never mask the failure)
+                print(f"(no diagnosis: {e!r})", file=sys.stderr)
         self.stop()
+
+    def diagnosis(self, lines: int = 6, width: int = 2000) -> str:
+        """Each process's state and log tail, each live status file in one line."""
+        out = ["--- LocalCluster diagnosis ---"]
+        for name, p in self.procs.items():
+            rc = p.poll()
+            out.append(f"[{name}] pid {p.pid} {'running' if rc is None else f'exited {rc}'}")
+            out += ["  " + ln[:300] for ln in self.log_tail(name).splitlines()[-lines:]]
+        agents, gateways, _ = read_files(self.cfg.status_dir(self.group))
+        for st in agents + gateways:
+            first = ("kind", "role", "pvn", "connections_open", "streams", "clients",
+                     "connections", "messaging", "counters")
+            st = {**{k: st[k] for k in first if k in st},
+                  **{k: v for k, v in st.items() if k not in ("events", "members")}}
+            out.append("status " + json.dumps(st, separators=(",", ":"), default=str)[:width])
+        return "\n".join(out)
 
     # ---- status ---------------------------------------------------------------------------
     def status(self) -> dict:
