@@ -106,6 +106,12 @@ def _datagrams(target) -> int:
     return sum(a.get("transport", {}).get("sent_datagrams", 0) for a in _agents(target))
 
 
+def _group_mark(target) -> tuple[int, set[int]]:
+    """(highest view number, births) of the group's live agents now."""
+    agents = _agents(target)
+    return max((a.get("pvn") or 0 for a in agents), default=0), {a["birth"] for a in agents}
+
+
 def _wait_status_fresh(target, after: float, timeout_s: float = 5.0) -> None:
     """Until every agent's status file was written after monotonic time `after`."""
     deadline = time.monotonic() + timeout_s
@@ -178,6 +184,7 @@ def run(args) -> int:
                 if t.error is None:
                     idle = measure_idle(setup, t, args.idle_s)
                     idle_rows.append({"config": t.name, "replicas": r, **idle})
+                mark = _group_mark(t) if t.error is None else None
                 lat: dict = {}
                 measure_round_trips(targets, [SIZE], os.urandom,
                                     lambda reply, req: reply == req, lambda s: f"{s} B",
@@ -219,6 +226,13 @@ def run(args) -> int:
                         a = acc.get((phase, x.name, c))
                         if a and a["elapsed_s"] > 0 and x.error is None:
                             per[x.name][f"conn_rps_{c}"] = a["replies"] / a["elapsed_s"]
+                if mark is not None and t.cluster is not None:
+                    # churn under load (false suspicions, resets): the view number and
+                    # the births of the members, before the latency run and after the
+                    # last load; a healthy group ends in the view it started in
+                    pvn, births = _group_mark(t)
+                    per[t.name]["view_changes"] = pvn - mark[0]
+                    per[t.name]["replicas_replaced"] = len(births - mark[1])
                 for x in targets:
                     per[x.name]["error"] = x.error or ""
                     rows.append(per[x.name])
@@ -238,7 +252,7 @@ def run(args) -> int:
     cols = (["phase", "config", "replicas", "p50_us", "p99_us", "p50_vs_proxy"]
             + [k for c in clients for k in (f"rps_{c}", f"rps_{c}_vs_proxy")]
             + [k for c in conn_clients for k in (f"conn_rps_{c}", f"conn_rps_{c}_vs_proxy")]
-            + ["error"])
+            + ["view_changes", "replicas_replaced", "error"])
     table = report.Table("echo", f"1 KB echo: latency (1 client, {args.rounds} round trips) "
                          f"and throughput ({args.duration:g} s per client count); ratios to "
                          "the forwarder of the same phase", cols)
@@ -273,7 +287,9 @@ def run(args) -> int:
              "(one hop, no replication). llft_Nr: N replicas under `llft run` with the "
              "DEFAULT configuration behind `llft gateway`. Idle CPU from psutil cpu_times "
              "of each agent; datagrams from the agents' transport counters. conn_rps_N: N "
-             "clients, each request on a connection of its own.")
+             "clients, each request on a connection of its own. view_changes, replicas_replaced: "
+             "the group's view number and new member births from before the latency run "
+             "to after the last load (0 and 0: no false suspicion, no reset under load).")
     if failed:
         notes += "\n\nFailed: " + "; ".join(f"{t.name}: {t.detail}" for t in failed)
     md = report.write_markdown(args.results, "echo", [table.markdown(), cpu_table.markdown(),

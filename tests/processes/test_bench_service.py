@@ -89,7 +89,7 @@ def test_failover_quick(tmp_path, soak):
 @pytest.mark.slow
 def test_echo_quick(tmp_path):
     """`llft bench echo --quick`: every configuration measured (also with a connection
-    per request), idle row written."""
+    per request), idle row written, the group's churn counted."""
     out = str(tmp_path / "results")
     assert main(["bench", "echo", "--quick", "--results", out]) == 0
     rows = read_csv(os.path.join(out, "echo.csv"))
@@ -98,6 +98,8 @@ def test_echo_quick(tmp_path):
         assert r["error"] == "", r
         assert r["p50_us"] and r["p99_us"] and r["rps_1"] and r["rps_16"], r
         assert r["conn_rps_1"] and r["conn_rps_16"], r
+    # a lone replica has no one to suspect it: its view and birth never change
+    assert (rows[2]["view_changes"], rows[2]["replicas_replaced"]) == ("0", "0"), rows[2]
     (idle,) = read_csv(os.path.join(out, "echo_idle.csv"))
     assert idle["config"] == "llft_1r" and idle["agent_cpu_pct_max"] != ""
     assert idle["after_load_datagrams_per_s"] and idle["after_load_2nd_s_datagrams_per_s"]
