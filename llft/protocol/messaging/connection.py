@@ -250,12 +250,25 @@ class ReceiveSide:
         self.told_delivered = 0             # `delivered` in our last trailer on this conn
 
     def gap_before(self) -> int | None:
-        """The lowest offset we hold beyond `delivered` (bytes ahead of a gap, or a held
-        message past it), or None: with a gap, the bytes [delivered, that) are missing."""
-        first = [min(self.ahead)] if self.ahead else []     # all beyond `delivered`
-        if self.held and self.held[0].body["offset"] > self.delivered:
-            first.append(self.held[0].body["offset"])
-        return min(first) if first else None
+        """The lowest offset we hold beyond a gap (bytes ahead of `delivered`, or a held
+        message past what `delivered` and the held messages before it reach), or None:
+        with a gap, the bytes [delivered, that) are not all here. The held list itself
+        may have a hole: a new remote primary whose log lost bytes the old one sent
+        resumes with an empty marker at the resend point and its first data past the
+        hole; a watermark that saw only the first held message reported the hole as
+        received, and the primary dropped the bytes its backup then asked it for."""
+        first = min(self.ahead) if self.ahead else None     # all beyond `delivered`
+        reach = self.delivered
+        for m in self.held:
+            off = m.body["offset"]
+            if first is not None and off >= first:
+                break
+            if off > reach:
+                return off if first is None else min(off, first)
+            end = off + len(m.body["data"])
+            if end > reach:
+                reach = end
+        return first
 
     @property
     def finished(self) -> bool:
@@ -440,7 +453,15 @@ def _cut_log(log: deque[tuple[int, int, bytes]], resend_from: int) -> deque[tupl
     # the remote group where our stream stands (members behind it ask for the rest),
     # and it keeps the numbering identical at the new primary and at its backups
     # whatever each of their applications has written so far
-    keep: deque[tuple[int, bytes]] = deque([(resend_from, b"")])
+    # When the log lost bytes past the resend point (a backup trims below the remote
+    # primary's delivered offset minus a window: every remote member has received them,
+    # though one may not have delivered them yet), the marker goes where the log starts:
+    # the receivers take the hole's bytes from the old view below it (the group's
+    # history: we logged them too) instead of waiting for a resend that never comes.
+    start = resend_from
+    if log and log[0][1] > resend_from:
+        start = log[0][1]
+    keep: deque[tuple[int, bytes]] = deque([(start, b"")])
     for _, off, data in log:
         if off + len(data) <= resend_from:
             continue
