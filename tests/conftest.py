@@ -14,6 +14,12 @@ import os
 
 import pytest
 
+from llft.protocol.messaging import endpoint as messaging_endpoint
+
+# the messaging core's incremental timestamp watermark is compared with its definition
+# on every call in every in-process test (the simulator campaigns above all)
+messaging_endpoint.CHECK_WATERMARK = True
+
 KINDS = ("unit", "sim", "processes", "spark")
 
 

@@ -253,6 +253,11 @@ class Campaign:
                             help="run a scenario script and compare with its `expect` lines")
 
     def run(self, args: argparse.Namespace) -> int:
+        # checking is what a simulation is for: the messaging core's incremental
+        # watermark against its definition on every call (a mismatch is a crash of the
+        # core: a violation with its seed)
+        from llft.protocol.messaging import endpoint
+        endpoint.CHECK_WATERMARK = True
         if args.scenario is not None:
             return self._scenario(Path(args.scenario))
         params = {p.key: getattr(args, p.key) for p in self.params}

@@ -134,6 +134,7 @@ tables below. No clock, no I/O, no randomness here.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import zlib
 from collections import deque
 from typing import Any
@@ -158,6 +159,9 @@ from llft.protocol.messaging.trailer import (Section, pack_trailer, section_end,
                                              unpack_trailer)
 
 
+# compare the incremental timestamp watermark with its definition on every call (the
+# simulator and the tests turn it on: O(connections) per call)
+CHECK_WATERMARK = False
 # an idle connection's own keep-alive: at least every 4 intervals, backing off to 16 while
 # no data moves on it (many idle connections to one group then cost little)
 KEEPALIVE_OWN_EVERY = 4
@@ -183,6 +187,14 @@ class MessagingEndpoint:
         self.gw = 0                         # mygroupwatermark (backups: as told by primary)
         self.max_data_ts = 0                # highest ts of data kept on any connection
         self.conns: dict[ConnId, Connection] = {}
+        # the timestamp watermark, kept incrementally (timestamp_watermark): each known
+        # connection's term, a heap of (term, id, connection) with stale entries left in
+        # it, and the connections whose term may have changed since it was last computed
+        self._wm_terms: dict[Connection, int] = {}
+        self._wm_heap: list[tuple[int, int, Connection]] = []
+        self._wm_dirty: set[Connection] = set()
+        # connections whose received list is not empty (what the group watermark frees)
+        self._holding: set[Connection] = set()
         self._conn_order: dict[ConnId, int] = {}    # position in conns (timer firing order)
         self._told_us: dict[str, int] = {}  # remote group -> last trailer stating `others`
         self._rtos: dict[str, RtoEstimator] = {}    # remote group -> its RTO estimate
@@ -460,6 +472,7 @@ class MessagingEndpoint:
             if c.send.end is not None:
                 self._ending.add(cid)
             c.mark_known()
+            self._wm_dirty.add(c)
             self._digest_changed()
             # bytes the application wrote (our end marker is not one of them)
             produced[cid] = c.send.out_offset if c.send.end is None else c.send.end
@@ -501,7 +514,9 @@ class MessagingEndpoint:
             elif kind is Timer.NACK:
                 local_nacks.extend(self._nack(self.conns[key]))
             else:
-                getattr(self, _CONNECTION_TIMER_HANDLERS[kind])(self.conns[key])
+                c = self.conns[key]
+                self._wm_dirty.add(c)
+                getattr(self, _CONNECTION_TIMER_HANDLERS[kind])(c)
         for k in due:
             self.timers.keep(k)                     # still set: back into the heap
         if local_nacks:
@@ -593,7 +608,7 @@ class MessagingEndpoint:
         it is (its KEEP_ALIVE carries a fresh timestamp), instead of waiting for its
         periodic keep-alive. Bounded: one request per connection per first_ack_retry_us."""
         need = 0
-        for c in self.conns.values():
+        for c in self._holding:
             if c.recv.received and c.recv.received[-1].ts > need:
                 need = c.recv.received[-1].ts
         if not need or self.gw >= need:
@@ -673,6 +688,7 @@ class MessagingEndpoint:
         primary tells (its view, that the connection is live, its group watermark, its
         ack, how far it delivered our stream), then the handler of this message type
         for our role, then the trailer (sent-up-to, order info)."""
+        self._wm_dirty.add(c)
         t = msg.type
         if (t in DATA_TYPES and msg.body["flags"] & STREAM_END and msg.body["data"]
                 and c.recv.end is None):
@@ -845,6 +861,7 @@ class MessagingEndpoint:
 
     def _declared(self, c: Connection, rx: ReceiveSequence, sent_upto: int, ts: int) -> None:
         """The remote primary had sent msns up to `sent_upto` on `c` when it stamped `ts`."""
+        self._wm_dirty.add(c)
         if sent_upto >= c.recv.declared[0] or ts > c.recv.declared[1]:
             c.recv.declared = (max(sent_upto, c.recv.declared[0]), max(ts, c.recv.declared[1]))
         self._expect(c, rx, sent_upto)
@@ -876,6 +893,7 @@ class MessagingEndpoint:
     def _new_remote_view(self, c: Connection, pvn: int, flush: bool) -> None:
         # a backup keeps filling the old view's gaps locally (unless phase 2 flushed it)
         first = c.recv.view is None
+        self._wm_dirty.add(c)
         c.recv.new_view(pvn, keep_old_gaps=not flush and not self.is_primary)
         self._digest_changed()
         if first:
@@ -883,6 +901,7 @@ class MessagingEndpoint:
 
     # ------------------------------------------------------------------ receiving ---
     def _rx_data(self, c: Connection, rx: ReceiveSequence, msg: Message) -> None:
+        self._wm_dirty.add(c)
         m = msg.msn
         if m <= rx.upto or rx.slots.get(m) is not None:
             self._count("dup_data")
@@ -908,8 +927,10 @@ class MessagingEndpoint:
             self.timers.arm(Timer.NACK, c.cid, self._now + self.config.nack_delay_us)
 
     def _advance(self, c: Connection, rx: ReceiveSequence) -> None:
+        self._wm_dirty.add(c)
         for m in rx.take_contiguous():
             c.recv.keep_received(m)
+            self._holding.add(c)
             c.recv.held.append(m)
             if m.ts > self.max_data_ts:
                 self.max_data_ts = m.ts
@@ -932,6 +953,7 @@ class MessagingEndpoint:
         on receipt), or, for an older remote view, below where the current remote
         primary resumed (our primary delivered those). The rest of an older view is not
         the group's and is dropped. A primary delivers on receipt."""
+        self._wm_dirty.add(c)
         held = c.recv.held
         cur = c.recv.view
         while held:
@@ -957,6 +979,7 @@ class MessagingEndpoint:
                 self._release_held(c)
 
     def _deliver(self, c: Connection, offset: int, data: bytes) -> None:
+        self._wm_dirty.add(c)
         end = offset + len(data)
         if c.recv.finished:
             self._count("after_end" if end > c.recv.delivered else "dup_bytes")
@@ -1017,6 +1040,7 @@ class MessagingEndpoint:
                             msn=c.send.next_msn)
             if not c.send.first_ts:
                 c.send.first_ts = msg.ts
+                self._wm_dirty.add(c)
             c.send.next_msn += 1
             c.send.sent.append(msg)
             c.send.sent_at[msg.msn] = self._now
@@ -1286,6 +1310,8 @@ class MessagingEndpoint:
             # watermark covered the remote's whole stream, so what we hold is the group's
             self._release_held(c, force=True)
         del self.conns[cid]
+        self._wm_dirty.add(c)               # its term goes at the next computation
+        self._holding.discard(c)
         self._ending.discard(cid)
         self.recent_frees.append(cid)
         for kind in CONNECTION_TIMERS:
@@ -1548,33 +1574,82 @@ class MessagingEndpoint:
 
     # ================================================================= watermarks ===
     def timestamp_watermark(self) -> int:
-        """mytimestampwatermark: min recv_ts over the connections this replica knows."""
-        w = None
-        for c in self.conns.values():
-            if c.known:
-                if c.recv.view is not None:
-                    ts = c.recv.view.ts
-                elif c.role is Role.CLIENT:
-                    # We opened it and never heard back: the remote can only answer
-                    # after receiving our first message, so above its ts (Lamport).
-                    # Without this, every just-opened connection pinned the watermark
-                    # at 0 and short connections starved everybody's garbage collection.
-                    ts = c.send.first_ts
+        """mytimestampwatermark: min recv_ts over the connections this replica knows.
+
+        Kept incrementally: every path that changes what a connection's term depends on
+        (its receive sequences, gaps, delivered offset, `known`, first ts; its freeing)
+        adds it to `_wm_dirty`, and only those terms are computed again here (the
+        minimum is the top of a heap with stale entries). It is asked several times per
+        message, and computing it over every connection each time was the primary's
+        largest cost with many connections open. With CHECK_WATERMARK (the simulator
+        and the tests) every call is compared with the plain minimum over all of them."""
+        if CHECK_WATERMARK:
+            expect = self._timestamp_watermark_full()
+        terms, heap = self._wm_terms, self._wm_heap
+        if self._wm_dirty:
+            conns = self.conns
+            for c in self._wm_dirty:
+                if c.known and conns.get(c.cid) is c:
+                    t = self._wm_term(c, clear=True)
+                    if terms.get(c) != t:
+                        terms[c] = t
+                        heapq.heappush(heap, (t, id(c), c))
                 else:
-                    ts = 0
-                if c.recv.old_view is not None or c.recv.gap_before() is not None:
-                    ts = 0          # a gap in the stream: nothing may be collected yet
-                elif c.recv.old_ts is not None:
-                    first = c.recv.view.first_offset if c.recv.view is not None else None
-                    if first is not None and c.recv.delivered >= first:
-                        c.recv.old_ts = None     # caught up with the new remote primary
-                    else:
-                        ts = min(ts, c.recv.old_ts)
-                if w is None or ts < w:
-                    w = ts
+                    terms.pop(c, None)
+            self._wm_dirty.clear()
+            if len(heap) > 4 * len(terms) + 64:         # mostly stale entries: rebuild
+                heap[:] = [(t, id(c), c) for c, t in terms.items()]
+                heapq.heapify(heap)
+        while heap and terms.get(heap[0][2]) != heap[0][0]:
+            heapq.heappop(heap)
         # no known connection: nothing to collect. 0, not the Lamport clock: the clock
         # rises with every message received, and a backup reporting it re-triggered a
         # report at every member for every heartbeat (a feedback loop of heartbeats)
+        w = heap[0][0] if heap else 0
+        if CHECK_WATERMARK:
+            assert w == expect, f"incremental timestamp watermark {w} != {expect}"
+        return w
+
+    def _wm_term(self, c: Connection, clear: bool) -> int:
+        """A known connection's term of the timestamp watermark; `clear`: forget the
+        frozen recv_ts of an old remote view once caught up with the new one."""
+        if c.recv.view is not None:
+            ts = c.recv.view.ts
+        elif c.role is Role.CLIENT:
+            # We opened it and never heard back: the remote can only answer after
+            # receiving our first message, so above its ts (Lamport). Without this,
+            # every just-opened connection pinned the watermark at 0 and short
+            # connections starved everybody's garbage collection.
+            ts = c.send.first_ts
+        else:
+            ts = 0
+        if c.recv.old_view is not None or c.recv.gap_before() is not None:
+            return 0            # a gap in the stream: nothing may be collected yet
+        if c.recv.old_ts is not None:
+            first = c.recv.view.first_offset if c.recv.view is not None else None
+            if first is not None and c.recv.delivered >= first:
+                if clear:
+                    c.recv.old_ts = None     # caught up with the new remote primary
+            else:
+                ts = min(ts, c.recv.old_ts)
+        return ts
+
+    def _timestamp_watermark_full(self) -> int:
+        """The definition, over every known connection (CHECK_WATERMARK). Also checks
+        that a connection left out of `_wm_dirty` has nothing to forget either."""
+        w = None
+        for c in self.conns.values():
+            if c.known:
+                t = self._wm_term(c, clear=False)
+                if c not in self._wm_dirty:
+                    assert self._wm_terms.get(c) == t, f"stale watermark term of {c.cid}"
+                    rv = c.recv.view
+                    assert not (c.recv.old_ts is not None and rv is not None
+                                and rv.first_offset is not None
+                                and c.recv.delivered >= rv.first_offset), \
+                        f"caught-up connection {c.cid} not marked for the watermark"
+                if w is None or t < w:
+                    w = t
         return 0 if w is None else w
 
     def group_watermark(self) -> int:
@@ -1626,8 +1701,12 @@ class MessagingEndpoint:
 
     def _gc_all_received(self) -> None:
         gw = self.group_watermark()
-        for c in self.conns.values():
+        emptied = []
+        for c in self._holding:
             c.recv.drop_received(gw)
+            if not c.recv.received:
+                emptied.append(c)
+        self._holding.difference_update(emptied)
 
     # =================================================================== helpers ===
     def rank(self) -> int:
@@ -1653,9 +1732,11 @@ class MessagingEndpoint:
             c.send.rto = rto
             self._conn_order[cid] = len(self.conns)
             self.conns[cid] = c
+            self._wm_dirty.add(c)
         return c
 
     def _mark_known(self, c: Connection) -> None:
+        self._wm_dirty.add(c)
         if c.mark_known():
             self._digest_changed()
             if self.is_primary and self.timers.due(Timer.KEEPALIVE, c.cid) is None:
@@ -1770,6 +1851,9 @@ class MessagingEndpoint:
         for kind, key in self.timers.keys():
             assert key is None or key in self.conns, f"timer {kind} of a freed connection {key}"
         assert all(cid in self.conns for cid in self._ending), "an ending connection was freed"
+        assert all(c in self._holding for c in self.conns.values() if c.recv.received), \
+            "a received list the group watermark would not free"
+        assert all(self.conns.get(c.cid) is c for c in self._holding), "freed and holding"
         self.order_info.check()
 
     def buffer_sizes(self) -> dict[str, int]:
