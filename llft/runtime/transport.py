@@ -22,6 +22,12 @@ on the send path, the receive path, or both.
 
 Multicast loss on one machine comes mostly from full socket buffers, so both buffers
 are raised (SO_RCVBUFFORCE/SO_SNDBUFFORCE when root, else up to the sysctl maximum).
+
+Datagram size: the encoder fragments a message to the MTU of the interface the endpoint
+sends from (`interface_mtu_bytes`: the link's MTU less the IP and UDP headers), so on
+loopback (MTU 65536) a reply with its piggybacked order info is one datagram, where the
+Ethernet-sized default of 1400 bytes cut most of them in two; every datagram costs a
+sendto that delivers it to each subscribed socket, and a receive at each of them.
 This is the I/O layer: it reads the monotonic clock and hands `now_us` to the decoder.
 """
 from __future__ import annotations
@@ -114,6 +120,22 @@ class GroupMap:
                 raise ValueError(f"bad group address {item!r}: expected GROUP=MCAST:PORT")
             gm.set(group, GroupAddress(host, int(port)))
         return gm
+
+
+def interface_mtu_bytes(interface: str) -> int:
+    """The UDP payload that fits one IP packet on the link whose address is `interface`
+    (its MTU less 28 bytes of IPv4 and UDP headers), within the wire format's bounds;
+    the Ethernet-sized default when the link cannot be found."""
+    try:
+        import psutil
+        for name, addrs in psutil.net_if_addrs().items():
+            if any(a.family == socket.AF_INET and a.address == interface for a in addrs):
+                st = psutil.net_if_stats().get(name)
+                if st is not None and st.mtu > 0:
+                    return max(wire.MIN_MTU_BYTES, min(st.mtu - 28, wire.MAX_DATAGRAM_BYTES))
+    except Exception:   # noqa: BLE001 -- no reading: the safe default
+        pass
+    return wire.DEFAULT_MTU_BYTES
 
 
 @dataclass
@@ -235,7 +257,7 @@ class Endpoint:
                  on_message: Callable[[Message], None], *,
                  groups: GroupMap | None = None, interface: str = DEFAULT_INTERFACE,
                  ttl: int = DEFAULT_TTL, multicast_loop: bool = True,
-                 mtu_bytes: int = wire.DEFAULT_MTU_BYTES,
+                 mtu_bytes: int | None = None,
                  unicast_bind: tuple[str, int] | None = None,
                  send_faults: Faults | None = None, recv_faults: Faults | None = None,
                  rcvbuf_bytes: int = DEFAULT_BUFFER_BYTES,
@@ -253,6 +275,9 @@ class Endpoint:
         self.decoder = decoder or wire.Decoder(key, self.listen_groups)
         # unchecked encoding (no pack/unpack/parse round trip per message): the simulator
         # checks every message the cores build; receivers still reject a bad one
+        # (mtu_bytes None: the interface's, see interface_mtu_bytes)
+        if mtu_bytes is None:
+            mtu_bytes = interface_mtu_bytes(interface)
         self.encoder = encoder or wire.Encoder(key, mtu_bytes=mtu_bytes, check=False)
         # With multicast loop on (needed for replicas sharing one host) a replica hears
         # its own multicasts; given its birth id, the endpoint drops those echoes.

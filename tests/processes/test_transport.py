@@ -71,14 +71,15 @@ async def finish_peer(proc):
 
 
 def test_multicast_between_processes_reaches_every_member():
-    """Two member processes of group svc each get all messages, big ones fragmented."""
+    """Two member processes of group svc each get all messages, big ones fragmented
+    (at an Ethernet-sized MTU: on loopback the interface's would carry them whole)."""
     addr = rand_group_address()
 
     async def main():
         n = 200
         peers = [await start_peer(addr, n) for _ in range(2)]
-        async with Endpoint(KEY, "cli", lambda m: None,
-                            groups=GroupMap({"svc": addr})) as sender:
+        async with Endpoint(KEY, "cli", lambda m: None, groups=GroupMap({"svc": addr}),
+                            mtu_bytes=1400) as sender:
             for msn in range(1, n + 1):
                 sender.send("svc", data_msg(msn, size=5000 if msn % 10 == 0 else 16))
                 if msn % 50 == 0:
@@ -240,8 +241,8 @@ def test_llft_sniff_decodes_live_traffic(tmp_path):
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         started = await asyncio.wait_for(proc.stderr.readline(), 20)
         assert b"capturing on lo" in started, started + await proc.stderr.read()
-        async with Endpoint(KEY, "cli", lambda m: None,
-                            groups=GroupMap({"svc": addr})) as tx:
+        async with Endpoint(KEY, "cli", lambda m: None, groups=GroupMap({"svc": addr}),
+                            mtu_bytes=1400) as tx:
             tx.send("svc", data_msg(1))
             tx.send("svc", data_msg(2, size=2000))           # two fragments
             tx.send_datagram("svc", encode(data_msg(3), os.urandom(32))[0])
