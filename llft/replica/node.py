@@ -381,9 +381,10 @@ class ReplicaNode:
             "log": {"input_bytes": self.input_bytes, "order_info_bytes": self.oi_log_bytes,
                     "entries": len(self.order_info_log), "cap_bytes": self.log_cap_bytes,
                     "cap_entries": self.log_cap_entries, "full": self.log_full},
-            # messaging connections held now, and the freed ones as ranges of seqs
-            "streams": {"open": len(e.conns), "closed_ranges": e.closed.ranges(),
-                        "freed": e.stats.get("freed", 0)},
+            # messaging connections (one per remote group: they carry the streams) held
+            # now, and the freed ones as ranges of seqs
+            "group_connections": {"open": len(e.conns), "closed_ranges": e.closed.ranges(),
+                                  "freed": e.stats.get("freed", 0)},
             "stats": {**dict(self.stats),
                       **{f"msg_{k}": v for k, v in self.messaging.stats.items()}},
         }

@@ -21,26 +21,47 @@ Parts. The agent coordinates; each part is defined apart:
   here               group connections to the app, order-info framing, output commit,
                      the process's life (signals, exit status)
 
-Group connections (docs/DESIGN.md, "Three kinds of connection"). The app listens on the
-group's `service_port`; the shim binds that listener to an ephemeral loopback port and
-publishes it (`Shm.group_port`). Each LLFT connection from a remote group (a gateway
-client, another group) becomes one real loopback TCP connection from the agent to that
-port: the agent writes the bytes messaging delivers and reads what the app writes, which
-it gives to messaging (the primary transmits, a backup logs: semi-active). The shim
-orders accept/read/write on those sockets: a backup accepts the same connections, reads
-the same byte counts and checks that it writes the same bytes (divergence detector).
+Group connections and their streams (docs/DESIGN.md, "Three kinds of connection" and
+"A group connection carries streams"). A remote group (a gateway, another group) opens
+one messaging connection to ours and carries every TCP connection of its side as a
+*stream* inside it (llft/protocol/streams.py: DATA, FIN and RST frames). The app listens
+on the group's `service_port`; the shim binds that listener to an ephemeral loopback port
+and publishes it (`Shm.group_port`). Each stream becomes one real loopback TCP connection
+from the agent to that port (an `AppConn`): the agent writes the stream's bytes and ends
+as the frames deliver them, and frames what the app writes back into the group
+connection's outbox (llft/runtime/outbox.py; the primary's output goes out, a backup's
+is logged: semi-active). The shim orders accept/read/write on those sockets: a backup
+accepts the same connections, reads the same byte counts and checks that it writes the
+same bytes (divergence detector). A stream whose two ends passed is freed (its socket
+closed once the app closed it too); the group connection stays, and its control
+traffic does not grow with the streams.
+
+The primary's framing is order information. The frames of one group connection
+interleave the streams in the order the primary's agent happened to read its app's
+sockets; a backup's agent reads them at other moments, and after a failover the new
+primary resends its log by offset of the group connection's byte stream, so every
+replica must frame identical bytes. The primary therefore records each frame it makes
+as an "F" entry, (stream k, bytes, or the end), in its order information before the
+frame goes out (output commit: the entry rides on, or before, the message that carries
+the frame); a backup frames its own app's output by those entries, in their order, as
+its app produces it.
 
 Order information. The agent frames its own entries inside the node's application
 order-info chunks (the node adds its tag byte around them):
 
     b"S" + shim entries      whole entries drained from the shim's ring (<= MAX_OI_PIECE)
-    b"C" + msgpack([k, remote_group, conn_seq, role])
-                             connection number k (0, 1, ...) is this messaging connection
+    b"C" + msgpack([k, remote_group, conn_seq, role, stream])
+                             stream number k (0, 1, ...) is this stream of this
+                             messaging connection
+    b"F" + (k u32, n i64)*   frames the primary made, in order: n bytes of stream k's
+                             app output, or its end (FRAME_FIN, FRAME_RST)
 
-A primary registers a connection (a "C" entry) when messaging first delivers on it, then
-connects it to the app; every replica connects the connections in the order of the "C"
+A primary registers a stream (a "C" entry) when its first frame is delivered, then
+connects it to the app; every replica connects the streams in the order of the "C"
 entries, so every app accepts them in the same order. A backup feeds "S" entries to its
-shim (a thread: the feeder blocks while the app is behind) and connects on "C" entries.
+shim (a thread: the feeder blocks while the app is behind), connects on "C" entries and
+frames on "F" entries. A promoted backup continues live only once it has made every
+frame its predecessor made.
 
 Output commit (docs/DESIGN.md, "Output commit"): before the primary hands the app's
 output to messaging it drains the shim's ring, so every order-info entry the output
@@ -130,6 +151,8 @@ from determinizer import orderinfo
 from determinizer.grpcrelay import Relay, relay_env
 from llft.protocol import messaging as mg
 from llft.protocol.messages import Role
+from llft.protocol.streams import (FrameDecoder, FrameError, Kind, StreamTable, data_frames,
+                                   frame)
 from llft.replica import actions
 from llft.replica import node as rp
 from llft.runtime import config as config_mod
@@ -139,6 +162,7 @@ from llft.runtime import status as status_files
 from llft.runtime.application import (AppMode, Application, raise_agent_priority,
                                       raise_fd_limit)
 from llft.runtime.driver import Driver
+from llft.runtime.outbox import Outbox
 from llft.runtime.tasks import TaskSet
 from llft.runtime.transport import Endpoint
 from membership import core as mb
@@ -148,7 +172,10 @@ MAX_OI_PIECE = 8 << 10           # order-info bytes per node chunk (entries kept
 READ_BYTES = 64 << 10            # app output read at a time, per connection
 TERM_FLUSH_S = 1.0               # SIGTERM at a primary: wait this long for backups' acks
 PROMOTE_CHECK_S = 0.002          # how often a promoting agent checks the app's progress
-TAG_SHIM, TAG_CONN = b"S", b"C"
+TAG_SHIM, TAG_CONN, TAG_FRAME = b"S", b"C", b"F"
+FRAME_ENTRY = struct.Struct("!Iq")   # an "F" entry: stream k, bytes (or an end, below)
+FRAME_FIN, FRAME_RST = -1, -2
+FRAMING_WAIT_LOG_S = 5.0         # a promotion waiting this long for the app's output: logged
 PIGGYBACK_BYTES = 16 << 10       # order info a message may carry (output commit, above)
 APP_STATE_VERSION = 1
 EXIT_TASK_FAILED = 70            # a background task of the agent failed (EX_SOFTWARE)
@@ -177,17 +204,41 @@ def _log(msg: str) -> None:
     log.info(msg)
 
 
+StreamKey = tuple[str, int, Role, int]    # (remote group, conn_seq, role, stream)
+
+
+@dataclass
+class GroupConn:
+    """One messaging connection from a remote group: its streams (llft/protocol/streams.py)
+    and the outbox of what our app writes back into it."""
+    cid: mg.ConnId
+    outbox: Outbox
+    streams: StreamTable = field(default_factory=lambda: StreamTable(remote_opens=True))
+    decoder: FrameDecoder = field(default_factory=FrameDecoder)
+    conns: dict[int, "AppConn"] = field(default_factory=dict)   # by stream id
+    ended_in: bool = False           # the remote side ended the whole connection
+    ending: bool = False             # our end of it goes once the outbox drained
+    freed: bool = False              # messaging freed it
+    broken: bool = False             # its frames broke the rules: nothing more is read
+
+
 @dataclass
 class AppConn:
-    """One group connection as the app sees it: a loopback TCP connection from us."""
-    cid: mg.ConnId
+    """One stream as the app sees it: a loopback TCP connection from us."""
+    key: StreamKey
+    gc: GroupConn
     index: int = -1                  # k of its "C" entry; -1 while unregistered
     pending: bytearray = field(default_factory=bytearray)   # delivered, not yet written
     writer: asyncio.StreamWriter | None = None
     reader_task: asyncio.Task | None = None
-    end: bool | None = None          # the remote stream ended: abort?  (None: not yet)
-    app_done: bool = False           # the app closed its side (our reader saw the end)
-    freed: bool = False              # messaging freed the connection
+    end: bool | None = None          # the remote side's end passed: abort?  (None: not yet)
+    app_end: bool | None = None      # the app closed its side (our reader saw it): abort?
+    out: bytearray = field(default_factory=bytearray)   # backup: read, not yet framed
+    void: bool = False               # backup: reset by the remote; its output is read by nobody
+
+    @property
+    def stream(self) -> int:
+        return self.key[3]
 
 
 class Agent:
@@ -261,9 +312,16 @@ class Agent:
                                on_commit_wanted=self._commit_wanted)
         self._commit_task: asyncio.Task | None = None
         self._commit_answered = 0             # the app's last external-send ticket answered
-        self.conns: dict[mg.ConnId, AppConn] = {}
+        self.group_conns: dict[mg.ConnId, GroupConn] = {}
+        self.conns: dict[StreamKey, AppConn] = {}     # streams the app may still use
+        self.by_index: dict[int, AppConn] = {}        # ... registered ones, by their k
         self.registered = 0                   # "C" entries so far (the next index)
         self.unregistered: list[AppConn] = []  # primary: delivered on, no "C" yet
+        # backup: the primary's frames ("F" entries: stream k, bytes or end) not yet
+        # made here, in order; each waits for our app to write those bytes
+        self._framing: collections.deque[tuple[int, int]] = collections.deque()
+        self._framing_wait_since = 0.0        # a promoted primary waits for its app's bytes
+        self.streams_freed = 0
         self._connect_queue: asyncio.Queue = asyncio.Queue()
         self._oi_pending: list[bytes] = []    # drained, not yet accepted by messaging
         # backup: (pvn, pos, shim entries fed up to it, monotonic time it came) per
@@ -393,6 +451,8 @@ class Agent:
                 c.reader_task.cancel()
             if c.writer:
                 c.writer.close()
+        for gc in self.group_conns.values():
+            gc.outbox.close()
         return stopped
 
     def _app_spawned(self, app: Application) -> None:
@@ -463,8 +523,8 @@ class Agent:
             actions.MembershipChanged: self._membership_changed,
             actions.ViewEntered: lambda a: self._write_status(),
             actions.Opened: ignore,     # registered on its first delivery
-            actions.Closed: self._closed,
-            actions.Freed: self._freed,
+            actions.Closed: self._group_closed,
+            actions.Freed: self._group_freed,
             actions.Resynced: ignore, actions.Phase2Done: ignore,
             actions.BeginPhase2: ignore, actions.ViewStarted: ignore,
             actions.StateRestored: ignore,
@@ -537,35 +597,98 @@ class Agent:
             _log(f"reset again soon after the last one: applying for membership in "
                  f"{a.rejoin_after_us / 1000:.0f} ms (back-off)")
 
-    # -- deliveries --
+    # -- group connections and their streams --
+    def _group_conn(self, cid: mg.ConnId) -> GroupConn:
+        gc = self.group_conns.get(cid)
+        if gc is None:
+            gc = self.group_conns[cid] = GroupConn(cid, Outbox(
+                self.driver, lambda view: self._send_out(cid, view), ready=self._output_ready,
+                spawn=self.tasks.spawn))
+        return gc
+
+    def _send_out(self, cid: mg.ConnId, view: memoryview) -> int:
+        try:
+            return self.driver.call(self.node.send, cid, view, self.driver.clock_us())
+        except rp.NotReady:
+            return 0                        # the outbox tries again on progress
+
+    def _output_ready(self) -> bool:
+        """Output commit at a primary: framed output goes to messaging only once every
+        order-info entry before it (its "F" entry included) is in messaging and what the
+        backups do not hold yet fits in the message's piggyback. A backup logs at once."""
+        if self.mode is not AppMode.PRIMARY:
+            return True
+        self._push_order_info()
+        return not self._oi_pending and not self.node.output_commit_holds()
+
     def _deliver(self, a: actions.Deliver) -> None:
-        c = self.conns.get(a.conn)
-        if c is None:
-            c = self.conns[a.conn] = AppConn(a.conn)
-            if self.mode is AppMode.PRIMARY:
-                self.unregistered.append(c)
+        """The remote group's byte stream on a group connection: its frames, in order."""
+        gc = self._group_conn(a.conn)
         self._count("delivered_bytes", len(a.data))
-        if c.writer is not None:
-            c.writer.write(a.data)
-        else:
-            c.pending += a.data
-        if self.mode is AppMode.PRIMARY and c.index < 0:
+        if gc.broken:
+            return
+        try:
+            for f in gc.decoder.feed(a.data):
+                st, new = gc.streams.on_frame(f)
+                c = self._stream_in(gc, st.id) if new else gc.conns[st.id]
+                if f.kind is Kind.DATA:
+                    if f.payload:
+                        if c.writer is not None:
+                            c.writer.write(f.payload)
+                        else:
+                            c.pending += f.payload
+                else:
+                    self._remote_end(c, f.kind is Kind.RST)
+        except FrameError as e:
+            self._broken(gc, str(e))
+        if self.mode is AppMode.PRIMARY:
             self._register_new()
 
-    def _closed(self, a: actions.Closed) -> None:
-        """The remote stream ended after its last byte: the app's recv returns 0 there
-        (a FIN), or the connection is reset (at every replica: the shim orders it)."""
-        c = self.conns.get(a.conn)
+    def _broken(self, gc: GroupConn, why: str) -> None:
+        """A remote group's frames broke the rules (a bug there; they are authenticated):
+        nothing more of that connection reaches the app. Its streams stay as they are."""
+        gc.broken = True
+        self._count("broken_group_conns")
+        log.error(f"group connection {gc.cid}: {why}: its further bytes are ignored")
+
+    def _stream_in(self, gc: GroupConn, sid: int) -> AppConn:
+        key = (*gc.cid, sid)
+        c = self.conns.get(key)
         if c is None:
-            c = self.conns[a.conn] = AppConn(a.conn)
+            c = self.conns[key] = AppConn(key, gc)
             if self.mode is AppMode.PRIMARY:
                 self.unregistered.append(c)
-        c.end = a.abort
-        self._count("stream_resets_in" if a.abort else "stream_fins_in")
+        gc.conns[sid] = c
+        return c
+
+    def _remote_end(self, c: AppConn, abort: bool) -> None:
+        """The remote side of a stream ended after its last byte: the app's recv returns
+        0 there (a FIN), or the connection is reset (at every replica: the shim orders
+        it)."""
+        c.end = abort
+        self._count("stream_resets_in" if abort else "stream_fins_in")
         if c.writer is not None:
             self._end_stream(c)
-        if self.mode is AppMode.PRIMARY and c.index < 0:
-            self._register_new()            # a stream that ended before any byte
+        self._stream_progress(c)
+        if abort and self._framing:
+            self._apply_framing()           # a frame waiting for its bytes may be void now
+
+    def _group_closed(self, a: actions.Closed) -> None:
+        """The remote group ended the whole connection: every stream it had not ended
+        is reset (in stream order, at every replica)."""
+        gc = self._group_conn(a.conn)
+        gc.ended_in = True
+        self._count("group_conns_ended")
+        for st in gc.streams.end_all_in():
+            self._remote_end(gc.conns[st.id], True)
+        self._maybe_end_group_conn(gc)
+
+    def _group_freed(self, a: actions.Freed) -> None:
+        gc = self.group_conns.get(a.conn)
+        if gc is not None:
+            gc.freed = True
+            self._count("group_conns_freed")
+            self._release_group_conn(gc)
 
     def _end_stream(self, c: AppConn) -> None:
         if not c.end:
@@ -591,27 +714,58 @@ class Agent:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         writer.transport.abort()
 
-    def _freed(self, a: actions.Freed) -> None:
-        c = self.conns.get(a.conn)
-        if c is None:
-            return
-        c.freed = True
-        self._count("connections_freed")
-        self._forget_if_done(c)
+    def _stream_progress(self, c: AppConn) -> None:
+        """After an end of `c` passed: a stream both of whose ends passed is freed (the
+        same at every replica); the app's socket goes once the app closed it too."""
+        gc = c.gc
+        st = gc.streams.open.get(c.stream)
+        if st is not None and st.done:
+            gc.streams.free(c.stream)
+            self.streams_freed += 1
+            self._count("connections_freed")
+        self._release_if_done(c)
+        self._maybe_end_group_conn(gc)
 
-    def _forget_if_done(self, c: AppConn) -> None:
-        """Messaging freed it and the app closed its side: nothing of it is left here."""
-        if c.freed and c.app_done and self.conns.get(c.cid) is c:
-            del self.conns[c.cid]
-            if c.writer is not None and c.end is not True:
-                c.writer.close()
+    def _release_if_done(self, c: AppConn) -> None:
+        """The stream was freed and the app closed its socket: nothing of it is left."""
+        gc = c.gc
+        if c.stream in gc.streams.open or c.app_end is None or self.conns.get(c.key) is not c:
+            return
+        del self.conns[c.key]
+        gc.conns.pop(c.stream, None)
+        if self.by_index.get(c.index) is c:
+            del self.by_index[c.index]
+        if c.writer is not None and c.end is not True:
+            c.writer.close()
+        if gc.freed:
+            self._release_group_conn(gc)
+
+    def _maybe_end_group_conn(self, gc: GroupConn) -> None:
+        """The remote side ended the connection and every stream in it is freed: our end
+        follows, after the last frame (the same offset at every replica); messaging then
+        frees the connection at both sides."""
+        if gc.ended_in and not gc.streams.open and not gc.ending:
+            gc.ending = True
+            gc.outbox.finish(lambda: self._close_group_conn(gc))
+
+    def _close_group_conn(self, gc: GroupConn) -> None:
+        try:
+            self.driver.call(self.node.close, gc.cid, False, self.driver.clock_us())
+        except rp.NotReady:
+            self._count("close_not_ready")
+
+    def _release_group_conn(self, gc: GroupConn) -> None:
+        if gc.freed and not gc.conns and self.group_conns.get(gc.cid) is gc:
+            del self.group_conns[gc.cid]
+            gc.outbox.close()
 
     def _register_new(self) -> None:
-        """Primary: give every connection delivered on a "C" entry, in delivery order."""
+        """Primary: give every stream delivered on a "C" entry, in delivery order."""
         while self.unregistered:
             c = self.unregistered[0]
             k = self.registered
-            entry = TAG_CONN + msgpack.packb([k, c.cid[0], c.cid[1], int(c.cid[2])])
+            remote, seq, role, stream = c.key
+            entry = TAG_CONN + msgpack.packb([k, remote, seq, int(role), stream])
             try:
                 self.node.add_order_info(entry, self.driver.clock_us())
             except (rp.NotReady, mg.BufferFull):
@@ -624,6 +778,7 @@ class Agent:
             raise RuntimeError(f"connection {k} registered out of order "
                                f"(expected {self.registered})")
         c.index = k
+        self.by_index[k] = c
         self.registered += 1
         self._connect_queue.put_nowait(c)
 
@@ -636,13 +791,18 @@ class Agent:
             self._count("oi_entries_in", 1)
             self._mark(pvn, pos)
         elif tag == TAG_CONN:
-            k, remote, seq, role = msgpack.unpackb(body)
-            cid = (remote, seq, Role(role))
-            c = self.conns.get(cid)
+            k, remote, seq, role, stream = msgpack.unpackb(body)
+            gc = self._group_conn((remote, seq, Role(role)))
+            gc.streams.learn(stream)    # registered before its first frame reached us?
+            c = self.conns.get((remote, seq, Role(role), stream))
             if c is None:
-                c = self.conns[cid] = AppConn(cid)
+                c = self._stream_in(gc, stream)
             if c.index < 0:
                 self._registered(c, k)
+            self._mark(pvn, pos)
+        elif tag == TAG_FRAME and len(body) % FRAME_ENTRY.size == 0:
+            self._framing.extend(FRAME_ENTRY.iter_unpack(body))
+            self._apply_framing()
             self._mark(pvn, pos)
         else:
             self._count("bad_agent_entry")
@@ -692,6 +852,7 @@ class Agent:
             if c.index < 0:
                 self.unregistered.append(c)
         self._register_new()
+        self._apply_framing()           # live once the predecessor's frames are made
         ms = (time.monotonic() - t0) * 1000
         replayed = (app.fed_entries or 0) - self._promote_from
         _log(f"primary of view {pvn}: application promoted after {ms:.1f} ms "
@@ -707,11 +868,11 @@ class Agent:
         env = dict(app.get("env") or self.env)
         self.app.start_backup(env)
         streams = dict(a.streams)
+        # the group connections' input since the start: their streams, pending for the app
         for cid, data in streams.items():
-            c = self.conns.setdefault(cid, AppConn(cid))
-            c.pending[:0] = data
-        for cid, abort in a.ends:
-            self.conns.setdefault(cid, AppConn(cid)).end = abort
+            self._deliver(actions.Deliver(cid, 0, data))
+        for cid, _abort in a.ends:
+            self._group_closed(actions.Closed(cid, 0, _abort))
         self._history.extend((self._handle_entry, (chunk, pvn, pos))
                              for pvn, pos, chunk in a.order_info)
         self._history_entries = sys.maxsize   # not "ready" before the whole log is fed
@@ -783,6 +944,12 @@ class Agent:
         data = self.app.drain()
         if data:
             self._oi_pending.extend(TAG_SHIM + p for p in orderinfo.pieces(data, MAX_OI_PIECE))
+        self._push_order_info()
+
+    def _push_order_info(self) -> None:
+        """Entries drained or framed so far go to messaging, as far as it takes them."""
+        if not self._oi_pending:
+            return
         now = self.driver.clock_us()
         while self._oi_pending:
             try:
@@ -833,49 +1000,126 @@ class Agent:
     async def _read_app(self, app: Application, c: AppConn,
                         reader: asyncio.StreamReader) -> None:
         while True:
+            await c.gc.outbox.room()    # the group connection's flow control
             abort = False
             try:
                 data = await reader.read(READ_BYTES)
             except ConnectionError:
                 data, abort = b"", True     # the app reset it (or was killed: a reset)
+            if app is not self.app or app.closed:
+                return                      # a reset app's output goes nowhere
             if not data:
                 self._app_closed(app, c, abort)
                 return
-            if self.mode is AppMode.PRIMARY:
-                # Output commit: every order-info entry this output depends on is in the
-                # shim's ring now; it goes to messaging first, and the output waits until
-                # what the backups do not hold yet fits in the message's piggyback.
-                node = self.node
-                self._take_order_info()
-                while ((self._oi_pending or node.output_commit_holds())
-                       and self.mode is AppMode.PRIMARY):
-                    self._count("output_commit_waits")
-                    await self._wait_progress()
-                    self._take_order_info()
-            view = memoryview(data)
-            while view:
+            if self.mode is AppMode.PRIMARY and not self._framing:
+                self._frame_live(c, data)
+            elif c.void:
+                self._count("void_output_bytes", len(data))   # framed as its length
+            else:
+                c.out += data
+                self._apply_framing()
+
+    def _frame_live(self, c: AppConn, data: bytes | None, end: Kind | None = None) -> None:
+        """The primary frames its app's output (or the stream's end) now. Output commit:
+        every order-info entry this output depends on is in the shim's ring; they go
+        first, then the frame's own "F" entry, then the frame (the outbox gives it to
+        messaging once both are there and the unprotected order info fits a piggyback)."""
+        self._take_order_info()
+        if end is None:
+            n, out = len(data), b"".join(data_frames(c.stream, data))
+        else:
+            c.gc.streams.ended_out(c.stream, end)
+            n, out = (FRAME_FIN if end is Kind.FIN else FRAME_RST), frame(end, c.stream)
+        rec = FRAME_ENTRY.pack(c.index, n)
+        last = self._oi_pending[-1] if self._oi_pending else b""
+        if last[:1] == TAG_FRAME and len(last) < MAX_OI_PIECE:
+            self._oi_pending[-1] = last + rec
+        else:
+            self._oi_pending.append(TAG_FRAME + rec)
+        self._push_order_info()
+        self._count("frames_out")
+        c.gc.outbox.put(out)
+        if end is not None:
+            self._stream_progress(c)
+
+    def _apply_framing(self) -> None:
+        """A backup frames its app's output as its primary did ("F" entries, in order),
+        each frame once our app has written its bytes. A promoted backup does the same
+        with what is left of its predecessor's frames, then frames live (`_go_live`):
+        its app may still have to write the last of them, live (the old primary's record
+        of its send can be missing: the agent reads the bytes as soon as the send made
+        them readable, and may drain the shim's ring before the send's own entry is in
+        it)."""
+        while self._framing:
+            k, n = self._framing[0]
+            c = self.by_index.get(k)
+            if c is None:
+                self._count("frame_of_unknown_stream")
+            elif n >= 0:
+                if len(c.out) < n and c.end is True:
+                    # The remote side reset the stream: nobody will read these bytes, and
+                    # our app's may be gone with the socket we reset (the primary's agent
+                    # read them before its own reset). The byte stream's length is what
+                    # every replica must agree on: n bytes, ours as far as we have them.
+                    c.void = True
+                if c.void:
+                    self._count("void_frame_bytes", max(0, n - len(c.out)))
+                    data = bytes(c.out[:n]).ljust(n, b"\0")
+                    del c.out[:n]
+                elif len(c.out) < n:
+                    if self.mode is AppMode.PRIMARY and not self._framing_wait_since:
+                        self._framing_wait_since = time.monotonic()
+                    return                      # our app has not written them yet
+                else:
+                    data = bytes(c.out[:n])
+                    del c.out[:n]
+                c.gc.outbox.put(b"".join(data_frames(c.stream, data)))
+            else:
+                end = Kind.FIN if n == FRAME_FIN else Kind.RST
                 try:
-                    n = self.driver.call(self.node.send, c.cid, view, self.driver.clock_us())
-                except rp.NotReady:
-                    n = 0
-                view = view[n:]
-                if view:
-                    await self._wait_progress()
+                    c.gc.streams.ended_out(c.stream, end)
+                except (FrameError, KeyError):
+                    self._count("bad_frame_end")
+                else:
+                    if c.out:
+                        self._count("output_after_end")     # diverged: the shim reports it
+                    c.gc.outbox.put(frame(end, c.stream))
+                    self._stream_progress(c)
+            self._framing.popleft()
+        self._framing_wait_since = 0.0
+        if self.mode is AppMode.PRIMARY:
+            self._go_live()
+
+    def _go_live(self) -> None:
+        """A promoted backup made every frame its predecessor made: what its app wrote
+        beyond them (and ends its reader saw) is framed now, as a primary frames."""
+        for k in sorted(self.by_index):
+            c = self.by_index.get(k)
+            if c is None:
+                continue
+            if c.out:
+                data = bytes(c.out)
+                c.out.clear()
+                self._frame_live(c, data)
+            st = c.gc.streams.open.get(c.stream)
+            if c.app_end is not None and st is not None and st.end_out is None:
+                self._frame_live(c, None, Kind.RST if c.app_end else Kind.FIN)
 
     def _app_closed(self, app: Application, c: AppConn, abort: bool) -> None:
-        """The app closed (FIN) or reset its side of `c`: our stream on it ends there.
-        Not when the app itself is going (killed by a reset, or the agent stopping)."""
+        """The app closed (FIN) or reset its side of `c`: our side of the stream ends
+        there. Not when the app itself is going (killed by a reset, or the agent
+        stopping)."""
         self._count("app_resets" if abort else "app_closed")
         if app is not self.app or app.closed or self.stop_event.is_set():
             return
         if c.end is True and abort:
             abort = False                   # our own reset of its socket, not the app's
-        try:
-            self.driver.call(self.node.close, c.cid, abort, self.driver.clock_us())
-        except rp.NotReady:
-            self._count("close_not_ready")
-        c.app_done = True
-        self._forget_if_done(c)
+        c.app_end = abort
+        if self.mode is AppMode.PRIMARY and not self._framing:
+            self._frame_live(c, None, Kind.RST if abort else Kind.FIN)
+        else:
+            self._apply_framing()
+            self._release_if_done(c)
 
     # -- output commit of the app's external sends (native/llft_shm.h, ctl.commit_*) --
     def _commit_wanted(self) -> None:
@@ -922,6 +1166,23 @@ class Agent:
                 self._report_executed()
             elif self.mode is AppMode.PRIMARY:
                 self._check_lag_bound()
+                self._check_framing_wait()
+
+    def _check_framing_wait(self) -> None:
+        """A promoted primary whose app has not written bytes its predecessor framed for
+        long: its output would differ from what the remote group got (logged once)."""
+        since = self._framing_wait_since
+        if since > 0 and time.monotonic() - since > FRAMING_WAIT_LOG_S and self._framing:
+            self._framing_wait_since = -1.0     # logged
+            k, n = self._framing[0]
+            c = self.by_index.get(k)
+            what = "unknown stream" if c is None else (
+                f"{len(c.out)} so far; connected {c.writer is not None}, app end "
+                f"{c.app_end}, remote end {c.end}, outbox {len(c.gc.outbox.buf)} bytes, "
+                f"{len(self._framing)} frames to make")
+            log.warning(f"the predecessor framed {n} bytes of stream {k} that this "
+                        f"application has not written after {FRAMING_WAIT_LOG_S:g} s "
+                        f"({what}): its output on every stream waits behind them")
 
     async def _founding_guard_loop(self) -> None:
         while True:
@@ -1085,6 +1346,12 @@ class Agent:
             "lag_held": self._lag_held,
             "connections": self.registered,
             "connections_open": len(self.conns),
+            # streams (client connections) in the group connections, and those
+            "streams": {"open": sum(len(g.streams.open) for g in self.group_conns.values()),
+                        "freed": self.streams_freed,
+                        "group_connections": len(self.group_conns),
+                        "outbox_bytes": sum(len(g.outbox.buf)
+                                            for g in self.group_conns.values())},
             "rss_kb": _rss_kb(),
             "diverged": app.divergence,
             "counters": {**self.counters, **{f"node_{k}": v for k, v in node_stats.items()}},

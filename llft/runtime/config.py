@@ -53,6 +53,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from llft.runtime.transport import GroupAddress, GroupMap
+from llft.protocol.messaging import MessagingConfig
 
 HEARTBEATS_PER_TIMEOUT = 5       # default heartbeat_ms = fault_timeout_ms / this
 DEFAULT_FAULT_TIMEOUT_MS = 100.0
@@ -109,6 +110,21 @@ class ClusterConfig:
             known = ", ".join(sorted(self.groups)) or "none"
             raise ConfigError(f"{self.path}: no [group.{name}] section (groups: {known})")
         return g
+
+    def messaging_config(self, mtu_bytes: int, **overrides) -> MessagingConfig:
+        """Messaging's bounds for an endpoint sending datagrams of `mtu_bytes`: the
+        heartbeat of this file; a message's data as large as one datagram comfortably
+        carries (one group connection carries every stream between two groups, so the
+        replies of several clients share a message: 8 KB on loopback, about a frame of
+        1 KB plus its headers on Ethernet), with the queue and a backup's log sized to
+        the window of such messages."""
+        payload = max(1024, min(8192, mtu_bytes - 256))
+        window = overrides.get("window_msgs", MessagingConfig().window_msgs)
+        kw = dict(heartbeat_us=max(500, int(self.heartbeat_ms * 1000)),
+                  max_payload_bytes=payload, max_queue_bytes=max(256 << 10, 2 * payload),
+                  max_log_bytes=max(1 << 20, 4 * window * payload))
+        kw.update(overrides)
+        return MessagingConfig(**kw)
 
     def group_map(self) -> GroupMap:
         """Addresses of every group and every gateway of the file."""

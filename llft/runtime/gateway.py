@@ -12,32 +12,42 @@ birth)`), driven by `llft.runtime.driver.Driver` over a `transport.Endpoint` (gi
 id, so it drops its own multicast echoes). Addresses come from the configuration's
 `group_map()`, the HMAC key from its key file.
 
-Each accepted TCP client becomes one messaging connection to group NAME:
-`open(NAME, conn_seq, Role.CLIENT)` with conn_seq = a random 40-bit base drawn when the
-gateway starts + the client's number (1, 2, ...), so a restarted gateway never reuses a
-connection the servers still remember from an earlier gateway.
+The gateway holds ONE messaging connection to group NAME (`open(NAME, conn_seq,
+Role.CLIENT)`, conn_seq a random 40-bit number drawn when the gateway starts, so a
+restarted gateway never reuses a connection the servers still remember), and every
+accepted TCP client is a *stream* inside it, numbered 1, 2, ... (llft/protocol/streams.py:
+frames of DATA, FIN, RST). So the control traffic between the gateway and the group --
+acknowledgements, keep-alives, retransmission timers, watermarks -- is one connection's,
+however many clients come and go, and replies of many clients share messages.
 
-- Client -> group: bytes read from the client go to `send()`, as much as `send_space()`
-  admits; while messaging has no space the gateway stops reading from that client (TCP
-  flow control pushes back on it) and waits on the driver's `progress` event.
-- Group -> client: `Deliver` actions are written to the client, de-duplicated by stream
-  offset: per connection the gateway keeps the next offset it expects, drops bytes below
-  it (counted as duplicates: after a failover of the group's primary, messaging's phase 2
-  may resend bytes the client already has) and treats bytes beyond it (a gap) as a bug:
-  counted, logged, and the client is disconnected rather than given a corrupt stream.
-  So each client sees every reply byte exactly once, across failovers.
-- Ends: a client's FIN (EOF) or reset ends its stream into the group
-  (`MessagingEndpoint.close`), ordered after its last byte: the app's recv returns 0
-  (or fails with ECONNRESET) exactly there, at every replica. The group's end (`Closed`,
-  after its last byte) becomes a FIN to the client (`write_eof`: a half-close; the
-  client may still send) or a reset (SO_LINGER 0 once every byte is out). When both
-  ends are in and acknowledged messaging frees the connection (`Freed`): the client's
+- Opening: an accepted client's stream opens with an empty DATA frame at once, so the
+  group's application accepts the connection even before the client says anything (a
+  server that speaks first gets its client).
+- Client -> group: bytes read from a client become DATA frames, appended to the
+  connection's output (`out`) and given to messaging as it admits them (`send`). The
+  group connection is the unit of flow control: while `out` holds more than
+  OUT_HIGH_BYTES (messaging's own queue and window are full) the gateway reads no client
+  (TCP flow control pushes back on them) until it drains below OUT_LOW_BYTES. Load
+  beyond what the group takes waits in the clients' sockets, not in datagrams queued
+  at the servers.
+- Group -> client: `Deliver` actions of the connection are the group's byte stream,
+  de-duplicated by offset (after a failover of the group's primary, messaging's phase 2
+  may resend bytes the gateway already has: dropped and counted; a gap would be a bug:
+  counted, logged, and every client is reset rather than given a corrupt stream), cut
+  into frames; each frame's payload goes to its client, exactly once across failovers.
+- Ends: a client's FIN (EOF) or reset ends its stream into the group (a FIN or RST
+  frame, after its last byte): the app's recv returns 0 (or fails with ECONNRESET)
+  exactly there, at every replica. The group's end of a stream becomes a FIN to the
+  client (`write_eof`: a half-close; the client may still send) or a reset (SO_LINGER 0
+  once every byte is out). A stream both of whose ends passed is freed: the client's
   socket is closed and nothing of it is left here. The gateway dropping a client (a
-  gap, a client that does not read, shutdown) is a reset into the group.
+  client that does not read, shutdown) is a reset into the group.
 - Slow clients: the gateway reads a client's next request only after its pending replies
   drained below the writer's high-water mark (`drain()`), so a request/reply client that
   does not read cannot make the group produce unbounded output; a client whose unread
   replies still exceed `MAX_CLIENT_BACKLOG_BYTES` is disconnected.
+- Leaving (SIGTERM): every client is reset, then the group connection's own end (FIN)
+  goes to the group, which frees the connection there.
 
 Output: one JSON line on stdout when ready, `{"event": "ready", "listen": [host, port],
 "group": NAME}` (`--listen HOST:0` picks a free port); nothing else on stdout. A status
@@ -55,16 +65,14 @@ Processes: the gateway starts none (no child process to clean up).
 
 Known limits
 ------------
-- Open connections are bounded by messaging's `max_connections` (closed ones do not
-  count); beyond it new clients are refused. Each open connection still has its own
-  acks and timers (streams are not yet multiplexed in one group-pair connection:
-  docs/ARCHITECTURE.md, open items).
-- Many concurrent clients: each is its own messaging connection with its own acks,
-  timers and FIRST_ACK/SECOND_ACK exchanges; on a loaded 2-core host 64 request/reply
-  clients of a 3-replica group saturate the gateway and the agents (see
-  docs/BENCHMARKS.md, `llft bench echo`, and docs/ARCHITECTURE.md, open item 1).
+- Group -> client flow control is per client only at the gateway's side: the gateway
+  keeps reading the group connection and buffers a client's replies until
+  MAX_CLIENT_BACKLOG_BYTES (then it drops that client); the group is never held up by
+  one slow client.
 - The gateway itself is not replicated: if it dies, its clients' TCP connections die
-  with it (a restarted gateway is a new member with new connections).
+  with it (a restarted gateway is a new member with a new group connection); the group
+  keeps the dead gateway's connection and its open streams (the app's sockets) until
+  the group restarts (no liveness check of a remote group yet).
 """
 from __future__ import annotations
 
@@ -87,10 +95,11 @@ from llft.runtime import config as cluster_config
 from llft.runtime import logs, stalls
 from llft.runtime import status as status_files
 from llft.runtime.driver import Driver
+from llft.runtime.outbox import Outbox
 from llft.runtime.tasks import TaskSet
 from llft.protocol.messages import Role
-from llft.protocol.messaging import (BufferFull, Closed, Deliver, Freed, MessagingConfig,
-                                     MessagingEndpoint, Opened)
+from llft.protocol.messaging import Closed, Deliver, Freed, MessagingEndpoint, Opened
+from llft.protocol.streams import FrameDecoder, FrameError, Kind, StreamTable, data_frames, frame
 from llft.runtime.transport import Endpoint
 
 log = logging.getLogger("llft.runtime.gateway")
@@ -108,13 +117,11 @@ class GatewayError(Exception):
 
 @dataclass
 class Client:
-    number: int
-    conn: tuple
+    stream: int                         # its stream in the group connection
     writer: asyncio.StreamWriter
     peer: str
-    next_offset: int = 0                # next reply byte offset the client expects
     closed: bool = False                # nothing more is written to the client
-    client_done: bool = False           # the client's stream ended (FIN/RST sent in)
+    client_done: bool = False           # the client's stream ended (FIN/RST framed)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -133,17 +140,21 @@ class Gateway:
         self.key = key
         self.listen = listen
         self.birth = secrets.randbits(63) or 1
-        self.conn_base = secrets.randbits(CONN_SEQ_BITS)
-        self.core = MessagingEndpoint(
-            self.gcfg.gateway_group, self.birth,
-            MessagingConfig(heartbeat_us=max(500, int(cfg.heartbeat_ms * 1000))))
+        self.conn_seq = secrets.randbits(CONN_SEQ_BITS)
         self.endpoint = Endpoint(key, self.gcfg.gateway_group, lambda m: None,
                                  groups=cfg.group_map(), interface=cfg.interface,
                                  ttl=cfg.ttl, birth_id=self.birth)
+        self.core = MessagingEndpoint(self.gcfg.gateway_group, self.birth,
+                                      cfg.messaging_config(self.endpoint.encoder.mtu_bytes))
         self.driver = Driver(self.endpoint, self.core, on_action=self._on_action)
-        self.clients: dict[tuple, Client] = {}
+        # the group connection: every client is a stream in it
+        self.conn = (group, self.conn_seq, Role.CLIENT)
+        self.streams = StreamTable(remote_opens=False)
+        self.decoder = FrameDecoder()
+        self.next_offset = 0                # the group's byte stream: next offset expected
+        self.outbox = Outbox(self.driver, self._send, spawn=self._spawn)
+        self.clients: dict[int, Client] = {}
         self.counters: Counter[str] = Counter()
-        self.next_number = 0
         self.tasks: set[asyncio.Task] = set()
         self.server: asyncio.AbstractServer | None = None
         self.bound: tuple[str, int] | None = None
@@ -154,19 +165,28 @@ class Gateway:
         self.exit_code = 0
         self.started = time.time()
         self._status_warned = False
+        self._broken = False                # the group's byte stream broke the frame rules
+
+    def _spawn(self, coro, name: str) -> asyncio.Task:
+        return self.background.spawn(coro, name)
+
+    def _send(self, view: memoryview) -> int:
+        return self.driver.call(self.core.send, self.conn, view, self.driver.clock_us())
 
     # -- group -> clients ---------------------------------------------------------------
     def _on_action(self, action) -> None:
         if isinstance(action, Deliver):
-            self._deliver(action)
+            if action.conn == self.conn:
+                self._deliver(action)
+            else:
+                self.counters["orphan_bytes"] += len(action.data)
         elif isinstance(action, Closed):
-            self._group_closed(action)
+            # the group ended the whole connection: no stream will hear from it again
+            self.counters["group_conn_ends"] += 1
+            for st in self.streams.end_all_in():
+                self._stream_end(st.id, Kind.RST)
         elif isinstance(action, Freed):
-            self.counters["connections_freed"] += 1
-            cl = self.clients.pop(action.conn, None)
-            if cl is not None and not cl.closed:
-                cl.closed = True
-                cl.writer.close()           # after the bytes (and FIN) still buffered
+            self.counters["group_conns_freed"] += 1
         elif isinstance(action, Opened):
             # nobody should open a connection towards a gateway
             self.counters["unexpected_opens"] += 1
@@ -174,46 +194,70 @@ class Gateway:
             self.counters[f"action_{type(action).__name__}"] += 1
 
     def _deliver(self, d: Deliver) -> None:
-        cl = self.clients.get(d.conn)
-        if cl is None or cl.closed or cl.writer.is_closing():
-            self.counters["orphan_bytes"] += len(d.data)
-            return
+        """The group's byte stream, de-duplicated by offset, cut into frames."""
         data = d.data
         end = d.offset + len(data)
-        if end <= cl.next_offset:
+        if end <= self.next_offset:
             self.counters["duplicate_bytes"] += len(data)
             self.counters["duplicate_deliveries"] += 1
             return
-        if d.offset > cl.next_offset:
-            self.counters["gaps"] += 1
-            log.error("client %d (%s): reply bytes %d..%d arrived but %d "
-                      "was expected next (a gap: a bug); disconnecting the client",
-                      cl.number, cl.peer, d.offset, end, cl.next_offset)
-            self._drop(cl, "gap")
+        if d.offset > self.next_offset or self._broken:
+            if not self._broken:
+                self.counters["gaps"] += 1
+                self._break(f"group bytes {d.offset}..{end} arrived but {self.next_offset} "
+                            "was expected next (a gap: a bug)")
             return
-        if d.offset < cl.next_offset:
-            skip = cl.next_offset - d.offset
+        if d.offset < self.next_offset:
+            skip = self.next_offset - d.offset
             self.counters["duplicate_bytes"] += skip
             self.counters["duplicate_deliveries"] += 1
             data = data[skip:]
+        self.next_offset = end
+        try:
+            frames = self.decoder.feed(data)
+            for f in frames:
+                self.streams.on_frame(f)
+                if f.kind is Kind.DATA:
+                    self._to_client(f.stream, f.payload)
+                else:
+                    self._stream_end(f.stream, f.kind)
+        except FrameError as e:
+            self._break(f"the group's stream broke the frame rules: {e}")
+
+    def _break(self, why: str) -> None:
+        """The group's byte stream cannot be trusted from here on (a bug on one side):
+        every client is reset rather than given a corrupt stream, and the group
+        connection is aborted."""
+        self._broken = True
+        self.counters["broken_group_stream"] += 1
+        log.error("%s; resetting every client", why)
+        for cl in list(self.clients.values()):
+            self._drop(cl, "broken")
+        self.driver.call(self.core.close, self.conn, True, self.driver.clock_us())
+
+    def _to_client(self, stream: int, data: bytes) -> None:
+        cl = self.clients.get(stream)
+        if cl is None or cl.closed or cl.writer.is_closing():
+            self.counters["orphan_bytes"] += len(data)
+            return
+        if not data:
+            return
         cl.writer.write(data)
-        cl.next_offset = end
         self.counters["bytes_out"] += len(data)
         transport = cl.writer.transport
         if transport is not None and transport.get_write_buffer_size() > MAX_CLIENT_BACKLOG_BYTES:
             log.warning("client %d (%s) does not read its replies "
-                        "(%d bytes pending): disconnecting it", cl.number, cl.peer,
+                        "(%d bytes pending): disconnecting it", cl.stream, cl.peer,
                         transport.get_write_buffer_size())
             self._drop(cl, "slow")
 
-    def _group_closed(self, a: Closed) -> None:
-        """The group's stream to this client ended after its last byte: a FIN (the app
-        closed or shut down its side), or a reset."""
-        cl = self.clients.get(a.conn)
+    def _stream_end(self, stream: int, kind: Kind) -> None:
+        """The group's side of a client's stream ended after its last byte: a FIN (the
+        app closed or shut down its side), or a reset."""
+        cl = self.clients.get(stream)
         if cl is None or cl.closed or cl.writer.is_closing():
             self.counters["orphan_ends"] += 1
-            return
-        if a.abort:
+        elif kind is Kind.RST:
             self.counters["resets_out"] += 1
             cl.closed = True
             task = asyncio.ensure_future(self._reset_client(cl))
@@ -226,6 +270,19 @@ class Gateway:
                     cl.writer.write_eof()   # after the bytes still buffered
             except OSError:
                 self.counters["eof_to_gone_client"] += 1
+        self._free_if_done(stream)
+
+    def _free_if_done(self, stream: int) -> None:
+        """Both ends of the stream passed: nothing of it is left here."""
+        st = self.streams.open.get(stream)
+        if st is None or not st.done:
+            return
+        self.streams.free(stream)
+        self.counters["connections_freed"] += 1
+        cl = self.clients.pop(stream, None)
+        if cl is not None and not cl.closed:
+            cl.closed = True
+            cl.writer.close()               # after the bytes (and FIN) still buffered
 
     async def _reset_client(self, cl: Client) -> None:
         """A reset after every byte before it: the client's socket gets them all, then
@@ -241,59 +298,63 @@ class Gateway:
         cl.writer.transport.abort()
 
     def _drop(self, cl: Client, why: str) -> None:
-        """The gateway gives up on a client (a gap, a client that does not read, the
-        gateway stopping): its socket closes and the group sees a reset."""
-        if cl.closed:
+        """The gateway gives up on a client (a client that does not read, the gateway
+        stopping, a broken group stream): its socket closes and the group sees a reset."""
+        if cl.closed and cl.client_done:
             return
         cl.closed = True
-        self.clients.pop(cl.conn, None)
         self.counters[f"clients_dropped_{why}"] += 1
-        if not cl.client_done:
-            cl.client_done = True
-            self.driver.call(self.core.close, cl.conn, True, self.driver.clock_us())
+        self._end_client_stream(cl, Kind.RST)
         try:
             cl.writer.close()
         except Exception:   # noqa: BLE001 -- already broken
             pass
+
+    def _end_client_stream(self, cl: Client, kind: Kind) -> None:
+        """The client's side ends here, in order after its last byte."""
+        if cl.client_done:
+            return
+        cl.client_done = True
+        self.counters["resets_in" if kind is Kind.RST else "fins_in"] += 1
+        if not self._broken:
+            self.streams.ended_out(cl.stream, kind)
+            self.outbox.put(frame(kind, cl.stream))
+        else:
+            self.streams.open.pop(cl.stream, None)
+            self.clients.pop(cl.stream, None)
+            return
+        self._free_if_done(cl.stream)
 
     # -- clients -> group ---------------------------------------------------------------
     async def _handle_client(self, reader: asyncio.StreamReader,
                              writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self.tasks.add(task)
-        self.next_number += 1
-        number = self.next_number
         peer = writer.get_extra_info("peername")
         peer_s = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        try:
-            cid = self.driver.call(self.core.open, self.group, self.conn_base + number,
-                                   Role.CLIENT)
-        except BufferFull:
-            self.counters["clients_refused"] += 1
-            log.warning("refusing client %s: %d connections in use "
-                        "(messaging's max_connections)", peer_s, len(self.core.conns))
+        if self._broken:
             writer.close()
             self.tasks.discard(task)
             return
-        cl = Client(number, cid, writer, peer_s)
-        self.clients[cid] = cl
+        st = self.streams.open_next()
+        cl = Client(st.id, writer, peer_s)
+        self.clients[st.id] = cl
         self.counters["clients_total"] += 1
+        self.outbox.put(frame(Kind.DATA, st.id))    # opens the stream at the group now
         abort = False
         try:
             while not cl.closed:
                 await writer.drain()            # backpressure: replies first
+                await self.outbox.room()        # ... and the group connection's
+                if cl.closed:
+                    break
                 data = await reader.read(READ_BYTES)
                 if not data:
                     break                       # FIN: the client sends nothing more
+                if cl.client_done:
+                    break
                 self.counters["bytes_in"] += len(data)
-                view = memoryview(data)
-                while view and not cl.closed:
-                    n = self.driver.call(self.core.send, cid, view, self.driver.clock_us())
-                    view = view[n:]
-                    if view:
-                        self.counters["send_waits"] += 1
-                        await self.driver.wait_for(
-                            lambda: cl.closed or self.core.send_space(cid) > 0, 3600.0)
+                self.outbox.put(b"".join(data_frames(st.id, data)))
         except (ConnectionError, OSError):
             abort = True                        # the client reset its connection
         except asyncio.CancelledError:
@@ -301,18 +362,14 @@ class Gateway:
         except Exception:   # noqa: BLE001 -- a bug: this client goes, the others stay
             self.counters["client_handler_errors"] += 1
             log.exception("client %d (%s): unexpected error; disconnecting the client",
-                          number, peer_s)
+                          st.id, peer_s)
             self._drop(cl, "error")
         finally:
-            if not cl.client_done:
-                # the client's stream ends here, in order after its last byte; the
-                # connection stays until the group's stream ends too (then Freed)
-                cl.client_done = True
-                self.counters["resets_in" if abort else "fins_in"] += 1
-                self.driver.call(self.core.close, cid, abort, self.driver.clock_us())
-                if abort:
-                    cl.closed = True
-                    writer.close()
+            # the connection stays until the group's end of the stream passes too
+            self._end_client_stream(cl, Kind.RST if abort else Kind.FIN)
+            if abort:
+                cl.closed = True
+                writer.close()
             self.tasks.discard(task)
 
     # -- status -------------------------------------------------------------------------
@@ -331,6 +388,10 @@ class Gateway:
             "duplicate_deliveries": c["duplicate_deliveries"],
             "gaps": c["gaps"], "orphan_bytes": c["orphan_bytes"],
             "counters": dict(c), "connections": len(self.core.conns),
+            # client streams open in the group connection, and freed since the start
+            "streams": {"open": len(self.streams.open), "opened": self.streams.opened,
+                        "freed": self.streams.freed},
+            "outbox_bytes": len(self.outbox.buf),
             "messaging": self.core.buffer_sizes(), "messaging_stats": dict(self.core.stats),
             "transport": self.endpoint.stats(),
         }
@@ -377,6 +438,7 @@ class Gateway:
         try:
             self.core.set_view(1, self.birth, [(self.birth, 1)], self.birth,
                                now_us=self.driver.clock_us())
+            self.core.open(*self.conn)
             self.driver.start()
             try:
                 self.server = await asyncio.start_server(self._handle_client, host, port,
@@ -402,6 +464,14 @@ class Gateway:
                 t.cancel()
             if self.tasks:
                 await asyncio.wait(list(self.tasks), timeout=2.0)
+            # our end of the group connection, after the clients' resets (the group frees
+            # the connection once its own end has passed too); bounded: a group that is
+            # gone does not hold the gateway's exit
+            if await self.driver.wait_for(lambda: self.outbox.empty, 1.0):
+                self.driver.call(self.core.close, self.conn, False, self.driver.clock_us())
+                await self.driver.wait_for(lambda: not any(
+                    self.core.buffer_sizes()[k] for k in ("sent", "queue")), 1.0)
+            self.outbox.close()
             return self.exit_code
         finally:
             self.driver.stop()

@@ -203,6 +203,7 @@ def group_status(cfg: config_mod.ClusterConfig, group: str) -> dict:
                 "lag_held": a.get("lag_held"), "log": a.get("log"),
                 "connections": a.get("connections"), "diverged": a.get("diverged"),
                 "connections_open": a.get("connections_open"), "streams": a.get("streams"),
+                "group_connections": a.get("group_connections"),
                 "rss_kb": a.get("rss_kb"), "takeover": a.get("takeover"),
                 "counters": a.get("counters", {})})
     in_view = {m["birth"] for m in members}

@@ -5,6 +5,7 @@ behind the gateway is a static-view group of `llft.tools.streamdemo --echo` memb
 members): every reply byte must reach each client exactly once and in order. Waiting is
 on the processes' ready lines and on conditions with deadlines, never on sleeps.
 """
+import asyncio
 import json
 import os
 import signal
@@ -260,10 +261,18 @@ class FakeWriter:
     def __init__(self):
         self.data = bytearray()
         self.closed = False
+        self.eof = False
         self.transport = FakeTransport()
 
     def write(self, b):
+        assert not self.eof
         self.data += b
+
+    def can_write_eof(self):
+        return True
+
+    def write_eof(self):
+        self.eof = True
 
     def is_closing(self):
         return self.closed
@@ -273,38 +282,72 @@ class FakeWriter:
 
 
 def test_gateway_deduplicates_replies_by_offset(tmp_path):
+    """The group's byte stream (one group connection, every client a stream in it) is
+    de-duplicated by offset across a resend, cut into frames whatever the cut, and each
+    frame reaches its client once; a gap or a frame breaking the rules resets every
+    client rather than handing one a corrupt stream."""
     from llft.runtime import config
     from llft.runtime.gateway import Client, Gateway
     from llft.protocol.messaging import Deliver
+    from llft.protocol.streams import Kind, data_frames, frame
     cfg = config.parse({"cluster": {"key_file": "k", "runtime_dir": str(tmp_path)},
                         "group": {"g": {"address": "239.255.9.9:40000",
                                         "service_port": 9000}}}, str(tmp_path / "c.toml"))
-    gw = Gateway(cfg, "g", b"k" * 32, ("127.0.0.1", 0))
-    assert gw.gcfg.gateway_group == "g.gateway" and 0 < gw.birth < 2 ** 63
-    w = FakeWriter()
-    conn = ("g", gw.conn_base + 1, 0)
-    gw.clients[conn] = Client(1, conn, w, "peer")
-    stream = bytes(range(256)) * 4
-    # the old primary delivers [0, 300); the new primary resends from 200 (phase 2)
-    gw._on_action(Deliver(conn, 0, stream[0:300]))
-    gw._on_action(Deliver(conn, 200, stream[200:500]))     # overlaps: 100 bytes dropped
-    gw._on_action(Deliver(conn, 250, stream[250:400]))     # wholly a duplicate
-    gw._on_action(Deliver(conn, 500, stream[500:1024]))
-    assert bytes(w.data) == stream
-    assert gw.counters["duplicate_bytes"] == 100 + 150
-    assert gw.counters["duplicate_deliveries"] == 2 and gw.counters["gaps"] == 0
-    # bytes of a client that left are counted and dropped
-    gw._on_action(Deliver(("g", gw.conn_base + 7, 0), 0, b"xyz"))
-    assert gw.counters["orphan_bytes"] == 3
-    # a gap is a bug: counted, and the client is disconnected (never a corrupt stream)
-    gw._on_action(Deliver(conn, 2000, b"late"))
-    assert gw.counters["gaps"] == 1 and w.closed and conn not in gw.clients
-    assert bytes(w.data) == stream
-    # a client that never reads its replies is dropped past the backlog bound
-    w2 = FakeWriter()
-    conn2 = ("g", gw.conn_base + 2, 0)
-    gw.clients[conn2] = Client(2, conn2, w2, "peer2")
-    w2.transport.size = 1 << 40
-    gw._on_action(Deliver(conn2, 0, b"reply"))
-    assert w2.closed and gw.counters["clients_dropped_slow"] == 1
-    gw.endpoint.close()
+
+    async def main():
+        gw = Gateway(cfg, "g", b"k" * 32, ("127.0.0.1", 0))
+        assert gw.gcfg.gateway_group == "g.gateway" and 0 < gw.birth < 2 ** 63
+        writers = {}
+        for _ in range(3):
+            st = gw.streams.open_next()
+            writers[st.id] = FakeWriter()
+            gw.clients[st.id] = Client(st.id, writers[st.id], f"peer{st.id}")
+        a, b = bytes(range(256)) * 4, b"reply of two" * 10
+        group = b"".join([*data_frames(1, a[:300]), *data_frames(2, b), frame(Kind.FIN, 2),
+                          *data_frames(1, a[300:])])
+        # the old primary delivers [0, 500); the new primary resends from 400 (phase 2)
+        gw._on_action(Deliver(gw.conn, 0, group[:500]))
+        gw._on_action(Deliver(gw.conn, 400, group[400:900]))   # overlaps: 100 bytes dropped
+        gw._on_action(Deliver(gw.conn, 450, group[450:600]))   # wholly a duplicate
+        gw._on_action(Deliver(gw.conn, 900, group[900:]))
+        assert bytes(writers[1].data) == a and bytes(writers[2].data) == b
+        assert writers[2].eof and not writers[1].eof
+        assert gw.counters["duplicate_bytes"] == 100 + 150
+        assert gw.counters["duplicate_deliveries"] == 2 and gw.counters["gaps"] == 0
+        # a client that never reads its replies is dropped past the backlog bound (its
+        # stream is reset into the group); the others go on
+        writers[3].transport.size = 1 << 40
+        gw._on_action(Deliver(gw.conn, len(group), data_frames(3, b"reply")[0]))
+        assert writers[3].closed and gw.counters["clients_dropped_slow"] == 1
+        assert gw.outbox.buf.endswith(frame(Kind.RST, 3))
+        # a gap is a bug: counted, and every client is reset (never a corrupt stream)
+        gw._on_action(Deliver(gw.conn, 10 ** 6, b"late"))
+        assert gw.counters["gaps"] == 1 and writers[1].closed
+        assert bytes(writers[1].data) == a
+        gw.outbox.close()
+        gw.endpoint.close()
+
+    asyncio.run(main())
+
+
+def test_gateway_resets_clients_on_a_frame_that_breaks_the_rules(tmp_path):
+    """A frame of a stream the gateway never opened (the group's bytes are authenticated:
+    a bug there) resets the clients instead of guessing."""
+    from llft.runtime import config
+    from llft.runtime.gateway import Client, Gateway
+    from llft.protocol.messaging import Deliver
+    from llft.protocol.streams import data_frames
+    cfg = config.parse({"cluster": {"key_file": "k", "runtime_dir": str(tmp_path)},
+                        "group": {"g": {"address": "239.255.9.9:40000",
+                                        "service_port": 9000}}}, str(tmp_path / "c.toml"))
+
+    async def main():
+        gw = Gateway(cfg, "g", b"k" * 32, ("127.0.0.1", 0))
+        w = FakeWriter()
+        gw.clients[gw.streams.open_next().id] = Client(1, w, "peer")
+        gw._on_action(Deliver(gw.conn, 0, data_frames(7, b"xyz")[0]))
+        assert gw.counters["broken_group_stream"] == 1 and w.closed
+        gw.outbox.close()
+        gw.endpoint.close()
+
+    asyncio.run(main())
