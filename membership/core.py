@@ -416,7 +416,10 @@ class Membership:
             if self._last_tick_us is not None:
                 t.append(self._last_tick_us + c.heartbeat_interval_us)
             t.append(self._join_sent_us + c.join_retry_us)
-            t.append(self._found_deadline_us())
+            if self.founding_held is None:
+                # (while the runtime holds founding, a deadline already past would be
+                # due at once, again and again: the joiner spun at 100% of a core)
+                t.append(self._found_deadline_us())
             return min(t)
         t.append(self._hb_due_us)
         # ticks every interval even while another core's heartbeats stand for ours:

@@ -285,7 +285,7 @@ class ReplicaNode:
 
     def hold_founding(self, why: str | None) -> None:
         """The runtime knows a live member it cannot hear: do not found (membership)."""
-        self.membership.hold_founding(why)
+        self._touched().hold_founding(why)     # its deadlines change with it
 
     def set_catching_up(self, flag: bool) -> None:
         """The application replays the history we joined with: longest timeouts (membership)."""

@@ -264,14 +264,14 @@ class Agent:
             adaptive_cap_us=3 * base, rejoin_backoff_min_us=base // 2,
             rejoin_backoff_max_us=20 * base, rejoin_stable_us=100 * base,
             host=socket.gethostname(), pid=os.getpid())
-        self.messaging_config = mg.MessagingConfig(heartbeat_us=hb,
-                                                   max_piggyback_bytes=PIGGYBACK_BYTES)
-        self.rng = random.Random(os.getpid() ^ time.monotonic_ns())
-        self.node = rp.ReplicaNode(group, self.rng, membership_config=self.membership_config,
-                                   messaging_config=self.messaging_config, app_state=self)
         self.endpoint = Endpoint(self.key, [group], lambda m: None,
                                  groups=cfg.group_map(), interface=cfg.interface,
                                  ttl=cfg.ttl)
+        self.messaging_config = cfg.messaging_config(self.endpoint.encoder.mtu_bytes,
+                                                     max_piggyback_bytes=PIGGYBACK_BYTES)
+        self.rng = random.Random(os.getpid() ^ time.monotonic_ns())
+        self.node = rp.ReplicaNode(group, self.rng, membership_config=self.membership_config,
+                                   messaging_config=self.messaging_config, app_state=self)
         self.driver = Driver(self.endpoint, self.node, on_action=self._on_action)
         self._handlers = self._action_handlers()
         self.stop_event = asyncio.Event()

@@ -138,7 +138,7 @@ class SendSide:
     Invariants: *_bytes equal the bytes their container holds; the sent list holds
     consecutive msns ending at last_msn; remote_ack <= last_msn."""
     __slots__ = ("out_offset", "queue", "queue_bytes", "next_msn", "sent", "sent_bytes",
-                 "log", "log_bytes", "remote_ack", "rto", "fa_count", "last_send_us",
+                 "log", "log_bytes", "remote_ack", "rto", "fa_count", "fa_msn", "last_send_us",
                  "sent_open", "old_pvn", "last_back", "ka_urgent", "sent_at", "ka_idle",
                  "end", "abort", "first_ts")
 
@@ -154,7 +154,8 @@ class SendSide:
         self.remote_ack = 0                 # the remote primary acked our msns up to
         self.rto = RtoEstimator(rto_us, rto_max_us)     # retransmission timeout of this connection
         self.sent_at: dict[int, int] = {}   # msn -> first send time (none once resent)
-        self.fa_count = 0                   # FIRST_ACKs seen for our last msn
+        self.fa_count = 0                   # FIRST_ACKs seen for our last msn ...
+        self.fa_msn = 0                     # ... which was this one
         self.last_send_us = 0
         self.sent_open = False              # STREAM_OPEN went out
         self.old_pvn = 0                    # RESYNC: the view we took over from

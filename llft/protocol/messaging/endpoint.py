@@ -770,6 +770,11 @@ class MessagingEndpoint:
 
     def _on_first_ack(self, c: Connection, msg: Message) -> None:
         if msg.ack > 0 and msg.ack == c.send.last_msn:
+            # FIRST_ACKs of one message, our last: the count starts again for a newer
+            # one (counted across messages, a busy connection whose replies each drew one
+            # FIRST_ACK was throttled for throttle_us every third request)
+            if c.send.fa_msn != msg.ack:
+                c.send.fa_msn, c.send.fa_count = msg.ack, 0
             c.send.fa_count += 1
             if (c.send.fa_count >= self.config.first_ack_slowdown and self.is_primary
                     and self.backups and c.state is SendState.STREAMING):
