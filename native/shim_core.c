@@ -334,7 +334,7 @@ static void bk_wait_turn(struct bk *b, unsigned call, uint64_t op) {
         __atomic_fetch_add(&g_ctl->stats[LLFT_ST_WAITS], 1, __ATOMIC_RELAXED);
         __atomic_fetch_add(&b->ctr->waiters, 1, __ATOMIC_ACQ_REL);
         if (__atomic_load_n(&b->ctr->count, __ATOMIC_ACQUIRE) == c)
-            llft_futex(&b->ctr->count, FUTEX_WAIT_PRIVATE, c, WAIT_SLICE_MS);
+            shim_futex_wait_bit(&b->ctr->count, c, WAIT_SLICE_MS, (uint32_t)b->h.oseq);
         __atomic_fetch_sub(&b->ctr->waiters, 1, __ATOMIC_ACQ_REL);
         stall_check(&sw, "its turn", call, op);
     }
@@ -344,9 +344,9 @@ static void bk_wait_turn(struct bk *b, unsigned call, uint64_t op) {
 static void bk_complete(struct bk *b) {
     struct llft_ring *r = &g_shm->tring[t_tid];
     llft_ring_pop(r, g_shm->tring_data[t_tid], LLFT_TRING_CAP_BYTES, b->h.len);
-    __atomic_fetch_add(&b->ctr->count, 1, __ATOMIC_ACQ_REL);
+    uint32_t next = __atomic_add_fetch(&b->ctr->count, 1, __ATOMIC_ACQ_REL);
     if (__atomic_load_n(&b->ctr->waiters, __ATOMIC_ACQUIRE))
-        llft_futex_wake_all(&b->ctr->count, 0);
+        shim_futex_wake_bit(&b->ctr->count, next);   /* whose turn it is now */
     __atomic_fetch_add(&g_ctl->progress, 1, __ATOMIC_ACQ_REL);
     __atomic_fetch_add(&g_ctl->stats[LLFT_ST_RECORDS], 1, __ATOMIC_RELAXED);
     t_n++;

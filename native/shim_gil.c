@@ -144,7 +144,8 @@ void gil_order_start(void) {
 static void note_drop(void) {
     __atomic_store_n(&g_drop_n[t_tid], t_n + 1, __ATOMIC_RELEASE);
     __atomic_fetch_add(&g_drop_seq, 1, __ATOMIC_ACQ_REL);
-    if (__atomic_load_n(&g_drop_waiters, __ATOMIC_ACQUIRE)) llft_futex_wake_all(&g_drop_seq, 0);
+    if (__atomic_load_n(&g_drop_waiters, __ATOMIC_ACQUIRE))
+        shim_futex_wake_bit(&g_drop_seq, (uint32_t)t_tid);   /* who waits for our drop */
 }
 
 /* Backup: a take of the trace this thread did not make while it held no GIL (bk_begin
@@ -162,7 +163,7 @@ static void wait_for_drop(uint64_t drop) {
         uint32_t seq = __atomic_load_n(&g_drop_seq, __ATOMIC_ACQUIRE);
         if (__atomic_load_n(&g_drop_n[tid], __ATOMIC_ACQUIRE) >= n + 1) return;
         __atomic_fetch_add(&g_drop_waiters, 1, __ATOMIC_ACQ_REL);
-        llft_futex(&g_drop_seq, FUTEX_WAIT_PRIVATE, seq, WAIT_SLICE_MS);
+        shim_futex_wait_bit(&g_drop_seq, seq, WAIT_SLICE_MS, tid);
         __atomic_fetch_sub(&g_drop_waiters, 1, __ATOMIC_ACQ_REL);
         stall_check(&sw, "the GIL's drop it followed", LLFT_C_GIL_TAKE, LLFT_OP(LLFT_OPC_GIL, 0));
     }

@@ -62,6 +62,26 @@
 #define LOCKTAB_SIZE (1u << 16)   /* live registered locks */
 #define WAIT_SLICE_MS 50
 
+/* Futex waits and wakes that pick their waiters by one bit of what they wait for
+ * (FUTEX_WAIT_BITSET / FUTEX_WAKE_BITSET): a backup thread waits for its turn on an
+ * operation's queue (count == its record's sequence number) or for one thread's GIL
+ * drop, so a completion wakes only the waiters whose turn it may be (one in 32 false
+ * wakes) instead of every waiter on the word. With 64 threads taking the GIL in the
+ * primary's order each hand-off woke all of them (~10 context switches per request at
+ * 16 clients, the backups' apps twice the primary's CPU). The timeout is absolute on
+ * CLOCK_MONOTONIC, read by the raw syscall (the shim's own clock_gettime is a hook). */
+static inline long shim_futex_wait_bit(uint32_t *w, uint32_t val, int timeout_ms, uint32_t key) {
+    struct timespec ts;
+    syscall(SYS_clock_gettime, CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    return syscall(SYS_futex, w, FUTEX_WAIT_BITSET_PRIVATE, val, &ts, NULL, 1u << (key & 31));
+}
+static inline void shim_futex_wake_bit(uint32_t *w, uint32_t key) {
+    syscall(SYS_futex, w, FUTEX_WAKE_BITSET_PRIVATE, 0x7fffffff, NULL, NULL, 1u << (key & 31));
+}
+
 /* ------------------------------------------------------------------ real symbols */
 
 /* Every libc function the shim calls past its own hooks: R(name) is the real one,
