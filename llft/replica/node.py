@@ -463,6 +463,10 @@ class ReplicaNode:
             return self.skip_out.get(conn, 0)
         return self.messaging.send_space(conn) + self.skip_out.get(conn, 0)
 
+    def in_flight(self, conn: mg.ConnId) -> int:
+        """Our messages on `conn` not yet covered at the remote group (messaging's)."""
+        return self.messaging.in_flight(conn) if self.live else 0
+
     def output_commit_holds(self) -> bool:
         """Output commit: a primary's output may leave only while every order-info entry
         it may depend on is held by the backups or fits in the message's piggyback (the

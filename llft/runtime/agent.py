@@ -157,7 +157,7 @@ from llft.replica import actions
 from llft.replica import node as rp
 from llft.runtime import config as config_mod
 from llft.runtime import keys
-from llft.runtime import logs, proctree, stalls
+from llft.runtime import eventloop, logs, proctree, stalls
 from llft.runtime import status as status_files
 from llft.runtime.application import (AppMode, Application, raise_agent_priority,
                                       raise_fd_limit)
@@ -603,7 +603,7 @@ class Agent:
         if gc is None:
             gc = self.group_conns[cid] = GroupConn(cid, Outbox(
                 self.driver, lambda view: self._send_out(cid, view), ready=self._output_ready,
-                spawn=self.tasks.spawn))
+                spawn=self.tasks.spawn, in_flight=lambda: self.node.in_flight(cid)))
         return gc
 
     def _send_out(self, cid: mg.ConnId, view: memoryview) -> int:
@@ -1024,6 +1024,12 @@ class Agent:
         every order-info entry this output depends on is in the shim's ring; they go
         first, then the frame's own "F" entry, then the frame (the outbox gives it to
         messaging once both are there and the unprotected order info fits a piggyback)."""
+        st = c.gc.streams.open.get(c.stream)
+        if st is None or st.end_out is not None:
+            # our side of the stream ended already (a promoted backup made its
+            # predecessor's end before its own reader saw the app close)
+            self._count("output_after_end")
+            return
         self._take_order_info()
         if end is None:
             n, out = len(data), b"".join(data_frames(c.stream, data))
@@ -1115,7 +1121,9 @@ class Agent:
         if c.end is True and abort:
             abort = False                   # our own reset of its socket, not the app's
         c.app_end = abort
-        if self.mode is AppMode.PRIMARY and not self._framing:
+        st = c.gc.streams.open.get(c.stream)
+        ended = st is None or st.end_out is not None    # (None: freed, both ends passed)
+        if self.mode is AppMode.PRIMARY and not self._framing and not ended:
             self._frame_live(c, None, Kind.RST if abort else Kind.FIN)
         else:
             self._apply_framing()
@@ -1401,7 +1409,7 @@ def run(args) -> int:
     if why_not:
         log.warning(why_not)
     try:
-        return asyncio.run(agent.run())
+        return eventloop.run(agent.run())
     except OSError as e:
         log.error(f"{e}")
         return 2

@@ -92,7 +92,7 @@ from dataclasses import dataclass
 
 from llft.runtime.application import raise_fd_limit
 from llft.runtime import config as cluster_config
-from llft.runtime import logs, stalls
+from llft.runtime import eventloop, logs, stalls
 from llft.runtime import status as status_files
 from llft.runtime.driver import Driver
 from llft.runtime.outbox import Outbox
@@ -152,7 +152,8 @@ class Gateway:
         self.streams = StreamTable(remote_opens=False)
         self.decoder = FrameDecoder()
         self.next_offset = 0                # the group's byte stream: next offset expected
-        self.outbox = Outbox(self.driver, self._send, spawn=self._spawn)
+        self.outbox = Outbox(self.driver, self._send, spawn=self._spawn,
+                             in_flight=lambda: self.core.in_flight(self.conn))
         self.clients: dict[int, Client] = {}
         self.counters: Counter[str] = Counter()
         self.tasks: set[asyncio.Task] = set()
@@ -497,7 +498,7 @@ def run(args) -> int:
         cluster_config.check_interface(cfg)
         listen = parse_listen(args.listen)
         gw = Gateway(cfg, args.group, key, listen)
-        return asyncio.run(gw.serve())
+        return eventloop.run(gw.serve())
     except (cluster_config.ConfigError, GatewayError) as e:
         print(f"llft gateway: {e}", file=sys.stderr)
         return 2

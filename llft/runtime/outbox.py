@@ -5,10 +5,14 @@ messaging connection (llft/protocol/streams.py). Each producer (a client's or an
 socket's reader) appends whole frames to the connection's outbox in one synchronous step,
 so frames never interleave; the outbox gives messaging as many bytes as it admits
 (`send`), and when messaging is full or may not take output yet (`ready()` false: output
-commit at a primary) one task waits for the driver's progress and pushes again. What is
-put during one turn of the event loop goes to messaging together at the start of the
-next (one `call_soon`): the replies of many streams read in one turn share messages
-instead of taking one each.
+commit at a primary) one task waits for the driver's progress and pushes again.
+
+When to push (Nagle's rule, per group connection): output put while the connection has
+nothing of ours in flight goes at once (a lone request/reply exchange pays no extra loop
+turn); output put while messages are in flight waits for the end of this turn of the
+event loop (one `call_soon`), so the replies of many streams read meanwhile share
+messages instead of taking one each (16 echo clients, one replica: ~3,200 req/s pushing
+every frame at once, ~5,500 coalescing).
 Producers call `room()` before they read more: while the outbox holds HIGH_BYTES they
 wait until it drained below LOW_BYTES, so load beyond what the group connection carries
 waits in the producers' sockets (TCP flow control) instead of in memory.
@@ -27,10 +31,12 @@ LOW_BYTES = 64 << 10            # ... until it is below this
 class Outbox:
     def __init__(self, driver, send: Callable[[memoryview], int],
                  ready: Callable[[], bool] = lambda: True,
-                 spawn: Callable[..., asyncio.Task] | None = None):
+                 spawn: Callable[..., asyncio.Task] | None = None,
+                 in_flight: Callable[[], int] = lambda: 0):
         self.driver = driver
         self._send = send               # bytes -> how many messaging accepted
         self._ready = ready             # may output go to messaging now?
+        self._in_flight = in_flight     # our messages on the connection not yet covered
         self._spawn = spawn or (lambda coro, name: asyncio.ensure_future(coro))
         self.buf = bytearray()
         self._room = asyncio.Event()
@@ -43,9 +49,13 @@ class Outbox:
         self.waits = 0                  # times the outbox had to wait for messaging
 
     def put(self, data: bytes) -> None:
-        """Append frames; they go to messaging with the rest of this loop turn's."""
+        """Append frames: at once on an idle connection, else with the rest of this
+        loop turn's (see the module docstring)."""
+        idle = not self.buf and self._soon is None
         self.buf += data
-        if self._soon is None:
+        if idle and not self._in_flight():
+            self.push()
+        elif self._soon is None:
             self._soon = asyncio.get_running_loop().call_soon(self.push)
         if len(self.buf) >= HIGH_BYTES:
             self._room.clear()

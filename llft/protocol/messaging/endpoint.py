@@ -311,6 +311,12 @@ class MessagingEndpoint:
             return max(0, self.config.max_queue_bytes - c.send.queue_bytes)
         return max(0, self.config.max_log_bytes - c.send.log_bytes)
 
+    def in_flight(self, conn: ConnId) -> int:
+        """Messages of ours on `conn` sent and not yet covered by the remote group
+        watermark, plus those queued behind them (0 for an unknown connection)."""
+        c = self.conns.get(conn)
+        return 0 if c is None else len(c.send.sent) + len(c.send.queue)
+
     def send(self, conn: ConnId, data: bytes, now_us: int | None = None) -> int:
         """Accept up to send_space() bytes of the application's stream; returns how many.
         The primary sends them (window permitting); a backup logs them."""
