@@ -60,8 +60,8 @@ A primary registers a stream (a "C" entry) when its first frame is delivered, th
 connects it to the app; every replica connects the streams in the order of the "C"
 entries, so every app accepts them in the same order. A backup feeds "S" entries to its
 shim (a thread: the feeder blocks while the app is behind), connects on "C" entries and
-frames on "F" entries. A promoted backup continues live only once it has made every
-frame its predecessor made.
+frames on "F" entries (llft/replica/framing.py, `Framer`: the rules and why a promoted
+backup finishes its predecessor's frames before it frames live).
 
 Output commit (docs/DESIGN.md, "Output commit"): before the primary hands the app's
 output to messaging it drains the shim's ring, so every order-info entry the output
@@ -151,10 +151,11 @@ from determinizer import orderinfo
 from determinizer.grpcrelay import Relay, relay_env
 from llft.protocol import messaging as mg
 from llft.protocol.messages import Role
-from llft.protocol.streams import (FrameDecoder, FrameError, Kind, StreamTable, data_frames,
-                                   frame)
+from llft.protocol.streams import FrameDecoder, FrameError, Kind, StreamTable
 from llft.replica import actions
 from llft.replica import node as rp
+from llft.replica.framing import ENTRY as FRAME_ENTRY
+from llft.replica.framing import Framer, Made
 from llft.runtime import config as config_mod
 from llft.runtime import keys
 from llft.runtime import eventloop, logs, proctree, stalls
@@ -173,8 +174,6 @@ READ_BYTES = 64 << 10            # app output read at a time, per connection
 TERM_FLUSH_S = 1.0               # SIGTERM at a primary: wait this long for backups' acks
 PROMOTE_CHECK_S = 0.002          # how often a promoting agent checks the app's progress
 TAG_SHIM, TAG_CONN, TAG_FRAME = b"S", b"C", b"F"
-FRAME_ENTRY = struct.Struct("!Iq")   # an "F" entry: stream k, bytes (or an end, below)
-FRAME_FIN, FRAME_RST = -1, -2
 FRAMING_WAIT_LOG_S = 5.0         # a promotion waiting this long for the app's output: logged
 PIGGYBACK_BYTES = 16 << 10       # order info a message may carry (output commit, above)
 APP_STATE_VERSION = 1
@@ -233,8 +232,6 @@ class AppConn:
     reader_task: asyncio.Task | None = None
     end: bool | None = None          # the remote side's end passed: abort?  (None: not yet)
     app_end: bool | None = None      # the app closed its side (our reader saw it): abort?
-    out: bytearray = field(default_factory=bytearray)   # backup: read, not yet framed
-    void: bool = False               # backup: reset by the remote; its output is read by nobody
 
     @property
     def stream(self) -> int:
@@ -317,9 +314,8 @@ class Agent:
         self.by_index: dict[int, AppConn] = {}        # ... registered ones, by their k
         self.registered = 0                   # "C" entries so far (the next index)
         self.unregistered: list[AppConn] = []  # primary: delivered on, no "C" yet
-        # backup: the primary's frames ("F" entries: stream k, bytes or end) not yet
-        # made here, in order; each waits for our app to write those bytes
-        self._framing: collections.deque[tuple[int, int]] = collections.deque()
+        # the app's output, framed identically at every replica ("F" entries)
+        self.framer = Framer()
         self._framing_wait_since = 0.0        # a promoted primary waits for its app's bytes
         self.streams_freed = 0
         self._connect_queue: asyncio.Queue = asyncio.Queue()
@@ -670,8 +666,8 @@ class Agent:
         if c.writer is not None:
             self._end_stream(c)
         self._stream_progress(c)
-        if abort and self._framing:
-            self._apply_framing()           # a frame waiting for its bytes may be void now
+        if abort and c.index >= 0:
+            self._made(*self.framer.remote_reset(c.index))  # its frames go by length now
 
     def _group_closed(self, a: actions.Closed) -> None:
         """The remote group ended the whole connection: every stream it had not ended
@@ -735,6 +731,7 @@ class Agent:
         gc.conns.pop(c.stream, None)
         if self.by_index.get(c.index) is c:
             del self.by_index[c.index]
+            self.framer.forget(c.index)
         if c.writer is not None and c.end is not True:
             c.writer.close()
         if gc.freed:
@@ -779,6 +776,7 @@ class Agent:
                                f"(expected {self.registered})")
         c.index = k
         self.by_index[k] = c
+        self.framer.add(k, c.gc.cid, c.stream)
         self.registered += 1
         self._connect_queue.put_nowait(c)
 
@@ -801,8 +799,7 @@ class Agent:
                 self._registered(c, k)
             self._mark(pvn, pos)
         elif tag == TAG_FRAME and len(body) % FRAME_ENTRY.size == 0:
-            self._framing.extend(FRAME_ENTRY.iter_unpack(body))
-            self._apply_framing()
+            self._made(*self.framer.entries(body))
             self._mark(pvn, pos)
         else:
             self._count("bad_agent_entry")
@@ -826,6 +823,7 @@ class Agent:
     def _become_primary(self, pvn: int) -> None:
         if self.mode is AppMode.NONE:
             self._relay_up()
+            self.framer.primary = True
             self.app.start_primary(self.env)
             _log(f"primary of view {pvn} (founder): {self._why_primary(pvn)}")
         elif self.mode is AppMode.BACKUP:
@@ -852,7 +850,7 @@ class Agent:
             if c.index < 0:
                 self.unregistered.append(c)
         self._register_new()
-        self._apply_framing()           # live once the predecessor's frames are made
+        self._made(*self.framer.promote())  # live once the predecessor's frames are made
         ms = (time.monotonic() - t0) * 1000
         replayed = (app.fed_entries or 0) - self._promote_from
         _log(f"primary of view {pvn}: application promoted after {ms:.1f} ms "
@@ -1011,105 +1009,38 @@ class Agent:
             if not data:
                 self._app_closed(app, c, abort)
                 return
-            if self.mode is AppMode.PRIMARY and not self._framing:
-                self._frame_live(c, data)
-            elif c.void:
-                self._count("void_output_bytes", len(data))   # framed as its length
-            else:
-                c.out += data
-                self._apply_framing()
+            self._made(*self.framer.output(c.index, data))
 
-    def _frame_live(self, c: AppConn, data: bytes | None, end: Kind | None = None) -> None:
-        """The primary frames its app's output (or the stream's end) now. Output commit:
-        every order-info entry this output depends on is in the shim's ring; they go
-        first, then the frame's own "F" entry, then the frame (the outbox gives it to
-        messaging once both are there and the unprotected order info fits a piggyback)."""
-        st = c.gc.streams.open.get(c.stream)
-        if st is None or st.end_out is not None:
-            # our side of the stream ended already (a promoted backup made its
-            # predecessor's end before its own reader saw the app close)
-            self._count("output_after_end")
-            return
-        self._take_order_info()
-        if end is None:
-            n, out = len(data), b"".join(data_frames(c.stream, data))
-        else:
-            c.gc.streams.ended_out(c.stream, end)
-            n, out = (FRAME_FIN if end is Kind.FIN else FRAME_RST), frame(end, c.stream)
-        rec = FRAME_ENTRY.pack(c.index, n)
-        last = self._oi_pending[-1] if self._oi_pending else b""
-        if last[:1] == TAG_FRAME and len(last) < MAX_OI_PIECE:
-            self._oi_pending[-1] = last + rec
-        else:
-            self._oi_pending.append(TAG_FRAME + rec)
-        self._push_order_info()
-        self._count("frames_out")
-        c.gc.outbox.put(out)
-        if end is not None:
-            self._stream_progress(c)
-
-    def _apply_framing(self) -> None:
-        """A backup frames its app's output as its primary did ("F" entries, in order),
-        each frame once our app has written its bytes. A promoted backup does the same
-        with what is left of its predecessor's frames, then frames live (`_go_live`):
-        its app may still have to write the last of them, live (the old primary's record
-        of its send can be missing: the agent reads the bytes as soon as the send made
-        them readable, and may drain the shim's ring before the send's own entry is in
-        it)."""
-        while self._framing:
-            k, n = self._framing[0]
-            c = self.by_index.get(k)
-            if c is None:
-                self._count("frame_of_unknown_stream")
-            elif n >= 0:
-                if len(c.out) < n and c.end is True:
-                    # The remote side reset the stream: nobody will read these bytes, and
-                    # our app's may be gone with the socket we reset (the primary's agent
-                    # read them before its own reset). The byte stream's length is what
-                    # every replica must agree on: n bytes, ours as far as we have them.
-                    c.void = True
-                if c.void:
-                    self._count("void_frame_bytes", max(0, n - len(c.out)))
-                    data = bytes(c.out[:n]).ljust(n, b"\0")
-                    del c.out[:n]
-                elif len(c.out) < n:
-                    if self.mode is AppMode.PRIMARY and not self._framing_wait_since:
-                        self._framing_wait_since = time.monotonic()
-                    return                      # our app has not written them yet
-                else:
-                    data = bytes(c.out[:n])
-                    del c.out[:n]
-                c.gc.outbox.put(b"".join(data_frames(c.stream, data)))
+    def _made(self, records: bytes, made: list[Made]) -> None:
+        """What the framer made (llft/replica/framing.py). At a primary its "F" entries
+        go to the order information first, after the shim's entries this output depends
+        on (output commit: the outbox gives a frame to messaging only once everything
+        before it is there and the unprotected order info fits a piggyback); then each
+        frame goes to its connection's outbox, and an end ends our side of the stream."""
+        if records:
+            self._take_order_info()
+            last = self._oi_pending[-1] if self._oi_pending else b""
+            if last[:1] == TAG_FRAME and len(last) < MAX_OI_PIECE:
+                self._oi_pending[-1] = last + records
             else:
-                end = Kind.FIN if n == FRAME_FIN else Kind.RST
+                self._oi_pending.append(TAG_FRAME + records)
+            self._push_order_info()
+            self._count("frames_out", len(records) // FRAME_ENTRY.size)
+        for m in made:
+            gc = self.group_conns.get(m.conn)
+            if gc is None:
+                self._count("frames_of_a_gone_connection")
+                continue
+            gc.outbox.put(m.frames)
+            if m.end is not None:
                 try:
-                    c.gc.streams.ended_out(c.stream, end)
+                    gc.streams.ended_out(m.sid, m.end)
                 except (FrameError, KeyError):
                     self._count("bad_frame_end")
-                else:
-                    if c.out:
-                        self._count("output_after_end")     # diverged: the shim reports it
-                    c.gc.outbox.put(frame(end, c.stream))
+                    continue
+                c = gc.conns.get(m.sid)
+                if c is not None:
                     self._stream_progress(c)
-            self._framing.popleft()
-        self._framing_wait_since = 0.0
-        if self.mode is AppMode.PRIMARY:
-            self._go_live()
-
-    def _go_live(self) -> None:
-        """A promoted backup made every frame its predecessor made: what its app wrote
-        beyond them (and ends its reader saw) is framed now, as a primary frames."""
-        for k in sorted(self.by_index):
-            c = self.by_index.get(k)
-            if c is None:
-                continue
-            if c.out:
-                data = bytes(c.out)
-                c.out.clear()
-                self._frame_live(c, data)
-            st = c.gc.streams.open.get(c.stream)
-            if c.app_end is not None and st is not None and st.end_out is None:
-                self._frame_live(c, None, Kind.RST if c.app_end else Kind.FIN)
 
     def _app_closed(self, app: Application, c: AppConn, abort: bool) -> None:
         """The app closed (FIN) or reset its side of `c`: our side of the stream ends
@@ -1121,13 +1052,8 @@ class Agent:
         if c.end is True and abort:
             abort = False                   # our own reset of its socket, not the app's
         c.app_end = abort
-        st = c.gc.streams.open.get(c.stream)
-        ended = st is None or st.end_out is not None    # (None: freed, both ends passed)
-        if self.mode is AppMode.PRIMARY and not self._framing and not ended:
-            self._frame_live(c, None, Kind.RST if abort else Kind.FIN)
-        else:
-            self._apply_framing()
-            self._release_if_done(c)
+        self._made(*self.framer.app_ended(c.index, Kind.RST if abort else Kind.FIN))
+        self._release_if_done(c)
 
     # -- output commit of the app's external sends (native/llft_shm.h, ctl.commit_*) --
     def _commit_wanted(self) -> None:
@@ -1179,15 +1105,21 @@ class Agent:
     def _check_framing_wait(self) -> None:
         """A promoted primary whose app has not written bytes its predecessor framed for
         long: its output would differ from what the remote group got (logged once)."""
+        waiting = self.framer.waiting()
+        if waiting is None:
+            self._framing_wait_since = 0.0
+            return
+        if not self._framing_wait_since:
+            self._framing_wait_since = time.monotonic()
         since = self._framing_wait_since
-        if since > 0 and time.monotonic() - since > FRAMING_WAIT_LOG_S and self._framing:
+        if since > 0 and time.monotonic() - since > FRAMING_WAIT_LOG_S:
             self._framing_wait_since = -1.0     # logged
-            k, n = self._framing[0]
+            k, n, written = waiting
             c = self.by_index.get(k)
             what = "unknown stream" if c is None else (
-                f"{len(c.out)} so far; connected {c.writer is not None}, app end "
+                f"{written} so far; connected {c.writer is not None}, app end "
                 f"{c.app_end}, remote end {c.end}, outbox {len(c.gc.outbox.buf)} bytes, "
-                f"{len(self._framing)} frames to make")
+                f"{len(self.framer.pending)} frames to make")
             log.warning(f"the predecessor framed {n} bytes of stream {k} that this "
                         f"application has not written after {FRAMING_WAIT_LOG_S:g} s "
                         f"({what}): its output on every stream waits behind them")
@@ -1362,7 +1294,8 @@ class Agent:
                                             for g in self.group_conns.values())},
             "rss_kb": _rss_kb(),
             "diverged": app.divergence,
-            "counters": {**self.counters, **{f"node_{k}": v for k, v in node_stats.items()}},
+            "counters": {**self.counters, **{f"node_{k}": v for k, v in node_stats.items()},
+                         **{f"framer_{k}": v for k, v in self.framer.stats.items()}},
             "transport": self.endpoint.stats() if not self.endpoint.closed else {},
             "events": self.events[-20:],
             "written_mono": time.monotonic(),
