@@ -284,6 +284,43 @@ def test_half_close_and_reset_across_a_takeover(tmp_path):
         assert c["connections_freed"] == 120
 
 
+ASYNC_ECHO = [sys.executable, os.path.join(EXAMPLES_DIR, "async_echo.py"), "9000"]
+
+
+def test_a_thousand_connections_open_at_once(tmp_path, soak):
+    """Many client connections open at the same time (an asyncio app serves them all
+    from one thread): each is a stream of the gateway's one group connection, no limit
+    of open connections but the hosts' descriptors. Every client gets its own bytes back,
+    then all close: every stream is freed at every replica, the group never changed its
+    view, no replica diverged."""
+    n = {"off": 1000, "small": 1000}.get(soak, 3000)
+    with LocalCluster(str(tmp_path), group="echo") as lc:
+        addr = lc.start_service(("r1", "r2"), ASYNC_ECHO)
+        view = lc.status()["view"]
+        socks = [socket.create_connection(addr, timeout=CLIENT_TIMEOUT_S) for _ in range(n)]
+        try:
+            for i, s in enumerate(socks):
+                s.sendall(f"client {i}\n".encode())
+            for i, s in enumerate(socks):
+                want, got = f"client {i}\n".encode(), b""
+                while len(got) < len(want):
+                    d = s.recv(4096)
+                    assert d, f"client {i}: the connection closed after {got!r}"
+                    got += d
+                assert got == want, i
+            lc.wait_status(lambda st: any(m["role"] == "primary" and m["streams"]
+                                          and m["streams"]["open"] >= n
+                                          for m in st["members"]),
+                           60, f"{n} streams open at the primary at once")
+        finally:
+            for s in socks:
+                s.close()
+        st = streams_settled(lc, 2, clients=n)
+        no_divergence(st)
+        assert st["view"] == view
+        assert st["gateways"][0]["streams"]["freed"] == n
+
+
 BURST_SERVER = [sys.executable, os.path.join(os.path.dirname(__file__), "..", "programs",
                                              "thread_burst_server.py"), "9000"]
 
