@@ -76,9 +76,6 @@ setup(
         "psutil>=5.9",
         "scapy>=2.5",
         "pyspark>=3.5",
-        # the agent's and the gateway's event loop (llft/runtime/eventloop.py): libuv's
-        # dispatch costs less per datagram than asyncio's selector loop
-        "uvloop>=0.19",
     ],
     extras_require={
         # the Spark Connect client (pyspark[connect], pandas below 3 as pyspark 4.3 asks)
