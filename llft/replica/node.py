@@ -355,6 +355,15 @@ class ReplicaNode:
                                         f"behind for {self.lag_give_up_us / 1e6:g} s")
         return hold
 
+    def lag_quiet(self) -> bool:
+        """The primary: no backup has entries to execute and none is being timed (over
+        the bound, released): `lag_hold` has nothing to decide until entries move."""
+        if self._over_since or self._released:
+            return False
+        lags = self.messaging.backup_lag(self._now) if self.live else {}
+        return all(n == 0 and (b in self._ready or not caught_up)
+                   for b, (n, _, caught_up) in lags.items())
+
     def status_snapshot(self) -> dict:
         """The replica as `llft status` shows it (the agent adds its own fields)."""
         m = self.membership

@@ -107,7 +107,8 @@ changes, resets and promotions say why.
 Status: every STATUS_PERIOD_S and at each change the agent writes
 `<runtime_dir>/<group>/<birth>.json` (atomically), read by `llft status`.
 
-Lag (docs/LOG.md). Every LAG_CHECK_S the lag task runs:
+Lag (docs/LOG.md). Every LAG_CHECK_S while entries move (and every LAG_IDLE_S while
+none do: an idle agent is not woken 50 times a second for nothing) the lag task runs:
   at a backup   the shim's progress counter (entries the app completed) is turned into
                 the order-info position the app executed (`_marks`: per position fed,
                 the running count of shim entries up to it) and given to the node, which
@@ -184,6 +185,7 @@ CONNECT_FD_RETRY_S = 0.05       # out of descriptors: retry a connection to the 
 HISTORY_SLICE = 1000             # restored log entries handed to the app per loop turn
 FOUNDING_GUARD_S = 0.02         # a joiner re-reads this host's status files (founding)
 LAG_CHECK_S = 0.02               # backups report execution / the primary checks the bound
+LAG_IDLE_S = 1.0                 # ... and this often while no entry is outstanding
 CATCH_UP_WINDOW_S = 5.0          # a backup's execution rate is measured over this long
 CATCH_UP_WAIT_MAX_S = 60.0       # longest wait its detector adds for its own replay
 
@@ -336,6 +338,7 @@ class Agent:
         self._restored_mono = 0.0
         self._own_lag = {"entries": 0, "ms": 0.0}
         self._lag_held = False                # primary: backpressure on (see docstring)
+        self._lag_work = asyncio.Event()      # entries moved: the lag task checks again
         self._promote_from = 0                # entries executed when promotion began
         self._held_since = 0.0
 
@@ -941,6 +944,7 @@ class Agent:
             return
         data = self.app.drain()
         if data:
+            self._lag_work.set()
             self._oi_pending.extend(TAG_SHIM + p for p in orderinfo.pieces(data, MAX_OI_PIECE))
         self._push_order_info()
 
@@ -1092,15 +1096,27 @@ class Agent:
         every shim entry fed so far."""
         if self.mode is AppMode.BACKUP:
             self._marks.append((pvn, pos, self._fed_total, time.monotonic()))
+            self._lag_work.set()
 
     async def _lag_loop(self) -> None:
         while True:
             await asyncio.sleep(LAG_CHECK_S)    # a reporting period
             if self.mode is AppMode.BACKUP:
-                self._report_executed()
+                busy = self._report_executed()
             elif self.mode is AppMode.PRIMARY:
                 self._check_lag_bound()
                 self._check_framing_wait()
+                busy = not self.node.lag_quiet() or self.framer.waiting() is not None
+            else:
+                busy = False
+            if not busy:
+                # nothing outstanding: wait for entries to move (a backup's marks, the
+                # primary's drained entries), and look again now and then regardless
+                self._lag_work.clear()
+                try:
+                    await asyncio.wait_for(self._lag_work.wait(), LAG_IDLE_S)
+                except TimeoutError:
+                    pass
 
     def _check_framing_wait(self) -> None:
         """A promoted primary whose app has not written bytes its predecessor framed for
@@ -1157,10 +1173,12 @@ class Agent:
             self._founding_held = why
         self.node.hold_founding(why)
 
-    def _report_executed(self) -> None:
+    def _report_executed(self) -> bool:
+        """Whether anything is outstanding still (entries fed and not executed, a
+        catch-up to finish)."""
         consumed = self.app.consumed_entries
         if consumed is None:
-            return
+            return True
         done = None
         while self._marks and self._marks[0][2] <= consumed:
             done = self._marks.popleft()
@@ -1180,6 +1198,7 @@ class Agent:
             _log(f"caught up: the application replayed the history it joined with "
                  f"({self._history_entries} entries) in {s:.2f} s; ready")
             self._event("ready", replay_s=round(s, 3), entries=self._history_entries)
+        return bool(self._marks) or consumed < self._fed_total or self._sync == "catching-up"
 
     def _catch_up_estimate_us(self, now: float, consumed: int) -> int:
         """How long the app needs for the entries it was given and has not executed:
@@ -1233,11 +1252,14 @@ class Agent:
 
     # ---- status --------------------------------------------------------------------------
     async def _status_loop(self) -> None:
-        next_orphan_check = 0.0
+        next_orphan_check = next_hang_rearm = 0.0
         while True:
-            # a loop that stops (a blocking call, a deadlock) leaves the log silent: if this
-            # task does not re-arm it in time, every thread's stack goes to the log
-            faulthandler.dump_traceback_later(LOOP_HANG_S, repeat=True)
+            if time.monotonic() >= next_hang_rearm:
+                # a loop that stops (a blocking call, a deadlock) leaves the log silent: if
+                # this task does not re-arm it in time, every thread's stack goes to the
+                # log (each arming starts a thread: not at every status period)
+                next_hang_rearm = time.monotonic() + LOOP_HANG_S / 4
+                faulthandler.dump_traceback_later(LOOP_HANG_S, repeat=True)
             self._write_status()
             if self.app.diverged:
                 self._diverged()

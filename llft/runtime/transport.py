@@ -33,6 +33,7 @@ This is the I/O layer: it reads the monotonic clock and hands `now_us` to the de
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import hashlib
 import ipaddress
 import logging
@@ -212,6 +213,33 @@ def multicast_receive_socket(addr: GroupAddress, interface: str,
     return s
 
 
+SO_ATTACH_FILTER = 26                 # linux/asm-generic/socket.h
+SKF_NET_OFF = -0x100000               # linux/filter.h: classic BPF offset of the IP header
+
+
+def drop_datagrams_from(sock: socket.socket, src: tuple[str, int]) -> bool:
+    """Make the kernel drop datagrams from `src` (ip, port) before they reach `sock`:
+    a classic BPF socket filter. With multicast loop on, every multicast of ours comes
+    back to our own receive socket; dropped here it wakes nobody (at an idle agent a
+    third of its input). A UDP socket's filter sees the datagram from its UDP header
+    (offset 0: source port) and the IPv4 header at SKF_NET_OFF. False where the kernel
+    refuses it (the endpoint then drops the echoes itself, after receiving them)."""
+    ip = struct.unpack("!I", socket.inet_aton(src[0]))[0]
+    prog = [(0x28, 0, 0, 0),                                # ldh [0]: source port
+            (0x15, 0, 3, src[1]),                           # jeq port ? next : accept
+            (0x20, 0, 0, (SKF_NET_OFF + 12) & 0xFFFFFFFF),  # ld [net 12]: source address
+            (0x15, 0, 1, ip),                               # jeq ip ? drop : accept
+            (0x06, 0, 0, 0),                                # drop
+            (0x06, 0, 0, 0xFFFFFFFF)]                       # accept all of it
+    code = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *i) for i in prog))
+    fprog = struct.pack("HxxxxxxQ", len(prog), ctypes.addressof(code))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+    except OSError:
+        return False
+    return True
+
+
 def send_socket(interface: str, ttl: int, loop: bool, sndbuf_bytes: int,
                 bind: tuple[str, int] | None = None) -> socket.socket:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP)
@@ -284,6 +312,7 @@ class Endpoint:
         self.birth_id = birth_id
         self.counters: Counter[str] = Counter()
         self._own_sent: dict[bytes, None] = {}   # our latest datagrams, oldest first
+        self.own_filtered = False       # the kernel drops our echoes (drop_datagrams_from)
         self.rcvbuf_actual_bytes = 0
         self._send_transport: asyncio.DatagramTransport | None = None
         self._recv_transports: list[asyncio.DatagramTransport] = []
@@ -324,6 +353,9 @@ class Endpoint:
                                                                  sock=s)
                 self._recv_transports.append(t)
             self._input_socks = socks + ([ssock] if send_bind is not None else [])
+            src = ssock.getsockname()
+            self.own_filtered = (self.multicast_loop and bool(socks) and
+                                 all(drop_datagrams_from(s, src) for s in socks))
             self._send_transport, _ = await self._loop.create_datagram_endpoint(
                 lambda: _Protocol(self), sock=ssock)
         except BaseException:
@@ -370,7 +402,7 @@ class Endpoint:
         datagrams = self.encoder.encode(msg)
         self.counters["sent_messages"] += 1
         own = (self.birth_id is not None and msg.sender == self.birth_id
-               and dst_group in self.listen_groups)
+               and dst_group in self.listen_groups and not self.own_filtered)
         for d in datagrams:
             if own:
                 # multicast loops our own datagrams back: recognised by their bytes, they

@@ -151,19 +151,30 @@ def test_rejections_counted_and_callback_errors_contained():
     asyncio.run(main())
 
 
-def test_own_multicasts_are_dropped_given_birth_id():
+def test_own_multicasts_are_dropped():
+    """With multicast loop on, our multicasts come back to our own socket: the kernel drops
+    them (a socket filter on our send socket's address), and a message with our birth id
+    that arrives anyway (from another socket) is dropped by the endpoint."""
     addr = rand_group_address()
 
     async def main():
-        got = []
+        got_a, got_b = [], []
         gm = GroupMap({"svc": addr})
-        async with Endpoint(KEY, "svc", got.append, groups=gm, birth_id=99) as ep:
-            ep.send("svc", data_msg(1))                       # sender 99: an echo
+        async with Endpoint(KEY, "svc", got_a.append, groups=gm, birth_id=99) as a, \
+                Endpoint(KEY, "svc", got_b.append, groups=gm, birth_id=7) as b:
+            assert a.own_filtered and b.own_filtered
+            a.send("svc", data_msg(1))                        # sender 99: a's echo
+            assert await b.wait_until(lambda: len(got_b) == 1, 10)
+            b.send("svc", data_msg(2))                        # sender 99 from b's socket
             hb = Message(MsgType.HEARTBEAT, "svc", "svc", 0, Role.CLIENT, 1, 1, 7,
                          body={"rank": 2, "served": 0, "lineage": 0, "change": 0})
-            ep.send("svc", hb)
-            assert await ep.wait_until(lambda: len(got) == 1, 10)
-            assert got[0].sender == 7 and ep.counters["own_messages"] == 1
+            b.send("svc", hb)
+            assert await a.wait_until(lambda: len(got_a) == 1, 10)
+            assert got_a[0].sender == 7 and a.counters["own_messages"] == 1
+            # a heard b's two datagrams and never its own; b only a's
+            assert a.counters["received_datagrams"] == 2, a.stats()
+            assert b.counters["received_datagrams"] == 1, b.stats()
+            assert [m.msn for m in got_b] == [1]
 
     asyncio.run(main())
 

@@ -166,6 +166,9 @@ CHECK_WATERMARK = False
 # no data moves on it (many idle connections to one group then cost little)
 KEEPALIVE_OWN_EVERY = 4
 KEEPALIVE_OWN_MAX = 16
+# ... and a primary without backups on an idle connection doubles its keep-alive interval
+# this many times (15 ms -> 480 ms)
+LONE_IDLE_BACKOFF = 5
 # unacked order info is sent to the backups again after order_info_intra_us, doubling up
 # to this many times while no ack comes
 INTRA_BACKOFF_MAX = 5
@@ -1136,6 +1139,17 @@ class MessagingEndpoint:
         # and each connection still speaks itself every KEEPALIVE_OWN_EVERY intervals,
         # so what only it carries (ack, delivered) is repeated if a datagram was lost
         ka = self.config.keepalive_us
+        if (not self.backups and not c.send.sent and not c.send.queue
+                and not c.recv.received and not c.recv.held):
+            # A primary alone in its group (a gateway) on a connection with nothing in
+            # flight either way backs off: no remote backup relies on its keep-alives as
+            # evidence (PROBE answers are about primaries with backups), and a remote
+            # group whose watermark our silence pins asks for a fresh one (SOLICIT).
+            # A gateway's group connection stays open while it runs: its keep-alives
+            # reached every server replica 66 times a second when idle. (A primary WITH
+            # backups keeps its pace: its keep-alives are what the remote group answers a
+            # probing backup of ours with, membership/core.py "Takeover needs evidence".)
+            ka <<= min(c.send.ka_idle, LONE_IDLE_BACKOFF)
         spoke = c.send.last_send_us
         if c.recv.told_delivered == c.recv.delivered:
             own = min(KEEPALIVE_OWN_EVERY << c.send.ka_idle, KEEPALIVE_OWN_MAX)
