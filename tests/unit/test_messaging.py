@@ -731,3 +731,43 @@ def test_rto_estimator_jacobson_karels_karn_backoff():
     s.sent_at[3] = 60_000
     s.on_acked(3, 61_000)
     assert s.rto.srtt_us == 1_000
+
+
+def test_an_idle_connection_of_a_lone_primary_backs_off_its_keep_alives():
+    """A gateway is a primary without backups; its group connection stays open while it
+    runs. Idle, it backs its keep-alives off (nobody takes its keep-alives as evidence),
+    while the server primary, whose keep-alives a probing backup's evidence rests on,
+    keeps the interval; data after the idle time still goes at once."""
+    sim = Sim(5, NetConfig())
+    a, b = pair(a_members=(1,), b_members=(2, 3))
+    kas = {x: [] for x in (1, 2)}
+    got = bytearray()
+
+    def on_action(node, action, now):
+        if node == 2 and isinstance(action, Deliver):
+            got.extend(action.data)
+
+    for x, e in {**a, **b}.items():
+        take = e.take_actions
+
+        def counted(x=x, take=take, e=e):
+            acts = take()
+            if x in kas:
+                kas[x] += [e._now for m in sends(acts, MsgType.KEEP_ALIVE)]
+            return acts
+        e.take_actions = counted
+        sim.add_node(x, e, ["A" if x in a else "B"], on_action)
+    sim.at(0, lambda s: a[1].send(CONN_A, b"hello", now_us=s.now_us), 1)
+    sim.run_until(200_000)
+    assert bytes(got) == b"hello"
+    idle_from, idle_to = 200_000, 2_200_000
+    sim.run_until(idle_to)
+    ka = CFG.keepalive_us
+    lone = [t for t in kas[1] if t >= idle_from]
+    served = [t for t in kas[2] if t >= idle_from]
+    # backed off to keepalive_us << LONE_IDLE_BACKOFF: a handful in 2 s, not 2 s / 15 ms
+    assert len(lone) <= (idle_to - idle_from) // (ka << 4) + 2, lone
+    assert len(served) >= (idle_to - idle_from) // ka // 2, len(served)
+    sim.at(idle_to, lambda s: a[1].send(CONN_A, b" again", now_us=s.now_us), 1)
+    sim.run_until(idle_to + 20_000)        # well within one backed-off interval
+    assert bytes(got) == b"hello again"
