@@ -9,7 +9,8 @@ Configurations, measured in ONE run (same machine, same moment):
 
 One phase per replica count (its group started, measured interleaved with tcp and
 proxy, stopped). Per phase:
-  idle       agent CPU (% of one core, psutil cpu_times over `--idle-s` seconds, no load)
+  idle       agent CPU (% of one core, psutil cpu_times over `--idle-s` seconds, no load,
+             once the gateway closed its idle group connection)
              and the group's datagrams/s meanwhile (agents' transport counters)
   latency    p50/p99 of `--rounds` 1 KB round trips, one client, interleaved in blocks
   throughput req/s with each of `--clients` request/reply clients (`--duration` s each),
@@ -122,12 +123,25 @@ def _wait_status_fresh(target, after: float, timeout_s: float = 5.0) -> None:
         time.sleep(0.05)        # polling status files, bounded by the deadline
 
 
+def _wait_gateway_idle(target, timeout_s: float = 10.0) -> None:
+    """Until the gateway closed its idle group connection (gateway.IDLE_CLOSE_S after
+    the set-up's probe request): idle is measured as a user's idle group is."""
+    lc = target.cluster
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        gws = status.read_files(lc.cfg.status_dir(lc.group))[1]
+        if gws and all(g.get("connections") == 0 for g in gws):
+            return
+        time.sleep(0.05)        # polling status files, bounded by the deadline
+
+
 def measure_idle(setup: Setup, target, seconds: float) -> dict:
     procs = {n: p for n, p in _procs(setup, target).items() if n.startswith("r")
              and "." not in n}
     procs["gateway"] = _procs(setup, target).get("gateway")
     procs = {n: p for n, p in procs.items() if p is not None}
     time.sleep(1.0)             # settle: the group just finished its set-up
+    _wait_gateway_idle(target)
     t0 = time.monotonic()
     _wait_status_fresh(target, t0)
     d0, c0, w0 = _datagrams(target), _cpu_s(procs), time.monotonic()

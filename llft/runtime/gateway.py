@@ -19,6 +19,11 @@ accepted TCP client is a *stream* inside it, numbered 1, 2, ... (llft/protocol/s
 frames of DATA, FIN, RST). So the control traffic between the gateway and the group --
 acknowledgements, keep-alives, retransmission timers, watermarks -- is one connection's,
 however many clients come and go, and replies of many clients share messages.
+The connection is opened by the first client and closed (its end, freed at every
+replica) once no stream has been open for IDLE_CLOSE_S; the next client opens the next
+one (conn_seq + 1). An open connection costs the group's primary a keep-alive every
+keep-alive interval even when idle (they are the evidence a probing backup asks remote
+groups for: membership/core.py), so an idle gateway holds none.
 
 - Opening: an accepted client's stream opens with an empty DATA frame at once, so the
   group's application accepts the connection even before the client says anything (a
@@ -108,6 +113,7 @@ STATUS_INTERVAL_S = 0.5
 READ_BYTES = 64 << 10
 MAX_CLIENT_BACKLOG_BYTES = 32 << 20     # unread replies before a client is dropped
 CONN_SEQ_BITS = 40
+IDLE_CLOSE_S = 1.0                      # no stream open this long: the group connection closes
 EXIT_TASK_FAILED = 70                   # a background task failed (EX_SOFTWARE)
 
 
@@ -147,11 +153,15 @@ class Gateway:
         self.core = MessagingEndpoint(self.gcfg.gateway_group, self.birth,
                                       cfg.messaging_config(self.endpoint.encoder.mtu_bytes))
         self.driver = Driver(self.endpoint, self.core, on_action=self._on_action)
-        # the group connection: every client is a stream in it
+        # the group connection: every client is a stream in it (opened by the first
+        # client, closed when idle: `_open_conn`, `_close_if_idle`)
         self.conn = (group, self.conn_seq, Role.CLIENT)
+        self.conn_open = False
         self.streams = StreamTable(remote_opens=False)
+        self.streams_before = (0, 0)        # (opened, freed) in the connections before
         self.decoder = FrameDecoder()
         self.next_offset = 0                # the group's byte stream: next offset expected
+        self._idle_close: asyncio.TimerHandle | None = None
         self.outbox = Outbox(self.driver, self._send, spawn=self._spawn,
                              in_flight=lambda: self.core.in_flight(self.conn))
         self.clients: dict[int, Client] = {}
@@ -174,13 +184,39 @@ class Gateway:
     def _send(self, view: memoryview) -> int:
         return self.driver.call(self.core.send, self.conn, view, self.driver.clock_us())
 
+    def _open_conn(self) -> None:
+        """A client comes and no group connection is open: the next one opens."""
+        if self.streams.opened:             # not the first: a fresh number, fresh state
+            self.conn_seq = (self.conn_seq + 1) % (1 << CONN_SEQ_BITS)
+            self.conn = (self.group, self.conn_seq, Role.CLIENT)
+            self.streams_before = (self.streams_before[0] + self.streams.opened,
+                                   self.streams_before[1] + self.streams.freed)
+            self.streams = StreamTable(remote_opens=False)
+            self.decoder = FrameDecoder()
+            self.next_offset = 0
+        self.core.open(*self.conn)
+        self.conn_open = True
+        self.counters["group_conns_opened"] += 1
+
+    def _close_if_idle(self) -> None:
+        """IDLE_CLOSE_S after the last stream was freed: if none opened since, our end
+        of the group connection goes (after anything still queued); the group frees it."""
+        self._idle_close = None
+        if (self.conn_open and not self.streams.open and self.outbox.empty
+                and not self._broken):
+            self.driver.call(self.core.close, self.conn, False, self.driver.clock_us())
+            self.conn_open = False
+            self.counters["group_conns_closed_idle"] += 1
+
     # -- group -> clients ---------------------------------------------------------------
     def _on_action(self, action) -> None:
         if isinstance(action, Deliver):
-            if action.conn == self.conn:
+            if action.conn == self.conn and self.conn_open:
                 self._deliver(action)
             else:
                 self.counters["orphan_bytes"] += len(action.data)
+        elif isinstance(action, Closed) and action.conn != self.conn:
+            self.counters["group_conn_ends"] += 1       # one we closed when idle
         elif isinstance(action, Closed):
             # the group ended the whole connection: no stream will hear from it again
             self.counters["group_conn_ends"] += 1
@@ -284,6 +320,9 @@ class Gateway:
         if cl is not None and not cl.closed:
             cl.closed = True
             cl.writer.close()               # after the bytes (and FIN) still buffered
+        if not self.streams.open and self._idle_close is None and self.conn_open:
+            self._idle_close = asyncio.get_running_loop().call_later(
+                IDLE_CLOSE_S, self._close_if_idle)
 
     async def _reset_client(self, cl: Client) -> None:
         """A reset after every byte before it: the client's socket gets them all, then
@@ -337,6 +376,11 @@ class Gateway:
             writer.close()
             self.tasks.discard(task)
             return
+        if self._idle_close is not None:
+            self._idle_close.cancel()
+            self._idle_close = None
+        if not self.conn_open:
+            self._open_conn()
         st = self.streams.open_next()
         cl = Client(st.id, writer, peer_s)
         self.clients[st.id] = cl
@@ -390,8 +434,9 @@ class Gateway:
             "gaps": c["gaps"], "orphan_bytes": c["orphan_bytes"],
             "counters": dict(c), "connections": len(self.core.conns),
             # client streams open in the group connection, and freed since the start
-            "streams": {"open": len(self.streams.open), "opened": self.streams.opened,
-                        "freed": self.streams.freed},
+            "streams": {"open": len(self.streams.open),
+                        "opened": self.streams_before[0] + self.streams.opened,
+                        "freed": self.streams_before[1] + self.streams.freed},
             "outbox_bytes": len(self.outbox.buf),
             "messaging": self.core.buffer_sizes(), "messaging_stats": dict(self.core.stats),
             "transport": self.endpoint.stats(),
@@ -439,7 +484,6 @@ class Gateway:
         try:
             self.core.set_view(1, self.birth, [(self.birth, 1)], self.birth,
                                now_us=self.driver.clock_us())
-            self.core.open(*self.conn)
             self.driver.start()
             try:
                 self.server = await asyncio.start_server(self._handle_client, host, port,
@@ -468,7 +512,9 @@ class Gateway:
             # our end of the group connection, after the clients' resets (the group frees
             # the connection once its own end has passed too); bounded: a group that is
             # gone does not hold the gateway's exit
-            if await self.driver.wait_for(lambda: self.outbox.empty, 1.0):
+            if self._idle_close is not None:
+                self._idle_close.cancel()
+            if self.conn_open and await self.driver.wait_for(lambda: self.outbox.empty, 1.0):
                 self.driver.call(self.core.close, self.conn, False, self.driver.clock_us())
                 await self.driver.wait_for(lambda: not any(
                     self.core.buffer_sizes()[k] for k in ("sent", "queue")), 1.0)

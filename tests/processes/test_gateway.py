@@ -297,6 +297,7 @@ def test_gateway_deduplicates_replies_by_offset(tmp_path):
     async def main():
         gw = Gateway(cfg, "g", b"k" * 32, ("127.0.0.1", 0))
         assert gw.gcfg.gateway_group == "g.gateway" and 0 < gw.birth < 2 ** 63
+        gw.conn_open = True             # (as its first client opens it)
         framed = bytearray()            # what the gateway gives messaging
         gw.outbox._send = lambda view: (framed.extend(view), len(view))[1]
         writers = {}
@@ -347,6 +348,7 @@ def test_gateway_resets_clients_on_a_frame_that_breaks_the_rules(tmp_path):
     async def main():
         gw = Gateway(cfg, "g", b"k" * 32, ("127.0.0.1", 0))
         w = FakeWriter()
+        gw.conn_open = True             # (as its first client opens it)
         gw.clients[gw.streams.open_next().id] = Client(1, w, "peer")
         gw._on_action(Deliver(gw.conn, 0, data_frames(7, b"xyz")[0]))
         assert gw.counters["broken_group_stream"] == 1 and w.closed
