@@ -19,6 +19,20 @@ application as the rest of its group (semi-active replication):
           at most PIPELINE_BYTES ahead of the replies it has read (so its output is a
           function of its input); its primary adds an order-info chunk per write.
 
+With `--streams N` (`set streams N`; off by default, so the other seeds keep their
+schedules) the client instead opens N streams (llft/protocol/streams.py) inside ONE
+connection to "s" and writes a fixed sequence of frames drawn from the app seed: each
+stream's request as DATA frames, then FIN, or RST after a prefix of it (once it has read
+every reply to that prefix, so all its replicas read the same replies). The server decodes
+its byte stream (a FrameDecoder per replica), registers each new stream under the next
+number k with a "C" order-info entry at its primary (a backup registers on the entry, a
+promoted backup registers what it was delivered without one), answers each stream's
+bytes as above (blocks salted per stream), FIN with FIN after its last block, and RST by
+dropping what it has not written and resetting too. Its output is framed by a `Framer`
+(llft/replica/framing.py) per incarnation as the agent does it: the primary live, its "F"
+entries added to the order info before the frames go to messaging, a backup by those
+entries, a promoted backup via `Framer.promote()`, a stream the client reset by length.
+
 Replicas start at random times (the first founds each group, the others join with a
 state transfer). During the fault phase the network loses, duplicates and reorders
 datagrams, primaries and backups crash (also a successor during phase 1/2), dead
@@ -55,13 +69,25 @@ Checks on every schedule:
                from (or differs in) what a live server replica's history wrote, and no
                request a server replica read is missing from what a live client replica
                wrote: a heal that keeps a stale branch shows here, before the stall;
+  frames       (--streams) every replica sees each stream's bytes and its FIN/RST at the
+               offset the remote group framed them (the client's plan; a server replica's
+               framer), a client app reads on each stream only bytes a server app wrote
+               there, and a framer makes DATA of bytes its app wrote (zeros past them only
+               for a stream the client reset) and never meets an entry it cannot follow;
+               after faults stop, at every live replica: each stream ended both ways and
+               freed (StreamTable, Framer, unsent frames and entries: nothing left), each
+               client replica read the whole reply (of a reset stream: up to the reset)
+               equal to what every live server app wrote, and the live server replicas
+               framed one byte stream (the payload of reset streams aside, see
+               `mask_frames`), which the clients read;
   liveness     all of the above within LIVENESS_BOUND_US after the faults stop.
 
 Scenario lines (llft/sim/campaign.py has the format and the runner): `set faults loss P
 dup P reorder P`, `set messaging payload B window N`, `set replicas c N s N`,
 `set server-block B` (the server writes its output in blocks of B bytes, a salt each), `set random-cuts
-yes|no`, `request SEQ SIZE...` (the client's writes on connection SEQ), `seed sim N` (the
-kernel and the nodes), `seed app N` (the applications' pacing); events `start NODE`, `crash
+yes|no`, `request SEQ SIZE...` (the client's writes on connection SEQ), `set streams N`
+(instead of `request` lines: N streams in one connection, planned from the app seed),
+`seed sim N` (the kernel and the nodes), `seed app N` (the applications' pacing); events `start NODE`, `crash
 NODE` (skipped if it held its group's last state), `pause NODE US` (stopped for US
 microseconds), `restart NODE` (a new incarnation), `partition A.. | B..` (nodes on
 different sides cannot reach each other), `heal`,
@@ -73,9 +99,13 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import Counter
+from dataclasses import dataclass
 
 from llft.protocol import messaging as mg
 from llft.protocol.messages import Role
+from llft.protocol.streams import (END_KINDS, FrameDecoder, FrameError, HEADER, HEADER_BYTES,
+                                   Kind, StreamTable, frame)
+from llft.replica.framing import Framer
 from llft.replica.node import (Deliver, NotReady, OrderInfo, ReplicaNode, Restored, RestartApp,
                           ViewSwitch)
 from llft.sim.campaign import (Campaign, Outcome, Param, Script, ScenarioError,
@@ -97,6 +127,81 @@ MAX_WRITE_BYTES = 1_500
 MCFG = dict(found_timeout_us=100_000)
 
 XFORM = bytes((b ^ 0xA5) for b in range(256))
+MAX_STREAM_BYTES = 8_000            # --streams: a stream's request
+STREAM_RST_SHARE = 0.4              # --streams: a stream the client resets, not ends
+OUTQ_BYTES = 8_000                  # --streams: framed output held before the app waits
+STREAMS_SEED = 0x5354524541         # the stream plan's randomness: the app seed's
+STREAM_SALT_BLOCKS = 4              # --streams: server blocks per salt
+SLOW_APP_TICK_US = 60_000           # --streams: a slow server app's pace
+
+
+@dataclass
+class StreamPlan:
+    """What the client writes with `set streams N`: N streams in one group connection to
+    "s". Its frames are a fixed sequence (`ops`), so its framing is the same at every client
+    replica without order info: the client's output stays a function of its input (which
+    gates *when* the next frame goes, never *which*), as without streams."""
+    data: dict[int, bytes]                      # stream -> the bytes written on it
+    end: dict[int, Kind]                        # FIN after its last byte, or RST there
+    ops: list[tuple[int, Kind, bytes, int]]     # (stream, kind, payload, conn offset after)
+    framed: bytes                               # the connection's whole byte stream
+
+
+def stream_plan(app_seed: int, n: int) -> StreamPlan:
+    """The plan of `set streams n`, drawn from the app seed (so a scenario needs no more
+    lines): each stream's writes, its end, and one random interleaving of their frames."""
+    rng = random.Random(app_seed ^ STREAMS_SEED)
+    per: list[list[tuple[Kind, bytes]]] = []
+    for i in range(n):
+        total = rng.randint(500, MAX_STREAM_BYTES)
+        sizes, at = [], 0
+        while at < total:
+            sizes.append(min(total - at, rng.randint(1, MAX_WRITE_BYTES)))
+            at += sizes[-1]
+        end = Kind.RST if rng.random() < STREAM_RST_SHARE else Kind.FIN
+        if end is Kind.RST:             # aborted after a prefix of its writes (maybe none)
+            sizes = sizes[:rng.randint(0, len(sizes))]
+        per.append([(Kind.DATA, s) for s in sizes] + [(end, 0)])
+    order: list[int] = []
+    left = [len(p) for p in per]
+    while any(left):
+        i = rng.choice([i for i, m in enumerate(left) if m])
+        order.append(i)
+        left[i] -= 1
+    # stream ids in the order the streams open (the opener numbers them 1, 2, ...)
+    ids: dict[int, int] = {}
+    for i in order:
+        ids.setdefault(i, len(ids) + 1)
+    data = {sid: request_bytes(1000 + sid, sum(s for k, s in per[i] if k is Kind.DATA))
+            for i, sid in ids.items()}
+    end = {ids[i]: per[i][-1][0] for i in ids}
+    ops, framed, nxt, written = [], bytearray(), [0] * n, {sid: 0 for sid in data}
+    for i in order:
+        kind, size = per[i][nxt[i]]
+        nxt[i] += 1
+        sid = ids[i]
+        payload = data[sid][written[sid]:written[sid] + size]
+        written[sid] += size
+        framed += frame(kind, sid, payload)
+        ops.append((sid, kind, payload, len(framed)))
+    return StreamPlan(data, end, ops, bytes(framed))
+
+
+def mask_frames(stream: bytes | bytearray, void: set[int]) -> bytes:
+    """`stream` (a connection's frames, maybe cut in a frame) with the payload of every
+    DATA frame of a stream in `void` zeroed: a stream the remote side reset is framed by
+    length at a replica whose app had not written the bytes (framing.py), so replicas'
+    byte streams may differ there and only there (nobody reads them)."""
+    out = bytearray(stream)
+    pos = 0
+    while len(out) - pos >= HEADER_BYTES:
+        kind, sid, length = HEADER.unpack_from(out, pos)
+        start = pos + HEADER_BYTES
+        if kind == Kind.DATA and sid in void:
+            end = min(len(out), start + length)
+            out[start:end] = bytes(end - start)
+        pos = start + length
+    return bytes(out)
 
 
 class App:
@@ -113,6 +218,12 @@ class App:
         self.written: dict = {}               # client: conn -> request bytes written
         self.out_done: dict = {}              # server: conn -> output bytes written
         self.tick_armed = False
+        self.in_tick = False
+        self.pace_us = APP_TICK_US
+        if sched.plan is not None and node.group == "s" and sched.app_rng.random() < 0.3:
+            # (--streams) a slow app: its backup lags its primary's "F" entries by tens of
+            # ms, so a promotion often finds its predecessor's entries still to frame
+            self.pace_us = SLOW_APP_TICK_US
         self.killed = False
         # the application makes choices of its own only once its runtime switched it from
         # replaying to live, at ViewSwitch(primary): the order info before it comes first
@@ -120,6 +231,8 @@ class App:
         self.oi_next: dict[int, int] = {}     # pvn -> next order-info position expected
         self.salts: dict[tuple[int, int], int] = {}   # server: (conn seq, block) -> salt
         self.out: dict = {}                   # server: conn -> bytes written
+        if sched.plan is not None:
+            self._init_streams()
 
     def start(self, restored: Restored | None) -> None:
         self.started = True
@@ -134,6 +247,8 @@ class App:
             self.oi_next[p] = max(self.oi_next.get(p, 1), q + 1)
         if restored is not None:          # it replays the history at once
             node.set_executed(node.pvn, self.oi_next.get(node.pvn, 1) - 1)
+        if self.s.plan is not None and self.live_primary and self.group == "s":
+            self.framer.primary = True          # a founder frames live from the start
         if self.group == "c":
             for seq in range(1, self.s.n_conns + 1):
                 cid = node.open("s", seq, Role.CLIENT)
@@ -148,7 +263,8 @@ class App:
             self.s.violation(f"{self.node_id}/{self.birth} {cid}: delivery at {offset}, "
                              f"expected {len(buf)} (not exactly once / in order)")
             return
-        if not self.s.written_by_remote(self.group, cid, offset, data):
+        if not self.s.written_by_remote(self.group, cid, offset, data) \
+                and not self.s.framed_by_remote(self.group, buf, data):
             self.s.violation(f"{self.node_id}/{self.birth} {cid}: wrong bytes at {offset} "
                              f"(no application of the remote group wrote them there)")
             return
@@ -156,6 +272,8 @@ class App:
         if self.group == "s":
             self.out_done.setdefault(cid, 0)
             self._order_info(b"s%d:%d" % (cid[1], offset + len(data)))
+        if self.s.plan is not None:
+            self._frames_in(data)
 
     def deliver(self, a: Deliver) -> None:
         if self.started:
@@ -178,6 +296,11 @@ class App:
         if chunk[:1] == b"x":
             seq, block, salt = (int(w) for w in chunk[1:].split(b":"))
             self.salts[(seq, block)] = salt
+        elif chunk[:1] == b"C" and self.s.plan is not None:
+            k, sid = (int(w) for w in chunk[1:].split(b":"))
+            self._register(k, sid)
+        elif chunk[:1] == b"F" and self.s.plan is not None:
+            self._made(*self.framer.entries(chunk[1:]))
 
     def _salt(self, seq: int, block: int) -> int | None:
         """The salt of a block: the group's, or drawn now if this is a primary whose view
@@ -200,7 +323,14 @@ class App:
             return      # (a reset not yet taken: its RestartApp follows the queued actions)
         now = self.s.sim.now_us
         blocked = False
-        if self.group == "s":
+        if self.s.plan is not None and self.group == "s" and not self.in_tick:
+            # (--streams) the server app runs at its own pace, a tick after its input: a
+            # backup's app then lags its primary's "F" entries as an agent's app does, and
+            # a promoted backup has its predecessor's entries still to frame
+            blocked = True
+        elif self.s.plan is not None:
+            blocked = self._work_server(now) if self.group == "s" else self._work_client(now)
+        elif self.group == "s":
             # transforms its input in blocks, the same cuts at every replica (unless
             # random_cuts), each written whole
             block = self.s.server_block
@@ -251,21 +381,306 @@ class App:
 
             def tick(sim, app=self):
                 app.tick_armed = False
+                app.in_tick = True
                 app.work()
-            self.s.sim.at(now + self.s.app_rng.randint(APP_TICK_US // 2, APP_TICK_US * 2),
+                app.in_tick = False
+            self.s.sim.at(now + self.s.app_rng.randint(self.pace_us // 2, self.pace_us * 2),
                           tick, self.node_id)
 
     def _salted(self, seq: int, offset: int, data: bytes) -> bytes | None:
         block = self.s.server_block
+        # (--streams: a salt per STREAM_SALT_BLOCKS blocks, so a backup's app may write
+        # the next blocks before its primary's "F" entries for them arrive: its framer
+        # then holds output, not entries)
+        per = block * (STREAM_SALT_BLOCKS if self.s.plan is not None else 1)
         out = bytearray(data)
         for i in range(len(out)):
-            salt = self._salt(seq, (offset + i) // block)
+            salt = self._salt(seq, (offset + i) // per)
             if salt is None:
                 return None
             out[i] ^= salt
         return bytes(out)
 
+    # -- streams (`set streams N`) ----------------------------------------------------------
+    def _init_streams(self) -> None:
+        self.cid = self.s.stream_cid(self.group)
+        self.decoder = FrameDecoder()
+        # the server's table: the client opens the streams; the client's: it does
+        self.table = StreamTable(remote_opens=self.group == "s")
+        self.sv: dict[int, list] = {}         # stream -> [bytes delivered, end or None]
+        if self.group == "c":
+            self.op_i = 0                     # the next frame of the plan to write
+            self.wj: dict[int, int] = {}      # stream -> request bytes written
+            self.reads: dict[int, bytearray] = {}   # stream -> reply bytes the app read
+            self.reset_out: set[int] = set()  # streams this app reset (it reads no more)
+            return
+        self.framer = Framer()
+        self.reg: dict[int, int] = {}         # stream -> k (the "C" entries' number)
+        self.registered = 0
+        self.unreg: list[int] = []            # delivered on, no "C" entry yet (in order)
+        self.sdone: dict[int, int] = {}       # stream -> input bytes answered
+        self.app_end: dict[int, Kind] = {}    # streams whose side the app ended
+        self.out_app: dict[int, bytearray] = {}   # stream -> bytes the app wrote
+        self.framed: dict[int, list] = {}     # stream -> [bytes framed, (end, at) or None]
+        self.reset_in: set[int] = set()       # streams the client reset (seen here)
+        self.forgotten: set[int] = set()
+        self.outq = bytearray()               # framed, not yet taken by messaging
+        self.framed_all = bytearray()         # every frame made, `mask_frames`-ed
+        self.oi_pending: list[bytes] = []     # "F" entries to add before the frames go
+
+    def _frames_in(self, data: bytes) -> None:
+        """The frames of the remote group's byte stream, in order (a decoder per replica:
+        every replica cuts the same bytes into the same frames)."""
+        try:
+            frames = self.decoder.feed(data)
+        except FrameError as e:
+            self.s.violation(f"{self.node_id}/{self.birth}: bad frames: {e}")
+            return
+        for f in frames:
+            if self.group == "c":
+                # a replica behind its group (a joiner replaying its input first, a backup
+                # whose writes lag) opens what its group opened: the plan says what it will
+                while self.table.highest < min(f.stream, len(self.s.plan.data)):
+                    self.table.open_next()
+            try:
+                st, new = self.table.on_frame(f)
+            except FrameError as e:
+                self.s.violation(f"{self.node_id}/{self.birth}: {e}")
+                continue
+            v = self.sv.setdefault(f.stream, [bytearray(), None])
+            at = len(v[0])
+            if not self.s.stream_written_by_remote(self.group, f, at):
+                self.s.violation(
+                    f"{self.node_id}/{self.birth} stream {f.stream}: {f.kind.name} at "
+                    f"{at} ({len(f.payload)} bytes) is not what the remote group wrote there")
+            if f.kind is Kind.DATA:
+                v[0] += f.payload
+            else:
+                v[1] = f.kind
+            if self.group == "c":
+                self._read(f, at)
+            else:
+                if new and f.stream not in self.reg:
+                    self.unreg.append(f.stream)     # a primary registers it ("C" entry)
+                if f.kind is Kind.RST:
+                    self.reset_in.add(f.stream)
+                    k = self.reg.get(f.stream)
+                    if k is not None:       # its frames still to make go by length
+                        self._made(*self.framer.remote_reset(k))
+            self._maybe_free(f.stream)
+
+    def _read(self, f, at: int) -> None:
+        """Client: the app reads a stream's replies until it resets the stream."""
+        if f.stream in self.reset_out or f.kind is not Kind.DATA:
+            return
+        buf = self.reads.setdefault(f.stream, bytearray())
+        if not self.s.server_app_wrote(f.stream, len(buf), f.payload):
+            self.s.violation(f"{self.node_id}/{self.birth} stream {f.stream}: read bytes at "
+                             f"{len(buf)} that no server application wrote there")
+        buf += f.payload
+
+    def _maybe_free(self, sid: int) -> None:
+        st = self.table.open.get(sid)
+        if st is not None and st.done:
+            self.table.free(sid)
+        if self.group == "s" and sid not in self.table.open and sid in self.app_end \
+                and sid in self.reg and sid not in self.forgotten:
+            self.forgotten.add(sid)     # both ends passed and the app closed it
+            self.framer.forget(self.reg[sid])
+
+    def _register(self, k: int, sid: int) -> None:
+        """Stream `sid` is k at every replica (the primary's "C" entry; its k is the count
+        of streams registered before, so the entries are numbered 0, 1, ... in order)."""
+        if k != self.registered or sid in self.reg:
+            self.s.violation(f"{self.node_id}/{self.birth}: stream {sid} registered as {k}, "
+                             f"expected {self.registered}")
+            return
+        self.reg[sid] = k
+        self.registered += 1
+        self.table.learn(sid)           # (before its first frame is delivered here)
+        self.framer.add(k, self.cid, sid)
+        if sid in self.unreg:
+            self.unreg.remove(sid)
+        if sid in self.reset_in:        # reset before it was registered here
+            self._made(*self.framer.remote_reset(k))
+
+    def promote(self) -> None:
+        """Server: this app's replica is primary now (ViewSwitch): it registers what was
+        delivered without a "C" entry, then frames what is left of its predecessor's
+        entries and goes live (the agent's `_promote`)."""
+        self._register_new()
+        if self.framer.pending:
+            self.s.stats["promotions with entries to frame"] += 1
+        self._made(*self.framer.promote())
+
+    def _register_new(self) -> bool:
+        while self.unreg:
+            sid = self.unreg[0]
+            if not self._order_info(b"C%d:%d" % (self.registered, sid)):
+                return False
+            self._register(self.registered, sid)
+        return True
+
+    def _made(self, records: bytes, made: list) -> None:
+        """What the framer made: the primary's "F" entries go to the order info before
+        the frames go to messaging (output commit); the frames are checked against what
+        the app wrote (only a stream the client reset may be framed by length)."""
+        if records:
+            if not self.framer.primary:
+                self.s.violation(f"{self.node_id}/{self.birth}: a backup's framer made "
+                                 f"entries of its own")
+            self.oi_pending.append(b"F" + records)
+        try:
+            self.framer.check()
+        except AssertionError as e:
+            self.s.violation(f"{self.node_id}/{self.birth}: framer: {e}")
+        for m in made:
+            self.outq += m.frames
+            a = len(self.framed_all)
+            self.framed_all += mask_frames(m.frames, self.s.rst_streams)
+            if not self.framer.primary and not self.s.framed_like_a_primary(self, a):
+                self.s.violation(f"{self.node_id}/{self.birth}: framed bytes {a}.."
+                                 f"{len(self.framed_all)} of its connection unlike every "
+                                 f"primary's")
+            fr = self.framed.setdefault(m.sid, [bytearray(), None])
+            for f in FrameDecoder().feed(m.frames):
+                if f.kind is not Kind.DATA:
+                    fr[1] = (f.kind, len(fr[0]))
+                    continue
+                at, n = len(fr[0]), len(f.payload)
+                app = bytes(self.out_app.get(m.sid, b"")[at:at + n])
+                void = f.payload[len(app):]
+                if f.payload[:len(app)] != app or (void and (
+                        m.sid not in self.reset_in or void.count(0) != len(void))):
+                    self.s.violation(f"{self.node_id}/{self.birth} stream {m.sid}: framed "
+                                     f"{n} bytes at {at} that its app did not write")
+                fr[0] += f.payload
+            if m.end is not None:
+                try:
+                    self.table.ended_out(m.sid, m.end)
+                except (FrameError, KeyError) as e:
+                    self.s.violation(f"{self.node_id}/{self.birth} stream {m.sid}: our end "
+                                     f"framed again or unknown ({e!r})")
+                self._maybe_free(m.sid)
+
+    def _flush(self, now: int) -> bool:
+        """Order info first, then the frames (a primary's; a backup's go to its log)."""
+        while self.oi_pending:
+            if not self._order_info(self.oi_pending[0]):
+                return False
+            self.oi_pending.pop(0)
+        if self.outq:
+            try:
+                n = self.node.send(self.cid, bytes(self.outq), now)
+            except NotReady:
+                return False
+            self.out.setdefault(self.cid, bytearray()).extend(self.outq[:n])
+            del self.outq[:n]
+        return not self.outq
+
+    def _work_server(self, now: int) -> bool:
+        """Answer each registered stream's bytes in blocks (XFORM ^ salt, as without
+        streams); a FIN: the last partial block, then FIN; a RST: stop (what was not
+        written is dropped) and reset our side too."""
+        blocked = False
+        if self.live_primary and not self._register_new():
+            blocked = True
+        block = self.s.server_block
+        for sid in sorted(self.reg):
+            if sid in self.app_end:
+                continue
+            k = self.reg[sid]
+            inp, end_in = self.sv.get(sid, (b"", None))
+            if end_in is Kind.RST:
+                self.app_end[sid] = Kind.RST
+                self._made(*self.framer.app_ended(k, Kind.RST))
+                self._maybe_free(sid)
+                continue
+            done = self.sdone.get(sid, 0)
+            while done < len(inp):
+                end = len(inp) if self.s.random_cuts else done + block
+                if end > len(inp):
+                    if end_in is not Kind.FIN:
+                        break               # a partial block waits for its input
+                    end = len(inp)
+                if len(self.outq) >= OUTQ_BYTES:
+                    blocked = True
+                    break
+                out = self._salted(sid, done, bytes(inp[done:end]).translate(XFORM))
+                if out is None:
+                    blocked = True
+                    break
+                self.out_app.setdefault(sid, bytearray()).extend(out)
+                self._made(*self.framer.output(k, out))
+                done = end
+            self.sdone[sid] = done
+            if end_in is Kind.FIN and done == len(inp):
+                self.app_end[sid] = Kind.FIN
+                self._made(*self.framer.app_ended(k, Kind.FIN))
+                self._maybe_free(sid)
+        return not self._flush(now) or blocked or bool(self.framer.pending)
+
+    def _work_client(self, now: int) -> bool:
+        """Write the plan's next frames: a stream's DATA at most PIPELINE_BYTES ahead of
+        its replies, its RST only once it read every reply the server writes for the bytes
+        before it (so every client replica reads the same replies of a reset stream: the
+        sim has no determinizer ordering reads against writes), pacing over the fault
+        phase (timing only: what goes next is fixed)."""
+        plan, node, cid = self.s.plan, self.node, self.cid
+        paced = len(plan.framed) * max(0, now - STARTUP_US // 2) // FAULT_PHASE_US
+        while self.op_i < len(plan.ops):
+            sid, kind, payload, conn_end = plan.ops[self.op_i]
+            read = len(self.reads.get(sid, b""))
+            w = self.wj.get(sid, 0)
+            if conn_end > paced \
+                    or (kind is Kind.DATA and w + len(payload) > read + PIPELINE_BYTES) \
+                    or (kind is Kind.RST and read < self.s.reply_len(sid)):
+                break
+            fr = frame(kind, sid, payload)
+            if node.send_space(cid) < len(fr):
+                break
+            n = node.send(cid, fr, now)
+            assert n == len(fr)
+            if sid > self.table.highest:
+                st = self.table.open_next()
+                assert st.id == sid, (st.id, sid)
+            if kind in END_KINDS:
+                if kind is Kind.RST:
+                    self.reset_out.add(sid)
+                self.table.ended_out(sid, kind)
+                self._maybe_free(sid)
+            self.wj[sid] = w + len(payload)
+            self.written[cid] = self.written.get(cid, 0) + n
+            self.op_i += 1
+            self._order_info(b"c%d:%d" % (cid[1], self.written[cid]))
+        return self.op_i < len(plan.ops)
+
+    def _streams_done(self) -> str | None:
+        """Not done while a stream is not over both ways and gone from this replica."""
+        plan, me = self.s.plan, self.node_id
+        if self.group == "s" and len(self.seen.get(self.cid, b"")) != len(plan.framed):
+            return f"{me}: read {len(self.seen.get(self.cid, b''))}/{len(plan.framed)}"
+        for sid in plan.data:
+            v = self.sv.get(sid)
+            if v is None or v[1] is None:
+                return f"{me} stream {sid}: no end delivered"
+            if self.group == "c" and len(self.reads.get(sid, b"")) != self.s.reply_len(sid):
+                return (f"{me} stream {sid}: read {len(self.reads.get(sid, b''))}/"
+                        f"{self.s.reply_len(sid)}")
+        if self.table.open:
+            return f"{me}: streams {sorted(self.table.open)} not freed"
+        if self.group == "c":
+            return None if self.op_i == len(plan.ops) else f"{me}: frame {self.op_i} not written"
+        if self.unreg or self.framer.pending or self.framer.streams or self.outq \
+                or self.oi_pending:
+            return (f"{me}: unregistered {self.unreg}, {len(self.framer.pending)} entries "
+                    f"to frame, framer streams {sorted(self.framer.streams)}, "
+                    f"{len(self.outq)} bytes unsent, {len(self.oi_pending)} entries unsent")
+        return None
+
     def done(self) -> str | None:
+        if self.s.plan is not None:
+            return self._streams_done()
         for cid, exp in self.s.all_expected(self.group).items():
             if len(self.seen.get(cid, b"")) != len(exp):
                 return f"{self.node_id} {cid}: read {len(self.seen.get(cid, b''))}/{len(exp)}"
@@ -302,6 +717,18 @@ class Schedule:
                     i += n
                 self.request_cuts[seq] = cuts
         self.n_conns = len(self.requests)
+        try:
+            n_streams = int(source.get("set", "streams")[0])
+        except ScenarioError:
+            n_streams = 0
+        # `set streams N`: one connection carrying N streams, drawn from the app seed
+        self.plan = stream_plan(source.seed("app"), n_streams) if n_streams else None
+        self.rst_streams: set[int] = set()
+        if self.plan is not None:
+            self.requests = {1: self.plan.framed}
+            self.request_cuts = {1: {}}
+            self.n_conns = 1
+            self.rst_streams = {sid for sid, e in self.plan.end.items() if e is Kind.RST}
         self.events = [(us(line[1]), line[2:]) for line in source.lines if line[0] == "at"]
         self.end_us = next((t for t, w in self.events if w[0] == "quiet"), None)
         self.rng: random.Random | None = None       # the generator's, from a seed
@@ -321,7 +748,7 @@ class Schedule:
 
     @classmethod
     def generate(cls, seed: int, *, random_cuts: bool = False, partition: float = 0.0,
-                 trace=None) -> "Schedule":
+                 streams: int = 0, trace=None) -> "Schedule":
         """The schedule of `seed`: its parameters now, its faults as it runs (`run`)."""
         rng = random.Random(seed)
         script = Script(KIND)
@@ -346,8 +773,11 @@ class Schedule:
             requests.append(("request", seq, *sizes))
         script.add("set", "server-block", rng.choice([100, 512, 1024, 1500]))
         script.add("set", "random-cuts", "yes" if random_cuts else "no")
-        for line in requests:
-            script.add(*line)
+        if streams:     # (the requests drawn above stay drawn: the faults stay the seed's)
+            script.add("set", "streams", streams)
+        else:
+            for line in requests:
+                script.add(*line)
         s = cls(script, trace=trace)
         s.rng = rng
         s.partition = partition
@@ -370,6 +800,80 @@ class Schedule:
                 if scid[1] == cid[1] and len(out) >= end and out[offset:end] == data:
                     return True
         return False
+
+    def stream_cid(self, group: str):
+        """`set streams N`: the one connection (sequence 1) that carries the streams."""
+        return ("s", 1, Role.CLIENT) if group == "c" else ("c", 1, Role.SERVER)
+
+    def reply_len(self, sid: int) -> int:
+        """The server's whole reply on a stream: every byte of a stream the client ended;
+        of one it reset, the whole blocks before the reset (the partial one is dropped)."""
+        n = len(self.plan.data[sid])
+        if self.plan.end[sid] is Kind.FIN or self.random_cuts:
+            return n
+        return n // self.server_block * self.server_block
+
+    def stream_written_by_remote(self, group: str, f, at: int) -> bool:
+        """Did the remote group frame `f` at offset `at` of its stream (the client: by its
+        plan; the server: did one of its replicas' framers)?"""
+        if group == "s":
+            data = self.plan.data.get(f.stream)
+            if data is None:
+                return False
+            if f.kind is Kind.DATA:
+                return data[at:at + len(f.payload)] == f.payload and \
+                    at + len(f.payload) <= len(data)
+            return f.kind is self.plan.end[f.stream] and at == len(data)
+        for app in self.server_apps:
+            fr = app.framed.get(f.stream)
+            if fr is None:
+                continue
+            if f.kind is Kind.DATA:
+                if fr[0][at:at + len(f.payload)] == f.payload and \
+                        len(fr[0]) >= at + len(f.payload):
+                    return True
+            elif fr[1] == (f.kind, at):
+                return True
+        return False
+
+    def framed_by_remote(self, group: str, before: bytes, data: bytes) -> bool:
+        """(--streams) `data` after `before` is what a server replica framed there but for
+        the payload of streams the client reset: bytes of several server replicas, where
+        one (a backup then) framed a reset stream by length and another its app's bytes."""
+        if self.plan is None or group != "c":
+            return False
+        end = len(before) + len(data)
+        got = self._masked(bytes(before) + data)[len(before):]
+        for app in self.server_apps:
+            out = app.out.get(app.cid, b"")
+            if len(out) >= end and self._masked(out)[len(before):end] == got:
+                self.stats["deliveries of bytes framed differently"] += 1
+                return True
+        return False
+
+    def framed_like_a_primary(self, app: App, a: int) -> bool:
+        """A backup frames by its primary's entries, after that primary framed the same
+        bytes (but for reset streams' payload): so some primary's framer holds
+        `app.framed_all[a:]` at `a`."""
+        new = app.framed_all[a:]
+        for p in self.server_apps:
+            if p is not app and p.framer.primary and len(p.framed_all) >= len(app.framed_all) \
+                    and p.framed_all[a:len(app.framed_all)] == new:
+                return True
+        return False
+
+    def server_app_wrote(self, sid: int, at: int, data: bytes) -> bool:
+        for app in self.server_apps:
+            out = app.out_app.get(sid)
+            if out is not None and len(out) >= at + len(data) \
+                    and out[at:at + len(data)] == data:
+                return True
+        return False
+
+    def _masked(self, data) -> bytes:
+        """A connection's bytes as replicas must agree on them (with streams: but for the
+        payload of streams the client reset, see `mask_frames`)."""
+        return mask_frames(data, self.rst_streams) if self.plan is not None else bytes(data)
 
     def all_expected(self, group: str) -> dict:
         role = Role.SERVER if group == "s" else Role.CLIENT
@@ -448,6 +952,8 @@ class Schedule:
                 if not app.started:
                     app.start(None)         # a founder
                 else:
+                    if self.plan is not None and g == "s":
+                        app.promote()
                     app.work()
             else:
                 self._check_oi(node_id, app, a.pvn, a.pos, None)
@@ -694,6 +1200,19 @@ class Schedule:
                                + "; ".join(problems[:3]))
         if not problems and not self.violations:
             self._check_one_history(settled=True)
+            if self.plan is not None and not self.violations:
+                self._check_streams()
+        if self.plan is not None:
+            for app in self.server_apps:
+                for k, n in app.framer.stats.items():
+                    self.stats[f"framer {k}"] += n
+                    if k in ("entry_of_unknown_stream", "bad_entry"):
+                        # an "F" entry this replica could not follow: its framing diverged
+                        self.violation(f"{app.node_id}/{app.birth}: framer {k} ({n})")
+            for g in GROUPS:
+                for n in self._live(g):
+                    self.stats[f"streams freed at {g}"] += self.apps[n].table.freed
+            self.stats["streams reset by the client"] += len(self.rst_streams)
         for node in self.nodes_made:    # coverage of the catch-up (node.py)
             for k in ("catch_up_sent", "caught_up_entries", "history_differs", "catch_up_gap"):
                 self.stats[k] += node.stats.get(k, 0)
@@ -721,8 +1240,10 @@ class Schedule:
                             return
         for app in (self.apps[n] for n in self._live("c")):
             for cid, seen in app.seen.items():
+                seen = self._masked(seen)
                 for srv in servers:
-                    out = next((o for scid, o in srv.out.items() if scid[1] == cid[1]), b"")
+                    out = self._masked(next((o for scid, o in srv.out.items()
+                                             if scid[1] == cid[1]), b""))
                     if not settled and len(out) < len(seen) and \
                             bytes(seen[:len(out)]) == bytes(out):
                         self.violation(
@@ -740,6 +1261,46 @@ class Schedule:
                             f"{at // self.server_block}): the client kept output of a history "
                             f"the server group did not keep")
                         return
+
+    def _check_streams(self) -> None:
+        """After faults stop (`set streams N`): the live replicas agree on every stream,
+        with each other and with what the remote group framed, and nothing is left over
+        (`_streams_done` held at each)."""
+        plan = self.plan
+        servers = [self.apps[n] for n in self._live("s")]
+        clients = [self.apps[n] for n in self._live("c")]
+        first = servers[0]
+        ref = self._masked(first.out.get(first.cid, b""))
+        for srv in servers:
+            who = f"{srv.node_id}/{srv.birth}"
+            if self._masked(srv.out.get(srv.cid, b"")) != ref:
+                self.violation(f"{who} framed another byte stream than "
+                               f"{first.node_id}/{first.birth}")
+            for sid, data in plan.data.items():
+                if srv.sv.get(sid) != [bytearray(data), plan.end[sid]]:
+                    self.violation(f"{who} stream {sid}: not the {len(data)} bytes and "
+                                   f"{plan.end[sid].name} the client wrote")
+        for cl in clients:
+            who = f"{cl.node_id}/{cl.birth}"
+            for sid in plan.data:
+                got, end = cl.sv[sid]
+                if end is not plan.end[sid]:
+                    self.violation(f"{who} stream {sid}: the server answered "
+                                   f"{plan.end[sid].name} with {end.name}")
+                read = bytes(cl.reads.get(sid, b""))
+                for srv in servers:
+                    fb, fend = srv.framed.get(sid, [b"", None])
+                    void = sid in self.rst_streams
+                    if (bytes(fb) != bytes(got) and not void) or len(fb) != len(got) \
+                            or fend != (end, len(got)):
+                        self.violation(f"{who} stream {sid}: got {len(got)} bytes and "
+                                       f"{end.name}, {srv.node_id}/{srv.birth} framed "
+                                       f"{len(fb)} and {fend}")
+                    out = bytes(srv.out_app.get(sid, b""))
+                    n = len(read) if not void else min(len(read), len(out))
+                    if out[:n] != read[:n] or len(out) < n:
+                        self.violation(f"{who} stream {sid}: read {len(read)} bytes, not "
+                                       f"what {srv.node_id}/{srv.birth}'s app wrote")
 
     def _pending(self) -> list[str]:
         out = []
@@ -780,9 +1341,9 @@ def request_bytes(seq: int, n: int) -> bytes:
 
 
 def run_seed(seed: int, *, random_cuts: bool = False, partition: float = 0.0,
-             trace=None) -> Outcome:
+             streams: int = 0, trace=None) -> Outcome:
     return Schedule.generate(seed, random_cuts=random_cuts, partition=partition,
-                             trace=trace).run()
+                             streams=streams, trace=trace).run()
 
 
 def run_script(script: Script, *, trace=None) -> Outcome:
@@ -794,5 +1355,8 @@ CAMPAIGN = Campaign(
         Param("random-cuts", False, "applications write in sizes that differ between "
                                     "replicas (messaging's map from msn to bytes then differs)"),
         Param("partition", 0.0, "share of faults that cut a replica off its group (alone or "
-                                "with the remote group) for 20-300 ms, then heal"),))
+                                "with the remote group) for 20-300 ms, then heal"),
+        Param("streams", 0, "the client opens this many streams in one group connection "
+                            "(some ended with FIN, some reset), the server frames its answers "
+                            "with a Framer per replica (0: plain connections)"),))
 add_arguments, run = CAMPAIGN.add_arguments, CAMPAIGN.run

@@ -9,6 +9,8 @@ import pytest
 
 from llft.replica import node as replica
 from llft.protocol.messages import Message, MsgType, Role
+from llft.protocol.streams import Kind
+from llft.replica import framing
 from llft.replica.node import ReplicaNode
 from llft.sim import replica_check as rc
 from llft.sim.campaign import schedule_seed
@@ -113,6 +115,47 @@ def test_campaign_with_partitions():
     assert [f"seed {s}: {v}" for s, v in bad] == []
 
 
+def test_campaign_with_streams():
+    """`llft simulate replica --streams 4`: four streams in one group connection, some
+    ended with FIN, some reset; the server frames its answers with a Framer per replica
+    (primary live with "F" entries, backups by them, a promoted backup via promote())."""
+    bad = rc.CAMPAIGN.failures(30, 1, streams=4)
+    assert [f"seed {s}: {v}" for s, v in bad] == []
+
+
+def _streams_violations(n: int = 12, streams: int = 4) -> list[list[str]]:
+    return [rc.CAMPAIGN.outcome(schedule_seed("replica", 1, i), {"streams": streams}).violations
+            for i in range(n)]
+
+
+def test_streams_checker_catches_a_backup_that_frames_live(monkeypatch):
+    """A backup framing its app's output as it comes (not by its primary's "F" entries)
+    frames another byte stream than the primary."""
+    monkeypatch.setattr(framing.Framer, "live", property(lambda self: not self.pending))
+    assert any(_streams_violations())
+
+
+def test_streams_checker_catches_a_promotion_that_drops_its_predecessors_entries(
+        monkeypatch):
+    orig = framing.Framer.promote
+
+    def promote(self):
+        self.pending.clear()
+        return orig(self)
+    monkeypatch.setattr(framing.Framer, "promote", promote)
+    assert any(_streams_violations(20))
+
+
+def test_streams_checker_catches_a_server_that_does_not_answer_fin(monkeypatch):
+    """The server's FIN echo dropped: the stream is never freed (liveness)."""
+    orig = framing.Framer.app_ended
+    monkeypatch.setattr(framing.Framer, "app_ended",
+                        lambda self, k, end: (b"", []) if end is Kind.FIN
+                        else orig(self, k, end))
+    bad = [v for v in _streams_violations(4) if v]
+    assert bad and any("not freed" in v[0] or "no end delivered" in v[0] for v in bad)
+
+
 def test_a_schedule_is_deterministic():
     s1 = rc.Schedule.generate(schedule_seed("replica", 5, 0))
     s2 = rc.Schedule.generate(schedule_seed("replica", 5, 0))
@@ -173,3 +216,10 @@ def test_cli_output_contract(capsys):
 def test_soak(soak):
     n = 400 if soak == "small" else 3000
     assert _campaign(n, 7) == []
+
+
+@pytest.mark.slow
+def test_soak_streams(soak):
+    n = 150 if soak == "small" else 1500
+    bad = rc.CAMPAIGN.failures(n, 7, streams=6)
+    assert [f"seed {s}: {v}" for s, v in bad] == []

@@ -34,6 +34,7 @@ def test_every_regression_file_is_a_scenario():
     ("messaging", dict(loss=0.2, dup=0.05, reorder=0.1, failover=0.5)),
     ("membership", {}),
     ("replica", dict(random_cuts=True)),
+    ("replica", dict(streams=3)),
 ])
 def test_a_dumped_schedule_replays_the_run_of_its_seed(kind, params):
     campaign = CAMPAIGNS[kind]
