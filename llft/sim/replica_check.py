@@ -23,12 +23,14 @@ With `--streams N` (`set streams N`; off by default, so the other seeds keep the
 schedules) the client instead opens N streams (llft/protocol/streams.py) inside ONE
 connection to "s" and writes a fixed sequence of frames drawn from the app seed: each
 stream's request as DATA frames, then FIN, or RST after a prefix of it (once it has read
-every reply to that prefix, so all its replicas read the same replies). The server decodes
-its byte stream (a FrameDecoder per replica), registers each new stream under the next
-number k with a "C" order-info entry at its primary (a backup registers on the entry, a
-promoted backup registers what it was delivered without one), answers each stream's
-bytes as above (blocks salted per stream), FIN with FIN after its last block, and RST by
-dropping what it has not written and resetting too. Its output is framed by a `Framer`
+every reply to that prefix, so all its replicas read the same replies; or at once, never
+reading that stream's replies). The server decodes its byte stream (a FrameDecoder per
+replica), registers each new stream under the next number k with a "C" order-info entry
+at its primary (a backup registers on the entry, a promoted backup registers what it was
+delivered without one), answers each stream's bytes as above (a salt per 4 blocks of a
+stream), FIN with FIN after its last block, and RST by dropping what it has not written
+and resetting too. Its app runs a tick after its input (a third of them slowly, 30-120
+ms), so a backup's app lags or leads its primary's "F" entries. Its output is framed by a `Framer`
 (llft/replica/framing.py) per incarnation as the agent does it: the primary live, its "F"
 entries added to the order info before the frames go to messaging, a backup by those
 entries, a promoted backup via `Framer.promote()`, a stream the client reset by length.
@@ -143,6 +145,7 @@ class StreamPlan:
     gates *when* the next frame goes, never *which*), as without streams."""
     data: dict[int, bytes]                      # stream -> the bytes written on it
     end: dict[int, Kind]                        # FIN after its last byte, or RST there
+    unread: set[int]                            # reset streams whose replies go unread
     ops: list[tuple[int, Kind, bytes, int]]     # (stream, kind, payload, conn offset after)
     framed: bytes                               # the connection's whole byte stream
 
@@ -152,6 +155,7 @@ def stream_plan(app_seed: int, n: int) -> StreamPlan:
     lines): each stream's writes, its end, and one random interleaving of their frames."""
     rng = random.Random(app_seed ^ STREAMS_SEED)
     per: list[list[tuple[Kind, bytes]]] = []
+    unread: list[bool] = []
     for i in range(n):
         total = rng.randint(500, MAX_STREAM_BYTES)
         sizes, at = [], 0
@@ -161,6 +165,9 @@ def stream_plan(app_seed: int, n: int) -> StreamPlan:
         end = Kind.RST if rng.random() < STREAM_RST_SHARE else Kind.FIN
         if end is Kind.RST:             # aborted after a prefix of its writes (maybe none)
             sizes = sizes[:rng.randint(0, len(sizes))]
+            unread.append(rng.random() < 0.5)
+        else:
+            unread.append(False)
         per.append([(Kind.DATA, s) for s in sizes] + [(end, 0)])
     order: list[int] = []
     left = [len(p) for p in per]
@@ -175,6 +182,7 @@ def stream_plan(app_seed: int, n: int) -> StreamPlan:
     data = {sid: request_bytes(1000 + sid, sum(s for k, s in per[i] if k is Kind.DATA))
             for i, sid in ids.items()}
     end = {ids[i]: per[i][-1][0] for i in ids}
+    unread_ids = {ids[i] for i in ids if unread[i]}
     ops, framed, nxt, written = [], bytearray(), [0] * n, {sid: 0 for sid in data}
     for i in order:
         kind, size = per[i][nxt[i]]
@@ -184,7 +192,7 @@ def stream_plan(app_seed: int, n: int) -> StreamPlan:
         written[sid] += size
         framed += frame(kind, sid, payload)
         ops.append((sid, kind, payload, len(framed)))
-    return StreamPlan(data, end, ops, bytes(framed))
+    return StreamPlan(data, end, unread_ids, ops, bytes(framed))
 
 
 def mask_frames(stream: bytes | bytearray, void: set[int]) -> bytes:
@@ -470,8 +478,10 @@ class App:
             self._maybe_free(f.stream)
 
     def _read(self, f, at: int) -> None:
-        """Client: the app reads a stream's replies until it resets the stream."""
-        if f.stream in self.reset_out or f.kind is not Kind.DATA:
+        """Client: the app reads a stream's replies until it resets the stream (one it
+        aborts without waiting for its replies: none)."""
+        if f.stream in self.reset_out or f.kind is not Kind.DATA \
+                or f.stream in self.s.plan.unread:
             return
         buf = self.reads.setdefault(f.stream, bytearray())
         if not self.s.server_app_wrote(f.stream, len(buf), f.payload):
@@ -502,6 +512,7 @@ class App:
         if sid in self.unreg:
             self.unreg.remove(sid)
         if sid in self.reset_in:        # reset before it was registered here
+            self.s.stats["streams reset before their C entry"] += 1
             self._made(*self.framer.remote_reset(k))
 
     def promote(self) -> None:
@@ -624,8 +635,9 @@ class App:
         """Write the plan's next frames: a stream's DATA at most PIPELINE_BYTES ahead of
         its replies, its RST only once it read every reply the server writes for the bytes
         before it (so every client replica reads the same replies of a reset stream: the
-        sim has no determinizer ordering reads against writes), pacing over the fault
-        phase (timing only: what goes next is fixed)."""
+        sim has no determinizer ordering reads against writes) -- or, a stream whose
+        replies it never reads, at once (an abort racing the server's answer) -- pacing
+        over the fault phase (timing only: what goes next is fixed)."""
         plan, node, cid = self.s.plan, self.node, self.cid
         paced = len(plan.framed) * max(0, now - STARTUP_US // 2) // FAULT_PHASE_US
         while self.op_i < len(plan.ops):
@@ -633,7 +645,8 @@ class App:
             read = len(self.reads.get(sid, b""))
             w = self.wj.get(sid, 0)
             if conn_end > paced \
-                    or (kind is Kind.DATA and w + len(payload) > read + PIPELINE_BYTES) \
+                    or (kind is Kind.DATA and sid not in plan.unread
+                        and w + len(payload) > read + PIPELINE_BYTES) \
                     or (kind is Kind.RST and read < self.s.reply_len(sid)):
                 break
             fr = frame(kind, sid, payload)
@@ -806,9 +819,12 @@ class Schedule:
         return ("s", 1, Role.CLIENT) if group == "c" else ("c", 1, Role.SERVER)
 
     def reply_len(self, sid: int) -> int:
-        """The server's whole reply on a stream: every byte of a stream the client ended;
-        of one it reset, the whole blocks before the reset (the partial one is dropped)."""
+        """What a client replica reads on a stream: the whole reply to a stream it ended;
+        of one it reset, the whole blocks before the reset (the partial one is dropped),
+        or nothing if it does not read its replies."""
         n = len(self.plan.data[sid])
+        if sid in self.plan.unread:
+            return 0                    # (what the client reads of it: nothing)
         if self.plan.end[sid] is Kind.FIN or self.random_cuts:
             return n
         return n // self.server_block * self.server_block
