@@ -74,8 +74,10 @@ Checks on every schedule:
   frames       (--streams) every replica sees each stream's bytes and its FIN/RST at the
                offset the remote group framed them (the client's plan; a server replica's
                framer), a client app reads on each stream only bytes a server app wrote
-               there, and a framer makes DATA of bytes its app wrote (zeros past them only
-               for a stream the client reset) and never meets an entry it cannot follow;
+               there, a framer makes DATA of bytes its app wrote (zeros past them only
+               for a stream the client reset) and never meets an entry it cannot follow,
+               and a backup's framer makes no entries, only frames some primary made at
+               the same offsets of the connection (reset streams' payload aside);
                after faults stop, at every live replica: each stream ended both ways and
                freed (StreamTable, Framer, unsent frames and entries: nothing left), each
                client replica read the whole reply (of a reset stream: up to the reset)
