@@ -781,6 +781,11 @@ class Agent:
         self.by_index[k] = c
         self.framer.add(k, c.gc.cid, c.stream)
         self.registered += 1
+        if c.end is True:
+            # its reset was delivered before its "C" entry (at a backup data and order
+            # info travel apart; at a primary in the same delivery): its frames go by
+            # length, as `_remote_end` does for a registered stream
+            self._made(*self.framer.remote_reset(k))
         self._connect_queue.put_nowait(c)
 
     # -- order info at a backup --
