@@ -687,6 +687,11 @@ class Agent:
         if gc is not None:
             gc.freed = True
             self._count("group_conns_freed")
+            if gc.streams.open and not gc.ended_in:
+                # freed with streams still open: the remote group lost the connection and
+                # our primary took that as its reset (messaging `_on_closed`); a backup
+                # learns it from the free and resets the same streams
+                self._group_closed(actions.Closed(a.conn, 0, True))
             self._release_group_conn(gc)
 
     def _end_stream(self, c: AppConn) -> None:

@@ -52,7 +52,11 @@ groups for: membership/core.py), so an idle gateway holds none.
   does not read cannot make the group produce unbounded output; a client whose unread
   replies still exceed `MAX_CLIENT_BACKLOG_BYTES` is disconnected.
 - Leaving (SIGTERM): every client is reset, then the group connection's own end (FIN)
-  goes to the group, which frees the connection there.
+  goes to the group, which frees the connection there. Killed instead (SIGKILL), the
+  gateway leaves its connection at the group until a gateway of the same group starts:
+  it accepts no connection it did not open and answers CLOSED on the old one, which the
+  group takes as the old gateway's reset (messaging `_on_closed`: its streams are reset
+  and the connection freed at every replica).
 
 Output: one JSON line on stdout when ready, `{"event": "ready", "listen": [host, port],
 "group": NAME}` (`--listen HOST:0` picks a free port); nothing else on stdout. A status
@@ -83,6 +87,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -150,8 +155,10 @@ class Gateway:
         self.endpoint = Endpoint(key, self.gcfg.gateway_group, lambda m: None,
                                  groups=cfg.group_map(), interface=cfg.interface,
                                  ttl=cfg.ttl, birth_id=self.birth)
-        self.core = MessagingEndpoint(self.gcfg.gateway_group, self.birth,
-                                      cfg.messaging_config(self.endpoint.encoder.mtu_bytes))
+        # it opens its group connections and accepts none: a connection of a previous
+        # incarnation of this gateway (killed, restarted) is answered CLOSED, not taken up
+        self.core = MessagingEndpoint(self.gcfg.gateway_group, self.birth, dataclasses.replace(
+            cfg.messaging_config(self.endpoint.encoder.mtu_bytes), accepts_connections=False))
         self.driver = Driver(self.endpoint, self.core, on_action=self._on_action)
         # the group connection: every client is a stream in it (opened by the first
         # client, closed when idle: `_open_conn`, `_close_if_idle`)

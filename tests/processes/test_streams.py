@@ -298,6 +298,45 @@ def test_half_close_and_reset_across_a_takeover(tmp_path):
         assert st["gateways"][0]["counters"]["group_conns_opened"] == opened + 1
 
 
+def test_a_gateway_killed_with_clients_connected_and_restarted(tmp_path):
+    """SIGKILL of the gateway while two clients are connected (their streams open at the
+    replicas), then a new gateway: it serves far more requests on its one group connection
+    than a window holds, and the dead gateway's connection and streams are freed at every
+    replica. (The dead one's connection pinned the group watermark: the new gateway's
+    window filled after ~15 requests and every client hung.)"""
+    import signal
+    with LocalCluster(str(tmp_path), group="echo") as lc:
+        for name in ("r1", "r2"):
+            lc.start_replica(name, ECHO)
+            lc.wait_members(int(name[1]))
+        addr = lc.start_gateway()
+        view = lc.status()["view"]
+        held = []
+        for _ in range(2):
+            s = socket.create_connection(addr, timeout=CLIENT_TIMEOUT_S)
+            s.sendall(b"still here")
+            assert s.recv(100) == b"still here"
+            held.append(s)
+        old = lc.procs["gateway"]
+        os.kill(old.pid, signal.SIGKILL)
+        old.wait()
+        addr = lc.start_gateway("gateway2")
+        for i in range(200):
+            data = f"request {i}".encode() * 50
+            with socket.create_connection(addr, timeout=CLIENT_TIMEOUT_S) as c:
+                c.sendall(data)
+                c.shutdown(socket.SHUT_WR)
+                assert read_all(c) == data, i
+        st = streams_settled(lc, 2, clients=200)
+        no_divergence(st)
+        assert st["view"] == view
+        for m in st["members"]:
+            # the dead gateway's connection: taken as its reset, freed (a backup too)
+            assert m["group_connections"]["freed"] >= 2, m["group_connections"]
+        for s in held:
+            s.close()
+
+
 ASYNC_ECHO = [sys.executable, os.path.join(EXAMPLES_DIR, "async_echo.py"), "9000"]
 
 

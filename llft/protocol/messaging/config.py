@@ -43,6 +43,7 @@ class MessagingConfig:
     max_piggyback_bytes: int = 4096     # order info per message
     order_info_intra_us: int = 3_000    # order info not acked by a backup this long -> ORDER_INFO
     order_info_ack_us: int = 500        # a backup acks delivered order info this promptly
+    accepts_connections: bool = True   # False: a group that only opens them (a gateway)
 
     def __post_init__(self) -> None:
         # a member can be at most a window behind the sender: its gaps must fit

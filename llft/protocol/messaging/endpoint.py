@@ -679,6 +679,16 @@ class MessagingEndpoint:
             return
         if c is None and msg.type is MsgType.CLOSED:
             return
+        if c is None and not self.config.accepts_connections:
+            # a group that only opens connections (a gateway) takes none it did not open:
+            # one of an earlier incarnation of it (a gateway restarted after a crash)
+            # would pin our group watermark on the gap of everything we never received,
+            # and flow control then stalls our own connection. Its remote primary hears
+            # that nobody here holds it (CLOSED: it stops retransmitting on it).
+            self._count("rx_not_our_conn")
+            if (self.is_primary and msg.type in PRIMARY_ONLY_TYPES):
+                self._answer_closed(cid)
+            return
         if c is None:
             if len(self.conns) >= self.config.max_connections:
                 self._count("conn_refused")
@@ -1285,10 +1295,23 @@ class MessagingEndpoint:
         (a new primary's phase 2 ends here on this connection)."""
         if c.peer_done:
             return
+        # a remote group frees a connection only once our group had its stream's end, so
+        # no end received here means the remote LOST it: a gateway restarted after a
+        # crash answers CLOSED for its predecessor's connections (it accepts none it did
+        # not open). To us that is its reset after what we delivered: the application
+        # gets it, ends its side, and the connection is freed here and at the backups,
+        # instead of pinning our group watermark on a stream that never moves again.
+        forgot = c.recv.end is None
         c.peer_finished()
         for kind in (Timer.RETRANSMIT, Timer.NEW_PRIMARY_VIEW, Timer.THROTTLE_END):
             self.timers.clear(kind, c.cid)
         self._count("peer_freed")
+        if forgot:
+            self._count("peer_forgot")
+            c.recv.end, c.recv.abort = c.recv.delivered, True
+            c.recv.delivered += 1           # the end takes one unit of the offsets
+            self._wm_dirty.add(c)
+            self._actions.append(Closed(c.cid, c.recv.end, True))
         self._phase2_check()
 
     def _answer_closed(self, cid: ConnId) -> None:
