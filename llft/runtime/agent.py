@@ -675,7 +675,9 @@ class Agent:
     def _group_closed(self, a: actions.Closed) -> None:
         """The remote group ended the whole connection: every stream it had not ended
         is reset (in stream order, at every replica)."""
-        gc = self._group_conn(a.conn)
+        self._group_ended_in(self._group_conn(a.conn))
+
+    def _group_ended_in(self, gc: GroupConn) -> None:
         gc.ended_in = True
         self._count("group_conns_ended")
         for st in gc.streams.end_all_in():
@@ -691,7 +693,7 @@ class Agent:
                 # freed with streams still open: the remote group lost the connection and
                 # our primary took that as its reset (messaging `_on_closed`); a backup
                 # learns it from the free and resets the same streams
-                self._group_closed(actions.Closed(a.conn, 0, True))
+                self._group_ended_in(gc)
             self._release_group_conn(gc)
 
     def _end_stream(self, c: AppConn) -> None:

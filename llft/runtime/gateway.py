@@ -165,7 +165,6 @@ class Gateway:
         self.conn = (group, self.conn_seq, Role.CLIENT)
         self.conn_open = False
         self.streams = StreamTable(remote_opens=False)
-        self.streams_before = (0, 0)        # (opened, freed) in the connections before
         self.decoder = FrameDecoder()
         self.next_offset = 0                # the group's byte stream: next offset expected
         self._idle_close: asyncio.TimerHandle | None = None
@@ -196,8 +195,6 @@ class Gateway:
         if self.streams.opened:             # not the first: a fresh number, fresh state
             self.conn_seq = (self.conn_seq + 1) % (1 << CONN_SEQ_BITS)
             self.conn = (self.group, self.conn_seq, Role.CLIENT)
-            self.streams_before = (self.streams_before[0] + self.streams.opened,
-                                   self.streams_before[1] + self.streams.freed)
             self.streams = StreamTable(remote_opens=False)
             self.decoder = FrameDecoder()
             self.next_offset = 0
@@ -222,13 +219,12 @@ class Gateway:
                 self._deliver(action)
             else:
                 self.counters["orphan_bytes"] += len(action.data)
-        elif isinstance(action, Closed) and action.conn != self.conn:
-            self.counters["group_conn_ends"] += 1       # one we closed when idle
         elif isinstance(action, Closed):
-            # the group ended the whole connection: no stream will hear from it again
             self.counters["group_conn_ends"] += 1
-            for st in self.streams.end_all_in():
-                self._stream_end(st.id, Kind.RST)
+            if action.conn == self.conn:        # (not one we closed when idle)
+                # the group ended the whole connection: no stream hears from it again
+                for st in self.streams.end_all_in():
+                    self._stream_end(st.id, Kind.RST)
         elif isinstance(action, Freed):
             self.counters["group_conns_freed"] += 1
         elif isinstance(action, Opened):
@@ -440,10 +436,10 @@ class Gateway:
             "duplicate_deliveries": c["duplicate_deliveries"],
             "gaps": c["gaps"], "orphan_bytes": c["orphan_bytes"],
             "counters": dict(c), "connections": len(self.core.conns),
-            # client streams open in the group connection, and freed since the start
-            "streams": {"open": len(self.streams.open),
-                        "opened": self.streams_before[0] + self.streams.opened,
-                        "freed": self.streams_before[1] + self.streams.freed},
+            # client streams open in the group connection, and since the start (in every
+            # group connection: a stream per client, counted where it opens and is freed)
+            "streams": {"open": len(self.streams.open), "opened": c["clients_total"],
+                        "freed": c["connections_freed"]},
             "outbox_bytes": len(self.outbox.buf),
             "messaging": self.core.buffer_sizes(), "messaging_stats": dict(self.core.stats),
             "transport": self.endpoint.stats(),

@@ -686,7 +686,7 @@ class MessagingEndpoint:
             # and flow control then stalls our own connection. Its remote primary hears
             # that nobody here holds it (CLOSED: it stops retransmitting on it).
             self._count("rx_not_our_conn")
-            if (self.is_primary and msg.type in PRIMARY_ONLY_TYPES):
+            if self.is_primary and msg.type in PRIMARY_ONLY_TYPES:
                 self._answer_closed(cid)
             return
         if c is None:
