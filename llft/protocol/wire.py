@@ -73,7 +73,8 @@ MAX_DATAGRAM_BYTES = 65507
 DEFAULT_MTU_BYTES = 1400            # UDP payload that fits a 1500-byte Ethernet frame
 MIN_MTU_BYTES = 128
 MAX_MESSAGE_BYTES = 1 << 20         # one encoded payload (STATE chunks must fit under it)
-MAX_GROUP_BYTES = 64                # a group id is a short user-chosen name
+MAX_GROUP_BYTES = 96                # a group id: a short user-chosen name (<= 63), or a
+                                    # gateway's: <name>.gateway.<16 hex digits>
 MAX_FRAGMENTS = 4096                # per message; 1 MiB / 4096 = 256-byte chunks at least
 REASSEMBLY_MAX_MESSAGES = 64        # partial messages held at once
 REASSEMBLY_MAX_BYTES = 8 << 20      # bytes held in partial messages at once

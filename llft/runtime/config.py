@@ -17,6 +17,8 @@ Everything else, with its default:
     fault_timeout_ms = 100        # rank-2 backup suspects the primary after this
     heartbeat_ms = 20             # membership and messaging heartbeats (default:
                                   # fault_timeout_ms / 5)
+    remote_timeout_ms = 3000      # a gateway silent this long is gone: its connection
+                                  # (its clients' streams) reset at every replica
     [group.counter]
     gateway_address = "239.255.0.1:47001"   # the group's gateway (default: port + 1)
     grpc_relay_port = 2xxxx       # loopback port of the app's gRPC relay (default: 20000 +
@@ -38,6 +40,15 @@ idle agent of a 3-replica group used ~9 % of a core, at 20 ms ~4 %, with the sam
 failover times (docs/BENCHMARKS.md, "A quieter idle group"). A shorter timeout brings
 shorter heartbeats with it.
 
+Why remote_timeout_ms = 3000: a group whose gateway dies for good (its host lost) would
+hold the gateway's connection, and with it the group watermark, forever: the other
+gateways' connections then wait once their window is full. The primary takes a gateway
+it has not heard for this long as gone. A live gateway speaks far more often (its
+backed-off keep-alives: every 480 ms), and the other gateways' clients wait about this
+long when one gateway's host dies. It applies to gateways only (groups of one): a
+replicated group is never taken for gone, its backup takes over however long catching up
+takes, and a gateway waits for the group it serves.
+
 Relative paths (key_file, runtime_dir) are relative to the configuration file's folder.
 Every fault is a `ConfigError` whose str() is one line naming the file and what to fix;
 the commands print it and exit with status 2.
@@ -57,6 +68,7 @@ from llft.protocol.messaging import MessagingConfig
 
 HEARTBEATS_PER_TIMEOUT = 5       # default heartbeat_ms = fault_timeout_ms / this
 DEFAULT_FAULT_TIMEOUT_MS = 100.0
+DEFAULT_REMOTE_TIMEOUT_MS = MessagingConfig().remote_timeout_us / 1000
 
 
 def default_heartbeat_ms(fault_timeout_ms: float) -> float:
@@ -65,7 +77,7 @@ def default_heartbeat_ms(fault_timeout_ms: float) -> float:
 
 
 GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-GATEWAY_SUFFIX = ".gateway"
+GATEWAY_INFIX = ".gateway."
 
 
 class ConfigError(Exception):
@@ -88,9 +100,14 @@ class GroupConfig:
         return 20000 + zlib.crc32(name.encode()) % 10000
 
     @property
-    def gateway_group(self) -> str:
-        """The group id the gateway of this group uses on the wire."""
-        return self.name + GATEWAY_SUFFIX
+    def gateway_family(self) -> str:
+        """What the group ids of this group's gateways start with."""
+        return self.name + GATEWAY_INFIX
+
+    def gateway_group(self, instance: str) -> str:
+        """The group id a gateway of this group uses on the wire: each gateway is a group
+        of its own (clients on several hosts each run one), all at `gateway_address`."""
+        return self.gateway_family + instance
 
 
 @dataclass(frozen=True)
@@ -102,6 +119,7 @@ class ClusterConfig:
     runtime_dir: str = ""
     heartbeat_ms: float = default_heartbeat_ms(DEFAULT_FAULT_TIMEOUT_MS)
     fault_timeout_ms: float = DEFAULT_FAULT_TIMEOUT_MS
+    remote_timeout_ms: float = DEFAULT_REMOTE_TIMEOUT_MS
     groups: dict[str, GroupConfig] = field(default_factory=dict)
 
     def group(self, name: str) -> GroupConfig:
@@ -121,6 +139,8 @@ class ClusterConfig:
         payload = max(1024, min(8192, mtu_bytes - 256))
         window = overrides.get("window_msgs", MessagingConfig().window_msgs)
         kw = dict(heartbeat_us=max(500, int(self.heartbeat_ms * 1000)),
+                  remote_timeout_us=int(self.remote_timeout_ms * 1000),
+                  lone_groups=tuple(g.gateway_family for g in self.groups.values()),
                   max_payload_bytes=payload, max_queue_bytes=max(256 << 10, 2 * payload),
                   max_log_bytes=max(1 << 20, 4 * window * payload))
         kw.update(overrides)
@@ -131,7 +151,7 @@ class ClusterConfig:
         gm = GroupMap()
         for g in self.groups.values():
             gm.set(g.name, g.address)
-            gm.set(g.gateway_group, g.gateway_address)
+            gm.set_family(g.gateway_family, g.gateway_address)
         return gm
 
     def load_key(self) -> bytes:
@@ -176,7 +196,7 @@ def _known_settings(path: str, where: str, table: dict, known: set[str]) -> None
 
 
 CLUSTER_KEYS = {"key_file", "interface", "ttl", "runtime_dir", "heartbeat_ms",
-                "fault_timeout_ms"}
+                "fault_timeout_ms", "remote_timeout_ms"}
 GROUP_KEYS = {"address", "service_port", "gateway_address", "grpc_relay_port"}
 
 
@@ -271,6 +291,9 @@ def parse(raw: dict, path: str = "<config>") -> ClusterConfig:
                                    cl.get("heartbeat_ms", default_heartbeat_ms(timeout_ms)),
                                    0.5, 1000)),
         fault_timeout_ms=timeout_ms,
+        remote_timeout_ms=float(_number(path, "[cluster] remote_timeout_ms",
+                                        cl.get("remote_timeout_ms", DEFAULT_REMOTE_TIMEOUT_MS),
+                                        1000, 3_600_000)),
         groups=groups)
 
 

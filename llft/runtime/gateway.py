@@ -5,8 +5,11 @@
 Theory of operation
 -------------------
 Plain TCP clients cannot speak LLFT, so the gateway speaks it for them. The gateway is
-a one-member LLFT group of its own: group id `<NAME>.gateway` (`GroupConfig.
-gateway_group`), listening on the group's `gateway_address`, with a `MessagingEndpoint`
+a one-member LLFT group of its own: group id `<NAME>.gateway.<instance>` (`GroupConfig.
+gateway_group`, `gateway_instance`: one per host and listening address, so clients on
+several hosts each run their own gateway and none disturbs another's connection; all of
+them listen on the group's `gateway_address` and each keeps only what is addressed to
+its own id), with a `MessagingEndpoint`
 in a static view where it is the primary, alone (`set_view(1, birth, [(birth, 1)],
 birth)`), driven by `llft.runtime.driver.Driver` over a `transport.Endpoint` (given its birth
 id, so it drops its own multicast echoes). Addresses come from the configuration's
@@ -53,10 +56,14 @@ groups for: membership/core.py), so an idle gateway holds none.
   replies still exceed `MAX_CLIENT_BACKLOG_BYTES` is disconnected.
 - Leaving (SIGTERM): every client is reset, then the group connection's own end (FIN)
   goes to the group, which frees the connection there. Killed instead (SIGKILL), the
-  gateway leaves its connection at the group until a gateway of the same group starts:
-  it accepts no connection it did not open and answers CLOSED on the old one, which the
-  group takes as the old gateway's reset (messaging `_on_closed`: its streams are reset
-  and the connection freed at every replica).
+  gateway leaves its connection at the group until either a gateway with its id starts
+  (the same host and --listen): it accepts no connection it did not open and answers
+  CLOSED on the old one, which the group takes as the old gateway's reset (messaging
+  `_on_closed`); or the group's primary has heard nothing from it for
+  `remote_timeout_ms` (3 s) and takes it for gone (messaging `_remote_silence_due`).
+  Either way its streams are reset after the same bytes at every replica and the
+  connection is freed there; until then it pins the group's watermark, so the other
+  gateways' connections wait once their window is full.
 
 Output: one JSON line on stdout when ready, `{"event": "ready", "listen": [host, port],
 "group": NAME}` (`--listen HOST:0` picks a free port); nothing else on stdout. A status
@@ -88,6 +95,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -142,6 +150,18 @@ def parse_listen(text: str) -> tuple[str, int]:
     return (host.strip("[]") or "0.0.0.0"), int(port)
 
 
+def gateway_instance(listen: tuple[str, int]) -> str:
+    """The instance part of this gateway's group id: the same for a gateway restarted on
+    the same host and listening address (it then answers CLOSED on its predecessor's
+    connection at once), different for any other gateway of the group (clients on
+    several hosts each run one); random for a port picked by the system (0)."""
+    host, port = listen
+    if port == 0:
+        return secrets.token_hex(8)
+    where = f"{socket.gethostname()}|{host}|{port}".encode()
+    return hashlib.blake2b(where, digest_size=8).hexdigest()
+
+
 class Gateway:
     def __init__(self, cfg: cluster_config.ClusterConfig, group: str, key: bytes,
                  listen: tuple[str, int]):
@@ -152,12 +172,13 @@ class Gateway:
         self.listen = listen
         self.birth = secrets.randbits(63) or 1
         self.conn_seq = secrets.randbits(CONN_SEQ_BITS)
-        self.endpoint = Endpoint(key, self.gcfg.gateway_group, lambda m: None,
+        self.gateway_group = self.gcfg.gateway_group(gateway_instance(listen))
+        self.endpoint = Endpoint(key, self.gateway_group, lambda m: None,
                                  groups=cfg.group_map(), interface=cfg.interface,
                                  ttl=cfg.ttl, birth_id=self.birth)
         # it opens its group connections and accepts none: a connection of a previous
         # incarnation of this gateway (killed, restarted) is answered CLOSED, not taken up
-        self.core = MessagingEndpoint(self.gcfg.gateway_group, self.birth, dataclasses.replace(
+        self.core = MessagingEndpoint(self.gateway_group, self.birth, dataclasses.replace(
             cfg.messaging_config(self.endpoint.encoder.mtu_bytes), accepts_connections=False))
         self.driver = Driver(self.endpoint, self.core, on_action=self._on_action)
         # the group connection: every client is a stream in it (opened by the first
@@ -424,7 +445,7 @@ class Gateway:
     def status(self) -> dict:
         c = self.counters
         return {
-            "kind": "gateway", "group": self.group, "gateway_group": self.gcfg.gateway_group,
+            "kind": "gateway", "group": self.group, "gateway_group": self.gateway_group,
             "pid": os.getpid(), "birth": self.birth, "listen": list(self.bound or ()),
             "started": self.started, "updated": time.time(),
             # clients still sending (a client that half-closed waits for the group's end)

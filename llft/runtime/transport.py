@@ -92,34 +92,48 @@ def default_address(group: str, port_base: int = PORT_BASE,
 
 
 class GroupMap:
-    """group id -> GroupAddress; unconfigured groups get `default_address`."""
+    """group id -> GroupAddress: configured groups, then families of groups sharing one
+    address (every gateway of group G is `G.gateway.<instance>`), then `default_address`."""
 
     def __init__(self, addresses: dict[str, GroupAddress] | None = None, *,
                  port_base: int = PORT_BASE, port_span: int = PORT_SPAN):
         self._addresses = dict(addresses or {})
+        self._families: dict[str, GroupAddress] = {}
         self.port_base, self.port_span = port_base, port_span
 
     def set(self, group: str, address: GroupAddress) -> None:
         self._addresses[group] = address
 
+    def set_family(self, prefix: str, address: GroupAddress) -> None:
+        """Every group whose id starts with `prefix` is at `address`."""
+        self._families[prefix] = address
+
     def address(self, group: str) -> GroupAddress:
         addr = self._addresses.get(group)
-        return addr if addr is not None else default_address(group, self.port_base,
-                                                             self.port_span)
+        if addr is not None:
+            return addr
+        for prefix, addr in self._families.items():
+            if group.startswith(prefix):
+                return addr
+        return default_address(group, self.port_base, self.port_span)
 
     def groups(self) -> list[str]:
         return list(self._addresses)
 
     @classmethod
     def parse(cls, text: str) -> "GroupMap":
-        """'GROUP=MCAST:PORT,...' (the command-line form of tools and tests)."""
+        """'GROUP=MCAST:PORT,...' (the command-line form of tools and tests); a GROUP
+        ending in '*' names a family (`set_family`): 'g.gateway.*=...'."""
         gm = cls()
         for item in filter(None, text.split(",")):
             group, sep, where = item.partition("=")
             host, _, port = where.rpartition(":")
             if not sep or not host or not port.isdigit():
                 raise ValueError(f"bad group address {item!r}: expected GROUP=MCAST:PORT")
-            gm.set(group, GroupAddress(host, int(port)))
+            if group.endswith("*"):
+                gm.set_family(group[:-1], GroupAddress(host, int(port)))
+            else:
+                gm.set(group, GroupAddress(host, int(port)))
         return gm
 
 

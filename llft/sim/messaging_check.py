@@ -9,7 +9,8 @@ network loses, duplicates, reorders and corrupts datagrams, forged and garbage d
 are injected, a replica is cut off by a transient partition, and backups crash (this check
 plays membership: it removes a crashed replica after DETECT_CRASH_US; with --failover a
 crashed primary is replaced by the next backup in a new primary view, phase 2 of
-messaging). Then faults stop, and the checks are:
+messaging); with --die a whole group dies (every replica crashes, none replaced: a
+gateway's host lost for good). Then faults stop, and the checks are:
 
   * exactly once, in order: every Deliver continues its stream exactly where the last
     one ended, with the bytes the primary's application wrote; at the end every live
@@ -30,8 +31,13 @@ messaging). Then faults stop, and the checks are:
   * buffers: at quiescence sent lists, queues, received lists, placeholders and
     order-info logs are empty and backup logs hold at most a window per connection
     (garbage collection by watermarks worked);
+  * a group that died: each of its connections is freed at every live replica of the
+    other group within remote_timeout_us (the remote's silence), after the SAME bytes
+    at every one of them; a stream of the dead group that had not ended here ends at
+    the primary with one `Closed`, abort, right after those bytes (its reset, the same
+    point for every replica's application);
   * liveness: all of the above hold within LIVENESS_BOUND_US of simulated time after the
-    faults stop.
+    faults stop (plus remote_timeout_us when a group died).
 
 The generator (`generate`) decides everything before the schedule runs and writes it as a
 scenario script (format and runner: llft/sim/campaign.py). Its lines: `set faults loss P
@@ -41,7 +47,8 @@ first is the primary), `conn K CLIENT SERVER seq N`, `writes K c2s|s2c SIZE...` 
 cut as its primary's application writes it), `end K c2s|s2c fin|rst` (the application
 closes or aborts after its last write), `recut NODE K DIR SIZE...` (a replica that
 cuts it differently), `order-info G SIZE...` (chunks G's primary adds); events `app NODE`
-(its application starts), `crash NODE`, `partition NODE... [| NODE...]` (unlisted nodes
+(its application starts), `crash NODE`, `die G` (every replica of G crashes for good),
+`partition NODE... [| NODE...]` (unlisted nodes
 form one more side), `heal`, `inject G forged|garbage|flipped ...` (see `Schedule._inject`)
 and `quiet` (faults stop).
 """
@@ -92,7 +99,7 @@ def _sizes(rng: random.Random, total: int) -> list[int]:
 
 
 def generate(seed: int, loss: float = 0.0, dup: float = 0.0, reorder: float = 0.0,
-             failover: float = 0.0) -> Script:
+             failover: float = 0.0, die: float = 0.0) -> Script:
     """The schedule of `seed`, written out (every decision is made here, before it runs)."""
     rng = random.Random(seed)
     sim_seed = rng.getrandbits(64)
@@ -172,6 +179,8 @@ def generate(seed: int, loss: float = 0.0, dup: float = 0.0, reorder: float = 0.
             events.append((t, ("inject", g, "flipped", k, "sender", sender,
                                "byte", rng.randrange(n), "xor", 1 + rng.randrange(255))))
     head.insert(3, ("seed", "app", rng.getrandbits(64)))
+    if die and rng.random() < die:      # (drawn last: schedules without it are unchanged)
+        events.append((rng.randint(0, FAULT_PHASE_US), ("die", rng.choice(sorted(groups)))))
     events.append((FAULT_PHASE_US, ("quiet",)))
     script = Script(KIND)
     for line in head:
@@ -203,7 +212,7 @@ class _Replica:
     got: dict = field(default_factory=dict)          # conn id -> bytearray delivered
     oi_got: dict = field(default_factory=dict)      # pvn -> chunks delivered
     ended: dict = field(default_factory=dict)       # conn id -> abort, from Closed
-    freed: set = field(default_factory=set)         # conn ids Freed
+    freed: dict = field(default_factory=dict)       # conn id -> bytes got when Freed
     closed_own: set = field(default_factory=set)    # conn ids our app closed
 
 
@@ -222,8 +231,10 @@ class Schedule:
         self.sim = Sim(random.Random(script.seed("sim")), net)
         self.app_rng = random.Random(script.seed("app"))     # the applications' pacing
         m = script.pairs("set", "messaging")
+        # every group may die whole here (`die`); live ones never fall silent for the
+        # remote timeout within a schedule, so the rule is on for all of them
         self.cfg = MessagingConfig(max_payload_bytes=int(m["payload"]),
-                                   window_msgs=int(m["window"]))
+                                   window_msgs=int(m["window"]), lone_groups=("g",))
         self.groups: dict[str, list[_Replica]] = {}
         self.conns = []             # (client group, server group, conn_seq, streams)
         conn_index: dict[str, int] = {}
@@ -256,6 +267,8 @@ class Schedule:
             elif verb == "end":
                 self.conns[conn_index[args[0]]][3]["end " + args[1]] = args[2] == "rst"
         self.crashed: set[str] = set()
+        self.dead: set[str] = set()         # groups that died whole
+        self.lost_at: dict = {}             # (group, conn id) -> a lost stream's reset point
         for g, reps in self.groups.items():
             for rep in reps:
                 self.sim.add_node(rep.node, rep.core, [g], on_action=self._on_action)
@@ -329,7 +342,10 @@ class Schedule:
             got = len(rep.got.get(action.conn, b""))
             exp = self._expected(rep).get(action.conn)
             want = dict((cid, theirs) for cid, _, theirs in self._ends(rep)).get(action.conn)
-            if exp is None or got != len(exp) or action.offset != got or want is None \
+            if action.conn[0] in self.dead and action.abort and action.offset == got:
+                # the reset of a stream whose group died: where the primary stood
+                self.lost_at[(rep.group, action.conn)] = got
+            elif exp is None or got != len(exp) or action.offset != got or want is None \
                     or want != action.abort:
                 self._violation(f"{node} {action.conn}: end (abort={action.abort}) at "
                                 f"{action.offset} after {got} bytes; expected "
@@ -339,7 +355,7 @@ class Schedule:
         if isinstance(action, Freed):
             if action.conn in rep.freed:
                 self._violation(f"{node} {action.conn}: freed twice")
-            rep.freed.add(action.conn)
+            rep.freed[action.conn] = len(rep.got.get(action.conn, b""))
             return
         if isinstance(action, Deliver):
             buf = rep.got.setdefault(action.conn, bytearray())
@@ -415,6 +431,14 @@ class Schedule:
             sim.at(sim.now_us + DETECT_CRASH_US, self._remove(rep))
         return crash
 
+    def _die(self, g: str):
+        def die(sim: Sim) -> None:
+            self.dead.add(g)
+            for rep in self.groups[g]:
+                sim.crash(rep.node)
+                self.crashed.add(rep.node)
+        return die
+
     def _remove(self, rep: _Replica):
         """Play membership: drop the crashed replica; a crashed primary is replaced by
         the surviving backup of lowest precedence in a new primary view."""
@@ -457,7 +481,8 @@ class Schedule:
                     sim.inject(g, bytes(dg))
                 else:
                     raise ScenarioError(f"messaging: unknown injection {kind!r}")
-            self.injected += 1
+            if any(r.node not in self.crashed for r in self.groups[g]):
+                self.injected += 1          # (a dead group's decoders count nothing)
         return inject
 
     # -- the run -----------------------------------------------------------------------
@@ -482,6 +507,8 @@ class Schedule:
                 sim.at(t, self._traced(line, self._app_tick(self.by_node[args[0]])), args[0])
             elif verb == "crash":
                 sim.at(t, self._traced(line, self._crash(self.by_node[args[0]])))
+            elif verb == "die":
+                sim.at(t, self._traced(line, self._die(args[0])))
             elif verb == "partition":
                 sim.at(t, self._traced(line, lambda s, c=sides(args): s.partition(*c)))
             elif verb == "heal":
@@ -502,15 +529,36 @@ class Schedule:
             self._check_invariants()
             problems[:] = self._pending()
             return not problems or bool(self.violations)
-        if run_until_done(sim, done, LIVENESS_BOUND_US, CHECK_EVERY_US) is None \
+        bound = LIVENESS_BOUND_US + (self.cfg.remote_timeout_us
+                                     if any(ln[2] == "die" for ln in self.script.lines
+                                            if ln[0] == "at") else 0)
+        if run_until_done(sim, done, bound, CHECK_EVERY_US) is None \
                 and problems and not self.violations:
-            self._violation(f"not done {LIVENESS_BOUND_US} us after faults stopped: "
+            self._violation(f"not done {bound} us after faults stopped: "
                             + "; ".join(problems[:3]))
-        rejected = sum(sim.decoder(n).rejections.total() for n in self.by_node
-                       if n not in self.crashed)
+        self._check_lost()
+        # (a replica that rejected them may have crashed since, or its whole group died)
+        rejected = sum(sim.decoder(n).rejections.total() for n in self.by_node)
         if self.injected and rejected == 0:
             self._violation("injected datagrams were not rejected")
         return self.violations
+
+    def _check_lost(self) -> None:
+        """Every live replica freed each connection of a dead group after the same bytes,
+        and the primary's reset of a stream that had not ended stood right there."""
+        for g, reps in self.groups.items():
+            live = [r for r in reps if r.node not in self.crashed]
+            for cid in {cid for r in live for cid in self._expected(r)}:
+                if cid[0] not in self.dead:
+                    continue
+                at = {r.node: r.freed.get(cid) for r in live}
+                if len(set(at.values())) > 1:
+                    self._violation(f"{cid} of the dead group {cid[0]}: freed after "
+                                    f"different bytes {at}")
+                lost = self.lost_at.get((g, cid))
+                if lost is not None and set(at.values()) != {lost}:
+                    self._violation(f"{cid}: reset at {lost} by the primary, freed after "
+                                    f"{at}")
 
     def _check_flow(self, rep: _Replica) -> None:
         cfg = rep.core.config
@@ -540,12 +588,18 @@ class Schedule:
                 continue
             for cid, exp in self._expected(rep).items():
                 got = rep.got.get(cid, b"")
-                if len(got) != len(exp):
+                if cid[0] in self.dead:
+                    # its stream stops where the group died; the connection goes
+                    if cid in rep.core.conns or cid not in rep.freed:
+                        out.append(f"{rep.node} {cid}: of a dead group, not freed")
+                elif len(got) != len(exp):
                     out.append(f"{rep.node} {cid}: {len(got)}/{len(exp)} bytes")
             for cid, cuts in self._writes(rep):
                 if rep.progress.get(cid, (0, 0))[0] < len(cuts):
                     out.append(f"{rep.node} {cid}: app still writing")
             for cid, mine, theirs in self._ends(rep):
+                if cid[0] in self.dead:
+                    continue
                 if theirs is not None and cid not in rep.ended:
                     out.append(f"{rep.node} {cid}: stream end not delivered")
                 if mine is not None and theirs is not None and (
@@ -581,8 +635,8 @@ def _cut(data: bytes, sizes: list[int]) -> list[bytes]:
 
 
 def run_seed(seed: int, *, loss: float = 0.0, dup: float = 0.0, reorder: float = 0.0,
-             failover: float = 0.0, trace=None) -> Outcome:
-    return run_script(generate(seed, loss, dup, reorder, failover), trace=trace)
+             failover: float = 0.0, die: float = 0.0, trace=None) -> Outcome:
+    return run_script(generate(seed, loss, dup, reorder, failover, die), trace=trace)
 
 
 def run_script(script: Script, *, trace=None) -> Outcome:
@@ -597,5 +651,7 @@ CAMPAIGN = Campaign(
         Param("dup", 0.0, "chance that a datagram is duplicated"),
         Param("reorder", 0.0, "chance that a datagram is delayed by up to 3 ms more"),
         Param("failover", 0.0, "per group, chance that its primary crashes and this check "
-                               "plays membership (new primary view, phase 2 of messaging)")))
+                               "plays membership (new primary view, phase 2 of messaging)"),
+        Param("die", 0.0, "chance that one group dies whole (every replica crashes, none "
+                          "replaced: a gateway's host lost for good)")))
 add_arguments, run = CAMPAIGN.add_arguments, CAMPAIGN.run

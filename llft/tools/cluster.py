@@ -97,11 +97,14 @@ class LocalCluster:
         return self.start_gateway(timeout_s=60)
 
     def start_gateway(self, name: str = "gateway", timeout_s: float = 30,
-                      config_path: str | None = None) -> tuple[str, int]:
+                      config_path: str | None = None, port: int = 0) -> tuple[str, int]:
+        """A gateway on 127.0.0.1:`port` (0: a free one); its address once ready. (Its
+        group id follows the address: one started again on the port of a dead one takes
+        up its id, llft/runtime/gateway.py `gateway_instance`.)"""
         p = self._start(name, self.llft_argv("gateway", "--config",
                                              config_path or self.config_path,
                                              "--group", self.group,
-                                             "--listen", "127.0.0.1:0"),
+                                             "--listen", f"127.0.0.1:{port}"),
                         stdout=subprocess.PIPE)
         ev = read_event(p, "ready", timeout_s)
         if ev is None:

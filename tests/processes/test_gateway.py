@@ -114,7 +114,7 @@ def write_cluster(tmp_path, group: str = "echo") -> tuple[str, str]:
     """A key, a configuration and the matching streamdemo --addresses string."""
     key = tmp_path / "cluster.key"
     keys.write_key(str(key))
-    addrs = random_group_addresses([group, f"{group}.gateway"])
+    addrs = random_group_addresses([group, f"{group}.gateway.*"])   # every gateway
     amap = dict(item.split("=") for item in addrs.split(","))
     cfg = tmp_path / "cluster.toml"
     cfg.write_text(f"""[cluster]
@@ -125,7 +125,7 @@ runtime_dir = "run"
 [group.{group}]
 address = "{amap[group]}"
 service_port = 9000
-gateway_address = "{amap[group + '.gateway']}"
+gateway_address = "{amap[group + '.gateway.*']}"
 """)
     return str(cfg), addrs
 
@@ -296,7 +296,7 @@ def test_gateway_deduplicates_replies_by_offset(tmp_path):
 
     async def main():
         gw = Gateway(cfg, "g", b"k" * 32, ("127.0.0.1", 0))
-        assert gw.gcfg.gateway_group == "g.gateway" and 0 < gw.birth < 2 ** 63
+        assert gw.gateway_group.startswith("g.gateway.") and 0 < gw.birth < 2 ** 63
         gw.conn_open = True             # (as its first client opens it)
         framed = bytearray()            # what the gateway gives messaging
         gw.outbox._send = lambda view: (framed.extend(view), len(view))[1]

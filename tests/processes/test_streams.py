@@ -300,9 +300,10 @@ def test_half_close_and_reset_across_a_takeover(tmp_path):
 
 def test_a_gateway_killed_with_clients_connected_and_restarted(tmp_path):
     """SIGKILL of the gateway while two clients are connected (their streams open at the
-    replicas), then a new gateway: it serves far more requests on its one group connection
-    than a window holds, and the dead gateway's connection and streams are freed at every
-    replica. (The dead one's connection pinned the group watermark: the new gateway's
+    replicas), then a new gateway on the same address (so the same group id): it serves
+    far more requests on its one group connection than a window holds, and the dead
+    gateway's connection and streams are freed at every replica, on the new one's CLOSED
+    answer. (The dead one's connection pinned the group watermark: the new gateway's
     window filled after ~15 requests and every client hung.)"""
     import signal
     with LocalCluster(str(tmp_path), group="echo") as lc:
@@ -320,7 +321,7 @@ def test_a_gateway_killed_with_clients_connected_and_restarted(tmp_path):
         old = lc.procs["gateway"]
         os.kill(old.pid, signal.SIGKILL)
         old.wait()
-        addr = lc.start_gateway("gateway2")
+        addr = lc.start_gateway("gateway2", port=addr[1])
         for i in range(200):
             data = f"request {i}".encode() * 50
             with socket.create_connection(addr, timeout=CLIENT_TIMEOUT_S) as c:
@@ -332,6 +333,58 @@ def test_a_gateway_killed_with_clients_connected_and_restarted(tmp_path):
         assert st["view"] == view
         for m in st["members"]:
             # the dead gateway's connection: taken as its reset, freed (a backup too)
+            assert m["group_connections"]["freed"] >= 2, m["group_connections"]
+        for s in held:
+            s.close()
+
+
+def test_two_gateways_and_one_lost_for_good(tmp_path):
+    """Clients on two hosts each run a gateway: both serve at once, neither disturbs the
+    other's connection. Then one is SIGKILLed with clients connected and never comes back
+    (its host is gone): the other serves far more requests than a window holds (the dead
+    one's connection pins the group watermark until the primary, having heard nothing of
+    it for remote_timeout_ms, takes it as reset), and the dead one's connection and
+    streams are freed at every replica, after the same bytes; no view change."""
+    import signal
+    with LocalCluster(str(tmp_path), group="echo") as lc:
+        for name in ("r1", "r2"):
+            lc.start_replica(name, ECHO)
+            lc.wait_members(int(name[1]))
+        a = lc.start_gateway("gwA")
+        b = lc.start_gateway("gwB")
+        view = lc.status()["view"]
+        ids = {g["gateway_group"] for g in lc.status()["gateways"]}
+        assert len(ids) == 2, ids
+        held = [socket.create_connection(a, timeout=CLIENT_TIMEOUT_S) for _ in range(2)]
+        long_b = socket.create_connection(b, timeout=CLIENT_TIMEOUT_S)
+
+        def round_trip(s: socket.socket, data: bytes) -> None:
+            s.sendall(data)
+            got = b""
+            while len(got) < len(data):
+                d = s.recv(65536)
+                assert d, f"closed after {len(got)} bytes"
+                got += d
+            assert got == data
+
+        for i in range(50):         # both at once: neither resets the other's streams
+            for s in (*held, long_b):
+                round_trip(s, f"both {i} ".encode() * 40)
+        os.kill(lc.procs["gwA"].pid, signal.SIGKILL)
+        lc.procs["gwA"].wait()
+        for i in range(300):
+            data = f"request {i}".encode() * 100
+            with socket.create_connection(b, timeout=CLIENT_TIMEOUT_S) as c:
+                c.sendall(data)
+                c.shutdown(socket.SHUT_WR)
+                assert read_all(c) == data, i
+            round_trip(long_b, data)
+        long_b.close()
+        st = streams_settled(lc, 2, clients=301)
+        no_divergence(st)
+        assert st["view"] == view
+        for m in st["members"]:
+            # A's connection (reset by silence) and B's (closed when idle): both freed
             assert m["group_connections"]["freed"] >= 2, m["group_connections"]
         for s in held:
             s.close()

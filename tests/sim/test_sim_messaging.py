@@ -12,9 +12,9 @@ from llft.protocol.messaging import MessagingEndpoint
 from llft.sim import messaging_check as mc
 from llft.sim.campaign import schedule_seed
 
-def _campaign(n, seed, loss, dup, reorder, failover=0.0):
+def _campaign(n, seed, loss, dup, reorder, failover=0.0, die=0.0):
     return mc.CAMPAIGN.failures(n, seed, loss=loss, dup=dup, reorder=reorder,
-                                failover=failover)
+                                failover=failover, die=die)
 
 
 def test_schedules_with_faults():
@@ -32,6 +32,35 @@ def test_schedules_with_changes_of_primary():
 
 def test_schedules_with_harsh_faults():
     assert _campaign(50, 3, 0.4, 0.2, 0.5) == []
+
+
+def test_schedules_where_a_group_dies():
+    """A whole group dies (a gateway's host, lost for good) while the others run with
+    faults and changes of primary: every connection with it is freed at every live
+    replica after the same bytes, within the remote timeout of silence."""
+    assert _campaign(60, 5, 0.05, 0.02, 0.1, failover=0.3, die=1.0) == []
+
+
+def test_checker_catches_a_dead_group_kept_forever(monkeypatch):
+    """Without the silence rule a dead group's connection stays, pinning the watermark."""
+    monkeypatch.setattr(messaging.MessagingEndpoint, "_remote_silence_due",
+                        lambda self, c: self.timers.clear(messaging.Timer.REMOTE_SILENCE,
+                                                          c.cid))
+    assert _campaign(5, 5, 0.0, 0.0, 0.0, die=1.0)
+
+
+def test_checker_catches_backups_freeing_beyond_the_primarys_cut(monkeypatch):
+    """A backup that frees a lost connection by force delivers bytes its primary never
+    had (tests/sim/regressions/messaging_dead_group_backup_beyond_cut.scenario)."""
+    import os
+    from llft.sim.campaign import Script
+    orig = messaging.MessagingEndpoint._free
+    monkeypatch.setattr(messaging.MessagingEndpoint, "_free",
+                        lambda self, c, cut=None: orig(self, c))
+    path = os.path.join(os.path.dirname(__file__), "regressions",
+                        "messaging_dead_group_backup_beyond_cut.scenario")
+    outcome = mc.run_script(Script.load(path))
+    assert any("freed after different bytes" in v for v in outcome.violations)
 
 
 def test_a_schedule_is_deterministic():
@@ -79,6 +108,12 @@ def test_soak(soak):
 def test_soak_failover(soak):
     n = 1000 if soak == "small" else 10000
     assert _campaign(n, 8, 0.2, 0.05, 0.1, failover=0.5) == []
+
+
+@pytest.mark.slow
+def test_soak_dead_group(soak):
+    n = 300 if soak == "small" else 3000
+    assert _campaign(n, 9, 0.1, 0.05, 0.1, failover=0.3, die=1.0) == []
 
 
 # -- the kernel itself (membership reuses it) ---------------------------------------------

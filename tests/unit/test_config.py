@@ -29,7 +29,10 @@ def test_minimal_file_has_sound_defaults(tmp_path):
     assert (g.gateway_address.mcast_addr, g.gateway_address.port) == ("239.255.0.1", 47001)
     assert cfg.key_file == str(tmp_path / "cluster.key")     # relative to the file
     gm = cfg.group_map()
-    assert gm.address("counter.gateway").port == 47001
+    # every gateway of the group, whatever its instance, at the gateway address
+    assert gm.address(g.gateway_group("0123456789abcdef")).port == 47001
+    assert gm.address(g.gateway_group("fedcba9876543210")).port == 47001
+    assert gm.address("counter").port == 47000
     assert cfg.heartbeat_ms == 20 and cfg.fault_timeout_ms == 100
     # the heartbeat follows the timeout unless it is set
     short = config.load(write(tmp_path, MINIMAL.replace(
@@ -38,6 +41,14 @@ def test_minimal_file_has_sound_defaults(tmp_path):
     both = config.load(write(tmp_path, MINIMAL.replace(
         "[cluster]", "[cluster]\nfault_timeout_ms = 25\nheartbeat_ms = 2"), "h.toml"))
     assert both.heartbeat_ms == 2
+    # a silent remote group is gone after 3 s, messaging's default, unless set
+    assert cfg.remote_timeout_ms == 3000
+    assert cfg.messaging_config(1400).remote_timeout_us == 3_000_000
+    # ... for gateways only: a replicated group's backup takes over, however long
+    assert cfg.messaging_config(1400).lone_groups == ("counter.gateway.",)
+    slow = config.load(write(tmp_path, MINIMAL.replace(
+        "[cluster]", "[cluster]\nremote_timeout_ms = 10000"), "r.toml"))
+    assert slow.messaging_config(1400).remote_timeout_us == 10_000_000
     # the gRPC relay's port: the same at every replica, outside the ephemeral range
     assert g.grpc_relay_port == config.GroupConfig.default_relay_port("counter")
     assert 20000 <= g.grpc_relay_port < 30000
@@ -65,6 +76,8 @@ def test_minimal_file_has_sound_defaults(tmp_path):
     ("[cluster]\nkey_file='k'\n[group.a]\naddress='239.1.1.1:5'\nservice_port=1\n"
      "[group.b]\naddress='239.1.1.1:6'\nservice_port=2\n", "also"),
     ("[cluster\n", "not valid TOML"),
+    ("[cluster]\nkey_file='k'\nremote_timeout_ms=400\n[group.a]\naddress='239.1.1.1:5'\n"
+     "service_port=1\n", "remote_timeout_ms = 400 is outside"),
     ("[cluster]\nkey_file='k'\n[group.a]\naddress='239.1.1.1:5'\nservice_port=1\n"
      "grpc_relay_port=0\n", "grpc_relay_port"),
 ])

@@ -41,7 +41,7 @@ pytestmark = pytest.mark.timeout(120)
 INTS = [0, 3, 2**64 - 1]
 BAD_VALUES = {
     "type": [0, 9, 99, 255, -1, "REQUEST", 1.5, None, True, [1]],
-    "group": ["", b"svc", "x" * 65, 7, None, ["svc"]],
+    "group": ["", b"svc", "x" * (wire.MAX_GROUP_BYTES + 1), 7, None, ["svc"]],
     "uint": [-1, -(2**63), "7", 1.5, None, [], True, b"\x01"],
     "role": [2, -1, "client", None],
     "body": [[], "body", {}, {"extra": 1}, 7],

@@ -92,7 +92,7 @@ REJECTIONS = {
                        seal(KEY, b"\x00" * 5, kind=KIND_FRAGMENT)],
     Reject.BAD_MAGIC: [b"X", b"GET / HTTP/1.0\r\n", b"\x00" * 64],
     Reject.BAD_VERSION: [b"LF\x09\x00" + one(make())[4:], seal(KEY, b"\x90", version=2)],
-    Reject.OVERSIZE: [seal(KEY, b"\x00" * 70000), sealed(with_field(1, "g" * 65)),
+    Reject.OVERSIZE: [seal(KEY, b"\x00" * 70000), sealed(with_field(1, "g" * (wire.MAX_GROUP_BYTES + 1))),
                       seal(KEY, b"\xc4\x01x" * (wire.MAX_MESSAGE_BYTES // 3 + 1))],
     Reject.BAD_MAC: [one(make(), OTHER_KEY), one(make())[:-1],
                      one(make())[:30] + b"\xff" + one(make())[31:]],
@@ -180,7 +180,7 @@ def test_decode_never_raises_on_internal_error(monkeypatch):
 # -- encoder pair assertions ------------------------------------------------------------
 
 @pytest.mark.parametrize("bad", [
-    dict(conn_seq=-1), dict(src_group=""), dict(dst_group="x" * 65), dict(body={}),
+    dict(conn_seq=-1), dict(src_group=""), dict(dst_group="x" * (wire.MAX_GROUP_BYTES + 1)), dict(body={}),
     dict(body={"offset": 0, "data": "s", "flags": 0}), dict(msn=0), dict(order_info="s"),
     dict(version=256), dict(pvn=1 << 64), dict(role=5),
 ])

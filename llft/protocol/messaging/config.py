@@ -44,6 +44,16 @@ class MessagingConfig:
     order_info_intra_us: int = 3_000    # order info not acked by a backup this long -> ORDER_INFO
     order_info_ack_us: int = 500        # a backup acks delivered order info this promptly
     accepts_connections: bool = True   # False: a group that only opens them (a gateway)
+    # A remote group of one (a gateway: its id starts with one of `lone_groups`) silent
+    # this long on a connection is gone (its host died): the primary takes it as the
+    # remote's reset after what it delivered. Far above any silence of a live gateway
+    # (its backed-off keep-alives: every 480 ms), far below "forever" (the dead
+    # connection pins the group watermark, so every other connection's flow control
+    # waits for this). A replicated remote group is never taken for gone: a backup takes
+    # over, however long it first takes to catch up (a rejoined backup replaying a Spark
+    # driver's history: a minute), and its connections must still be there.
+    remote_timeout_us: int = 3_000_000
+    lone_groups: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # a member can be at most a window behind the sender: its gaps must fit

@@ -354,7 +354,7 @@ class RemoteView:
 
 class Connection:
     __slots__ = ("cid", "remote", "seq", "role", "state", "known", "send", "recv",
-                 "remote_view", "peer_done")
+                 "remote_view", "peer_done", "lost_at", "lost_resends")
 
     def __init__(self, cid: ConnId, rto_us: int, rto_max_us: int | None = None):
         self.cid = cid
@@ -364,7 +364,10 @@ class Connection:
         self.send = SendSide(rto_us, rto_max_us)
         self.recv = ReceiveSide()
         self.remote_view = RemoteView()
-        self.peer_done = False              # the remote primary freed it (CLOSED)
+        self.peer_done = False              # the remote freed it (CLOSED), lost it or
+                                            # is gone (silent for remote_timeout_us)
+        self.lost_at: int | None = None     # lost or gone: the offset of its reset here
+        self.lost_resends = 0               # ... and its bytes re-sent to our backups
 
     # ---- transitions (the only writers of `state` and `known`) ----
     def _go(self, to: SendState) -> None:

@@ -113,7 +113,11 @@ once both ends are in, the sent list is empty (the remote group watermark covers
 end: every remote member has our stream) and the received list is empty (our group
 watermark covers the remote's end) and that end is the group's (taken in order from the
 current remote view, or that view resumed beyond it: `ReceiveSide.end_is_groups`), or
-once the remote primary answered CLOSED. A primary answers any message on a connection
+once the remote primary answered CLOSED. A remote that LOST the connection (CLOSED on a
+stream whose end we never delivered) or is gone (a group of one, `lone_groups`, silent
+for remote_timeout_us) is taken as its reset after what the primary delivered
+(`_peer_lost`): the primary re-multicasts to its backups what they may lack, frees once
+its group watermark covers it, and the free carries the cut. A primary answers any message on a connection
 it freed with CLOSED (at most once per retransmit_us per connection): "both streams are
 complete on my side"; a remote primary listing that connection in a trailer's `others`
 counts as such a message (the freeing side no longer states the connection, and the
@@ -223,7 +227,8 @@ class MessagingEndpoint:
         self._ending: set[ConnId] = set()   # connections whose own stream has ended
         # primary: the connections it freed in this view that some backup may not have
         # applied yet, (cid, digest item) from position freed_base on (HEARTBEATs carry them)
-        self.freed_log: deque[tuple[ConnId, int]] = deque()
+        # (connection, its digest item, the offset of its reset if it was lost)
+        self.freed_log: deque[tuple[ConnId, int, int | None]] = deque()
         self.freed_base = 0
         self.freed_applied = 0              # backup: its primary's frees applied, this view
         # the last connections freed here (any view): after a change of primary they
@@ -235,6 +240,9 @@ class MessagingEndpoint:
         self._probe_answered: dict[str, int] = {}   # remote group -> our last PROBE answer
         # remote group -> (pvn, birth, time) of the last message only its primary sends
         self.primary_heard: dict[str, tuple[int, int, int]] = {}
+        # remote group -> time of its last message of any kind (every member keeps it: a
+        # new primary judges silence from what it heard as a backup)
+        self.heard: dict[str, int] = {}
         self._since_us: int | None = None   # our first message: listening since
         self.served_pvn = 0                 # the last view in which we, primary, got data
         self.lineage = 0                    # membership's (said in our HEARTBEATs)
@@ -296,6 +304,7 @@ class MessagingEndpoint:
             self.timers.clear(Timer.RETRANSMIT, c.cid)
             self.timers.clear(Timer.THROTTLE_END, c.cid)
             self.timers.set(Timer.NEW_PRIMARY_VIEW, c.cid, now)
+            self._arm_remote_silence(c)
         if not self.conns:
             self._actions.append(Phase2Done(self.pvn))
             self.phase2_pvn = None
@@ -561,6 +570,34 @@ class MessagingEndpoint:
             self._emit(c.remote, self._msg(c, MsgType.NACK, {"missing": []}))
             self._solicit_after[c.remote] = self._now + self.config.first_ack_retry_us
 
+    def _arm_remote_silence(self, c: Connection) -> None:
+        if not c.remote.startswith(self.config.lone_groups):
+            return                      # replicated: it takes over, however long that takes
+        timeout = self.config.remote_timeout_us
+        heard = self.heard.get(c.remote)
+        since = self._now if heard is None else max(heard, self._now - timeout)
+        self.timers.set(Timer.REMOTE_SILENCE, c.cid, since + timeout)
+
+    def _remote_silence_due(self, c: Connection) -> None:
+        """Primary: a remote group of one (`lone_groups`: a gateway) that said nothing
+        for remote_timeout_us is gone; its connection would pin our group watermark
+        forever. (After that, the same timer paces `_resend_received`.)"""
+        # (a remote never heard, or forgotten among MAX_HEARD others, counts from when
+        # the timer was armed: a group that never answered our opening is gone too)
+        heard = self.heard.get(c.remote, 0)
+        if c.peer_done:
+            self._resend_received(c)
+        elif self._now - heard < self.config.remote_timeout_us:
+            self.timers.set(Timer.REMOTE_SILENCE, c.cid,
+                            heard + self.config.remote_timeout_us)
+        else:
+            self._count("remote_silent")
+            if not c.recv.finished:     # (an end heard ahead of a gap is not ours)
+                self._peer_lost(c)
+            else:
+                self._peer_done(c)      # its stream ended here; ours goes nowhere now
+                self._resend_received(c)
+
     def _answer_probe(self, msg: Message) -> None:
         """A remote backup whose detector fired asks when we last heard its group's
         primary (every member answers, the gateway too; membership/core.py "Takeover
@@ -659,6 +696,7 @@ class MessagingEndpoint:
             return
         if msg.type in MEMBERSHIP_CORE_TYPES:
             return      # membership's
+        _remember(self.heard, msg.src_group, self._now, MAX_HEARD)
         if msg.type is MsgType.PROBE:
             self._answer_probe(msg)
             return
@@ -1296,23 +1334,68 @@ class MessagingEndpoint:
         if c.peer_done:
             return
         # a remote group frees a connection only once our group had its stream's end, so
-        # no end received here means the remote LOST it: a gateway restarted after a
+        # no end delivered here means the remote LOST it: a gateway restarted after a
         # crash answers CLOSED for its predecessor's connections (it accepts none it did
-        # not open). To us that is its reset after what we delivered: the application
-        # gets it, ends its side, and the connection is freed here and at the backups,
-        # instead of pinning our group watermark on a stream that never moves again.
-        forgot = c.recv.end is None
-        c.peer_finished()
-        for kind in (Timer.RETRANSMIT, Timer.NEW_PRIMARY_VIEW, Timer.THROTTLE_END):
-            self.timers.clear(kind, c.cid)
-        self._count("peer_freed")
-        if forgot:
+        # not open).
+        if not c.recv.finished:
             self._count("peer_forgot")
-            c.recv.end, c.recv.abort = c.recv.delivered, True
-            c.recv.delivered += 1           # the end takes one unit of the offsets
-            self._wm_dirty.add(c)
-            self._actions.append(Closed(c.cid, c.recv.end, True))
+            self._peer_lost(c)
+            return
+        self._peer_done(c)
+
+    def _peer_done(self, c: Connection) -> None:
+        """Nothing more goes to the remote group on `c`: it freed the connection, lost
+        it or is gone. Freed here without waiting for our application's end (what it
+        still writes is discarded), once our backups have all we received (`_reap`)."""
+        c.peer_finished()
+        self._ending.add(c.cid)
+        for kind in (Timer.RETRANSMIT, Timer.NEW_PRIMARY_VIEW, Timer.THROTTLE_END,
+                     Timer.REMOTE_SILENCE):
+            self.timers.clear(kind, c.cid)      # (a lost one's re-sends arm it again)
+        self._count("peer_freed")
         self._phase2_check()
+
+    def _peer_lost(self, c: Connection) -> None:
+        """Primary: the remote group lost the connection (CLOSED on a stream that never
+        ended here) or is gone (silent). To us that is its reset after what we
+        delivered: the application gets it (`Closed`, abort) and ends its side; the
+        connection is freed once our backups have every byte we delivered (the received
+        list empty: our group watermark covers it), then at the backups by our word.
+        So every replica's application sees the reset after the same bytes, and the
+        connection no longer pins our group watermark on a stream that never moves."""
+        c.lost_at = c.recv.end = c.recv.delivered
+        c.recv.abort = True
+        c.recv.delivered += 1               # the end takes one unit of the offsets
+        # what came beyond a gap never completes: dropped, or it would pin our watermark
+        for rx in (c.recv.view, c.recv.old_view):
+            if rx is not None:
+                rx.slots.clear()
+                rx.nacks.clear()
+        c.recv.old_view = None
+        c.recv.ahead.clear()
+        self.timers.clear(Timer.NACK, c.cid)
+        self._wm_dirty.add(c)
+        self._actions.append(Closed(c.cid, c.recv.end, True))
+        self._peer_done(c)
+        self._resend_received(c)
+
+    def _resend_received(self, c: Connection) -> None:
+        """Primary, a connection whose remote is gone: a backup may lack bytes we
+        delivered and never learn they exist (the remote's declarations of what it sent
+        went with it), so we multicast to our group the remote's messages our group
+        watermark does not cover yet (as for a backup's NACK), again with back-off until
+        it does; then `_reap` frees the connection."""
+        gw = self.group_watermark()
+        pending = [m for m in c.recv.received if m.ts > gw]
+        if not pending or not self.backups:
+            self.timers.clear(Timer.REMOTE_SILENCE, c.cid)
+            return
+        for m in pending:
+            self._emit(self.group, m)           # the remote primary's own message
+        self._count("lost_resent", len(pending))
+        self.timers.set(Timer.REMOTE_SILENCE, c.cid, self._now + min(
+            self.config.retransmit_max_us, self.config.retransmit_us << c.lost_resends))
+        c.lost_resends = min(c.lost_resends + 1, 16)
 
     def _answer_closed(self, cid: ConnId) -> None:
         """CLOSED, at most once per retransmit_us per connection (a remote primary
@@ -1334,28 +1417,50 @@ class MessagingEndpoint:
         any more: the remote group has ours (the sent list is empty: its watermark covers
         our end) and our whole group has the remote's (its end delivered, the received
         list empty: our group watermark covers it), or the remote group said CLOSED.
-        Backups free what their primary freed (`_apply_frees`)."""
+        Backups free what their primary freed (`_apply_frees`).
+        A connection whose remote is done receives nothing more, so nothing else would
+        collect its received list: that is done here, again after each free (a freed
+        connection's term no longer holds our watermark down)."""
         if not self._ending or not self.is_primary:
             return
-        for cid in list(self._ending):
-            c = self.conns.get(cid)
-            if c is None:
-                self._ending.discard(cid)
-                continue
-            if c.resyncing or (self.backups and len(self.freed_log)
-                               >= self.config.max_freed_pending):
-                continue
-            if c.peer_done or (not c.send.queue and not c.send.sent and c.recv.finished
-                               and not c.recv.received and c.recv.end_is_groups()):
-                if not c.recv.finished:
-                    self._count("freed_unfinished")     # the sim flags the missing end
-                self._free(c)
+        progress = True
+        while progress:
+            progress = False
+            for cid in list(self._ending):
+                c = self.conns.get(cid)
+                if c is None:
+                    self._ending.discard(cid)
+                    continue
+                if c.resyncing or (self.backups and len(self.freed_log)
+                                   >= self.config.max_freed_pending):
+                    continue
+                if c.peer_done and c.recv.received:
+                    self._gc_received(c)
+                if (c.peer_done and not c.recv.received) or (
+                        not c.send.queue and not c.send.sent and c.recv.finished
+                        and not c.recv.received and c.recv.end_is_groups()):
+                    if not c.recv.finished:
+                        self._count("freed_unfinished")     # the sim flags the missing end
+                    self._free(c)
+                    progress = True
 
-    def _free(self, c: Connection) -> None:
+    def _free(self, c: Connection, cut: int | None = None) -> None:
         cid = c.cid
+        if cut is not None:
+            # a backup freeing a connection its primary lost, reset after `cut` bytes:
+            # what we hold beyond them (the primary never had it) is not the group's
+            held = deque()
+            for m in c.recv.held:
+                off = m.body["offset"]
+                if off < cut:
+                    held.append(m if off + len(m.body["data"]) <= cut else dataclasses.replace(
+                        m, body={**m.body, "data": m.body["data"][:cut - off]}))
+            c.recv.held = held
+            c.recv.ahead = {o: d[:cut - o] for o, d in c.recv.ahead.items() if o < cut}
         if c.recv.held:
             # a backup freeing on its primary's word: the primary freed it only once our
-            # watermark covered the remote's whole stream, so what we hold is the group's
+            # watermark covered the remote's whole stream (or up to its cut), so what we
+            # hold is the group's
             self._release_held(c, force=True)
         del self.conns[cid]
         self._wm_dirty.add(c)               # its term goes at the next computation
@@ -1366,7 +1471,7 @@ class MessagingEndpoint:
             self.timers.clear(kind, cid)
         self.closed.add(cid)
         if self.is_primary and self.backups:
-            self.freed_log.append((cid, _item_hash(c) if c.known else 0))
+            self.freed_log.append((cid, _item_hash(c) if c.known else 0, c.lost_at))
         if c.known:
             self._digest_changed()
         self._actions.append(Freed(cid))
@@ -1377,12 +1482,15 @@ class MessagingEndpoint:
     def _apply_frees(self, data: bytes) -> None:
         """Backup: the frees of its primary (HEARTBEAT), in order, each once. The primary
         freed a connection only once our watermark covered the remote's whole stream on
-        it: we delivered all of it; what our application still writes there is dropped."""
+        it: we delivered all of it; what our application still writes there is dropped.
+        A connection the primary lost comes with its cut (`_peer_lost`): we deliver
+        exactly up to it."""
         try:
             first, entries = msgpack.unpackb(data)
-            cids = [(g, int(seq), Role(role)) for g, seq, role in entries]
+            cids = [(g, int(seq), Role(role)) for g, seq, role, *_ in entries]
+            cuts = [int(e[3]) if len(e) > 3 else None for e in entries]
             first = int(first)
-        except (ValueError, TypeError, KeyError, msgpack.UnpackException):
+        except (ValueError, TypeError, KeyError, IndexError, msgpack.UnpackException):
             self._count("bad_frees")
             return
         for i, cid in enumerate(cids):
@@ -1390,7 +1498,7 @@ class MessagingEndpoint:
                 continue
             c = self.conns.get(cid)
             if c is not None:
-                self._free(c)
+                self._free(c, cuts[i])
             else:
                 self.closed.add(cid)
             self.freed_applied += 1
@@ -1404,7 +1512,7 @@ class MessagingEndpoint:
         self.freed_base = self.freed_applied = 0
         self.freed_log.clear()
         if self.is_primary:
-            self.freed_log.extend((cid, 0) for cid in self.recent_frees)
+            self.freed_log.extend((cid, 0, None) for cid in self.recent_frees)
             self.carry = []
         else:
             self.carry = list(self.recent_frees)[-FREES_PER_HEARTBEAT:]
@@ -1526,8 +1634,8 @@ class MessagingEndpoint:
             if not self.freed_log:
                 return b""
             return msgpack.packb([self.freed_base, [
-                [g, seq, int(role)] for (g, seq, role), _ in
-                list(self.freed_log)[:FREES_PER_HEARTBEAT]]])
+                [g, seq, int(role)] + ([] if cut is None else [cut])
+                for (g, seq, role), _, cut in list(self.freed_log)[:FREES_PER_HEARTBEAT]]])
         if not (self.freed_applied or self.carry):
             return b""
         return msgpack.packb([self.freed_applied,
@@ -1734,7 +1842,7 @@ class MessagingEndpoint:
     def _digest_at(self, applied: int) -> int:
         """The primary's digest as a backup that applied `applied` frees of this view
         computes it (the connections freed since are still in its set)."""
-        extra = sum(h for i, (_, h) in enumerate(self.freed_log)
+        extra = sum(h for i, (_, h, _) in enumerate(self.freed_log)
                     if self.freed_base + i >= applied)
         return (self.digest() + extra) & DIGEST_MASK
 
@@ -1781,6 +1889,8 @@ class MessagingEndpoint:
             self._conn_order[cid] = len(self.conns)
             self.conns[cid] = c
             self._wm_dirty.add(c)
+            if self.is_primary:
+                self._arm_remote_silence(c)
         return c
 
     def _mark_known(self, c: Connection) -> None:
@@ -1927,6 +2037,7 @@ DIGEST_MASK = 0x7FFFFFFF
 CLOSED_ANSWERS_KEPT = 256
 FREES_PER_HEARTBEAT = 256
 MAX_PROBED_BY = 64                  # remote groups whose primaries and probes we track
+MAX_HEARD = 4096                    # remote groups whose last message we remember
 
 
 def _remember(memory: dict, key, value, limit: int) -> None:
@@ -1994,6 +2105,7 @@ _CONNECTION_TIMER_HANDLERS = {
     Timer.FIRST_ACK: "_first_ack",
     Timer.KEEPALIVE: "_keepalive",
     Timer.SOLICIT: "_solicit_due",
+    Timer.REMOTE_SILENCE: "_remote_silence_due",
 }
 _TIMER_RANK = {t: i for i, t in enumerate(Timer)}     # endpoint timers first (timers.py)
 assert set(_ENDPOINT_TIMER_HANDLERS) == set(ENDPOINT_TIMERS)

@@ -36,6 +36,7 @@ class Timer(enum.Enum):
     FIRST_ACK = "first_ack"                 # primary: acknowledge received data
     KEEPALIVE = "keepalive"                 # primary: idle connection, or watermark news
     SOLICIT = "solicit"                     # primary: ask an idle remote primary for news
+    REMOTE_SILENCE = "remote_silence"       # primary: the remote group silent too long?
 
 
 ENDPOINT_TIMERS = (Timer.HEARTBEAT, Timer.WATERMARK_REPORT, Timer.ORDER_INFO_INTRA,
@@ -44,7 +45,8 @@ CONNECTION_TIMERS = tuple(t for t in Timer if t not in ENDPOINT_TIMERS)
 # whose duty each timer is (the others run in both roles: HEARTBEAT, THROTTLE_END, NACK);
 # one of the other role that comes due (armed before a change of role) is cleared
 PRIMARY_TIMERS = frozenset({Timer.ORDER_INFO_INTRA, Timer.NEW_PRIMARY_VIEW, Timer.RETRANSMIT,
-                            Timer.FIRST_ACK, Timer.KEEPALIVE, Timer.SOLICIT})
+                            Timer.FIRST_ACK, Timer.KEEPALIVE, Timer.SOLICIT,
+                            Timer.REMOTE_SILENCE})
 BACKUP_TIMERS = frozenset({Timer.WATERMARK_REPORT, Timer.ORDER_INFO_ACK})
 
 
