@@ -43,6 +43,7 @@ BENCHMARKS: dict[str, str] = {
     "spark": "llft.bench.spark",
     "corpus": "llft.bench.corpus",
     "join": "llft.bench.join",
+    "gateway-loss": "llft.bench.gateway_loss",
     "all": "llft.bench.all",
 }
 
