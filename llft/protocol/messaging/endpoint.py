@@ -235,6 +235,10 @@ class MessagingEndpoint:
         # reconcile the new primary's set with its backups' (see _reconcile_frees)
         self.recent_frees: deque[ConnId] = deque(maxlen=self.config.max_freed_pending)
         self.carry: list[ConnId] = []       # backup: recent frees of earlier views, reported
+        # the cut of each recent free of a lost connection: a new primary re-announcing
+        # its recent frees gives it again (a backup that has not applied it delivers
+        # exactly up to it, as the others did)
+        self._recent_cuts: dict[ConnId, int] = {}
         # CLOSED answers sent lately (cid -> time): a retransmitted window gets one answer
         self._closed_answered: dict[ConnId, int] = {}
         self._probe_answered: dict[str, int] = {}   # remote group -> our last PROBE answer
@@ -1447,16 +1451,7 @@ class MessagingEndpoint:
     def _free(self, c: Connection, cut: int | None = None) -> None:
         cid = c.cid
         if cut is not None:
-            # a backup freeing a connection its primary lost, reset after `cut` bytes:
-            # what we hold beyond them (the primary never had it) is not the group's
-            held = deque()
-            for m in c.recv.held:
-                off = m.body["offset"]
-                if off < cut:
-                    held.append(m if off + len(m.body["data"]) <= cut else dataclasses.replace(
-                        m, body={**m.body, "data": m.body["data"][:cut - off]}))
-            c.recv.held = held
-            c.recv.ahead = {o: d[:cut - o] for o, d in c.recv.ahead.items() if o < cut}
+            self._deliver_upto(c, cut)
         if c.recv.held:
             # a backup freeing on its primary's word: the primary freed it only once our
             # watermark covered the remote's whole stream (or up to its cut), so what we
@@ -1467,17 +1462,42 @@ class MessagingEndpoint:
         self._holding.discard(c)
         self._ending.discard(cid)
         self.recent_frees.append(cid)
+        cut = c.lost_at if cut is None else cut
+        if cut is not None:
+            _remember(self._recent_cuts, cid, cut, self.config.max_freed_pending)
         for kind in CONNECTION_TIMERS:
             self.timers.clear(kind, cid)
         self.closed.add(cid)
         if self.is_primary and self.backups:
-            self.freed_log.append((cid, _item_hash(c) if c.known else 0, c.lost_at))
+            self.freed_log.append((cid, _item_hash(c) if c.known else 0, cut))
         if c.known:
             self._digest_changed()
         self._actions.append(Freed(cid))
         self._count("freed")
         if c.resyncing:
             self._phase2_check()
+
+    def _deliver_upto(self, c: Connection, cut: int) -> None:
+        """A backup freeing a connection its primary lost, reset after `cut` bytes: it
+        delivers exactly the stream's bytes up to there, from every message it has of
+        any remote view (offsets are one stream: an old remote view's message beyond the
+        new view's resume point is not delivered while that view may resend it, but with
+        the remote gone it is the only copy); what lies beyond `cut` (the primary never
+        had it) is not the group's."""
+        rx = c.recv
+        have = sorted(((m.body["offset"], m.body["data"]) for m in (*rx.received, *rx.held)),
+                      key=lambda od: od[0])
+        have += sorted(rx.ahead.items())
+        rx.held, rx.ahead = deque(), {}
+        while rx.delivered < cut:
+            before = rx.delivered
+            for off, data in have:
+                if off <= rx.delivered < off + len(data):
+                    self._deliver(c, rx.delivered, data[rx.delivered - off:cut - off])
+            if rx.delivered == before:
+                break                           # nothing more here (or the stream ended)
+        if rx.delivered < cut:
+            self._count("lost_bytes_missing")   # the simulator flags the difference
 
     def _apply_frees(self, data: bytes) -> None:
         """Backup: the frees of its primary (HEARTBEAT), in order, each once. The primary
@@ -1512,7 +1532,8 @@ class MessagingEndpoint:
         self.freed_base = self.freed_applied = 0
         self.freed_log.clear()
         if self.is_primary:
-            self.freed_log.extend((cid, 0, None) for cid in self.recent_frees)
+            self.freed_log.extend((cid, 0, self._recent_cuts.get(cid))
+                                  for cid in self.recent_frees)
             self.carry = []
         else:
             self.carry = list(self.recent_frees)[-FREES_PER_HEARTBEAT:]
