@@ -11,8 +11,9 @@ with the default configuration.
 
 Per run: a LocalCluster of `--replicas` replicas of examples/echo.py started together,
 gateways A and B. Two clients hold connections open through A. `--clients` closed-loop
-clients send 1 KB requests through B, each on its own long connection, and record the
-time of every reply. After `--before-s` seconds A is SIGKILLed; the clients go on for
+clients send 1 KB requests through B, each on its own long connection
+(llft.tools.loadclient, echo mode: every reply checked), and the time of every reply is
+kept. After `--before-s` seconds A is SIGKILLed; the clients go on for
 `--after-s` seconds. Per run:
 
     before_rps   B's replies per second in the 2 s before the kill (the same run's
@@ -40,7 +41,8 @@ import time
 
 from llft import EXAMPLES_DIR
 from llft.bench import report
-from llft.tools.cluster import LocalCluster
+from llft.tools.cluster import ClusterError, LocalCluster
+from llft.tools.loadclient import BackgroundLoad
 
 ECHO = [sys.executable, os.path.join(EXAMPLES_DIR, "echo.py"), "9000"]
 SIZE = 1024
@@ -57,38 +59,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", default=report.DEFAULT_RESULTS_DIR)
 
 
-def _client(addr, stop: threading.Event, times: list[float], errors: list[str]) -> None:
-    data = b"x" * SIZE
-    try:
-        with socket.create_connection(addr, timeout=60) as s:
-            while not stop.is_set():
-                s.sendall(data)
-                got = 0
-                while got < SIZE:
-                    chunk = s.recv(65536)
-                    if not chunk:
-                        raise ConnectionError(f"closed after {got} bytes")
-                    got += len(chunk)
-                times.append(time.monotonic())
-    except OSError as e:
-        errors.append(f"{type(e).__name__}: {e}")
-
-
-def _freed_counts(lc: LocalCluster) -> dict[int, int]:
+def _freed_counts(st: dict) -> dict[int, int]:
     """Group connections freed so far, per replica (birth id)."""
-    return {m["birth"]: m["group_connections"]["freed"] for m in lc.status()["members"]}
-
-
-def _freed(lc: LocalCluster, before: dict[int, int]) -> bool:
-    now = _freed_counts(lc)
-    return now.keys() == before.keys() and all(now[b] > n for b, n in before.items())
+    return {m["birth"]: m["group_connections"]["freed"] for m in st["members"]}
 
 
 def one_run(workdir: str, args) -> dict:
     with LocalCluster(workdir, group="echo") as lc:
-        names = tuple(f"r{i + 1}" for i in range(args.replicas))
-        for name in names:
-            lc.start_replica(name, ECHO)
+        for i in range(args.replicas):
+            lc.start_replica(f"r{i + 1}", ECHO)
         lc.wait_members(args.replicas, timeout_s=120)
         a = lc.start_gateway("gwA")
         b = lc.start_gateway("gwB")
@@ -98,29 +77,28 @@ def one_run(workdir: str, args) -> dict:
             s.sendall(b"hello")
             s.recv(16)
         stop = threading.Event()
-        times: list[list[float]] = [[] for _ in range(args.clients)]
-        errors: list[str] = []
-        threads = [threading.Thread(target=_client, args=(b, stop, times[i], errors))
-                   for i in range(args.clients)]
-        for t in threads:
-            t.start()
-        time.sleep(args.before_s)
-        freed_before = _freed_counts(lc)
+        load = BackgroundLoad(b[0], b[1], after=1, clients=args.clients, requests=10 ** 9,
+                              mode="echo", size=SIZE, timeout_s=60, stop=stop)
+        load.under_way.wait(60)
+        stop.wait(args.before_s)                # (a duration of the load, not a sync)
+        before = _freed_counts(lc.status())
         t_kill = time.monotonic()
         os.kill(lc.procs["gwA"].pid, signal.SIGKILL)
         lc.procs["gwA"].wait()
-        freed_s = None
-        while time.monotonic() - t_kill < args.after_s:
-            if freed_s is None and _freed(lc, freed_before):
-                freed_s = time.monotonic() - t_kill
-            time.sleep(0.05)
+        try:
+            lc.wait_status(lambda st: _freed_counts(st).keys() == before.keys() and all(
+                n > before[birth] for birth, n in _freed_counts(st).items()),
+                args.after_s, "the dead gateway's connection freed at every replica")
+            freed_ms = (time.monotonic() - t_kill) * 1000
+        except ClusterError:
+            freed_ms = float("nan")
+        stop.wait(max(0.0, t_kill + args.after_s - time.monotonic()))
         stop.set()
-        for t in threads:
-            t.join(60)
+        result = load.result(120)
         for s in held:
             s.close()
         st = lc.status()
-    replies = sorted(x for ts in times for x in ts)
+    replies = sorted(recv for times in result.reply_times for _, recv in times)
     after = [x for x in replies if x >= t_kill]
     gaps = [(y - x, x - t_kill) for x, y in zip([t_kill] + after, after)]
     stall, stall_at = max(gaps) if gaps else (float("nan"), float("nan"))
@@ -129,10 +107,9 @@ def one_run(workdir: str, args) -> dict:
         "replicas": args.replicas, "clients": args.clients,
         "before_rps": sum(1 for x in replies if t_kill - 2 <= x < t_kill) / 2,
         "after_rps": sum(1 for x in replies if end - 2 <= x < end) / 2,
-        "stall_ms": stall * 1000, "stall_at_ms": stall_at * 1000,
-        "freed_ms": float("nan") if freed_s is None else freed_s * 1000,
-        "views": st["view"] != view, "errors": len(errors),
-        "_series": [((x - t_kill), 1) for x in replies if t_kill - 1 <= x < end]}
+        "stall_ms": stall * 1000, "stall_at_ms": stall_at * 1000, "freed_ms": freed_ms,
+        "views": st["view"] != view, "errors": len(result.errors),
+        "_since_kill": [x - t_kill for x in replies if t_kill - 1 <= x < end]}
 
 
 def run(args) -> int:
@@ -147,10 +124,10 @@ def run(args) -> int:
     with tempfile.TemporaryDirectory(prefix="llft-gwloss-") as tmp:
         for i in range(args.runs):
             row = one_run(os.path.join(tmp, f"run{i}"), args)
-            pts = row.pop("_series")
+            since_kill = row.pop("_since_kill")
             table.add(run=i + 1, **row)
             bins: dict[int, int] = {}
-            for x, _ in pts:
+            for x in since_kill:
                 k = int((x + 1) // BIN_S)
                 bins[k] = bins.get(k, 0) + 1
             ks = range(0, int((args.after_s + 1) / BIN_S))

@@ -62,6 +62,14 @@ def read_all(s: socket.socket) -> bytes:
         buf += d
 
 
+def request(addr, data: bytes) -> bytes:
+    """One request on its own connection: `data`, a half-close, the whole reply."""
+    with socket.create_connection(addr, timeout=CLIENT_TIMEOUT_S) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        return read_all(s)
+
+
 def download(addr, name: str) -> bytes:
     """One HTTP/1.0 GET on its own connection; the body (the server closes)."""
     with socket.create_connection(addr, timeout=CLIENT_TIMEOUT_S) as s:
@@ -290,10 +298,7 @@ def test_half_close_and_reset_across_a_takeover(tmp_path):
         # idle, the gateway closed its group connection (freed at the new primary too);
         # the next client opens the next one
         opened = c["group_conns_opened"]
-        with socket.create_connection(addr, timeout=CLIENT_TIMEOUT_S) as s:
-            s.sendall(b"after the idle close")
-            s.shutdown(socket.SHUT_WR)
-            assert read_all(s) == b"after the idle close"
+        assert request(addr, b"after the idle close") == b"after the idle close"
         st = streams_settled(lc, 1, clients=121)
         assert st["gateways"][0]["counters"]["group_conns_opened"] == opened + 1
 
@@ -324,18 +329,22 @@ def test_a_gateway_killed_with_clients_connected_and_restarted(tmp_path):
         addr = lc.start_gateway("gateway2", port=addr[1])
         for i in range(200):
             data = f"request {i}".encode() * 50
-            with socket.create_connection(addr, timeout=CLIENT_TIMEOUT_S) as c:
-                c.sendall(data)
-                c.shutdown(socket.SHUT_WR)
-                assert read_all(c) == data, i
-        st = streams_settled(lc, 2, clients=200)
-        no_divergence(st)
-        assert st["view"] == view
-        for m in st["members"]:
-            # the dead gateway's connection: taken as its reset, freed (a backup too)
-            assert m["group_connections"]["freed"] >= 2, m["group_connections"]
+            assert request(addr, data) == data, i
+        # the dead gateway's connection: taken as its reset, freed (a backup too)
+        dead_gateway_freed(lc, clients=200, view=view)
         for s in held:
             s.close()
+
+
+def dead_gateway_freed(lc: LocalCluster, clients: int, view) -> None:
+    """Once every stream settled: no divergence, no view change, and at every replica
+    two group connections freed (the dead gateway's, taken as its reset, and the live
+    one's, closed when idle)."""
+    st = streams_settled(lc, 2, clients=clients)
+    no_divergence(st)
+    assert st["view"] == view
+    for m in st["members"]:
+        assert m["group_connections"]["freed"] >= 2, m["group_connections"]
 
 
 def test_two_gateways_and_one_lost_for_good(tmp_path):
@@ -374,18 +383,11 @@ def test_two_gateways_and_one_lost_for_good(tmp_path):
         lc.procs["gwA"].wait()
         for i in range(300):
             data = f"request {i}".encode() * 100
-            with socket.create_connection(b, timeout=CLIENT_TIMEOUT_S) as c:
-                c.sendall(data)
-                c.shutdown(socket.SHUT_WR)
-                assert read_all(c) == data, i
+            assert request(b, data) == data, i
             round_trip(long_b, data)
         long_b.close()
-        st = streams_settled(lc, 2, clients=301)
-        no_divergence(st)
-        assert st["view"] == view
-        for m in st["members"]:
-            # A's connection (reset by silence) and B's (closed when idle): both freed
-            assert m["group_connections"]["freed"] >= 2, m["group_connections"]
+        # A's connection (reset by silence) and B's (closed when idle): both freed
+        dead_gateway_freed(lc, clients=301, view=view)
         for s in held:
             s.close()
 
@@ -433,11 +435,7 @@ BURST_SERVER = [sys.executable, os.path.join(os.path.dirname(__file__), "..", "p
 
 def burst(addr, k: int) -> tuple[int, str]:
     """One request on its own connection: the server starts k threads; its reply."""
-    with socket.create_connection(addr, timeout=CLIENT_TIMEOUT_S) as s:
-        s.sendall(f"{k}\n".encode())
-        s.shutdown(socket.SHUT_WR)
-        line = read_all(s).decode()
-    total, digest = line.split()
+    total, digest = request(addr, f"{k}\n".encode()).decode().split()
     return int(total), digest
 
 
