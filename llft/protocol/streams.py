@@ -18,6 +18,18 @@ connection carries streams"). The frames cut a direction's byte stream into stre
           that speaks first must see the connection).
     FIN   the sender's side ended (close, or shutdown(SHUT_WR)); length 0.
     RST   the sender aborted the stream (a TCP reset); length 0.
+    WINDOW  flow control of the *other* direction: a u64, how many bytes of the stream
+          the receiver's consumer has taken so far (monotonic). It may follow the
+          sender's own end (a client that half-closed still reads its reply), and one
+          that crosses the stream's free is ignored.
+
+Flow control per stream (credit). A side that grants -- the gateway, for what its
+clients read -- says with WINDOW frames how much of each stream its consumer took; the
+other side then keeps at most STREAM_WINDOW_BYTES of a stream's data beyond the last
+grant (the server group's primary stops reading that stream's app socket, so the app's
+send blocks as it would on a plain TCP connection), and one slow client holds up only its
+own stream. The grantor sends one after every GRANT_STEP_BYTES taken. Granting is
+optional: a side that never received a WINDOW for a stream sends that stream freely.
 
 The side that opens streams numbers them 1, 2, ...: an id above the highest it opened is
 new, one at or below it that is not open was freed. Each side ends its direction once
@@ -45,12 +57,16 @@ HEADER = struct.Struct("!BQI")          # kind, stream, length
 HEADER_BYTES = HEADER.size              # 13
 MAX_FRAME_PAYLOAD = 1 << 20             # a frame's payload (writers cut larger output)
 MAX_STREAM_ID = (1 << 64) - 1
+WINDOW_VALUE = struct.Struct("!Q")      # a WINDOW frame's payload: bytes consumed
+STREAM_WINDOW_BYTES = 1 << 20           # a stream's data sent beyond the last grant, at most
+GRANT_STEP_BYTES = 256 << 10            # a grantor says so after this much was consumed
 
 
 class Kind(enum.IntEnum):
     DATA = 0
     FIN = 1
     RST = 2
+    WINDOW = 3
 
 
 END_KINDS = (Kind.FIN, Kind.RST)
@@ -64,11 +80,22 @@ def frame(kind: Kind, stream: int, payload: bytes | memoryview = b"") -> bytes:
     """One frame; ends carry no payload."""
     if not 0 < stream <= MAX_STREAM_ID:
         raise ValueError(f"stream id {stream} out of range")
-    if kind is not Kind.DATA and payload:
+    if kind in END_KINDS and payload:
         raise ValueError("FIN and RST carry no payload")
+    if kind is Kind.WINDOW and len(payload) != WINDOW_VALUE.size:
+        raise ValueError("a WINDOW frame carries one u64")
     if len(payload) > MAX_FRAME_PAYLOAD:
         raise ValueError(f"frame payload of {len(payload)} bytes > {MAX_FRAME_PAYLOAD}")
     return HEADER.pack(kind, stream, len(payload)) + bytes(payload)
+
+
+def window_frame(stream: int, consumed: int) -> bytes:
+    """Our consumer took `consumed` bytes of the stream's other direction so far."""
+    return frame(Kind.WINDOW, stream, WINDOW_VALUE.pack(consumed))
+
+
+def window_value(f: "Frame") -> int:
+    return WINDOW_VALUE.unpack(f.payload)[0]
 
 
 def data_frames(stream: int, data: bytes | memoryview) -> list[bytes]:
@@ -103,12 +130,14 @@ class FrameDecoder:
         pos, n = 0, len(buf)
         while n - pos >= HEADER_BYTES:
             kind, stream, length = HEADER.unpack_from(buf, pos)
-            if kind > Kind.RST:
+            if kind > Kind.WINDOW:
                 raise FrameError(f"unknown frame kind {kind}")
             if stream == 0 or length > MAX_FRAME_PAYLOAD:
                 raise FrameError(f"frame of stream {stream} with {length} bytes")
-            if kind != Kind.DATA and length:
+            if kind in END_KINDS and length:
                 raise FrameError(f"{Kind(kind).name} frame with a payload")
+            if kind == Kind.WINDOW and length != WINDOW_VALUE.size:
+                raise FrameError(f"WINDOW frame with {length} bytes, not {WINDOW_VALUE.size}")
             if n - pos - HEADER_BYTES < length:
                 break
             start = pos + HEADER_BYTES
@@ -171,10 +200,16 @@ class StreamTable:
             st = self.open[stream] = StreamState(stream)
         return st
 
-    def on_frame(self, f: Frame) -> tuple[StreamState, bool]:
-        """The stream a delivered frame belongs to, and whether the frame opened it."""
+    def on_frame(self, f: Frame) -> tuple[StreamState | None, bool]:
+        """The stream a delivered frame belongs to, and whether the frame opened it;
+        (None, False) for a WINDOW that crossed its stream's free (nothing to do)."""
         st = self.open.get(f.stream)
         new = False
+        if f.kind is Kind.WINDOW:
+            if st is None and f.stream > self.highest:
+                raise FrameError(f"WINDOW frame of stream {f.stream}, which was never "
+                                 f"opened (highest opened {self.highest})")
+            return st, False
         if st is None:
             if not self.remote_opens or f.stream <= self.highest:
                 raise FrameError(f"{f.kind.name} frame of stream {f.stream}, which is "

@@ -34,7 +34,10 @@ is logged: semi-active). The shim orders accept/read/write on those sockets: a b
 accepts the same connections, reads the same byte counts and checks that it writes the
 same bytes (divergence detector). A stream whose two ends passed is freed (its socket
 closed once the app closed it too); the group connection stays, and its control
-traffic does not grow with the streams.
+traffic does not grow with the streams. A remote that grants (the gateway's WINDOW
+frames: what its client read) paces the primary's reading of that stream's app socket
+(`_out_of_credit`); the stream's input goes to the app's socket 256 KB at a time
+(`_feed_app`).
 
 The primary's framing is order information. The frames of one group connection
 interleave the streams in the order the primary's agent happened to read its app's
@@ -152,7 +155,8 @@ from determinizer import orderinfo
 from determinizer.grpcrelay import Relay, relay_env
 from llft.protocol import messaging as mg
 from llft.protocol.messages import Role
-from llft.protocol.streams import FrameDecoder, FrameError, Kind, StreamTable
+from llft.protocol.streams import (STREAM_WINDOW_BYTES, FrameDecoder, FrameError, Kind,
+                                   StreamTable, window_value)
 from llft.replica import actions
 from llft.replica import node as rp
 from llft.replica.framing import ENTRY as FRAME_ENTRY
@@ -172,6 +176,13 @@ from membership import core as mb
 STATUS_PERIOD_S = 0.25
 MAX_OI_PIECE = 8 << 10           # order-info bytes per node chunk (entries kept whole)
 READ_BYTES = 64 << 10            # app output read at a time, per connection
+# What an app socket's transport buffers at most; the rest of a stream's input waits in
+# its AppConn.pending as the chunks it came in. asyncio keeps a transport's buffer in one
+# bytearray, and a bytearray that shrank below half its size is copied whole: with
+# hundreds of MB queued for an app that reads slowly, that copy held the loop (and the
+# GIL) past the peers' fault timeout, and the backup took over from a live primary.
+APP_WRITE_HIGH_BYTES = 256 << 10
+APP_WRITE_LOW_BYTES = 64 << 10
 TERM_FLUSH_S = 1.0               # SIGTERM at a primary: wait this long for backups' acks
 PROMOTE_CHECK_S = 0.002          # how often a promoting agent checks the app's progress
 TAG_SHIM, TAG_CONN, TAG_FRAME = b"S", b"C", b"F"
@@ -229,9 +240,16 @@ class AppConn:
     key: StreamKey
     gc: GroupConn
     index: int = -1                  # k of its "C" entry; -1 while unregistered
-    pending: bytearray = field(default_factory=bytearray)   # delivered, not yet written
+    # delivered, not yet handed to the app's socket: chunks as they came, never one big
+    # buffer (see APP_WRITE_HIGH_BYTES)
+    pending: collections.deque = field(default_factory=collections.deque)
     writer: asyncio.StreamWriter | None = None
     reader_task: asyncio.Task | None = None
+    feeder_task: asyncio.Task | None = None  # refills the socket's buffer as the app reads
+    end_passed: bool = False         # the remote side's end was handed to the socket
+    out_bytes: int = 0               # the app's output on it read so far
+    granted: int | None = None       # the remote's last WINDOW (None: it grants nothing)
+    credit: asyncio.Event | None = None   # set when a grant came (a primary's reader waits)
     end: bool | None = None          # the remote side's end passed: abort?  (None: not yet)
     app_end: bool | None = None      # the app closed its side (our reader saw it): abort?
 
@@ -446,8 +464,9 @@ class Agent:
             self._relay_stops = [x for x in self._relay_stops if x.is_alive()] + [t]
         stopped = self.app.stop(exclude=exclude, also=proctree.descendants(os.getpid()))
         for c in self.conns.values():
-            if c.reader_task:
-                c.reader_task.cancel()
+            for task in (c.reader_task, c.feeder_task):
+                if task:
+                    task.cancel()
             if c.writer:
                 c.writer.close()
         for gc in self.group_conns.values():
@@ -629,19 +648,36 @@ class Agent:
         try:
             for f in gc.decoder.feed(a.data):
                 st, new = gc.streams.on_frame(f)
+                if st is None:
+                    continue                # a grant that crossed the stream's free
                 c = self._stream_in(gc, st.id) if new else gc.conns[st.id]
-                if f.kind is Kind.DATA:
+                if f.kind is Kind.WINDOW:
+                    self._granted(c, window_value(f))
+                elif f.kind is Kind.DATA:
                     if f.payload:
-                        if c.writer is not None:
-                            c.writer.write(f.payload)
-                        else:
-                            c.pending += f.payload
+                        c.pending.append(f.payload)
+                        self._feed_app(c)
                 else:
                     self._remote_end(c, f.kind is Kind.RST)
         except FrameError as e:
             self._broken(gc, str(e))
         if self.mode is AppMode.PRIMARY:
             self._register_new()
+
+    def _granted(self, c: AppConn, consumed: int) -> None:
+        """The remote's consumer took `consumed` bytes of the app's output on `c`: the
+        primary may read that much more of it (streams.STREAM_WINDOW_BYTES). Every
+        replica keeps the grants, delivered in the same order, for when it is primary."""
+        c.granted = max(consumed, c.granted or 0)
+        if c.credit is not None:
+            c.credit.set()
+
+    def _out_of_credit(self, c: AppConn) -> bool:
+        """A primary reads no more of a stream whose remote grants and has not taken
+        what was sent beyond its last grant; the app's send then blocks as on a plain
+        TCP connection. A stream reset by the remote is read to its end."""
+        return (self.mode is AppMode.PRIMARY and c.granted is not None and c.end is not True
+                and c.out_bytes - c.granted >= STREAM_WINDOW_BYTES)
 
     def _broken(self, gc: GroupConn, why: str) -> None:
         """A remote group's frames broke the rules (a bug there; they are authenticated):
@@ -666,8 +702,9 @@ class Agent:
         it)."""
         c.end = abort
         self._count("stream_resets_in" if abort else "stream_fins_in")
-        if c.writer is not None:
-            self._end_stream(c)
+        self._feed_app(c)
+        if abort and c.credit is not None:
+            c.credit.set()                  # its reader, waiting for a grant, reads on
         self._stream_progress(c)
         if abort and c.index >= 0:
             self._made(*self.framer.remote_reset(c.index))  # its frames go by length now
@@ -695,6 +732,33 @@ class Agent:
                 # learns it from the free and resets the same streams
                 self._group_ended_in(gc)
             self._release_group_conn(gc)
+
+    def _feed_app(self, c: AppConn) -> None:
+        """Hand the stream's pending input to the app's socket, up to the transport's
+        high-water mark (the feeder task refills it as the app reads), then the remote
+        side's end after the last byte."""
+        w = c.writer
+        if w is None or w.is_closing():
+            return
+        transport = w.transport
+        while c.pending and transport.get_write_buffer_size() <= APP_WRITE_HIGH_BYTES:
+            w.write(c.pending.popleft())
+        if c.pending:
+            if c.feeder_task is None or c.feeder_task.done():
+                c.feeder_task = self.tasks.spawn(self._refill_app(c), f"feed-conn-{c.index}")
+        elif c.end is not None and not c.end_passed:
+            c.end_passed = True
+            self._end_stream(c)
+
+    async def _refill_app(self, c: AppConn) -> None:
+        """While input waits for the app's socket: once the app read the transport's
+        buffer down to its low-water mark, hand it more."""
+        while c.pending and c.writer is not None and not c.writer.is_closing():
+            try:
+                await c.writer.drain()
+            except ConnectionError:
+                return                      # the app reset it: its reader sees that
+            self._feed_app(c)
 
     def _end_stream(self, c: AppConn) -> None:
         if not c.end:
@@ -1001,12 +1065,10 @@ class Agent:
                     await asyncio.sleep(CONNECT_FD_RETRY_S)
             sock = writer.get_extra_info("socket")
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            writer.transport.set_write_buffer_limits(high=APP_WRITE_HIGH_BYTES,
+                                                     low=APP_WRITE_LOW_BYTES)
             c.writer = writer
-            if c.pending:
-                writer.write(bytes(c.pending))
-                c.pending.clear()
-            if c.end is not None:
-                self._end_stream(c)
+            self._feed_app(c)
             c.reader_task = self.tasks.spawn(self._read_app(app, c, reader),
                                              f"read-conn-{c.index}")
             self._count("connections")
@@ -1015,6 +1077,13 @@ class Agent:
                         reader: asyncio.StreamReader) -> None:
         while True:
             await c.gc.outbox.room()    # the group connection's flow control
+            if self._out_of_credit(c):  # the stream's own (the remote's grants)
+                self._count("stream_credit_waits")
+                if c.credit is None:
+                    c.credit = asyncio.Event()
+                c.credit.clear()
+                await c.credit.wait()
+                continue
             abort = False
             try:
                 data = await reader.read(READ_BYTES)
@@ -1025,6 +1094,7 @@ class Agent:
             if not data:
                 self._app_closed(app, c, abort)
                 return
+            c.out_bytes += len(data)
             self._made(*self.framer.output(c.index, data))
 
     def _made(self, records: bytes, made: list[Made]) -> None:

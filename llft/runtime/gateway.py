@@ -81,14 +81,19 @@ Processes: the gateway starts none (no child process to clean up).
 
 Known limits
 ------------
-- Group -> client flow control is per client only at the gateway's side: the gateway
-  keeps reading the group connection and buffers a client's replies until
-  MAX_CLIENT_BACKLOG_BYTES (then it drops that client); the group is never held up by
-  one slow client.
+- Group -> client flow control is per stream (streams.py, "Flow control per stream"):
+  the gateway grants each stream what its client read, and the group's primary stops
+  reading that stream's app socket STREAM_WINDOW_BYTES beyond the last grant, so a
+  client that reads slowly holds up its own reply only, and the gateway holds at most
+  about a window of it. MAX_CLIENT_BACKLOG_BYTES stays as a guard (a client whose unread
+  replies exceed it is dropped), which a group that honours the grants never reaches.
+- Client -> group is not paced per stream: the group does not grant yet, so what a
+  client sends faster than the app reads waits in the agents' memory (the group
+  connection's flow control bounds only what is in flight).
 - The gateway itself is not replicated: if it dies, its clients' TCP connections die
-  with it (a restarted gateway is a new member with a new group connection); the group
-  keeps the dead gateway's connection and its open streams (the app's sockets) until
-  the group restarts (no liveness check of a remote group yet).
+  with it (a restarted gateway is a new member with a new group connection); the
+  group frees the dead gateway's connection when a gateway with its id starts, or after
+  remote_timeout_ms of silence (above).
 """
 from __future__ import annotations
 
@@ -117,7 +122,8 @@ from llft.runtime.outbox import Outbox
 from llft.runtime.tasks import TaskSet
 from llft.protocol.messages import Role
 from llft.protocol.messaging import Closed, Deliver, Freed, MessagingEndpoint, Opened
-from llft.protocol.streams import FrameDecoder, FrameError, Kind, StreamTable, data_frames, frame
+from llft.protocol.streams import (GRANT_STEP_BYTES, FrameDecoder, FrameError, Kind,
+                                   StreamTable, data_frames, frame, window_frame)
 from llft.runtime.transport import Endpoint
 
 log = logging.getLogger("llft.runtime.gateway")
@@ -141,6 +147,9 @@ class Client:
     peer: str
     closed: bool = False                # nothing more is written to the client
     client_done: bool = False           # the client's stream ended (FIN/RST framed)
+    written: int = 0                    # the group's bytes handed to the client's socket
+    granted: int = 0                    # ... of which the last WINDOW said were taken
+    grant_task: asyncio.Task | None = None   # waits for the client to read, then grants
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -277,9 +286,11 @@ class Gateway:
         try:
             frames = self.decoder.feed(data)
             for f in frames:
-                self.streams.on_frame(f)
+                st, _ = self.streams.on_frame(f)
                 if f.kind is Kind.DATA:
                     self._to_client(f.stream, f.payload)
+                elif f.kind is Kind.WINDOW:
+                    self.counters["windows_in"] += 1    # the group grants nothing (yet)
                 else:
                     self._stream_end(f.stream, f.kind)
         except FrameError as e:
@@ -304,6 +315,7 @@ class Gateway:
         if not data:
             return
         cl.writer.write(data)
+        cl.written += len(data)
         self.counters["bytes_out"] += len(data)
         transport = cl.writer.transport
         if transport is not None and transport.get_write_buffer_size() > MAX_CLIENT_BACKLOG_BYTES:
@@ -311,6 +323,39 @@ class Gateway:
                         "(%d bytes pending): disconnecting it", cl.stream, cl.peer,
                         transport.get_write_buffer_size())
             self._drop(cl, "slow")
+        else:
+            self._grant(cl)
+
+    def _grant(self, cl: Client) -> None:
+        """Tell the group how much of the client's stream the client took (a WINDOW
+        frame, every GRANT_STEP_BYTES): the group's primary sends at most
+        STREAM_WINDOW_BYTES beyond it (streams.py). While the client's socket holds
+        more than its transport's high-water mark, a task waits for the client to read
+        it down and grants then; below the mark the grant at each write suffices (the
+        window exceeds the mark by more than a step, so a group waiting for a grant
+        always gets one)."""
+        st = self.streams.open.get(cl.stream)
+        if cl.closed or st is None or st.end_in is not None or self._broken:
+            return                      # nothing more of the group's side to pace
+        transport = cl.writer.transport
+        buffered = transport.get_write_buffer_size()
+        consumed = cl.written - buffered
+        if consumed - cl.granted >= GRANT_STEP_BYTES:
+            cl.granted = consumed
+            self.counters["windows_out"] += 1
+            self.outbox.put(window_frame(cl.stream, consumed))
+        if (buffered > transport.get_write_buffer_limits()[1]
+                and (cl.grant_task is None or cl.grant_task.done())):
+            cl.grant_task = asyncio.ensure_future(self._grant_when_read(cl))
+            self.tasks.add(cl.grant_task)
+            cl.grant_task.add_done_callback(self.tasks.discard)
+
+    async def _grant_when_read(self, cl: Client) -> None:
+        try:
+            await cl.writer.drain()     # the client read its socket down to the low mark
+        except ConnectionError:
+            return
+        self._grant(cl)
 
     def _stream_end(self, stream: int, kind: Kind) -> None:
         """The group's side of a client's stream ended after its last byte: a FIN (the

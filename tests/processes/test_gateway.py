@@ -256,6 +256,9 @@ class FakeTransport:
     def get_write_buffer_size(self):
         return self.size
 
+    def get_write_buffer_limits(self):
+        return (16 << 10, 64 << 10)         # asyncio's defaults
+
 
 class FakeWriter:
     def __init__(self):
@@ -279,6 +282,9 @@ class FakeWriter:
 
     def close(self):
         self.closed = True
+
+    async def drain(self):
+        pass
 
 
 def test_gateway_deduplicates_replies_by_offset(tmp_path):
@@ -328,6 +334,56 @@ def test_gateway_deduplicates_replies_by_offset(tmp_path):
         gw._on_action(Deliver(gw.conn, 10 ** 6, b"late"))
         assert gw.counters["gaps"] == 1 and writers[1].closed
         assert bytes(writers[1].data) == a
+        gw.outbox.close()
+        gw.endpoint.close()
+
+    asyncio.run(main())
+
+
+def test_gateway_grants_what_its_client_took(tmp_path):
+    """Group -> client credit (streams.py): a WINDOW of what the client's socket took,
+    once per GRANT_STEP_BYTES; nothing while the client has not read, none after the
+    group's end of the stream."""
+    from llft.runtime import config
+    from llft.runtime.gateway import Client, Gateway
+    from llft.protocol.messaging import Deliver
+    from llft.protocol.streams import (GRANT_STEP_BYTES, FrameDecoder, Kind, data_frames,
+                                       frame, window_value)
+    cfg = config.parse({"cluster": {"key_file": "k", "runtime_dir": str(tmp_path)},
+                        "group": {"g": {"address": "239.255.9.9:40000",
+                                        "service_port": 9000}}}, str(tmp_path / "c.toml"))
+
+    async def main():
+        gw = Gateway(cfg, "g", b"k" * 32, ("127.0.0.1", 0))
+        gw.conn_open = True
+        framed = bytearray()
+        gw.outbox._send = lambda view: (framed.extend(view), len(view))[1]
+        st = gw.streams.open_next()
+        w = FakeWriter()
+        gw.clients[st.id] = Client(st.id, w, "peer")
+        at = 0
+
+        def deliver(data: bytes) -> None:
+            nonlocal at
+            gw._on_action(Deliver(gw.conn, at, data))
+            at += len(data)
+
+        def grants() -> list[int]:
+            return [window_value(f) for f in FrameDecoder().feed(bytes(framed + gw.outbox.buf))
+                    if f.kind is Kind.WINDOW]
+
+        step = b"x" * (GRANT_STEP_BYTES // 2)
+        deliver(b"".join(data_frames(st.id, step)))
+        assert grants() == []                       # half a step taken: not yet
+        w.transport.size = 3 * len(step)            # the client stopped reading ...
+        deliver(b"".join(data_frames(st.id, step * 3)))
+        assert grants() == [len(step)] or grants() == []
+        w.transport.size = 0                        # ... and read everything
+        deliver(b"".join(data_frames(st.id, step)))
+        assert grants()[-1] == 5 * len(step)
+        n = len(grants())
+        deliver(frame(Kind.FIN, st.id))             # the group's side ended
+        assert len(grants()) == n
         gw.outbox.close()
         gw.endpoint.close()
 

@@ -7,13 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llft.protocol.streams import (HEADER, MAX_FRAME_PAYLOAD, Frame, FrameDecoder, FrameError,
-                                   Kind, StreamTable, data_frames, frame)
+from llft.protocol.streams import (HEADER, MAX_FRAME_PAYLOAD, WINDOW_VALUE, Frame,
+                                   FrameDecoder, FrameError, Kind, StreamTable, data_frames,
+                                   frame, window_frame, window_value)
 
 frames_st = st.lists(st.one_of(
     st.tuples(st.just(Kind.DATA), st.integers(1, 2 ** 64 - 1), st.binary(max_size=300)),
     st.tuples(st.sampled_from([Kind.FIN, Kind.RST]), st.integers(1, 2 ** 64 - 1),
-              st.just(b""))), max_size=30)
+              st.just(b"")),
+    st.tuples(st.just(Kind.WINDOW), st.integers(1, 2 ** 64 - 1),
+              st.integers(0, 2 ** 64 - 1).map(WINDOW_VALUE.pack))), max_size=30)
 
 
 @settings(max_examples=300, deadline=None)
@@ -39,6 +42,10 @@ def test_malformed_frames_are_errors_not_guesses():
         FrameDecoder().feed(HEADER.pack(Kind.FIN, 1, 3) + b"abc")
     with pytest.raises(ValueError):
         frame(Kind.RST, 1, b"x")
+    with pytest.raises(FrameError, match="WINDOW"):
+        FrameDecoder().feed(HEADER.pack(Kind.WINDOW, 1, 3) + b"abc")   # not one u64
+    with pytest.raises(ValueError):
+        frame(Kind.WINDOW, 1, b"abc")
 
 
 def test_large_output_is_cut_into_frames_and_empty_output_opens():
@@ -90,3 +97,19 @@ def test_the_opener_numbers_its_streams():
         t.on_frame(Frame(Kind.DATA, 9))             # the group may not open streams
     with pytest.raises(FrameError):
         StreamTable(remote_opens=True).open_next()
+
+
+def test_a_grant_may_follow_its_senders_end_and_cross_the_streams_free():
+    """WINDOW paces the other direction: a client that half-closed still reads its
+    reply, and a grant sent before it learned of the free is nothing to do, not an error."""
+    t = StreamTable(remote_opens=True)
+    t.on_frame(Frame(Kind.DATA, 1, b"GET"))
+    t.on_frame(Frame(Kind.FIN, 1))                  # the client's side ended ...
+    [f] = FrameDecoder().feed(window_frame(1, 300_000))
+    assert f.kind is Kind.WINDOW and window_value(f) == 300_000
+    assert t.on_frame(f) == (t.open[1], False)      # ... and it still grants
+    t.ended_out(1, Kind.FIN)
+    t.free(1)
+    assert t.on_frame(f) == (None, False)           # crossed the free
+    with pytest.raises(FrameError, match="never opened"):
+        t.on_frame(Frame(Kind.WINDOW, 7, WINDOW_VALUE.pack(1)))   # cannot open a stream
