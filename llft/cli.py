@@ -44,6 +44,7 @@ BENCHMARKS: dict[str, str] = {
     "corpus": "llft.bench.corpus",
     "join": "llft.bench.join",
     "gateway-loss": "llft.bench.gateway_loss",
+    "bulk": "llft.bench.bulk",
     "all": "llft.bench.all",
 }
 

@@ -3,7 +3,8 @@
 Runs, one after the other (never two at once: the machine has 2 shared cores), the
 paper-style figures first: latency (vs message size), throughput (vs clients),
 ndlatency (vs nondeterministic operations per request), failover (vs replicas),
-gateway-loss (another gateway of the group dies for good), then
+gateway-loss (another gateway of the group dies for good), bulk (a transfer both ways
+with a reader that pauses), then
 ndops (cost per determinized operation) and messaging (the protocol alone). Each kind
 runs with its own defaults (plus `--quick` if given) and writes its CSV, markdown and
 PNG files into DIR; a kind that fails or raises is reported and the others still run.
@@ -32,6 +33,7 @@ KINDS: dict[str, str] = {
     "ndlatency": "llft.bench.ndlatency",
     "failover": "llft.bench.failover",
     "gateway-loss": "llft.bench.gateway_loss",
+    "bulk": "llft.bench.bulk",
     "ndops": "llft.bench.ndops",
     "messaging": "llft.bench.messaging",
     "spark": "llft.bench.spark",

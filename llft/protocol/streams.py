@@ -23,13 +23,15 @@ connection carries streams"). The frames cut a direction's byte stream into stre
           sender's own end (a client that half-closed still reads its reply), and one
           that crosses the stream's free is ignored.
 
-Flow control per stream (credit). A side that grants -- the gateway, for what its
-clients read -- says with WINDOW frames how much of each stream its consumer took; the
-other side then keeps at most STREAM_WINDOW_BYTES of a stream's data beyond the last
-grant (the server group's primary stops reading that stream's app socket, so the app's
-send blocks as it would on a plain TCP connection), and one slow client holds up only its
-own stream. The grantor sends one after every GRANT_STEP_BYTES taken. Granting is
-optional: a side that never received a WINDOW for a stream sends that stream freely.
+Flow control per stream (credit). Each side says with WINDOW frames how much of each
+stream its consumer took (the gateway: what its client read; a server group: what its
+app read, framed as order information so every replica's byte stream carries the same
+grants: llft/replica/framing.py); the other side sends at most STREAM_WINDOW_BYTES of a
+stream's data beyond the last grant (none yet: beyond 0). The group's primary stops
+reading that stream's app socket, the gateway stops reading that client, so a sender
+blocks as it would on a plain TCP connection and one slow reader holds up only its own
+stream. A grant follows every GRANT_STEP_BYTES taken; the window exceeds the step by more
+than a socket buffer's high-water mark, so a sender waiting for a grant always gets one.
 
 The side that opens streams numbers them 1, 2, ...: an id above the highest it opened is
 new, one at or below it that is not open was freed. Each side ends its direction once

@@ -25,6 +25,13 @@ A stream whose remote side reset it (`remote_reset`) has its pending frames made
 length: nobody reads those bytes, and a backup's socket to its app went with the reset
 (the primary's agent read them before its own reset).
 
+Grants (streams.py: WINDOW frames, "Flow control per stream") are output of the agent,
+not of the app: how much of a stream the primary's app took. They go into the same byte
+streams, so they are entries too (`window`: an entry whose count is FRAME_WINDOW less
+the bytes consumed); a backup makes the WINDOW frame where its entry stands, and ignores
+its own app's reading; a promoted backup grants its own once past its predecessor's
+entries.
+
 Every call returns `Made` records, in order: the frames to append to a connection's
 outbox (with our end of a stream when it is one), and at the primary the entries to add
 to the order information first. `check()` states the invariants; the property test
@@ -38,10 +45,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Hashable
 
-from llft.protocol.streams import Kind, data_frames, frame
+from llft.protocol.streams import Kind, data_frames, frame, window_frame
 
-ENTRY = struct.Struct("!Iq")            # stream k, bytes (or an end below)
+ENTRY = struct.Struct("!Iq")            # stream k, bytes (or an end or a grant below)
 FRAME_FIN, FRAME_RST = -1, -2
+FRAME_WINDOW = -3                       # ... and below: a grant of FRAME_WINDOW - count
 END_OF = {FRAME_FIN: Kind.FIN, FRAME_RST: Kind.RST}
 CODE_OF = {Kind.FIN: FRAME_FIN, Kind.RST: FRAME_RST}
 
@@ -63,6 +71,7 @@ class _Stream:
     app_end: Kind | None = None     # our reader saw the app end its side
     ended: bool = False             # our end was framed
     reset: bool = False             # the remote side reset it: frames made by length
+    grant: int | None = None        # a promoted primary's grant, made once it goes live
 
 
 class Framer:
@@ -112,6 +121,18 @@ class Framer:
             return ENTRY.pack(k, CODE_OF[end]), [Made(s.conn, s.sid, frame(end, s.sid), end)]
         return self._make()
 
+    def window(self, k: int, consumed: int) -> tuple[bytes, list[Made]]:
+        """The primary's app took `consumed` bytes of stream k's input: a grant to the
+        remote side. A backup's own reading grants nothing (it makes the primary's)."""
+        s = self.streams.get(k)
+        if s is None or not self.primary:
+            return b"", []
+        if not self.live:
+            s.grant = consumed              # after the predecessor's entries
+            return b"", []
+        return ENTRY.pack(k, FRAME_WINDOW - consumed), [
+            Made(s.conn, s.sid, window_frame(s.sid, consumed))]
+
     def remote_reset(self, k: int) -> tuple[bytes, list[Made]]:
         """The remote side reset stream k: frames of it still to make go by length."""
         s = self.streams.get(k)
@@ -157,6 +178,8 @@ class Framer:
                     s.out.clear()
                 s.ended = True
                 made.append(Made(s.conn, s.sid, frame(END_OF[n], s.sid), END_OF[n]))
+            elif n <= FRAME_WINDOW:
+                made.append(Made(s.conn, s.sid, window_frame(s.sid, FRAME_WINDOW - n)))
             else:
                 self._count("bad_entry")
             self.pending.popleft()
@@ -175,6 +198,10 @@ class Framer:
                 s.ended = True
                 recs += ENTRY.pack(k, CODE_OF[s.app_end])
                 made.append(Made(s.conn, s.sid, frame(s.app_end, s.sid), s.app_end))
+            if s.grant is not None:
+                recs += ENTRY.pack(k, FRAME_WINDOW - s.grant)
+                made.append(Made(s.conn, s.sid, window_frame(s.sid, s.grant)))
+                s.grant = None
         return bytes(recs), made
 
     def waiting(self) -> tuple[int, int, int] | None:

@@ -34,10 +34,11 @@ is logged: semi-active). The shim orders accept/read/write on those sockets: a b
 accepts the same connections, reads the same byte counts and checks that it writes the
 same bytes (divergence detector). A stream whose two ends passed is freed (its socket
 closed once the app closed it too); the group connection stays, and its control
-traffic does not grow with the streams. A remote that grants (the gateway's WINDOW
-frames: what its client read) paces the primary's reading of that stream's app socket
-(`_out_of_credit`); the stream's input goes to the app's socket 256 KB at a time
-(`_feed_app`).
+traffic does not grow with the streams. Credit per stream (streams.py): the remote's
+WINDOW frames (what its client read) pace the primary's reading of that stream's app
+socket (`_out_of_credit`), and the primary grants what its app's socket accepted
+(`_grant_in`, framed like output); the stream's input goes to the app's socket 256 KB at
+a time (`_feed_app`).
 
 The primary's framing is order information. The frames of one group connection
 interleave the streams in the order the primary's agent happened to read its app's
@@ -155,8 +156,8 @@ from determinizer import orderinfo
 from determinizer.grpcrelay import Relay, relay_env
 from llft.protocol import messaging as mg
 from llft.protocol.messages import Role
-from llft.protocol.streams import (STREAM_WINDOW_BYTES, FrameDecoder, FrameError, Kind,
-                                   StreamTable, window_value)
+from llft.protocol.streams import (GRANT_STEP_BYTES, STREAM_WINDOW_BYTES, FrameDecoder,
+                                   FrameError, Kind, StreamTable, window_value)
 from llft.replica import actions
 from llft.replica import node as rp
 from llft.replica.framing import ENTRY as FRAME_ENTRY
@@ -248,7 +249,9 @@ class AppConn:
     feeder_task: asyncio.Task | None = None  # refills the socket's buffer as the app reads
     end_passed: bool = False         # the remote side's end was handed to the socket
     out_bytes: int = 0               # the app's output on it read so far
-    granted: int | None = None       # the remote's last WINDOW (None: it grants nothing)
+    fed: int = 0                     # its input handed to the app's socket so far
+    granted_in: int = 0              # ... of which our last grant said the app took
+    granted: int = 0                 # the remote's last WINDOW: its client took this much
     credit: asyncio.Event | None = None   # set when a grant came (a primary's reader waits)
     end: bool | None = None          # the remote side's end passed: abort?  (None: not yet)
     app_end: bool | None = None      # the app closed its side (our reader saw it): abort?
@@ -668,7 +671,7 @@ class Agent:
         """The remote's consumer took `consumed` bytes of the app's output on `c`: the
         primary may read that much more of it (streams.STREAM_WINDOW_BYTES). Every
         replica keeps the grants, delivered in the same order, for when it is primary."""
-        c.granted = max(consumed, c.granted or 0)
+        c.granted = max(consumed, c.granted)
         if c.credit is not None:
             c.credit.set()
 
@@ -676,7 +679,7 @@ class Agent:
         """A primary reads no more of a stream whose remote grants and has not taken
         what was sent beyond its last grant; the app's send then blocks as on a plain
         TCP connection. A stream reset by the remote is read to its end."""
-        return (self.mode is AppMode.PRIMARY and c.granted is not None and c.end is not True
+        return (self.mode is AppMode.PRIMARY and c.end is not True
                 and c.out_bytes - c.granted >= STREAM_WINDOW_BYTES)
 
     def _broken(self, gc: GroupConn, why: str) -> None:
@@ -742,13 +745,33 @@ class Agent:
             return
         transport = w.transport
         while c.pending and transport.get_write_buffer_size() <= APP_WRITE_HIGH_BYTES:
-            w.write(c.pending.popleft())
+            chunk = c.pending.popleft()
+            w.write(chunk)
+            c.fed += len(chunk)
+        self._grant_in(c)
         if c.pending:
             if c.feeder_task is None or c.feeder_task.done():
                 c.feeder_task = self.tasks.spawn(self._refill_app(c), f"feed-conn-{c.index}")
         elif c.end is not None and not c.end_passed:
             c.end_passed = True
             self._end_stream(c)
+
+    def _grant_in(self, c: AppConn) -> None:
+        """At the primary: tell the remote how much of the stream the app took (what its
+        socket accepted), every GRANT_STEP_BYTES, so the remote sends at most
+        STREAM_WINDOW_BYTES beyond it (streams.py). The grant is framed like output
+        (an entry, then the WINDOW frame), so every replica's byte stream has it at the
+        same place. Checked at each hand-off to the socket: below its high-water mark
+        that suffices (the window exceeds the mark by more than a step), above it the
+        refill after the app read it down checks again."""
+        if (self.mode is not AppMode.PRIMARY or c.writer is None or c.index < 0
+                or c.end is not None):
+            return                          # nothing more comes in: nothing to pace
+        consumed = c.fed - c.writer.transport.get_write_buffer_size()
+        if consumed - c.granted_in >= GRANT_STEP_BYTES:
+            c.granted_in = consumed
+            self._count("windows_out")
+            self._made(*self.framer.window(c.index, consumed))
 
     async def _refill_app(self, c: AppConn) -> None:
         """While input waits for the app's socket: once the app read the transport's
@@ -930,6 +953,8 @@ class Agent:
                 self.unregistered.append(c)
         self._register_new()
         self._made(*self.framer.promote())  # live once the predecessor's frames are made
+        for c in list(self.conns.values()):    # what our app took may be past the grants
+            self._grant_in(c)
         ms = (time.monotonic() - t0) * 1000
         replayed = (app.fed_entries or 0) - self._promote_from
         _log(f"primary of view {pvn}: application promoted after {ms:.1f} ms "

@@ -87,9 +87,9 @@ Known limits
   client that reads slowly holds up its own reply only, and the gateway holds at most
   about a window of it. MAX_CLIENT_BACKLOG_BYTES stays as a guard (a client whose unread
   replies exceed it is dropped), which a group that honours the grants never reaches.
-- Client -> group is not paced per stream: the group does not grant yet, so what a
-  client sends faster than the app reads waits in the agents' memory (the group
-  connection's flow control bounds only what is in flight).
+- Client -> group likewise: the group's primary grants what its app took of each
+  stream, and the gateway reads no more of a client than STREAM_WINDOW_BYTES beyond
+  the last grant; an upload to an app that reads slowly waits in the client's TCP.
 - The gateway itself is not replicated: if it dies, its clients' TCP connections die
   with it (a restarted gateway is a new member with a new group connection); the
   group frees the dead gateway's connection when a gateway with its id starts, or after
@@ -122,8 +122,9 @@ from llft.runtime.outbox import Outbox
 from llft.runtime.tasks import TaskSet
 from llft.protocol.messages import Role
 from llft.protocol.messaging import Closed, Deliver, Freed, MessagingEndpoint, Opened
-from llft.protocol.streams import (GRANT_STEP_BYTES, FrameDecoder, FrameError, Kind,
-                                   StreamTable, data_frames, frame, window_frame)
+from llft.protocol.streams import (GRANT_STEP_BYTES, STREAM_WINDOW_BYTES, FrameDecoder,
+                                   FrameError, Kind, StreamTable, data_frames, frame,
+                                   window_frame, window_value)
 from llft.runtime.transport import Endpoint
 
 log = logging.getLogger("llft.runtime.gateway")
@@ -150,6 +151,9 @@ class Client:
     written: int = 0                    # the group's bytes handed to the client's socket
     granted: int = 0                    # ... of which the last WINDOW said were taken
     grant_task: asyncio.Task | None = None   # waits for the client to read, then grants
+    sent: int = 0                       # the client's bytes framed into the group
+    taken: int = 0                      # ... of which the group's last WINDOW said its app took
+    credit: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -290,7 +294,11 @@ class Gateway:
                 if f.kind is Kind.DATA:
                     self._to_client(f.stream, f.payload)
                 elif f.kind is Kind.WINDOW:
-                    self.counters["windows_in"] += 1    # the group grants nothing (yet)
+                    self.counters["windows_in"] += 1
+                    cl = self.clients.get(f.stream)
+                    if st is not None and cl is not None:
+                        cl.taken = max(cl.taken, window_value(f))
+                        cl.credit.set()
                 else:
                     self._stream_end(f.stream, f.kind)
         except FrameError as e:
@@ -357,10 +365,21 @@ class Gateway:
             return
         self._grant(cl)
 
+    def _out_of_credit(self, cl: Client) -> bool:
+        """The group's app has not taken what the client sent beyond a window past the
+        group's last grant: read no more of this client (its TCP backs up) until a grant
+        comes. Not once the group's side of the stream ended (its app closed it: no grant
+        follows; what the client still sends goes to the group as before)."""
+        st = self.streams.open.get(cl.stream)
+        return (st is not None and st.end_in is None
+                and cl.sent - cl.taken >= STREAM_WINDOW_BYTES)
+
     def _stream_end(self, stream: int, kind: Kind) -> None:
         """The group's side of a client's stream ended after its last byte: a FIN (the
         app closed or shut down its side), or a reset."""
         cl = self.clients.get(stream)
+        if cl is not None:
+            cl.credit.set()                 # a reader waiting for a grant reads on
         if cl is None or cl.closed or cl.writer.is_closing():
             self.counters["orphan_ends"] += 1
         elif kind is Kind.RST:
@@ -412,6 +431,7 @@ class Gateway:
         if cl.closed and cl.client_done:
             return
         cl.closed = True
+        cl.credit.set()                     # a reader waiting for a grant stops
         self.counters[f"clients_dropped_{why}"] += 1
         self._end_client_stream(cl, Kind.RST)
         try:
@@ -460,6 +480,11 @@ class Gateway:
             while not cl.closed:
                 await writer.drain()            # backpressure: replies first
                 await self.outbox.room()        # ... and the group connection's
+                if self._out_of_credit(cl):     # ... and the stream's own
+                    self.counters["client_credit_waits"] += 1
+                    cl.credit.clear()
+                    await cl.credit.wait()
+                    continue
                 if cl.closed:
                     break
                 data = await reader.read(READ_BYTES)
@@ -467,6 +492,7 @@ class Gateway:
                     break                       # FIN: the client sends nothing more
                 if cl.client_done:
                     break
+                cl.sent += len(data)
                 self.counters["bytes_in"] += len(data)
                 self.outbox.put(b"".join(data_frames(st.id, data)))
         except (ConnectionError, OSError):

@@ -29,7 +29,12 @@ replica), registers each new stream under the next number k with a "C" order-inf
 at its primary (a backup registers on the entry, a promoted backup registers what it was
 delivered without one), answers each stream's bytes as above (a salt per 4 blocks of a
 stream), FIN with FIN after its last block, and RST by dropping what it has not written
-and resetting too. Its app runs a tick after its input (a third of them slowly, 30-120
+and resetting too. Credit per stream, as the agents do it at sim scale: the server's
+primary grants each block of a stream its app answered (a WINDOW frame, framed like
+output: an "F" entry first, made by a backup where the entry stands, re-granted by a
+promoted backup), and the client writes no more of a stream's DATA once it is
+WINDOW_BLOCKS blocks beyond the last grant it was delivered (as the gateway: it checks
+before each write, which may go past). Its app runs a tick after its input (a third of them slowly, 30-120
 ms), so a backup's app lags or leads its primary's "F" entries. Its output is framed by a `Framer`
 (llft/replica/framing.py) per incarnation as the agent does it: the primary live, its "F"
 entries added to the order info before the frames go to messaging, a backup by those
@@ -77,7 +82,9 @@ Checks on every schedule:
                there, a framer makes DATA of bytes its app wrote (zeros past them only
                for a stream the client reset) and never meets an entry it cannot follow,
                and a backup's framer makes no entries, only frames some primary made at
-               the same offsets of the connection (reset streams' payload aside);
+               the same offsets of the connection (reset streams' payload aside); a
+               client replica sees each grant where a server replica framed it, with a
+               value no larger than that stream's input;
                after faults stop, at every live replica: each stream ended both ways and
                freed (StreamTable, Framer, unsent frames and entries: nothing left), each
                client replica read the whole reply (of a reset stream: up to the reset)
@@ -108,7 +115,7 @@ from dataclasses import dataclass
 from llft.protocol import messaging as mg
 from llft.protocol.messages import Role
 from llft.protocol.streams import (END_KINDS, FrameDecoder, FrameError, HEADER, HEADER_BYTES,
-                                   Kind, StreamTable, frame)
+                                   Kind, StreamTable, frame, window_value)
 from llft.replica.framing import Framer
 from llft.replica.node import (Deliver, NotReady, OrderInfo, ReplicaNode, Restored, RestartApp,
                           ViewSwitch)
@@ -137,6 +144,8 @@ OUTQ_BYTES = 8_000                  # --streams: framed output held before the a
 STREAMS_SEED = 0x5354524541         # the stream plan's randomness: the app seed's
 STREAM_SALT_BLOCKS = 4              # --streams: server blocks per salt
 SLOW_APP_TICK_US = 60_000           # --streams: a slow server app's pace
+GRANT_BLOCKS = 1                    # --streams: the server grants each block its app took
+WINDOW_BLOCKS = 4                   # ... and the client sends 4 blocks beyond the last grant
 
 
 @dataclass
@@ -418,6 +427,8 @@ class App:
         # the server's table: the client opens the streams; the client's: it does
         self.table = StreamTable(remote_opens=self.group == "s")
         self.sv: dict[int, list] = {}         # stream -> [bytes delivered, end or None]
+        self.grants: dict[int, int] = {}      # client: stream -> the last grant delivered;
+        #                                       server: stream -> the last grant we framed
         if self.group == "c":
             self.op_i = 0                     # the next frame of the plan to write
             self.wj: dict[int, int] = {}      # stream -> request bytes written
@@ -465,6 +476,9 @@ class App:
                     f"{at} ({len(f.payload)} bytes) is not what the remote group wrote there")
             if f.kind is Kind.DATA:
                 v[0] += f.payload
+            elif f.kind is Kind.WINDOW:
+                self.grants[f.stream] = max(self.grants.get(f.stream, 0), window_value(f))
+                continue
             else:
                 v[1] = f.kind
             if self.group == "c":
@@ -555,8 +569,11 @@ class App:
                 self.s.violation(f"{self.node_id}/{self.birth}: framed bytes {a}.."
                                  f"{len(self.framed_all)} of its connection unlike every "
                                  f"primary's")
-            fr = self.framed.setdefault(m.sid, [bytearray(), None])
+            fr = self.framed.setdefault(m.sid, [bytearray(), None, set()])
             for f in FrameDecoder().feed(m.frames):
+                if f.kind is Kind.WINDOW:
+                    fr[2].add((window_value(f), len(fr[0])))
+                    continue
                 if f.kind is not Kind.DATA:
                     fr[1] = (f.kind, len(fr[0]))
                     continue
@@ -627,6 +644,11 @@ class App:
                 self._made(*self.framer.output(k, out))
                 done = end
             self.sdone[sid] = done
+            if (self.framer.primary and end_in is None
+                    and done - self.grants.get(sid, 0) >= GRANT_BLOCKS * block):
+                self.grants[sid] = done             # (framed once the framer is live)
+                self.s.stats["grants"] += 1
+                self._made(*self.framer.window(k, done))
             if end_in is Kind.FIN and done == len(inp):
                 self.app_end[sid] = Kind.FIN
                 self._made(*self.framer.app_ended(k, Kind.FIN))
@@ -646,10 +668,14 @@ class App:
             sid, kind, payload, conn_end = plan.ops[self.op_i]
             read = len(self.reads.get(sid, b""))
             w = self.wj.get(sid, 0)
-            if conn_end > paced \
+            # the stream's credit: no grant comes once the server's side ended
+            no_credit = (kind is Kind.DATA and self.sv.get(sid, (b"", None))[1] is None
+                         and w - self.grants.get(sid, 0) >= WINDOW_BLOCKS * self.s.server_block)
+            if conn_end > paced or no_credit \
                     or (kind is Kind.DATA and sid not in plan.unread
                         and w + len(payload) > read + PIPELINE_BYTES) \
                     or (kind is Kind.RST and read < self.s.reply_len(sid)):
+                self.s.stats["client writes held for a grant"] += no_credit
                 break
             fr = frame(kind, sid, payload)
             if node.send_space(cid) < len(fr):
@@ -846,7 +872,11 @@ class Schedule:
             fr = app.framed.get(f.stream)
             if fr is None:
                 continue
-            if f.kind is Kind.DATA:
+            if f.kind is Kind.WINDOW:
+                data = self.plan.data.get(f.stream, b"")
+                if (window_value(f), at) in fr[2] and window_value(f) <= len(data):
+                    return True
+            elif f.kind is Kind.DATA:
                 if fr[0][at:at + len(f.payload)] == f.payload and \
                         len(fr[0]) >= at + len(f.payload):
                     return True
@@ -1307,7 +1337,7 @@ class Schedule:
                                    f"{plan.end[sid].name} with {end.name}")
                 read = bytes(cl.reads.get(sid, b""))
                 for srv in servers:
-                    fb, fend = srv.framed.get(sid, [b"", None])
+                    fb, fend, _ = srv.framed.get(sid, [b"", None, None])
                     void = sid in self.rst_streams
                     if (bytes(fb) != bytes(got) and not void) or len(fb) != len(got) \
                             or fend != (end, len(got)):

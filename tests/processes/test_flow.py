@@ -13,6 +13,7 @@ import os
 import random
 import socket
 import sys
+import threading
 
 from llft.tools.cluster import LocalCluster
 
@@ -59,25 +60,44 @@ def test_a_client_that_reads_slowly_gets_a_large_download_whole(tmp_path):
         assert views(st) == before, "the group changed its view during the download"
 
 
-def test_a_large_upload_to_an_app_that_reads_later_keeps_the_view(tmp_path):
-    """300 MB queued at the agents for an app that reads none of it yet. The agents hand
-    it to the app's socket a bounded piece at a time: with all of it in the socket's
-    transport buffer, the buffer's copy when the app read it down held the primary's
-    loop past the fault timeout, and the backup took over from a live primary (every
-    run on this 2-core box, before the fix)."""
-    total, chunk = 300 << 20, random.Random(9).randbytes(1 << 20)
+def test_an_upload_to_an_app_that_reads_later_waits_in_the_client(tmp_path):
+    """Client -> group credit: the app reads nothing of a 256 MB upload until a second
+    connection says "go". The group's primary grants only what its app took, so the
+    gateway stops reading the client about a window in (its TCP backs up, as with a
+    plain server) instead of the agents queueing the upload in memory. Then every byte
+    arrives, in order, and the group keeps its view. Before the credit, all of it sat
+    in the app socket's transport buffer, whose copy when the app read it down held the
+    primary's loop past the fault timeout: the backup took over from a live primary
+    (every run on this 2-core box)."""
+    total, chunk = 256 << 20, random.Random(9).randbytes(1 << 20)
     want = hashlib.sha256()
     for _ in range(total // len(chunk)):
         want.update(chunk)
     with LocalCluster(str(tmp_path / "c"), group="ul", service_port=9000) as lc:
         addr = lc.start_service(("r1", "r2"), [sys.executable, GATED_SINK, "9000"])
         before = views(lc.wait_ready(2))
+        result: dict = {}
+
+        def upload(up: socket.socket) -> None:
+            try:
+                for _ in range(total // len(chunk)):
+                    up.sendall(chunk)
+                up.shutdown(socket.SHUT_WR)
+                result["reply"] = up.recv(200)
+            except OSError as e:
+                result["error"] = repr(e)
         with socket.create_connection(addr, timeout=TIMEOUT_S) as up:
-            for _ in range(total // len(chunk)):
-                up.sendall(chunk)
-            up.shutdown(socket.SHUT_WR)
+            t = threading.Thread(target=upload, args=(up,), daemon=True)
+            t.start()
+            st = lc.wait_status(lambda st: st["gateways"] and st["gateways"][0]["counters"].get(
+                "client_credit_waits", 0) > 0, TIMEOUT_S, "the gateway holding the client back")
+            held = st["gateways"][0]["bytes_in"]
+            assert held < 8 << 20, f"the gateway read {held} bytes of an upload nobody read"
             with socket.create_connection(addr, timeout=TIMEOUT_S) as go:
                 go.sendall(b"go")
-                reply = up.recv(200)
-        assert reply == f"{total} {want.hexdigest()}\n".encode(), reply
-        assert views(lc.status()) == before, "the group changed its view during the upload"
+                t.join(TIMEOUT_S)
+        assert result.get("reply") == f"{total} {want.hexdigest()}\n".encode(), result
+        st = lc.status()
+        assert views(st) == before, "the group changed its view during the upload"
+        primary = next(m for m in st["members"] if m["role"] == "primary")
+        assert primary["counters"].get("windows_out", 0) > 0, primary["counters"]

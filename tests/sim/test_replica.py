@@ -5,6 +5,8 @@ run by tests/sim/test_scenarios.py)."""
 from __future__ import annotations
 
 import random
+from collections import Counter
+
 import pytest
 
 from llft.replica import node as replica
@@ -144,6 +146,45 @@ def test_streams_checker_catches_a_promotion_that_drops_its_predecessors_entries
         return orig(self)
     monkeypatch.setattr(framing.Framer, "promote", promote)
     assert any(_streams_violations(20))
+
+
+def test_streams_carry_grants_and_the_client_waits_for_them():
+    """Credit per stream at sim scale: the server's primaries grant (framed like
+    output), and the client holds writes until a grant comes."""
+    stats = Counter()
+    for v, i in zip(_streams_violations(6), range(6)):
+        assert v == []
+        stats += rc.CAMPAIGN.outcome(schedule_seed("replica", 1, i), {"streams": 4}).stats
+    assert stats["grants"] > 0 and stats["client writes held for a grant"] > 0, stats
+
+
+def test_streams_checker_catches_a_backup_that_ignores_its_primarys_grants(monkeypatch):
+    """A backup that makes no WINDOW frame where its primary's grant entry stands frames
+    another byte stream than the primary."""
+    orig = framing.Framer.entries
+
+    def entries(self, records):
+        keep = b"".join(records[i:i + framing.ENTRY.size]
+                        for i in range(0, len(records), framing.ENTRY.size)
+                        if framing.ENTRY.unpack_from(records, i)[1] > framing.FRAME_WINDOW)
+        return orig(self, keep)
+    monkeypatch.setattr(framing.Framer, "entries", entries)
+    assert any(_streams_violations())
+
+
+def test_streams_checker_catches_a_promotion_that_forgets_its_own_grants(monkeypatch):
+    """A promoted backup that drops the grants it decides before it is live, instead of
+    making them once past its predecessor's entries: a client that waits for one waits
+    for ever (schedule 75 of campaign seed 1 shows it: liveness)."""
+    def window(self, k, consumed):
+        s = self.streams.get(k)
+        if s is None or not self.live:
+            return b"", []
+        return framing.ENTRY.pack(k, framing.FRAME_WINDOW - consumed), [
+            framing.Made(s.conn, s.sid, framing.window_frame(s.sid, consumed))]
+    monkeypatch.setattr(framing.Framer, "window", window)
+    v = rc.CAMPAIGN.outcome(schedule_seed("replica", 1, 75), {"streams": 4}).violations
+    assert v and "no end delivered" in v[0], v
 
 
 def test_streams_checker_catches_a_server_that_does_not_answer_fin(monkeypatch):

@@ -2,15 +2,17 @@
 (llft/replica/framing.py), whatever the order and the cuts in which each replica's agent
 reads its app's sockets and whenever the primary's entries arrive; a backup promoted
 after a prefix of the entries continues the predecessor's streams exactly; a stream the
-remote side reset is framed by length. Property tests: hypothesis draws the streams, the
-app's output, each replica's interleaving and the moments of promotion and reset."""
+remote side reset is framed by length; the primary's grants (WINDOW frames) stand at the
+same place in every replica's streams. Property tests: hypothesis draws the streams, the
+app's output, the grants, each replica's interleaving and the moments of promotion and
+reset."""
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llft.protocol.streams import Frame, FrameDecoder, Kind
-from llft.replica.framing import ENTRY, FRAME_FIN, Framer
+from llft.protocol.streams import Frame, FrameDecoder, Kind, window_value
+from llft.replica.framing import ENTRY, FRAME_FIN, FRAME_WINDOW, Framer
 
 
 def reads(draw, data: bytes) -> list[bytes]:
@@ -45,10 +47,31 @@ def workloads(draw):
     return streams
 
 
+def grants(draw, events: list) -> list:
+    """The agent's grants of the stream's input (increasing counts), anywhere among the
+    app's reads of its output, also after its end."""
+    values = sorted(draw(st.lists(st.integers(0, 1 << 40), max_size=3, unique=True)))
+    out = list(events)
+    for v in values:
+        out.insert(draw(st.integers(0, len(out))), ("W", v))
+    # grants of one stream go out in increasing order
+    ws = iter(sorted(e[1] for e in out if isinstance(e, tuple)))
+    return [("W", next(ws)) if isinstance(e, tuple) else e for e in out]
+
+
 def events_of(draw, streams) -> list[tuple[int, object]]:
-    per = {k: reads(draw, data) + ([end] if end else []) for k, (_, _, data, end) in
-           streams.items()}
+    per = {k: grants(draw, reads(draw, data) + ([end] if end else []))
+           for k, (_, _, data, end) in streams.items()}
     return interleave(draw, per)
+
+
+def feed(f: Framer, k: int, ev) -> tuple[bytes, list]:
+    """One event of a replica's agent: the app's output or end on stream k, or a grant."""
+    if isinstance(ev, Kind):
+        return f.app_ended(k, ev)
+    if isinstance(ev, tuple):
+        return f.window(k, ev[1])
+    return f.output(k, ev)
 
 
 def run_primary(streams, events):
@@ -58,7 +81,7 @@ def run_primary(streams, events):
         f.add(k, conn, sid)
     records, made = bytearray(), []
     for k, ev in events:
-        r, m = f.app_ended(k, ev) if isinstance(ev, Kind) else f.output(k, ev)
+        r, m = feed(f, k, ev)
         records += r
         made += m
         f.check()
@@ -75,6 +98,8 @@ def by_conn(made) -> dict[str, bytes]:
 def demux(raw: bytes) -> dict[int, tuple[bytes, Kind | None]]:
     got: dict[int, list] = {}
     for fr in FrameDecoder().feed(raw):
+        if fr.kind is Kind.WINDOW:
+            continue                    # a grant of the other direction
         d, e = got.setdefault(fr.stream, [b"", None])
         assert e is None, f"stream {fr.stream}: a frame after its end"
         got[fr.stream] = [d + fr.payload, None] if fr.kind is Kind.DATA else [d, fr.kind]
@@ -102,8 +127,7 @@ def test_a_backup_frames_what_its_primary_framed(data, streams):
         if what == "entries":
             r, m = b.entries(ev)
         else:
-            k, x = ev
-            r, m = b.app_ended(k, x) if isinstance(x, Kind) else b.output(k, x)
+            r, m = feed(b, *ev)
         assert r == b"", "a backup adds no entries"
         got += m
         b.check()
@@ -129,8 +153,7 @@ def test_a_promoted_backup_continues_the_streams(data, streams):
     got, new_records = [], bytearray()
 
     def apply(ev):
-        k, x = ev
-        r, m = b.app_ended(k, x) if isinstance(x, Kind) else b.output(k, x)
+        r, m = feed(b, *ev)
         new_records.extend(r)
         got.extend(m)
     for ev in mine[:split]:
@@ -175,7 +198,7 @@ def test_a_reset_stream_is_framed_by_length(data, streams):
     for i, (k, x) in enumerate(mine):
         if i == lost:
             got += b.remote_reset(0)[1]
-        got += (b.app_ended(k, x) if isinstance(x, Kind) else b.output(k, x))[1]
+        got += feed(b, k, x)[1]
     if lost >= len(mine):
         got += b.remote_reset(0)[1]
     got += b.entries(records)[1]
@@ -196,3 +219,23 @@ def test_entries_name_the_end():
     assert ENTRY.unpack(r) == (0, FRAME_FIN) and m[0].end is Kind.FIN
     assert FrameDecoder().feed(m[0].frames) == [Frame(Kind.FIN, 1)]
     assert f.output(0, b"late") == (b"", []) and f.stats["output_after_end"] == 4
+
+
+def test_a_grant_is_an_entry_and_a_frame_and_waits_for_a_promotion():
+    f = Framer()
+    f.primary = True
+    f.add(0, "A", 1)
+    r, m = f.window(0, 300_000)
+    assert ENTRY.unpack(r) == (0, FRAME_WINDOW - 300_000)
+    [fr] = FrameDecoder().feed(m[0].frames)
+    assert fr.kind is Kind.WINDOW and window_value(fr) == 300_000
+    b = Framer()
+    b.add(0, "A", 1)
+    assert b.window(0, 5) == (b"", [])              # a backup's own reading grants nothing
+    b.entries(ENTRY.pack(0, 3))                     # the predecessor framed 3 bytes ...
+    b.promote()
+    assert b.window(0, 9) == (b"", [])              # ... which its app has not written yet
+    r, m = b.output(0, b"abc")
+    assert [ENTRY.unpack(r[i:i + ENTRY.size]) for i in range(0, len(r), ENTRY.size)] == \
+        [(0, FRAME_WINDOW - 9)]
+    assert [f.kind for x in m for f in FrameDecoder().feed(x.frames)] == [Kind.DATA, Kind.WINDOW]
