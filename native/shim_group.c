@@ -257,19 +257,19 @@ static uint32_t iov_hash(const struct iovec *iov, int n, size_t len) {
     return h;
 }
 
-/* Backup: wait (no GIL, stall-checked) until `want` bytes are readable, or for EOF
- * when want == 0. */
-static void group_wait_loop(int fd, size_t want, struct bk *b, int *counted) {
+/* Backup: wait (no GIL, stall-checked) until `enough` of the `want` bytes still to read
+ * are readable, or for EOF when want == 0. */
+static void group_wait_loop(int fd, size_t want, size_t enough, struct bk *b, int *counted) {
     struct stallw sw = {0, 0};
     for (;;) {
         int avail = 0;
         if (ioctl(fd, FIONREAD, &avail) != 0) avail = 0;
-        if (want && (size_t)avail >= want) return;
+        if (want && (size_t)avail >= enough) return;
         struct pollfd pf = {fd, POLLIN | POLLRDHUP, 0};
         R(poll)(&pf, 1, 0);
         if (pf.revents & (POLLRDHUP | POLLHUP | POLLERR)) {
             if (ioctl(fd, FIONREAD, &avail) != 0) avail = 0;
-            if (want && (size_t)avail >= want) return;
+            if (want && (size_t)avail >= enough) return;
             if (!want && avail == 0) return;
             if (want)
                 diverge("divergence: thread %d call #%llu recv(group connection %u): the primary read "
@@ -287,9 +287,9 @@ static void group_wait_loop(int fd, size_t want, struct bk *b, int *counted) {
 }
 /* A thread that sleeps here counts in LLFT_ST_INPUT_WAIT: the agent does not wait for a
  * backup's replay to progress while it cannot (its next input is not delivered yet). */
-static void group_wait_bytes(int fd, size_t want, struct bk *b) {
+static void group_wait_bytes(int fd, size_t want, size_t enough, struct bk *b) {
     int counted = 0;
-    group_wait_loop(fd, want, b, &counted);
+    group_wait_loop(fd, want, enough, b, &counted);
     if (counted) __atomic_fetch_sub(&g_ctl->stats[LLFT_ST_INPUT_WAIT], 1, __ATOMIC_RELAXED);
 }
 
@@ -308,18 +308,25 @@ ssize_t group_recv(int fd, struct msghdr *m, int flags) {
             diverge("divergence: thread %d call #%llu recv(group): the primary read %zd bytes, the "
                     "program asked for %zu", t_tid, (unsigned long long)t_n, r, total);
         if (r > 0 || (r == 0 && total > 0)) {
-            group_wait_bytes(fd, (size_t)r, &b);
             struct iovec w[GROUP_MAX_IOV];
             struct msghdr mm = *m;
             size_t done = 0;
             int peek = flags & MSG_PEEK;
-            do {   /* the bytes are there: never blocks; loops only on a short read */
+            do {
+                /* A read takes the primary's count as the bytes come, in as many real
+                 * reads as it needs: this socket's buffer may hold fewer at once than the
+                 * primary's did (its kernel grew its buffer as its app read fast; a lagging
+                 * backup's did not), and waiting for all of them at once waited until the
+                 * primary was released from the lag bound (10 s). A peek sees them all at
+                 * once; EOF (r == 0) is waited for as such. */
+                size_t left = (size_t)r - done;
+                group_wait_bytes(fd, left, peek || r == 0 ? left : 1, &b);
                 mm.msg_iov = w;
                 mm.msg_iovlen = (size_t)iov_window(m->msg_iov, (int)m->msg_iovlen, done, (size_t)r - done, w);
                 ssize_t k = R(recvmsg)(fd, &mm, (flags & ~MSG_WAITALL) | MSG_DONTWAIT);
                 if (k <= 0) {
                     if (r == 0 && k == 0) break;
-                    if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+                    if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;   /* waits again */
                     diverge("divergence: thread %d call #%llu recv(group): the primary read %zd bytes, "
                             "here the read returned %zd (errno %d)", t_tid, (unsigned long long)t_n,
                             r, k, k < 0 ? errno : 0);

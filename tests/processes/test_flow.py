@@ -15,9 +15,11 @@ import socket
 import sys
 import threading
 
+from llft import EXAMPLES_DIR
 from llft.tools.cluster import LocalCluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ECHO = os.path.join(EXAMPLES_DIR, "echo.py")
 GATED_SINK = os.path.join(HERE, "..", "programs", "gated_sink.py")
 TIMEOUT_S = 120
 
@@ -101,3 +103,23 @@ def test_an_upload_to_an_app_that_reads_later_waits_in_the_client(tmp_path):
         assert views(st) == before, "the group changed its view during the upload"
         primary = next(m for m in st["members"] if m["role"] == "primary")
         assert primary["counters"].get("windows_out", 0) > 0, primary["counters"]
+
+
+def test_a_backup_replays_large_reads_as_its_bytes_come(tmp_path):
+    """40 MB echoed through 2 replicas (examples/echo.py reads 64 KB at a time). The
+    primary's app, reading fast, got large reads from a socket its kernel had grown; a
+    backup replays each read's count, and its own socket, grown less, may never hold
+    that many bytes at once. The shim waited for all of them at once: the backup stopped,
+    fell a second behind, the primary was held at the lag bound until the hold gave up
+    10 s later (every run before the fix). Now the replayed read takes the bytes as they
+    come: the primary is never held, every byte comes back."""
+    from llft.bench.bulk import transfer
+    with LocalCluster(str(tmp_path / "c"), group="bk", service_port=9000) as lc:
+        addr = lc.start_service(("r1", "r2"), [sys.executable, ECHO, "9000"])
+        before = views(lc.wait_ready(2))
+        r = transfer(addr, 40, 0.0)
+        assert r["ok"], r["error"]
+        st = lc.status()
+        assert views(st) == before
+        primary = next(m for m in st["members"] if m["role"] == "primary")
+        assert not primary["counters"].get("lag_holds"), primary["counters"]
