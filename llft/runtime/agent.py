@@ -764,9 +764,9 @@ class Agent:
         same place. Checked at each hand-off to the socket: below its high-water mark
         that suffices (the window exceeds the mark by more than a step), above it the
         refill after the app read it down checks again."""
-        if (self.mode is not AppMode.PRIMARY or c.writer is None or c.index < 0
-                or c.end is not None):
-            return                          # nothing more comes in: nothing to pace
+        if (c.fed - c.granted_in < GRANT_STEP_BYTES or self.mode is not AppMode.PRIMARY
+                or c.writer is None or c.index < 0 or c.end is not None):
+            return                          # no grant due, or nothing more to pace
         consumed = c.fed - c.writer.transport.get_write_buffer_size()
         if consumed - c.granted_in >= GRANT_STEP_BYTES:
             c.granted_in = consumed

@@ -342,6 +342,8 @@ class Gateway:
         it down and grants then; below the mark the grant at each write suffices (the
         window exceeds the mark by more than a step, so a group waiting for a grant
         always gets one)."""
+        if cl.written - cl.granted < GRANT_STEP_BYTES:
+            return                      # no grant due; the group is a window from waiting
         st = self.streams.open.get(cl.stream)
         if cl.closed or st is None or st.end_in is not None or self._broken:
             return                      # nothing more of the group's side to pace
