@@ -155,6 +155,42 @@ class FrameDecoder:
 
 
 @dataclass(slots=True)
+class Credit:
+    """One stream's flow control at one end, both directions (the rules of "Flow control
+    per stream" above; the caller says what moved and acts on the answers):
+
+    sending   `sent` of our bytes went out, `granted` of them the remote's consumer took
+              (its last WINDOW): we send no more while `blocked`;
+    granting  `handed` of the remote's bytes went to our consumer, `told` of them our
+              last WINDOW said it took: `grant(buffered)` names the next one when a step
+              is due (`buffered`: handed bytes our consumer has not taken yet)."""
+    sent: int = 0
+    granted: int = 0
+    handed: int = 0
+    told: int = 0
+
+    def on_window(self, consumed: int) -> None:
+        self.granted = max(self.granted, consumed)
+
+    @property
+    def blocked(self) -> bool:
+        return self.sent - self.granted >= STREAM_WINDOW_BYTES
+
+    @property
+    def grant_due(self) -> bool:
+        """Could a grant be due at all (an integer comparison, for every hand-off)?"""
+        return self.handed - self.told >= GRANT_STEP_BYTES
+
+    def grant(self, buffered: int) -> int | None:
+        """The count of the WINDOW to send now (recorded as told), or None."""
+        consumed = self.handed - buffered
+        if consumed - self.told < GRANT_STEP_BYTES:
+            return None
+        self.told = consumed
+        return consumed
+
+
+@dataclass(slots=True)
 class StreamState:
     """One open stream at one end: has each direction ended, and how (FIN or RST)."""
     id: int

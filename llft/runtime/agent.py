@@ -156,8 +156,7 @@ from determinizer import orderinfo
 from determinizer.grpcrelay import Relay, relay_env
 from llft.protocol import messaging as mg
 from llft.protocol.messages import Role
-from llft.protocol.streams import (GRANT_STEP_BYTES, STREAM_WINDOW_BYTES, FrameDecoder,
-                                   FrameError, Kind, StreamTable, window_value)
+from llft.protocol.streams import Credit, FrameDecoder, FrameError, Kind, StreamTable, window_value
 from llft.replica import actions
 from llft.replica import node as rp
 from llft.replica.framing import ENTRY as FRAME_ENTRY
@@ -248,11 +247,9 @@ class AppConn:
     reader_task: asyncio.Task | None = None
     feeder_task: asyncio.Task | None = None  # refills the socket's buffer as the app reads
     end_passed: bool = False         # the remote side's end was handed to the socket
-    out_bytes: int = 0               # the app's output on it read so far
-    fed: int = 0                     # its input handed to the app's socket so far
-    granted_in: int = 0              # ... of which our last grant said the app took
-    granted: int = 0                 # the remote's last WINDOW: its client took this much
-    credit: asyncio.Event | None = None   # set when a grant came (a primary's reader waits)
+    # sent: the app's output read; handed: its input given to the app's socket
+    credit: Credit = field(default_factory=Credit)
+    grant_came: asyncio.Event | None = None   # a primary's reader waits on it while blocked
     end: bool | None = None          # the remote side's end passed: abort?  (None: not yet)
     app_end: bool | None = None      # the app closed its side (our reader saw it): abort?
 
@@ -655,7 +652,7 @@ class Agent:
                     continue                # a grant that crossed the stream's free
                 c = self._stream_in(gc, st.id) if new else gc.conns[st.id]
                 if f.kind is Kind.WINDOW:
-                    self._granted(c, window_value(f))
+                    self._on_window(c, window_value(f))
                 elif f.kind is Kind.DATA:
                     if f.payload:
                         c.pending.append(f.payload)
@@ -667,20 +664,19 @@ class Agent:
         if self.mode is AppMode.PRIMARY:
             self._register_new()
 
-    def _granted(self, c: AppConn, consumed: int) -> None:
+    def _on_window(self, c: AppConn, consumed: int) -> None:
         """The remote's consumer took `consumed` bytes of the app's output on `c`: the
         primary may read that much more of it (streams.STREAM_WINDOW_BYTES). Every
         replica keeps the grants, delivered in the same order, for when it is primary."""
-        c.granted = max(consumed, c.granted)
-        if c.credit is not None:
-            c.credit.set()
+        c.credit.on_window(consumed)
+        if c.grant_came is not None:
+            c.grant_came.set()
 
     def _out_of_credit(self, c: AppConn) -> bool:
         """A primary reads no more of a stream whose remote grants and has not taken
         what was sent beyond its last grant; the app's send then blocks as on a plain
         TCP connection. A stream reset by the remote is read to its end."""
-        return (self.mode is AppMode.PRIMARY and c.end is not True
-                and c.out_bytes - c.granted >= STREAM_WINDOW_BYTES)
+        return self.mode is AppMode.PRIMARY and c.end is not True and c.credit.blocked
 
     def _broken(self, gc: GroupConn, why: str) -> None:
         """A remote group's frames broke the rules (a bug there; they are authenticated):
@@ -706,8 +702,8 @@ class Agent:
         c.end = abort
         self._count("stream_resets_in" if abort else "stream_fins_in")
         self._feed_app(c)
-        if abort and c.credit is not None:
-            c.credit.set()                  # its reader, waiting for a grant, reads on
+        if abort and c.grant_came is not None:
+            c.grant_came.set()              # its reader, waiting for a grant, reads on
         self._stream_progress(c)
         if abort and c.index >= 0:
             self._made(*self.framer.remote_reset(c.index))  # its frames go by length now
@@ -747,7 +743,7 @@ class Agent:
         while c.pending and transport.get_write_buffer_size() <= APP_WRITE_HIGH_BYTES:
             chunk = c.pending.popleft()
             w.write(chunk)
-            c.fed += len(chunk)
+            c.credit.handed += len(chunk)
         self._grant_in(c)
         if c.pending:
             if c.feeder_task is None or c.feeder_task.done():
@@ -764,12 +760,11 @@ class Agent:
         same place. Checked at each hand-off to the socket: below its high-water mark
         that suffices (the window exceeds the mark by more than a step), above it the
         refill after the app read it down checks again."""
-        if (c.fed - c.granted_in < GRANT_STEP_BYTES or self.mode is not AppMode.PRIMARY
-                or c.writer is None or c.index < 0 or c.end is not None):
+        if (not c.credit.grant_due or self.mode is not AppMode.PRIMARY or c.writer is None
+                or c.index < 0 or c.end is not None):
             return                          # no grant due, or nothing more to pace
-        consumed = c.fed - c.writer.transport.get_write_buffer_size()
-        if consumed - c.granted_in >= GRANT_STEP_BYTES:
-            c.granted_in = consumed
+        consumed = c.credit.grant(c.writer.transport.get_write_buffer_size())
+        if consumed is not None:
             self._count("windows_out")
             self._made(*self.framer.window(c.index, consumed))
 
@@ -1104,10 +1099,10 @@ class Agent:
             await c.gc.outbox.room()    # the group connection's flow control
             if self._out_of_credit(c):  # the stream's own (the remote's grants)
                 self._count("stream_credit_waits")
-                if c.credit is None:
-                    c.credit = asyncio.Event()
-                c.credit.clear()
-                await c.credit.wait()
+                if c.grant_came is None:
+                    c.grant_came = asyncio.Event()
+                c.grant_came.clear()
+                await c.grant_came.wait()
                 continue
             abort = False
             try:
@@ -1119,7 +1114,7 @@ class Agent:
             if not data:
                 self._app_closed(app, c, abort)
                 return
-            c.out_bytes += len(data)
+            c.credit.sent += len(data)
             self._made(*self.framer.output(c.index, data))
 
     def _made(self, records: bytes, made: list[Made]) -> None:

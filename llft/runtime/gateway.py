@@ -122,9 +122,8 @@ from llft.runtime.outbox import Outbox
 from llft.runtime.tasks import TaskSet
 from llft.protocol.messages import Role
 from llft.protocol.messaging import Closed, Deliver, Freed, MessagingEndpoint, Opened
-from llft.protocol.streams import (GRANT_STEP_BYTES, STREAM_WINDOW_BYTES, FrameDecoder,
-                                   FrameError, Kind, StreamTable, data_frames, frame,
-                                   window_frame, window_value)
+from llft.protocol.streams import (Credit, FrameDecoder, FrameError, Kind, StreamTable,
+                                   data_frames, frame, window_frame, window_value)
 from llft.runtime.transport import Endpoint
 
 log = logging.getLogger("llft.runtime.gateway")
@@ -148,12 +147,11 @@ class Client:
     peer: str
     closed: bool = False                # nothing more is written to the client
     client_done: bool = False           # the client's stream ended (FIN/RST framed)
-    written: int = 0                    # the group's bytes handed to the client's socket
-    granted: int = 0                    # ... of which the last WINDOW said were taken
+    # sent: the client's bytes framed into the group; handed: the group's bytes given to
+    # the client's socket
+    credit: Credit = dataclasses.field(default_factory=Credit)
     grant_task: asyncio.Task | None = None   # waits for the client to read, then grants
-    sent: int = 0                       # the client's bytes framed into the group
-    taken: int = 0                      # ... of which the group's last WINDOW said its app took
-    credit: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    grant_came: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -297,8 +295,8 @@ class Gateway:
                     self.counters["windows_in"] += 1
                     cl = self.clients.get(f.stream)
                     if st is not None and cl is not None:
-                        cl.taken = max(cl.taken, window_value(f))
-                        cl.credit.set()
+                        cl.credit.on_window(window_value(f))
+                        cl.grant_came.set()
                 else:
                     self._stream_end(f.stream, f.kind)
         except FrameError as e:
@@ -323,7 +321,7 @@ class Gateway:
         if not data:
             return
         cl.writer.write(data)
-        cl.written += len(data)
+        cl.credit.handed += len(data)
         self.counters["bytes_out"] += len(data)
         transport = cl.writer.transport
         if transport is not None and transport.get_write_buffer_size() > MAX_CLIENT_BACKLOG_BYTES:
@@ -342,16 +340,15 @@ class Gateway:
         it down and grants then; below the mark the grant at each write suffices (the
         window exceeds the mark by more than a step, so a group waiting for a grant
         always gets one)."""
-        if cl.written - cl.granted < GRANT_STEP_BYTES:
+        if not cl.credit.grant_due:
             return                      # no grant due; the group is a window from waiting
         st = self.streams.open.get(cl.stream)
         if cl.closed or st is None or st.end_in is not None or self._broken:
             return                      # nothing more of the group's side to pace
         transport = cl.writer.transport
         buffered = transport.get_write_buffer_size()
-        consumed = cl.written - buffered
-        if consumed - cl.granted >= GRANT_STEP_BYTES:
-            cl.granted = consumed
+        consumed = cl.credit.grant(buffered)
+        if consumed is not None:
             self.counters["windows_out"] += 1
             self.outbox.put(window_frame(cl.stream, consumed))
         if (buffered > transport.get_write_buffer_limits()[1]
@@ -373,15 +370,14 @@ class Gateway:
         comes. Not once the group's side of the stream ended (its app closed it: no grant
         follows; what the client still sends goes to the group as before)."""
         st = self.streams.open.get(cl.stream)
-        return (st is not None and st.end_in is None
-                and cl.sent - cl.taken >= STREAM_WINDOW_BYTES)
+        return st is not None and st.end_in is None and cl.credit.blocked
 
     def _stream_end(self, stream: int, kind: Kind) -> None:
         """The group's side of a client's stream ended after its last byte: a FIN (the
         app closed or shut down its side), or a reset."""
         cl = self.clients.get(stream)
         if cl is not None:
-            cl.credit.set()                 # a reader waiting for a grant reads on
+            cl.grant_came.set()             # a reader waiting for a grant reads on
         if cl is None or cl.closed or cl.writer.is_closing():
             self.counters["orphan_ends"] += 1
         elif kind is Kind.RST:
@@ -433,7 +429,7 @@ class Gateway:
         if cl.closed and cl.client_done:
             return
         cl.closed = True
-        cl.credit.set()                     # a reader waiting for a grant stops
+        cl.grant_came.set()                 # a reader waiting for a grant stops
         self.counters[f"clients_dropped_{why}"] += 1
         self._end_client_stream(cl, Kind.RST)
         try:
@@ -484,8 +480,8 @@ class Gateway:
                 await self.outbox.room()        # ... and the group connection's
                 if self._out_of_credit(cl):     # ... and the stream's own
                     self.counters["client_credit_waits"] += 1
-                    cl.credit.clear()
-                    await cl.credit.wait()
+                    cl.grant_came.clear()
+                    await cl.grant_came.wait()
                     continue
                 if cl.closed:
                     break
@@ -494,7 +490,7 @@ class Gateway:
                     break                       # FIN: the client sends nothing more
                 if cl.client_done:
                     break
-                cl.sent += len(data)
+                cl.credit.sent += len(data)
                 self.counters["bytes_in"] += len(data)
                 self.outbox.put(b"".join(data_frames(st.id, data)))
         except (ConnectionError, OSError):

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llft.protocol.streams import (HEADER, MAX_FRAME_PAYLOAD, WINDOW_VALUE, Frame,
+from llft.protocol.streams import (GRANT_STEP_BYTES, HEADER, MAX_FRAME_PAYLOAD,
+                                   STREAM_WINDOW_BYTES, WINDOW_VALUE, Credit, Frame,
                                    FrameDecoder, FrameError, Kind, StreamTable, data_frames,
                                    frame, window_frame, window_value)
 
@@ -113,3 +114,22 @@ def test_a_grant_may_follow_its_senders_end_and_cross_the_streams_free():
     assert t.on_frame(f) == (None, False)           # crossed the free
     with pytest.raises(FrameError, match="never opened"):
         t.on_frame(Frame(Kind.WINDOW, 7, WINDOW_VALUE.pack(1)))   # cannot open a stream
+
+
+def test_credit_blocks_a_window_past_the_grant_and_grants_by_steps():
+    c = Credit()
+    c.sent = STREAM_WINDOW_BYTES - 1
+    assert not c.blocked
+    c.sent += 1
+    assert c.blocked                                # a window past the last grant (0)
+    c.on_window(10)
+    c.on_window(5)                                  # grants only ever rise
+    assert c.granted == 10 and not c.blocked
+    c.handed = GRANT_STEP_BYTES - 1
+    assert not c.grant_due
+    c.handed = 3 * GRANT_STEP_BYTES
+    assert c.grant_due
+    assert c.grant(buffered=2 * GRANT_STEP_BYTES + 1) is None   # taken: one byte short
+    assert c.grant(buffered=GRANT_STEP_BYTES) == 2 * GRANT_STEP_BYTES
+    assert c.told == 2 * GRANT_STEP_BYTES
+    assert c.grant(buffered=GRANT_STEP_BYTES) is None           # nothing more taken since
