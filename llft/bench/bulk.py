@@ -44,6 +44,7 @@ from llft import EXAMPLES_DIR
 from llft.bench import report
 from llft.tools.cluster import LocalCluster
 from llft.tools.loadclient import wait_listening
+from llft.tools.procs import free_port
 
 ECHO = os.path.join(EXAMPLES_DIR, "echo.py")
 CHUNK = 1 << 20
@@ -142,7 +143,7 @@ def both(addr: tuple[str, int], args) -> dict:
 
 
 def run_direct(tmp: str, args) -> dict:
-    port = _free_port()
+    port = free_port()
     p = subprocess.Popen([sys.executable, ECHO, str(port)], cwd=tmp,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -159,7 +160,7 @@ def run_direct(tmp: str, args) -> dict:
 
 
 def run_llft(tmp: str, args, replicas: int) -> dict:
-    port = _free_port()
+    port = free_port()
     with LocalCluster(os.path.join(tmp, f"r{replicas}"), group="bulk",
                       service_port=port) as lc:
         names = tuple(f"r{i + 1}" for i in range(replicas))
@@ -172,12 +173,6 @@ def run_llft(tmp: str, args, replicas: int) -> dict:
                          f"gateway {peak['gateway']:.0f}")
         row["views"] = lc.status()["view"] != view
         return row
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(args) -> int:

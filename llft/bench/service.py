@@ -48,7 +48,7 @@ import time
 
 from llft import EXAMPLES_DIR
 from llft.bench import report
-from llft.tools.procs import read_event
+from llft.tools.procs import free_port, read_event
 
 ECHO = os.path.join(EXAMPLES_DIR, "echo.py")
 SERVICE_PORT = 9000            # what the app binds under llft run (the shim redirects it)
@@ -125,12 +125,6 @@ class Target:
             self.sock = None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def cluster_settings(**settings: float | None) -> str:
     """[cluster] lines for the settings given (None: the configuration's default)."""
     return "\n".join(f"{k} = {v:g}" for k, v in settings.items() if v is not None)
@@ -158,7 +152,7 @@ class Setup:
         self.llft: list[Target] = []
         tcp = Target("tcp")
         self.baselines.append(tcp)
-        tcp.port = _free_port()
+        tcp.port = free_port()
         self._spawn([sys.executable, app, str(tcp.port)], "app")
         from llft.tools.loadclient import wait_listening
         if not wait_listening(tcp.host, tcp.port, 20):

@@ -56,6 +56,7 @@ import traceback
 from llft.bench import report
 from llft.spark import sparkrun, supervisor
 from llft.spark.connect import Server
+from llft.tools.procs import free_port
 
 SETUPS = ("reference", "llft_2r", "connect_reference", "llft_connect_2r", "checkpoint")
 KILLED = ("llft_2r", "llft_connect_2r", "checkpoint")
@@ -227,7 +228,7 @@ def run(args) -> int:
 
 
 def _start_connect(tmp: str, pin: Pinning) -> Server:
-    port = sparkrun.free_port()
+    port = free_port()
     server = Server(port, state_dir=os.path.join(tmp, "spark-connect"))
     cmd = [sys.executable, "-m", "llft", "spark-connect", "start", "--port", str(port),
            "--dir", server.state_dir, "--master", "local[1]",

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from llft import EXAMPLES_DIR
 from llft.spark import nexmark
 from llft.tools.cluster import LocalCluster
+from llft.tools.procs import free_port
 
 PIPELINE = os.path.join(EXAMPLES_DIR, "nexmark_pipeline.py")
 
@@ -50,13 +51,6 @@ def pipeline_argv(port: int, wl: Workload, checkpoint: str | None = None,
             "--batch-events", str(wl.batch_events), "--batch-ms", str(wl.batch_ms)]
     return (argv + (["--checkpoint", checkpoint] if checkpoint else [])
             + (["--remote", remote] if remote else []))
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

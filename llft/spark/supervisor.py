@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 
 from llft.spark import sparkrun
+from llft.tools.procs import free_port
 
 
 @dataclass
@@ -195,7 +196,7 @@ def supervised(workdir: str, wl: sparkrun.Workload, kill_after: list[int] = (),
     say = on_event or (lambda _text: None)
     os.makedirs(workdir, exist_ok=True)
     t0 = time.monotonic()
-    port = sparkrun.free_port()
+    port = free_port()
     ckpt = os.path.join(workdir, "checkpoint")
     argv = sparkrun.pipeline_argv(port, wl, checkpoint=ckpt)
     sup = Supervisor(wrap(argv) if wrap else argv, cwd=workdir,

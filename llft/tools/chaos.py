@@ -78,6 +78,7 @@ from llft.runtime import proctree
 from llft.tools import netns
 from llft.tools.cluster import ClusterError, LocalCluster
 from llft.tools.loadclient import LoadResult, run_load
+from llft.tools.procs import free_port
 
 KINDS = ("kill_primary", "kill_backup", "kill_both", "pause_primary", "pause_backup",
          "cpu_hog", "jvm_start", "restart")
@@ -195,7 +196,7 @@ class Campaign:
                  say=print, namespaces: bool = False):
         self.workdir, self.wl, self.n, self.clients, self.say = (
             workdir, workload, replicas, clients, say)
-        self.lc = LocalCluster(workdir, group="chaos", service_port=_free_port())
+        self.lc = LocalCluster(workdir, group="chaos", service_port=free_port())
         self.app = [sys.executable, os.path.join(EXAMPLES_DIR, workload.script),
                     str(self.lc.cfg.group("chaos").service_port)]
         self.replicas: list[str] = []           # names of the replicas we run now
@@ -223,7 +224,7 @@ class Campaign:
         if self.namespaces:
             self.seg = netns.Segment(self.n)
         if self.wl.connect_server:
-            self.connect_port = _free_port()
+            self.connect_port = free_port()
             r = self._spark_connect("start", "--master", "local[1]")
             if r.returncode != 0:
                 raise ClusterError(f"the Spark Connect server did not start: "
@@ -585,13 +586,6 @@ def _hold(seconds: float) -> None:
     """A duration that is part of the fault (a pause, a hog, the random moment of
     injection), never a stand-in for waiting on something."""
     threading.Event().wait(seconds)
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _last_line(text: str) -> str:

@@ -16,6 +16,14 @@ import time
 from dataclasses import dataclass, field
 
 
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now (the kernel's pick)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def random_group_addresses(groups: list[str]) -> str:
     """Fresh multicast address:port per group, so concurrent test runs do not collide."""
     rng = random.Random(os.getpid() ^ time.monotonic_ns())

@@ -18,6 +18,7 @@ import pytest
 from llft.bench.ndlatency import NDOPS_SERVICE, request_of
 from llft.cli import main
 from llft.tools.loadclient import wait_listening
+from llft.tools.procs import free_port
 
 HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
 
@@ -27,14 +28,8 @@ def read_csv(path: str) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_ndops_service_plainly():
-    port = _free_port()
+    port = free_port()
     p = subprocess.Popen([sys.executable, NDOPS_SERVICE, str(port)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

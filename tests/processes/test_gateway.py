@@ -19,17 +19,9 @@ import pytest
 from llft import EXAMPLES_DIR
 from llft.runtime import keys
 from llft.tools.loadclient import run_load, wait_listening
-from llft.tools.procs import ProcGroup, random_group_addresses
+from llft.tools.procs import ProcGroup, free_port, random_group_addresses
 
 EXAMPLES = EXAMPLES_DIR
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def start_service(pg: ProcGroup, name: str, script: str) -> int:

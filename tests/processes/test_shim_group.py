@@ -17,6 +17,7 @@ from determinizer.orderinfo import CALL_IDS, SocketKind, decode
 from determinizer.recordreplay import EXIT_DIVERGED
 from determinizer.runner import shim_env, spawn
 from determinizer.shm import Shm
+from llft.tools.procs import free_port
 from rr_helpers import program
 
 TIMEOUT = 20.0
@@ -28,12 +29,6 @@ def wait_for(cond, what, timeout=TIMEOUT):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.005)   # polling a condition, not synchronising by sleeping
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Replica:

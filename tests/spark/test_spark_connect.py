@@ -16,6 +16,7 @@ import pytest
 from llft.spark.connect import Server
 from llft.tools import chaos
 from llft.tools.loadclient import run_load
+from llft.tools.procs import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLIENT = os.path.join(HERE, "..", "programs", "connect_client.py")
@@ -24,12 +25,6 @@ CLIENT = os.path.join(HERE, "..", "programs", "connect_client.py")
 def llft(*args: str, env=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "llft", "spark-connect", *args],
                           capture_output=True, text=True, timeout=300, env=env)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_server_from_the_wheel_serves_a_thin_client_and_leaves_nothing(tmp_path):
