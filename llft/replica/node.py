@@ -106,7 +106,8 @@ runs on with the members it has.
 Backup lag (docs/LOG.md). A backup's runtime tells the node how far its application has
 executed (`set_executed`); messaging reports it to the primary on ORDER_INFO acks. At the
 primary `lag_hold(now)` says whether a *ready* backup (one that has caught up once:
-a joiner is not held for while it replays the history) is more than `lag_bound_us` of
+it executed a position made after it joined, so a joiner, or a backup a new primary
+inherits, is not held for while it replays the history) is more than `lag_bound_us` of
 the primary's execution behind: the runtime then holds ordering and output commit
 (backpressure). A ready backup above the bound for `lag_give_up_us` is *released*: no
 longer ready, so no longer held for, until it has been back within the bound for

@@ -137,3 +137,71 @@ def test_a_group_whose_log_reached_its_cap_admits_no_new_replica():
     assert [k.birth for k in g.a.membership.members] == [g.a.birth]
     assert g.b.status is not mb.Status.BACKUP
     assert g.a.status_snapshot()["log"]["full"] == g.a.log_full
+
+
+def test_a_new_primary_does_not_hold_for_a_backup_still_replaying_its_history():
+    """A takes entries, B keeps up, C joins and replays (executes nothing); A dies and B
+    takes over. B's view starts its positions at 1, and C executes none of them before it
+    has replayed the last view's history: B must not hold its application for C. (A chaos
+    campaign, fault 11 of `llft chaos --workload http --seed 11`: the new primary took C as
+    caught up from position 0 and held its clients 8 s until the give-up.)"""
+    sim = Sim(6)
+    given: dict[str, list[tuple[int, int]]] = {"A": [], "B": [], "C": []}
+
+    def on_action(node_id, a, now_us) -> None:
+        if isinstance(a, actions.RestartApp):
+            given[node_id].clear()
+        elif isinstance(a, (actions.OrderInfo, actions.ViewSwitch)):
+            given[node_id].append((a.pvn, a.pos))
+        elif isinstance(a, actions.Restored):
+            given[node_id].extend((p, q) for p, q, _ in a.order_info)
+
+    nodes = {name: ReplicaNode("g", random.Random(i + 1)) for i, name in enumerate("ABC")}
+    executing = {"B": True, "C": False}
+    holds: list[bool] = []
+    crashed: set[str] = set()
+
+    def tick(sim) -> None:
+        for name, node in nodes.items():
+            if name in crashed:
+                continue
+            if node.status is mb.Status.PRIMARY:
+                node.add_order_info(b"e" * 40, sim.now_us)
+                holds.append(node.lag_hold(sim.now_us))
+            elif name in executing and executing[name] and given[name]:
+                node.set_executed(*given[name][-1])
+
+    def run(duration_us: int) -> None:
+        end, t = sim.now_us + duration_us, sim.now_us
+        while t < end:
+            t += 10 * MS
+            sim.at(t, tick, "A")
+        sim.run_until(end)
+
+    def start(name: str) -> None:
+        nodes[name].start(sim.now_us)
+        sim.add_node(name, nodes[name], ["g"], on_action=on_action)
+
+    start("A")
+    sim.run_for(2_000 * MS)
+    start("B")
+    run(1_000 * MS)
+    start("C")
+    run(1_000 * MS)
+    a, b, c = (nodes[n] for n in "ABC")
+    assert [k.birth for k in a.membership.members] == [a.birth, b.birth, c.birth]
+    assert a.backup_lag(sim.now_us)[b.birth]["ready"]
+    assert not a.backup_lag(sim.now_us)[c.birth]["ready"]
+    sim.crash("A")
+    crashed.add("A")
+    holds.clear()
+    run(LAG_BOUND_US + 2_000 * MS)
+    assert b.status is mb.Status.PRIMARY
+    assert [k.birth for k in b.membership.members] == [b.birth, c.birth]
+    lag = b.backup_lag(sim.now_us)[c.birth]
+    assert lag["entries"] > 0 and lag["ms"] > LAG_BOUND_US / 1000 and not lag["ready"]
+    assert not any(holds)
+    # its replay done, C executes B's positions: ready, held for from then on
+    executing["C"] = True
+    run(500 * MS)
+    assert b.backup_lag(sim.now_us)[c.birth]["ready"]
