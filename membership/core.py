@@ -922,8 +922,11 @@ class Membership:
         members = proposal_members(self.members, self.primary, self.key)
         self._generated_target = target
         heard = self._last_heard.get(self.primary.birth, self._hb_sent_us)
+        # the timeout that applied, beside the silence: a takeover from a live primary
+        # then says whether the detector had room (an extended timeout) or none
         why = (f"primary {short_id(self.primary.birth)} of view {self.pvn} silent for "
-               f"{(now_us - heard) // 1000} ms")
+               f"{(now_us - heard) // 1000} ms (timeout "
+               f"{(self._fd_deadline_us() - heard) // 1000} ms)")
         self._proposal = _Proposal(target, 0, members, (self.pvn, self.primary.birth),
                                    version_us=now_us,
                                    drop_check_us=now_us + self._ack_timeout_us(
