@@ -216,10 +216,9 @@ class OrderInfoLog:
 
     def caught_up_once(self, backup: int) -> bool:
         """The backup executed a position made after it joined: it has replayed the history
-        it was given. For the backups of a new primary's view (joined at 0) that is the
-        view's first position: one still replaying the last view's history at the takeover
-        is not caught up (with `>=` it was, from position 0, and the new primary held its
-        application for it: a chaos campaign's clients waited 8 s)."""
+        it was given. For the backups a new primary inherits (joined at 0) that is the
+        view's first position, which one still replaying the last view's history executes
+        only once that replay is done (docs/LOG.md, "Joiners")."""
         return self.done.get(backup, 0) > self.joined_at.get(backup, 0)
 
     def gc(self) -> None:
