@@ -249,7 +249,7 @@ class AppConn:
     end_passed: bool = False         # the remote side's end was handed to the socket
     # sent: the app's output read; handed: its input given to the app's socket
     credit: Credit = field(default_factory=Credit)
-    grant_came: asyncio.Event | None = None   # a primary's reader waits on it while blocked
+    grant_came: asyncio.Event = field(default_factory=asyncio.Event)  # a blocked reader waits
     end: bool | None = None          # the remote side's end passed: abort?  (None: not yet)
     app_end: bool | None = None      # the app closed its side (our reader saw it): abort?
 
@@ -669,8 +669,7 @@ class Agent:
         primary may read that much more of it (streams.STREAM_WINDOW_BYTES). Every
         replica keeps the grants, delivered in the same order, for when it is primary."""
         c.credit.on_window(consumed)
-        if c.grant_came is not None:
-            c.grant_came.set()
+        c.grant_came.set()
 
     def _out_of_credit(self, c: AppConn) -> bool:
         """A primary reads no more of a stream whose remote grants and has not taken
@@ -702,7 +701,7 @@ class Agent:
         c.end = abort
         self._count("stream_resets_in" if abort else "stream_fins_in")
         self._feed_app(c)
-        if abort and c.grant_came is not None:
+        if abort:
             c.grant_came.set()              # its reader, waiting for a grant, reads on
         self._stream_progress(c)
         if abort and c.index >= 0:
@@ -1099,8 +1098,6 @@ class Agent:
             await c.gc.outbox.room()    # the group connection's flow control
             if self._out_of_credit(c):  # the stream's own (the remote's grants)
                 self._count("stream_credit_waits")
-                if c.grant_came is None:
-                    c.grant_came = asyncio.Event()
                 c.grant_came.clear()
                 await c.grant_came.wait()
                 continue
