@@ -59,6 +59,9 @@ CONNECT = ["pyspark>=4.0", "pandas>=2.2,<3", "pyarrow>=18", "grpcio>=1.76",
 cffi_modules = []
 if os.path.exists(os.path.join("native", "shm_build.py")):
     cffi_modules.append("native/shm_build.py:ffibuilder")
+# the agent's heartbeat thread; its C source is in native/pulse/, out of SHIM_SOURCES' glob
+if os.path.exists(os.path.join("native", "pulse_build.py")):
+    cffi_modules.append("native/pulse_build.py:ffibuilder")
 
 setup(
     name="llft",

@@ -1,0 +1,62 @@
+/* llft_pulse.h -- the agent's heartbeat thread (native._llft_pulse).
+ *
+ * Heartbeats are small UDP datagrams repeated every ~20 ms. Sending and receiving them
+ * from the agent's asyncio loop woke Python ~113 times a second; this plain C thread
+ * (no GIL) does the repetitive part instead:
+ *
+ *   send     repeats the agent's current heartbeat datagram(s), byte for byte, every
+ *            `every_us` until `until_us` (llft_pulse_set);
+ *   receive  drains a dedicated socket. A datagram byte-identical to one Python already
+ *            authenticated from the same source (llft_pulse_accept) is ABSORBED: only
+ *            its kernel arrival time is kept (llft_pulse_arrivals). Anything else is
+ *            queued for Python (llft_pulse_take) and Python's eventfd is signalled when
+ *            the queue goes from empty to non-empty.
+ *
+ * Python therefore sees each distinct heartbeat once, plus a cheap list of times at
+ * which copies of it arrived again (the liveness evidence it needs).
+ *
+ * Addresses: a source is (ip_be << 16) | port, ip_be being sin_addr.s_addr read as a
+ * native 32-bit integer (network byte order in memory) and port in host order. Times
+ * are CLOCK_MONOTONIC microseconds (Python: time.monotonic_ns() // 1000).
+ *
+ * The cdef region below is also read by cffi (native/pulse_build.py), so the two sides
+ * cannot drift apart.
+ */
+#ifndef LLFT_PULSE_H
+#define LLFT_PULSE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ==== cdef begin ==================================================================== */
+typedef struct llft_pulse llft_pulse;
+
+/* Starts the thread. recv_fd: a bound UDP socket; send_fd: a UDP socket to send from;
+ * event_fd: Python's eventfd, written (1) when the forward queue becomes non-empty.
+ * Sets SO_TIMESTAMPNS on recv_fd. NULL on failure (errno). Never closes the fds. */
+llft_pulse *llft_pulse_new(int recv_fd, int send_fd, int event_fd);
+/* Stops and joins the thread, frees everything (not the fds). NULL is a no-op. */
+void llft_pulse_free(llft_pulse *p);
+/* Repeat n datagrams (concatenated in data, lengths in lens, n <= 8) to dst: sent once
+ * now (before returning), then every every_us while CLOCK_MONOTONIC <= until_us.
+ * The same datagrams still being repeated: only until_us moves (no copy now, the
+ * cadence kept). n == 0 stops repeating. 0, or -1 on bad arguments. */
+int llft_pulse_set(llft_pulse *p, const uint8_t *data, const uint32_t *lens, int n,
+                   uint32_t dst_ip_be, uint16_t dst_port, int64_t every_us, int64_t until_us);
+/* Next forwarded datagram into buf: its length, 0 if none, -1 if cap is too small (it
+ * stays queued). *src: its source; *at_us: kernel arrival time (monotonic µs). */
+int64_t llft_pulse_take(llft_pulse *p, uint8_t *buf, size_t cap, uint64_t *src, int64_t *at_us);
+/* Byte-identical copies of data from src are absorbed from now on (the last 8 accepted
+ * datagrams of each source). */
+void llft_pulse_accept(llft_pulse *p, uint64_t src, const uint8_t *data, uint32_t len);
+/* Forget every accepted datagram (arrivals not yet popped stay). */
+void llft_pulse_forget(llft_pulse *p);
+/* Pops up to cap recorded arrivals of absorbed copies; in arrival order per source.
+ * Returns the count. */
+int llft_pulse_arrivals(llft_pulse *p, uint64_t *src, int64_t *at_us, int cap);
+/* [0] sent [1] received [2] absorbed [3] forwarded [4] forward queue full drops
+ * [5] arrivals dropped [6] send errors [7] receive errors. */
+void llft_pulse_stats(llft_pulse *p, uint64_t out[8]);
+/* ==== cdef end ====================================================================== */
+
+#endif

@@ -1,0 +1,359 @@
+"""The native heartbeat thread (native._llft_pulse, native/pulse/llft_pulse.c): it repeats
+the agent's heartbeat datagrams byte for byte, absorbs byte-identical copies of what
+Python already accepted from a source (keeping only their arrival times) and forwards
+everything else to Python through a queue and an eventfd. Real UDP sockets on
+127.0.0.1. No fixed sleep synchronises anything: the tests wait for counts with
+deadlines; the only sleeps are the observation windows of "nothing more happens"."""
+from __future__ import annotations
+
+import os
+import select
+import socket
+import sys
+import time
+
+import pytest
+
+from native._llft_pulse import ffi, lib
+
+pytestmark = pytest.mark.timeout(60)
+
+DEADLINE = 10.0   # seconds: generous (2 cores, maybe busy), only reached on failure
+FAR = 1 << 62     # until_us: never
+
+
+def now_us() -> int:
+    return time.monotonic_ns() // 1000
+
+
+def ip_be(host: str) -> int:
+    """sin_addr.s_addr as the C side reads it: the network-order bytes as a native int."""
+    return int.from_bytes(socket.inet_aton(host), sys.byteorder)
+
+
+def src_of(addr: tuple[str, int]) -> int:
+    return (ip_be(addr[0]) << 16) | addr[1]
+
+
+def udp() -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    return s
+
+
+def wait_for(cond, what: str, deadline: float = DEADLINE):
+    """Polls cond() (5 ms apart) until it is truthy; fails after `deadline` seconds."""
+    end = time.monotonic() + deadline
+    while True:
+        v = cond()
+        if v:
+            return v
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        select.select([], [], [], 0.005)
+
+
+class Pulse:
+    """One pulse thread with its own receive and send sockets and Python's eventfd."""
+
+    def __init__(self):
+        self.rx, self.tx = udp(), udp()
+        self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.p = lib.llft_pulse_new(self.rx.fileno(), self.tx.fileno(), self.efd)
+        assert self.p != ffi.NULL
+        self.buf = ffi.new("uint8_t[]", 65536)
+        self.src = ffi.new("uint64_t *")
+        self.at = ffi.new("int64_t *")
+
+    @property
+    def addr(self):
+        return self.rx.getsockname()
+
+    @property
+    def me(self) -> int:
+        """The source others see this pulse's repeats come from."""
+        return src_of(self.tx.getsockname())
+
+    def set(self, datagrams, dst, every_us=20_000, until_us=FAR) -> int:
+        lens = ffi.new("uint32_t[]", [len(d) for d in datagrams] or [0])
+        data = b"".join(datagrams)
+        return lib.llft_pulse_set(self.p, ffi.from_buffer(data), lens, len(datagrams),
+                                  ip_be(dst[0]), dst[1], every_us, until_us)
+
+    def take(self, cap=65536):
+        """(data, src, at_us), None if the queue is empty, -1 if cap is too small."""
+        n = lib.llft_pulse_take(self.p, self.buf, cap, self.src, self.at)
+        if n <= 0:
+            return None if n == 0 else -1
+        return ffi.buffer(self.buf, n)[:], self.src[0], self.at[0]
+
+    def accept(self, src: int, data: bytes):
+        lib.llft_pulse_accept(self.p, src, data, len(data))
+
+    def forget(self):
+        lib.llft_pulse_forget(self.p)
+
+    def arrivals(self, cap=1024):
+        srcs, ats = ffi.new("uint64_t[]", cap), ffi.new("int64_t[]", cap)
+        n = lib.llft_pulse_arrivals(self.p, srcs, ats, cap)
+        return [(srcs[i], ats[i]) for i in range(n)]
+
+    def stats(self) -> dict[str, int]:
+        out = ffi.new("uint64_t[8]")
+        lib.llft_pulse_stats(self.p, out)
+        return dict(zip(("sent", "received", "absorbed", "forwarded", "fwd_dropped",
+                         "arr_dropped", "send_errors", "recv_errors"), out))
+
+    def wait_event(self):
+        """Blocks until the eventfd is signalled (the queue became non-empty); resets it."""
+        r, _, _ = select.select([self.efd], [], [], DEADLINE)
+        assert r, "eventfd never signalled"
+        os.eventfd_read(self.efd)
+
+    def close(self):
+        lib.llft_pulse_free(self.p)
+        self.p = ffi.NULL
+        self.rx.close()
+        self.tx.close()
+        os.close(self.efd)
+
+
+@pytest.fixture
+def pulses():
+    made = []
+
+    def make():
+        made.append(Pulse())
+        return made[-1]
+    yield make
+    for p in made:
+        if p.p != ffi.NULL:
+            p.close()
+
+
+def recv_all(s: socket.socket) -> list[bytes]:
+    out = []
+    while select.select([s], [], [], 0)[0]:
+        out.append(s.recv(65536))
+    return out
+
+
+def test_set_sends_at_once_then_repeats_until_stopped(pulses):
+    a, rcv = pulses(), udp()
+    hb = [b"heartbeat-one:" + bytes(range(200)), b"heartbeat-two:" + b"x" * 150]
+    assert a.set(hb, rcv.getsockname()) == 0
+    # the first copies leave from the caller's thread, before set returns
+    assert a.stats()["sent"] >= 2
+    got = []
+
+    def three_copies_each():
+        got.extend(recv_all(rcv))
+        return all(got.count(d) >= 3 for d in hb)
+    wait_for(three_copies_each, "3 copies of each heartbeat")
+    assert set(got) == set(hb)   # byte for byte, nothing else
+    # n == 0 stops repeating
+    assert a.set([], rcv.getsockname()) == 0
+    sent = a.stats()["sent"]
+    select.select([], [], [], 0.1)   # 5 intervals
+    assert a.stats()["sent"] == sent
+    assert a.stats()["send_errors"] == 0
+    rcv.close()
+
+
+def test_until_in_the_past_sends_once(pulses):
+    a, rcv = pulses(), udp()
+    assert a.set([b"once"], rcv.getsockname(), every_us=5_000, until_us=now_us() - 1) == 0
+    assert a.stats()["sent"] == 1
+    select.select([], [], [], 0.1)   # 20 intervals
+    assert a.stats()["sent"] == 1
+    assert wait_for(lambda: recv_all(rcv), "the one copy") == [b"once"]
+    rcv.close()
+
+
+def test_repeats_end_at_until_without_bursts(pulses):
+    a, rcv = pulses(), udp()
+    t0 = now_us()
+    until = t0 + 100_000
+    a.set([b"short-lived"], rcv.getsockname(), every_us=10_000, until_us=until)
+    wait_for(lambda: now_us() > until + 20_000, "until_us to pass")
+    sent = a.stats()["sent"]
+    # the first copy, then at most one per interval up to until_us (no catch-up burst)
+    assert 1 <= sent <= 1 + (until - t0) // 10_000 + 1
+    select.select([], [], [], 0.05)
+    assert a.stats()["sent"] == sent
+    rcv.close()
+
+
+def test_bad_arguments(pulses):
+    a = pulses()
+    dst = ("127.0.0.1", 9)
+    assert a.set([b"x"] * 9, dst) == -1
+    assert a.set([b"x"], dst, every_us=0) == -1
+    assert a.stats()["sent"] == 0
+
+
+def test_unaccepted_datagram_is_forwarded(pulses):
+    a, tx = pulses(), udp()
+    assert a.take() is None
+    t0 = now_us()
+    tx.sendto(b"hello from a stranger", a.addr)
+    a.wait_event()
+    data, src, at = a.take()
+    t1 = now_us()
+    assert data == b"hello from a stranger"
+    assert src == src_of(tx.getsockname())
+    assert t0 <= at <= t1
+    assert a.take() is None
+    st = a.stats()
+    assert (st["received"], st["forwarded"], st["absorbed"]) == (1, 1, 0)
+    tx.close()
+
+
+def test_accepted_copies_are_absorbed_then_forget(pulses):
+    a, b = pulses(), pulses()
+    d, d2 = b"hb:seq=1:" + b"\x01" * 180, b"hb:seq=2:" + b"\x02" * 180
+    t0 = now_us()
+    b.set([d], a.addr, every_us=10_000)
+    a.wait_event()
+    data, src, _ = a.take()
+    assert (data, src) == (d, b.me)
+    a.accept(src, d)
+    # copies read before accept were queued: all are d; none comes after the drain
+    while (t := a.take()) is not None:
+        assert t[:2] == (d, b.me)
+    fwd = a.stats()["forwarded"]
+    wait_for(lambda: a.stats()["absorbed"] >= 3, "3 absorbed copies")
+    # stop b and let a read everything b sent: then the counts are final
+    b.set([], a.addr)
+    total = b.stats()["sent"]
+    wait_for(lambda: a.stats()["received"] == total, "everything b sent read")
+    arr = a.arrivals()
+    t1 = now_us()
+    assert {s for s, _ in arr} == {b.me}
+    times = [t for _, t in arr]
+    assert times == sorted(times) and t0 <= times[0] and times[-1] <= t1
+    assert a.take() is None and a.arrivals() == []
+    st = a.stats()
+    assert st["forwarded"] == fwd
+    assert st["absorbed"] == len(arr) >= 3   # every absorbed copy has its time
+    # a different datagram from the same source is still forwarded
+    b.set([d2], a.addr, every_us=10_000)
+
+    def take_d2():
+        t = a.take()
+        return t if t and t[0] == d2 else None
+    data, src, _ = wait_for(take_d2, "d2 forwarded")
+    assert src == b.me
+    # d is absorbed again once b repeats it, until forget()
+    b.set([d], a.addr, every_us=10_000)
+    n = a.stats()["absorbed"]
+    wait_for(lambda: a.stats()["absorbed"] > n, "d absorbed again")
+    a.forget()
+    wait_for(lambda: (t := a.take()) is not None and t[0] == d, "d forwarded after forget")
+
+
+def test_each_source_keeps_its_last_8_accepted(pulses):
+    a, tx = pulses(), udp()
+    me = src_of(tx.getsockname())
+    ds = [b"accepted-%d" % i for i in range(9)]
+    for d in ds:
+        a.accept(me, d)
+    a.accept(me, ds[8])   # a repeat accept takes no second slot
+    a.accept(src_of(("127.0.0.2", 1)), ds[0])   # another source's acceptance is not ours
+    for d in ds:
+        tx.sendto(d, a.addr)
+    wait_for(lambda: a.stats()["received"] == 9, "9 datagrams received")
+    assert a.take()[0] == ds[0] and a.take() is None
+    assert a.stats()["absorbed"] == 8
+    tx.close()
+
+
+def test_take_with_too_small_buffer_keeps_the_datagram(pulses):
+    a, tx = pulses(), udp()
+    d = bytes(range(100))
+    tx.sendto(d, a.addr)
+    a.wait_event()
+    assert a.take(cap=10) == -1
+    assert a.take(cap=99) == -1
+    assert a.take(cap=100)[0] == d
+    assert a.take() is None
+    tx.close()
+
+
+def test_forward_queue_and_arrival_lists_are_bounded(pulses):
+    a, tx = pulses(), udp()
+    me = src_of(tx.getsockname())
+    # batches small enough for the socket buffer: the thread reads each before the next
+    sent = 0
+    for batch in range(18):   # 1152 > 1024 distinct datagrams
+        for i in range(64):
+            tx.sendto(b"q%d" % sent, a.addr)
+            sent += 1
+        wait_for(lambda: a.stats()["received"] == sent, "a batch received")
+    st = a.stats()
+    assert (st["forwarded"], st["fwd_dropped"]) == (1024, sent - 1024)
+    taken = 0
+    while (t := a.take()) is not None:
+        assert t[0] == b"q%d" % taken   # FIFO, the first 1024 kept
+        taken += 1
+    assert taken == 1024
+    # 300 copies of one accepted datagram: the oldest 44 arrivals are dropped
+    a.accept(me, b"hb")
+    for batch in range(5):
+        for i in range(60):
+            tx.sendto(b"hb", a.addr)
+            sent += 1
+        wait_for(lambda: a.stats()["received"] == sent, "a batch received")
+    arr = a.arrivals(cap=1000)
+    assert len(arr) == 256 and a.stats()["arr_dropped"] == 300 - 256
+    assert a.stats()["absorbed"] == 300
+    tx.close()
+
+
+def tasks() -> set[int]:
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+def fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_free_joins_the_thread_and_cycles_leak_nothing():
+    base_tasks, base_fds = tasks(), fds()
+    p = Pulse()
+    new = tasks() - base_tasks
+    assert len(new) == 1
+    with open(f"/proc/self/task/{new.pop()}/comm") as f:
+        assert f.read().strip() == "llft-pulse"
+    p.close()
+    wait_for(lambda: tasks() == base_tasks, "the thread gone")
+    rcv = udp()
+    for i in range(200):
+        p = Pulse()
+        p.set([b"cycle"], rcv.getsockname(), every_us=1_000)
+        p.tx.sendto(b"to self", p.addr)   # something left in the queue at free
+        p.accept(p.me, b"x")
+        p.close()
+    rcv.close()
+    wait_for(lambda: tasks() == base_tasks, "all threads gone")
+    assert fds() == base_fds
+
+
+def cpu_ns(tid: int) -> int:
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
+def test_idle_thread_blocks(pulses):
+    before = tasks()
+    a = pulses()
+    (tid,) = tasks() - before
+    c0 = cpu_ns(tid)
+    select.select([], [], [], 0.3)
+    assert cpu_ns(tid) - c0 < 5_000_000   # a spinning thread would take ~300 ms
+    # repeating every 20 ms costs a wake-up per interval, not a busy loop
+    rcv = udp()
+    a.set([b"hb"], rcv.getsockname(), every_us=20_000)
+    c0 = cpu_ns(tid)
+    select.select([], [], [], 0.3)
+    assert cpu_ns(tid) - c0 < 30_000_000
+    rcv.close()
