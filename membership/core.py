@@ -62,7 +62,10 @@ Beyond the paper (it is silent on these; see docs/ARCHITECTURE.md "Membership"):
   * the primary answers a heartbeat from a replica that believes it is a member but is
     not with its current membership, so a wrongly removed backup learns it and rejoins;
   * a HEARTBEAT another core of this replica sent with our header stands for ours
-    (`heartbeat_carried`; llft/replica/node.py): ours waits while that one comes.
+    (`heartbeat_carried`; llft/replica/node.py): ours waits while that one comes, and
+    while the driver repeats it (a `Pulse`) our tick waits for its refresh;
+  * copies of a message the driver absorbed (byte-identical, `heard_again`) are each
+    noted as heard when they came; the last is handled as any message.
 
 A busy machine is not a dead peer (docs/DESIGN.md, last section):
   * every timeout that removes or replaces a member (the fault detector, the removal of
@@ -70,7 +73,8 @@ A busy machine is not a dead peer (docs/DESIGN.md, last section):
     value extended per peer by what that peer's message timing has shown, by at most
     `Config.extension_cap_us` (membership/detector.py). Every rank extends its
     detector by the same amount, so the ranks keep their order;
-  * a local stall (no timer run for STALL_SLACK_INTERVALS heartbeat intervals) counts
+  * a local stall (no tick for STALL_SLACK_INTERVALS heartbeat intervals beyond the
+    tick period: an interval, or a Pulse's refresh period) counts
     against no one, whichever event sees it first: the timer, or a message whose
     handler judges the others (`_observe_clock`, `_forgive_stall`);
   * a replica reset again before it was a stable member backs off before it applies
@@ -87,7 +91,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
 
-from llft.protocol.messages import Message, MsgType, Role, Send, probe
+from llft.protocol.messages import Message, MsgType, Pulse, Role, Send, probe
 from membership.detector import ArrivalStats, extension_us, window_for
 from membership.rules import (Key, PPDecision, competing_primary_wins, decide_propose_primary,
                               fault_timeout_us, may_propose, proposal_members)
@@ -187,6 +191,9 @@ class Config:
     rejoin_backoff_max_us: int = 80_000   # the wait doubles up to this
     rejoin_stable_us: int = 1_000_000     # member this long before a reset: back to the min
     catch_up_wait_max_us: int = 60_000_000   # longest a backup's own replay delays a takeover
+    # a primary alone says its heartbeat as a Pulse refreshed every this many intervals
+    # while it says the same (messages.Pulse; messaging's MessagingConfig.pulse_intervals)
+    pulse_intervals: int = 3
     host: str = ""
     pid: int = 0
 
@@ -259,7 +266,7 @@ class Reset:
     rejoin_after_us: int = 0
 
 
-Action = (Send | MembershipChanged | ViewEntered | BeginPhase2 | ViewStarted | StateRestored
+Action = (Send | Pulse | MembershipChanged | ViewEntered | BeginPhase2 | ViewStarted | StateRestored
           | Reset)
 
 
@@ -422,10 +429,10 @@ class Membership:
                 t.append(self._found_deadline_us())
             return min(t)
         t.append(self._hb_due_us)
-        # ticks every interval even while another core's heartbeats stand for ours:
-        # `_observe_clock` tells a local stall by the gap between ticks
+        # ticks every interval, or every refresh of another core's heartbeat that stands
+        # for ours (`heartbeat_carried`): `_observe_clock` tells a local stall by the gap
         tick = self._last_tick_us if self._last_tick_us is not None else self._hb_sent_us
-        t.append(tick + c.heartbeat_interval_us)
+        t.append(tick + self._tick_period_us)
         if self.status in (Status.BACKUP, Status.AWAITING_STATE):
             fd, held = self._fd_deadline_us(), self._takeover_held_us
             t.append(fd if held is None or fd > held else self._probe_due_us)
@@ -448,7 +455,8 @@ class Membership:
         Detection of a real failure is delayed by at most the stall."""
         last = self._last_tick_us
         if last is not None:
-            stall = now_us - last - STALL_SLACK_INTERVALS * self.cfg.heartbeat_interval_us
+            hb = self.cfg.heartbeat_interval_us
+            stall = now_us - last - STALL_SLACK_INTERVALS * hb - (self._tick_period_us - hb)
             if stall > 0:
                 self._forgive_stall(stall, now_us)
                 tick = True                       # forgiven once, from here on
@@ -486,8 +494,7 @@ class Membership:
             self._joiner_tick(now_us)
             return
         if now_us >= self._hb_due_us:
-            self._send(MsgType.HEARTBEAT, self._heartbeat_body())
-            self._heartbeat_sent(now_us)
+            self._own_heartbeat(now_us)                         # nobody carries ours
         if self.status in (Status.BACKUP, Status.AWAITING_STATE):
             if now_us >= self._fd_deadline_us():
                 self._fault_detector_fired(now_us)
@@ -518,24 +525,53 @@ class Membership:
         if self.is_member() and pvn == self.pvn:
             self._enter_view()
 
-    def heartbeat_carried(self, msg: Message, now_us: int) -> None:
+    def heartbeat_carried(self, msg: Message | None, now_us: int,
+                          until_us: int | None = None) -> None:
         """Another core of this replica sent `msg` to the group (messaging's HEARTBEAT,
-        every interval while it is live). A receiver's membership reads of a HEARTBEAT
-        only its header (pvn, precedence, sender) and `rank`: if those are what ours
-        would say, it stands for ours, and ours waits. Ours is then due half an interval
-        after the other's next one, so a tie goes to the other core and a core that
-        stops leaves a gap of at most 1.5 intervals.
+        while it is live), repeated by the driver until `until_us` (a `Pulse`; None: sent
+        once). A receiver's membership reads of a HEARTBEAT only its header (pvn,
+        precedence, sender) and `rank`: if those are what ours would say, it stands for
+        ours, and ours waits. Ours is then due half an interval after the other's last
+        copy, so a tie goes to the other core and a core that stops leaves a gap of at
+        most 1.5 intervals.
 
-        It is also this core's tick (the loop ran: `_observe_clock`), so our next tick
-        falls due with the other core's next heartbeat: one wake-up per interval for
-        both, not two (an idle agent's cost is its wake-ups)."""
-        if not (self._started and msg.type is MsgType.HEARTBEAT and msg.sender == self.birth):
+        It is also this core's tick (the loop ran: `_observe_clock`), and while it
+        stands for ours our next tick falls due with the other core's next refresh: an
+        idle agent's cost is its wake-ups, and a quiet member's loop wakes only for those
+        refreshes and for its detectors' deadlines."""
+        if not (self._started and msg is not None and msg.type is MsgType.HEARTBEAT
+                and msg.sender == self.birth):
             return
         self._observe_clock(now_us, tick=True)
         if (self.is_member() and msg.pvn == self.pvn and msg.precedence == self.precedence
                 and msg.body == self._heartbeat_body()):
-            self._heartbeat_sent(now_us, self.cfg.heartbeat_interval_us // 2)
+            hb = self.cfg.heartbeat_interval_us
+            self._heartbeat_sent(now_us, hb // 2)
+            if until_us is not None and until_us > now_us:
+                self._hb_due_us = until_us + hb // 2
+                self._tick_period_us = max(hb, until_us - now_us)
+            else:
+                self._tick_period_us = hb
             self.heartbeats_carried += 1
+
+    def heard_again(self, msg: Message, times_us: list[int]) -> None:
+        """Byte-identical copies of `msg` arrived at `times_us` (ascending, none after
+        now), absorbed by the driver without waking its loop (messages.Pulse): each is
+        noted as heard when it came, and the last is handled as any message (a handler
+        that answers a repeated message, say the primary telling a removed replica its
+        membership, answers it once per batch)."""
+        self.note_copies(msg, times_us[:-1])
+        self.handle_message(msg, times_us[-1])
+
+    def note_copies(self, msg: Message, times_us: list[int]) -> None:
+        """What copies of `msg` arriving at `times_us` say: that its sender lived then
+        (liveness and arrival history, `_note_sender`), nothing more."""
+        if not (self._started and times_us and msg.sender != self.birth
+                and msg.src_group == self.cfg.group and msg.dst_group == self.cfg.group
+                and msg.type in self._HANDLERS):
+            return
+        for t in times_us:
+            self._note_sender(msg, t)
 
     def hold_founding(self, why: str | None) -> None:
         """The runtime knows of a live member of this group that we cannot hear (on this
@@ -618,7 +654,7 @@ class Membership:
     def primary_spoke(self, now_us: int) -> None:
         """The runtime heard a message of any kind from our primary to our group (the
         core itself sees only heartbeats and membership messages)."""
-        self._primary_spoke_us = now_us
+        self._primary_spoke_us = max(self._primary_spoke_us, now_us)
 
     def abandon(self, reason: str, now_us: int) -> None:
         """The replica's state cannot go on in this group (its application executed
@@ -652,6 +688,28 @@ class Membership:
         self._hb_sent_us = at_us
         self._hb_due_us = at_us + self.cfg.heartbeat_interval_us + slack_us
 
+    def _own_heartbeat(self, now_us: int) -> None:
+        """Our HEARTBEAT, when no other core's stands for it. A primary alone (a group of
+        one: nobody's detector to feed, nobody to watch) says it as a `Pulse`, the same
+        message refreshed every `pulse_intervals` intervals while it says the same, so
+        its loop wakes as a quiet member's does; everyone else every interval."""
+        c = self.cfg
+        hb, k, g = c.heartbeat_interval_us, c.pulse_intervals, c.group
+        msg = Message(type=MsgType.HEARTBEAT, src_group=g, dst_group=g, conn_seq=0,
+                      role=Role.CLIENT, pvn=self.pvn, precedence=self.precedence,
+                      sender=self.birth, body=self._heartbeat_body())
+        if k > 1 and self.status is Status.PRIMARY and len(self.members) == 1:
+            quiet = msg == self._last_own_hb
+            self._last_own_hb = msg
+            self._emit(Pulse(g, msg, hb, now_us + k * hb + hb // 2))
+            self._heartbeat_sent(now_us, (k - 1) * hb if quiet else 0)
+            self._tick_period_us = k * hb + hb // 2
+        else:
+            self._last_own_hb = None
+            self._emit(Send(g, msg))
+            self._heartbeat_sent(now_us)
+            self._tick_period_us = hb
+
     def _send(self, mtype: MsgType, body: dict) -> None:
         g = self.cfg.group
         self._emit(Send(g, Message(type=mtype, src_group=g, dst_group=g, conn_seq=0,
@@ -677,6 +735,8 @@ class Membership:
         # depend on our incarnation), pruned to the members at every install
         self._arrivals: dict[int, ArrivalStats] = getattr(self, "_arrivals", {})
         self._last_tick_us: int | None = None             # the timer's last run
+        self._tick_period_us = self.cfg.heartbeat_interval_us   # due between two ticks
+        self._last_own_hb: Message | None = None          # our last own Pulse (`_own_heartbeat`)
         self._member_since_us: int | None = None          # this incarnation admitted
         self.stalls = 0                  # local stalls forgiven (`_observe_clock`)
         self._proposal: _Proposal | None = None
@@ -759,7 +819,7 @@ class Membership:
                                        msg.body.get("max_precedence", 0))
         self.max_seen_pvn = max(self.max_seen_pvn, msg.pvn)
         if msg.precedence > 0:
-            self._group_heard_us = now_us
+            self._group_heard_us = max(self._group_heard_us, now_us)
         if self.status is Status.JOINING:
             if msg.type is MsgType.PROPOSE_BACKUP:
                 self._track_joiner(msg.sender, now_us)
@@ -771,7 +831,8 @@ class Membership:
             if self.status in PRIMARY_STATUSES and msg.pvn != self.pvn:
                 return          # a backup living in another view is not alive for us
             before = self._last_heard.get(msg.sender, now_us)
-            self._last_heard[msg.sender] = now_us
+            # (max: absorbed copies are noted after the event that followed them)
+            self._last_heard[msg.sender] = max(before, now_us)
             if self.members and msg.sender == self.members[0].birth:
                 self._takeover_held_us = None       # the primary speaks: no suspicion
                 if msg.type is MsgType.HEARTBEAT and msg.pvn == self.pvn:

@@ -103,8 +103,10 @@ def _agents(target) -> list[dict]:
 
 
 def _datagrams(target) -> int:
-    """Datagrams the group's agents sent so far (their status files' transport counters)."""
-    return sum(a.get("transport", {}).get("sent_datagrams", 0) for a in _agents(target))
+    """Datagrams the group's agents sent so far (their status files' transport counters:
+    the event loop's and the pulse thread's heartbeats, llft/runtime/pulse.py)."""
+    return sum(a.get("transport", {}).get("sent_datagrams", 0)
+               + a.get("transport", {}).get("pulse_sent", 0) for a in _agents(target))
 
 
 def _group_mark(target) -> tuple[int, set[int]]:

@@ -172,3 +172,20 @@ class Send:
     port (docs/ARCHITECTURE.md); drivers and the simulator perform it."""
     dst_group: str
     msg: Message
+
+
+@dataclass(frozen=True, slots=True)
+class Pulse:
+    """A `Send` of a HEARTBEAT that the driver goes on repeating, byte for byte, every
+    `every_us` while its clock is <= `until_us` (or until the next Pulse replaces it).
+
+    An idle member's heartbeats then cost its event loop nothing between two of the
+    core's refreshes: a native thread repeats them (llft/runtime/pulse.py), and the
+    receivers' threads absorb the copies, recording only when they arrived
+    (`heard_again`). The core refreshes before `until_us`; a hung loop therefore stops
+    being announced at `until_us`. The simulator kernel repeats it the same way.
+    `msg` None: stop repeating (a reset replica's old incarnation falls silent at once)."""
+    dst_group: str
+    msg: Message | None
+    every_us: int
+    until_us: int

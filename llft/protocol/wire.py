@@ -441,6 +441,10 @@ class Decoder:
             self.accepted += 1
         return msg
 
+    def rejected_total(self) -> int:
+        """Datagrams refused so far (any reason)."""
+        return sum(self.rejections.values())
+
     def expire(self, now_us: int) -> int:
         """Drop partial messages older than the timeout; returns how many."""
         dropped = 0

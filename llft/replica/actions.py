@@ -7,6 +7,7 @@ listed here, nothing else (`ReplicaNode._emit` checks it):
 
     Send                a datagram for the network (both cores' sends, unchanged);
                         the driver multicasts it, the agent never sees one
+    Pulse               messaging's HEARTBEAT, which the driver repeats (messages.Pulse)
     Deliver             bytes for the application, exactly once, in offset order per
                         connection (messaging's own type, after the node's de-duplication)
     OrderInfo           an application order-info chunk, in order, at a backup (and at a
@@ -31,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llft.protocol import messaging as mg
-from llft.protocol.messages import Send
+from llft.protocol.messages import Pulse, Send
 from membership import core as mb
 
 # The node's deliveries are messaging's Deliver, emitted after the node's own
@@ -87,8 +88,8 @@ NODE_OWN = (Deliver, OrderInfo, ViewSwitch, Restored, RestartApp)
 FROM_MEMBERSHIP = (MembershipChanged, ViewEntered, BeginPhase2, ViewStarted, StateRestored,
                    Reset)
 FROM_MESSAGING = (Closed, Freed, Opened, Resynced, Phase2Done, RecoveredOrderInfo)
-ACTION_TYPES = (Send,) + NODE_OWN + FROM_MEMBERSHIP + FROM_MESSAGING
+ACTION_TYPES = (Send, Pulse) + NODE_OWN + FROM_MEMBERSHIP + FROM_MESSAGING
 
-NodeAction = (Send | Deliver | OrderInfo | ViewSwitch | Restored | RestartApp
+NodeAction = (Send | Pulse | Deliver | OrderInfo | ViewSwitch | Restored | RestartApp
               | MembershipChanged | ViewEntered | BeginPhase2 | ViewStarted | StateRestored
               | Reset | Closed | Freed | Opened | Resynced | Phase2Done | RecoveredOrderInfo)

@@ -33,7 +33,12 @@ would say, membership sends none for the next 1.5 intervals. While messaging is 
 and has a peer (it heartbeats every interval) an idle member thus sends one heartbeat
 per interval instead of two; membership's own goes on where messaging's does not (a
 primary alone, a joiner, a member awaiting state, a view messaging has not reached).
-Membership's timer still runs every interval: its gaps are how it tells a local stall.
+Messaging's heartbeat is a `Pulse` (messages.py): the driver repeats it every interval
+until the next refresh, and while a member is quiet the refresh comes every
+`pulse_intervals` intervals with the same message; membership's tick waits for those
+refreshes too (its gaps are how it tells a local stall). Receivers absorb the repeated
+copies without waking their loop and hand them in before the next event
+(`heard_again`): the copies say their sender lived; the last is handled as any message.
 
 Messaging is *live* only while this replica is a member holding the group's state: a
 founder from its BeginPhase2, a joiner from its StateRestored. Before that it gets no
@@ -130,7 +135,7 @@ from typing import Any, Protocol
 import msgpack
 
 from llft.protocol import messaging as mg
-from llft.protocol.messages import MEMBERSHIP_CORE_TYPES, Message, MsgType, Role
+from llft.protocol.messages import MEMBERSHIP_CORE_TYPES, Message, MsgType, Pulse, Role
 from llft.replica.actions import (ACTION_TYPES, Deliver, NodeAction, OrderInfo, RestartApp,
                                   Restored, ViewSwitch)
 from membership import core as mb
@@ -428,6 +433,18 @@ class ReplicaNode:
             self.messaging.handle_message(msg, now_us)
         self._settle()
 
+    def heard_again(self, msg: Message, times_us: list[int]) -> None:
+        """Byte-identical copies of `msg`, a message this node was given, arrived at
+        `times_us` (ascending, none after now): the driver absorbed them (`Pulse`) and
+        hands them in before its next event, which is then judged with them. The copies
+        say that their sender lived (membership's `note_copies`); the last is handled
+        as any message."""
+        if not times_us:
+            return
+        if len(times_us) > 1:
+            self._touched().note_copies(msg, times_us[:-1])
+        self.handle_message(msg, times_us[-1])
+
     def handle_timer(self, now_us: int) -> None:
         self._now = max(self._now, now_us)
         d = self.membership.next_timer_us()
@@ -588,7 +605,7 @@ class ReplicaNode:
 
     def _on_membership(self, a: mb.Action) -> None:
         now = self._now
-        if isinstance(a, mb.Send):
+        if isinstance(a, (mb.Send, Pulse)):
             self._emit(a)
         elif isinstance(a, mb.MembershipChanged):
             if self.live and a.birth == self.birth:
@@ -617,6 +634,7 @@ class ReplicaNode:
             self._apply_restore()
             self._emit(a)
         elif isinstance(a, mb.Reset):
+            self._emit(Pulse(self.group, None, 0, 0))   # the old incarnation falls silent
             self._leaving = False
             self._fresh_messaging()
             self._count("resets")
@@ -631,6 +649,9 @@ class ReplicaNode:
         if isinstance(a, mg.Send):
             if a.msg.type == MsgType.HEARTBEAT:
                 self._touched().heartbeat_carried(a.msg, self._now)   # ours may wait
+            self._emit(a)
+        elif isinstance(a, Pulse):
+            self._touched().heartbeat_carried(a.msg, self._now, a.until_us)  # ours may wait
             self._emit(a)
         elif isinstance(a, mg.Deliver):
             buf = self.streams.setdefault(a.conn, bytearray())

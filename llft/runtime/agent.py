@@ -174,6 +174,7 @@ from llft.runtime.transport import Endpoint
 from membership import core as mb
 
 STATUS_PERIOD_S = 0.25
+STATUS_IDLE_PERIOD_S = 1.0       # ... while the group carried nothing since the last one
 MAX_OI_PIECE = 8 << 10           # order-info bytes per node chunk (entries kept whole)
 READ_BYTES = 64 << 10            # app output read at a time, per connection
 # What an app socket's transport buffers at most; the rest of a stream's input waits in
@@ -283,7 +284,7 @@ class Agent:
             host=socket.gethostname(), pid=os.getpid())
         self.endpoint = Endpoint(self.key, [group], lambda m: None,
                                  groups=cfg.group_map(), interface=cfg.interface,
-                                 ttl=cfg.ttl)
+                                 ttl=cfg.ttl, pulse=True)
         self.messaging_config = cfg.messaging_config(self.endpoint.encoder.mtu_bytes,
                                                      max_piggyback_bytes=PIGGYBACK_BYTES)
         self.rng = random.Random(os.getpid() ^ time.monotonic_ns())
@@ -548,8 +549,8 @@ class Agent:
             actions.StateRestored: ignore,
             actions.Reset: self._rejoin_backoff,    # after RestartApp
         }
-        # every action the node emits but Send (the driver sends those) has a handler
-        missing = set(actions.ACTION_TYPES) - {actions.Send} - set(handlers)
+        # every action the node emits but Send and Pulse (the driver's) has a handler
+        missing = set(actions.ACTION_TYPES) - {actions.Send, actions.Pulse} - set(handlers)
         if missing:
             raise RuntimeError(f"no handler for node actions {sorted(t.__name__ for t in missing)}")
         return handlers
@@ -1352,6 +1353,7 @@ class Agent:
     # ---- status --------------------------------------------------------------------------
     async def _status_loop(self) -> None:
         next_orphan_check = next_hang_rearm = 0.0
+        last_moved = -1
         while True:
             if time.monotonic() >= next_hang_rearm:
                 # a loop that stops (a blocking call, a deadlock) leaves the log silent: if
@@ -1374,10 +1376,17 @@ class Agent:
                 self.watchdog.report_escapees(self._sessions)
                 self.counters["escapees_watched"] = len(self.watchdog.reported)
                 self.counters.update(proctree.SCAN_STATS)   # their count and cost
+            # a quiet agent's cost is its wake-ups, and writing its status is one of the
+            # dearest: while nothing but heartbeats moved, once a second (events such
+            # as a view change write it at once: `_event`)
+            c = self.endpoint.counters
+            moved = c["accepted_messages"] + c["sent_datagrams"]
+            period = STATUS_PERIOD_S if moved != last_moved else STATUS_IDLE_PERIOD_S
+            last_moved = moved
             t = time.monotonic()
-            await asyncio.sleep(STATUS_PERIOD_S)    # a reporting period
+            await asyncio.sleep(period)             # a reporting period
             # how late the loop woke: a busy or starved agent misses heartbeats
-            lag_ms = int((time.monotonic() - t - STATUS_PERIOD_S) * 1000)
+            lag_ms = int((time.monotonic() - t - period) * 1000)
             if lag_ms > self.counters.get("loop_lag_max_ms", 0):
                 self.counters["loop_lag_max_ms"] = lag_ms
             if lag_ms >= self.cfg.fault_timeout_ms:

@@ -31,7 +31,7 @@ import logging
 import time
 from typing import Any, Callable
 
-from llft.protocol.messages import Message, Send
+from llft.protocol.messages import Message, Pulse, Send
 from llft.runtime.transport import Endpoint, wait_for_event
 
 log = logging.getLogger(__name__)
@@ -68,8 +68,15 @@ class Driver:
 
     # -- events ------------------------------------------------------------------------
     def _on_message(self, msg: Message) -> None:
+        self._absorbed()
         self.core.handle_message(msg, self.clock_us())
         self.pump(event=True)
+
+    def _absorbed(self) -> None:
+        """Heartbeat copies the pulse thread absorbed (llft/runtime/pulse.py), to the core
+        with their arrival times, before the event they preceded."""
+        for msg, times in self.endpoint.take_absorbed():
+            self.core.heard_again(msg, times)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -77,6 +84,7 @@ class Driver:
         # input first: a timer judges silence, and after a busy spell what was heard
         # may still sit in the socket (transport.Endpoint.drain_input)
         self.endpoint.drain_input()
+        self._absorbed()
         now = self.clock_us()
         deadline = self.core.next_timer_us()
         if deadline is not None and deadline <= now:
@@ -103,6 +111,9 @@ class Driver:
             for action in actions:
                 if isinstance(action, Send):
                     self.endpoint.send(action.dst_group, action.msg)
+                elif isinstance(action, Pulse):
+                    self.endpoint.pulse(action.dst_group, action.msg, action.every_us,
+                                        action.until_us)
                 else:
                     self.on_action(action)
         else:

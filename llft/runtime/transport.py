@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from llft.protocol import wire
-from llft.protocol.messages import Message
+from llft.protocol.messages import Message, MsgType
+from llft.runtime.pulse import PulseChannel
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +208,20 @@ def _set_buffer(sock: socket.socket, force_opt: int, opt: int, nbytes: int) -> i
     return sock.getsockopt(socket.SOL_SOCKET, opt)
 
 
+def pulse_address(addr: GroupAddress) -> GroupAddress:
+    """Where a group's heartbeats go (llft/runtime/pulse.py): its port, at its multicast
+    address with the lowest bit of the second byte flipped (239.255.a.b -> 239.254.a.b:
+    still administratively scoped). Not a port of its own: the gateway takes the next
+    one (config.py), and sockets bound to different group addresses never share
+    datagrams."""
+    a, b, c, d = addr.mcast_addr.split(".")
+    return GroupAddress(f"{a}.{int(b) ^ 1}.{c}.{d}", addr.port)
+
+
+PULSE_RCVBUF_BYTES = 256 << 10        # heartbeats only: a few hundred bytes each
+PULSE_SOURCES_KEPT = 64               # the native table's size too (llft_pulse.c)
+
+
 def multicast_receive_socket(addr: GroupAddress, interface: str,
                              rcvbuf_bytes: int) -> socket.socket:
     """A socket bound to the group's address and port, joined on `interface`."""
@@ -305,7 +320,8 @@ class Endpoint:
                  rcvbuf_bytes: int = DEFAULT_BUFFER_BYTES,
                  sndbuf_bytes: int = DEFAULT_BUFFER_BYTES,
                  clock_us: Callable[[], int] | None = None, birth_id: int | None = None,
-                 decoder: wire.Decoder | None = None, encoder: wire.Encoder | None = None):
+                 decoder: wire.Decoder | None = None, encoder: wire.Encoder | None = None,
+                 pulse: bool = False, pulse_native: bool = True):
         self.listen_groups = [listen] if isinstance(listen, str) else list(listen)
         self.on_message = on_message
         self.groups = groups or GroupMap()
@@ -335,6 +351,16 @@ class Endpoint:
         self._expire_handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        # heartbeats of our (first) group on its pulse port (llft/runtime/pulse.py), if
+        # `pulse` and the group is multicast; otherwise Pulses are repeated on the loop
+        self.pulse_group = self.listen_groups[0] if pulse and self.listen_groups else None
+        if self.pulse_group is not None and self.groups.address(self.pulse_group).peers:
+            self.pulse_group = None
+        self.pulse_native = pulse_native
+        self._pulse: PulseChannel | None = None
+        self._pulse_msgs: dict[int, Message] = {}   # source -> its last heartbeat
+        self._repeat_gen = 0                        # loop repetition (no channel)
+        self._pulse_last: tuple[Message | None, list[bytes]] = (None, [])
         for group in self.listen_groups:
             if self.groups.address(group).peers and unicast_bind is None:
                 raise ValueError(f"group {group!r} uses unicast peers: "
@@ -372,11 +398,29 @@ class Endpoint:
                                  all(drop_datagrams_from(s, src) for s in socks))
             self._send_transport, _ = await self._loop.create_datagram_endpoint(
                 lambda: _Protocol(self), sock=ssock)
+            if self.pulse_group is not None:
+                self._start_pulse()
         except BaseException:
             self.close()
             raise
         self._schedule_expire()
         return self
+
+    def _start_pulse(self) -> None:
+        paddr = pulse_address(self.groups.address(self.pulse_group))
+        rsock = multicast_receive_socket(paddr, self.interface, PULSE_RCVBUF_BYTES)
+        try:
+            ssock = send_socket(self.interface, self.ttl, self.multicast_loop,
+                                PULSE_RCVBUF_BYTES)
+        except BaseException:
+            rsock.close()
+            raise
+        if self.multicast_loop:
+            drop_datagrams_from(rsock, ssock.getsockname())     # our own copies
+        self._pulse = PulseChannel(rsock, ssock, (paddr.mcast_addr, paddr.port),
+                                   self._on_pulse_datagram, self.clock_us,
+                                   native=self.pulse_native)
+        self._pulse.start(self._loop)
 
     @property
     def closed(self) -> bool:
@@ -385,8 +429,12 @@ class Endpoint:
     def close(self) -> None:
         self._closed = True
         self._input_socks = []
+        if self._pulse is not None:
+            self._pulse.close()
+            self._pulse = None
         if self._expire_handle is not None:
             self._expire_handle.cancel()
+            self._expire_handle = None
         for t in self._recv_transports:
             t.close()
         self._recv_transports.clear()
@@ -415,6 +463,10 @@ class Endpoint:
         local bug); other malformed messages are rejected by their receivers."""
         datagrams = self.encoder.encode(msg)
         self.counters["sent_messages"] += 1
+        if self._pulse is not None and dst_group == self.pulse_group \
+                and msg.type is MsgType.HEARTBEAT:
+            self._pulse.send_once(datagrams)        # heartbeats: on the pulse port
+            return len(datagrams)
         own = (self.birth_id is not None and msg.sender == self.birth_id
                and dst_group in self.listen_groups and not self.own_filtered)
         for d in datagrams:
@@ -426,6 +478,48 @@ class Endpoint:
                     del self._own_sent[next(iter(self._own_sent))]
             self.send_datagram(dst_group, d)
         return len(datagrams)
+
+    def pulse(self, dst_group: str, msg: Message | None, every_us: int,
+              until_us: int) -> None:
+        """Carry out a `messages.Pulse`: send `msg` now and repeat its bytes every
+        `every_us` until `until_us` (None: stop repeating)."""
+        if msg is None:
+            datagrams = []
+        elif msg == self._pulse_last[0]:
+            datagrams = self._pulse_last[1]     # a quiet refresh: the same bytes
+        else:
+            datagrams = self.encoder.encode(msg)
+            self._pulse_last = (msg, datagrams)
+        if msg is not None:
+            self.counters["sent_messages"] += 1
+        if self._pulse is not None and dst_group == self.pulse_group:
+            self._pulse.repeat(datagrams, every_us, until_us)
+            return
+        self._repeat_gen += 1           # no channel: the loop repeats it
+        if datagrams:
+            self._repeat_send(self._repeat_gen, dst_group, datagrams, every_us, until_us)
+
+    def _repeat_send(self, gen: int, dst_group: str, datagrams: list[bytes], every_us: int,
+                     until_us: int) -> None:
+        if gen != self._repeat_gen or self._closed:
+            return
+        for d in datagrams:
+            self.send_datagram(dst_group, d)
+        if every_us > 0 and self.clock_us() + every_us <= until_us:
+            self._loop.call_later(every_us / 1e6, self._repeat_send, gen, dst_group,
+                                  datagrams, every_us, until_us)
+
+    def take_absorbed(self) -> list[tuple[Message, list[int]]]:
+        """The heartbeat copies the pulse thread absorbed since the last call: (the
+        message they repeat, their arrival times). The driver hands them to its core
+        before each event (`heard_again`)."""
+        if self._pulse is None:
+            return []
+        got = self._pulse.arrivals()
+        if not got:
+            return []
+        msgs = self._pulse_msgs
+        return [(msgs[src], times) for src, times in got.items() if src in msgs]
 
     def send_datagram(self, dst_group: str, data: bytes) -> None:
         """Send raw bytes to a group (fault injection applies); tests use it for fuzz."""
@@ -459,7 +553,7 @@ class Endpoint:
         The driver calls it before a timer: a timer decides on silence (a peer is
         suspected, a backup removed), so what arrived meanwhile must be heard first --
         after a busy spell the socket may hold heartbeats that are not late at all."""
-        n = 0
+        n = self._pulse.drain(limit) if self._pulse is not None else 0
         for s in self._input_socks:
             while n < limit and not self._closed:
                 try:
@@ -496,6 +590,8 @@ class Endpoint:
             self.counters["own_messages"] += 1
             return
         msg = self.decoder.decode(data, self.clock_us())
+        if msg is None and self._expire_handle is None and self.decoder.partial_messages:
+            self._schedule_expire()
         if msg is not None and self.birth_id is not None and msg.sender == self.birth_id:
             self.counters["own_messages"] += 1
         elif msg is not None:
@@ -507,11 +603,46 @@ class Endpoint:
                 log.exception("llft transport: on_message raised")
         self._progress.set()
 
+    def _on_pulse_datagram(self, data: bytes, src: int) -> None:
+        """A datagram of the pulse port the thread did not absorb: handled as any, and
+        if it is authentic its copies are absorbed from now on."""
+        if self._closed:
+            return
+        self.counters["received_datagrams"] += 1
+        self.counters["processed_datagrams"] += 1
+        rejected = self.decoder.rejected_total()
+        msg = self.decoder.decode(data, self.clock_us())
+        if msg is None and self._expire_handle is None and self.decoder.partial_messages:
+            self._schedule_expire()
+        if self.decoder.rejected_total() == rejected:
+            self._pulse.accept(src, data)
+            if msg is not None:
+                self._pulse_msgs.pop(src, None)
+                self._pulse_msgs[src] = msg
+                if len(self._pulse_msgs) > PULSE_SOURCES_KEPT:     # peers come and go
+                    del self._pulse_msgs[next(iter(self._pulse_msgs))]
+        if msg is None:
+            return
+        if self.birth_id is not None and msg.sender == self.birth_id:
+            self.counters["own_messages"] += 1
+            return
+        self.counters["accepted_messages"] += 1
+        try:
+            self.on_message(msg)
+        except Exception:   # noqa: BLE001 -- one bad handler must not stop the socket
+            self.counters["callback_errors"] += 1
+            log.exception("llft transport: on_message raised")
+        self._progress.set()
+
     def _schedule_expire(self) -> None:
+        """Partial messages are checked for their timeout while there are any (an idle
+        endpoint is not woken for nothing)."""
         def tick():
+            self._expire_handle = None
             self.decoder.expire(self.clock_us())
             self._schedule_expire()
-        if self._loop is not None and not self._loop.is_closed():
+        if (self._expire_handle is None and self.decoder.partial_messages
+                and self._loop is not None and not self._loop.is_closed()):
             self._expire_handle = self._loop.call_later(EXPIRE_INTERVAL_S, tick)
 
     async def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
@@ -522,6 +653,8 @@ class Endpoint:
     def stats(self) -> dict[str, int]:
         """Counters and rejections by reason, flat, for status displays."""
         out = dict(self.counters)
+        if self._pulse is not None:
+            out.update(self._pulse.stats())
         out.update({f"rejected_{r.value}": n for r, n in self.decoder.rejections.items()})
         out["partial_messages"] = self.decoder.partial_messages
         return out

@@ -23,6 +23,12 @@ every live node listening on G except the sender (no multicast loopback). Per da
 per receiver: loss (`loss`), duplication (`dup`, an extra copy with its own delay),
 reordering (`reorder`: extra random delay up to `reorder_us_max`), base delay uniform in
 [`delay_us_min`, `delay_us_max`], corruption (`corrupt`: one random byte flipped).
+A `messages.Pulse` action is sent and its bytes repeated every `every_us` until
+`until_us` (a newer Pulse of the node replaces it), as the runtime's pulse thread does.
+HEARTBEATs travel on the pulse channel: a node whose core takes copies (`heard_again`)
+absorbs a datagram byte-identical to one of the last `PULSE_REFS` it accepted from the
+same source, keeping only its arrival time (also while paused: the kernel stamps it),
+and the copies are handed to the core before its next event.
 Partitions cut node pairs (checked at send and at arrival); crashes stop a node (pending datagrams and timers for it are
 dropped); a restart installs a new core under the same node id (a new incarnation).
 A pause stops a node without killing it (a SIGSTOP, a long GC or swap stall): until the pause
@@ -59,11 +65,12 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable
 
 from llft.protocol import wire
+from llft.protocol.messages import MsgType, Pulse
 
 MAX_EVENTS_PER_RUN = 5_000_000
 TIMER_MIN_STEP_US = 1          # a timer asked for "now or earlier" after firing runs 1 us later
@@ -71,6 +78,8 @@ TIMER_MIN_STEP_US = 1          # a timer asked for "now or earlier" after firing
 _TIMER = 0
 _DGRAM = 1
 _CALL = 2
+_PULSE = 3
+PULSE_REFS = 8                 # a receiver absorbs copies of its source's last 8 datagrams
 
 
 class SimError(RuntimeError):
@@ -91,7 +100,8 @@ class NetConfig:
 
 class _Node:
     __slots__ = ("node_id", "core", "groups", "on_action", "incarnation", "alive",
-                 "armed_us", "encoder", "decoder", "paused_until")
+                 "armed_us", "encoder", "decoder", "paused_until", "pulse", "pulse_gen",
+                 "pulse_ref", "pulse_msg", "absorbed")
 
     def __init__(self, node_id, core, groups, on_action, incarnation, key, mtu_bytes, rng):
         self.node_id = node_id
@@ -105,6 +115,14 @@ class _Node:
         self.encoder = wire.Encoder(key, mtu_bytes=mtu_bytes,
                                     first_frag_id=rng.getrandbits(32))
         self.decoder = wire.Decoder(key, self.groups)
+        # the pulse (messages.Pulse): what this node repeats ([dst, datagrams, every,
+        # until], None: nothing) and its generation (a repeat of an older one is void);
+        # as a receiver, per source, the datagrams it accepted and copies absorbed since
+        self.pulse: list | None = None
+        self.pulse_gen = 0
+        self.pulse_ref: dict[Hashable, deque[bytes]] = {}
+        self.pulse_msg: dict[Hashable, Any] = {}
+        self.absorbed: dict[Hashable, list[int]] = {}
 
 
 class Sim:
@@ -199,7 +217,8 @@ class Sim:
 
     def inject(self, group: str, datagram: bytes, delay_us: int = 0) -> None:
         for node in self._listeners.get(group, ()):
-            self._push(self.now_us + delay_us, _DGRAM, node, (datagram, None))
+            self._push(self.now_us + delay_us, _DGRAM, node,
+                       (datagram, None, None, self.now_us + delay_us))
         self.stats["injected"] += 1
 
     def forge(self, msg: Any) -> list[bytes]:
@@ -226,6 +245,9 @@ class Sim:
     def _pump(self, node: _Node) -> None:
         core = node.core
         for action in core.take_actions():
+            if isinstance(action, Pulse):
+                self._pulse(node, action)
+                continue
             dst = getattr(action, "dst_group", None)
             msg = getattr(action, "msg", None)
             if dst is not None and msg is not None:
@@ -238,9 +260,41 @@ class Sim:
             node.armed_us = t
             self._push(t, _TIMER, node, None)
 
+    def _pulse(self, src: _Node, p: Pulse) -> None:
+        """Send `p.msg` now and repeat the same bytes every `p.every_us` until
+        `p.until_us`, as the runtime's pulse thread does (a newer Pulse replaces it;
+        the same bytes still being repeated only move the end: llft_pulse_set)."""
+        if p.msg is None:
+            src.pulse_gen += 1
+            src.pulse = None
+            return
+        datagrams = src.encoder.encode(p.msg)
+        self.stats["sent_msgs"] += 1
+        cur = src.pulse
+        if cur is not None and cur[:3] == [p.dst_group, datagrams, p.every_us]:
+            cur[3] = max(cur[3], p.until_us)
+            return
+        src.pulse_gen += 1
+        src.pulse = [p.dst_group, datagrams, p.every_us, p.until_us]
+        self._send_datagrams(src, p.dst_group, datagrams, True)
+        self._repeat(src)
+
+    def _repeat(self, src: _Node) -> None:
+        _, _, every, until = src.pulse
+        if every > 0 and self.now_us + every <= until:
+            self._push(self.now_us + every, _PULSE, src, src.pulse_gen)
+        else:
+            src.pulse = None                # over: the next Pulse starts afresh
+
     def _send(self, src: _Node, dst_group: str, msg: Any) -> None:
         datagrams = src.encoder.encode(msg)
         self.stats["sent_msgs"] += 1
+        # heartbeats travel on the pulse channel: receivers absorb copies of accepted ones
+        self._send_datagrams(src, dst_group, datagrams,
+                             getattr(msg, "type", None) is MsgType.HEARTBEAT)
+
+    def _send_datagrams(self, src: _Node, dst_group: str, datagrams: list[bytes],
+                        pulse: bool) -> None:
         net = self.net
         rng = self.rng
         comp = self._component
@@ -265,8 +319,22 @@ class Sim:
                         i = rng.randrange(len(dg))
                         data = dg[:i] + bytes([dg[i] ^ (1 + rng.randrange(255))]) + dg[i + 1:]
                         self.stats["corrupted"] += 1
-                    self._push(self.now_us + delay, _DGRAM, node, (data, src.node_id))
+                    self._push(self.now_us + delay, _DGRAM, node,
+                               (data, src.node_id,
+                                (src.node_id, src.incarnation) if pulse else None,
+                                self.now_us + delay))
                     self.stats["datagrams"] += 1
+
+    def _feed_absorbed(self, node: _Node) -> None:
+        """Before any event of `node`: the copies its pulse absorbed, with their times."""
+        if not node.absorbed:
+            return
+        absorbed, node.absorbed = node.absorbed, {}
+        heard_again = getattr(node.core, "heard_again", None)
+        for src_id, times in absorbed.items():
+            msg = node.pulse_msg.get(src_id)
+            if msg is not None and heard_again is not None:
+                heard_again(msg, sorted(times))
 
     # -- running -------------------------------------------------------------------------
     def run_for(self, duration_us: int) -> int:
@@ -290,6 +358,8 @@ class Sim:
                 continue
             if kind == _CALL:
                 fn, node_id = payload
+                if node is not None and node.alive and node.incarnation == inc:
+                    self._feed_absorbed(node)
                 fn(self)
                 if node is not None:
                     if node.alive and node.incarnation == inc:
@@ -301,31 +371,53 @@ class Sim:
                 continue
             if not node.alive or node.incarnation != inc or self._nodes[node.node_id] is not node:
                 continue
-
+            if kind == _PULSE:
+                if payload == node.pulse_gen and node.pulse is not None:
+                    self._send_datagrams(node, node.pulse[0], node.pulse[1], True)
+                    self._repeat(node)
+                continue
             if kind == _DGRAM:
-                data, src_id = payload
+                # pulse: the sending incarnation (a restarted process has a new pulse
+                # socket: a new source), or None off the pulse channel
+                data, src_id, pulse, arrived_us = payload
+                # (a core that cannot take copies, `heard_again`, gets every one)
+                if not hasattr(node.core, "heard_again"):
+                    pulse = None
                 comp = self._component
                 if comp and src_id is not None and \
                         comp.get(src_id, 0) != comp.get(node.node_id, 0):
                     self.stats["partitioned"] += 1      # cut while in flight
                     continue
+                if pulse and data in node.pulse_ref.get(pulse, ()):
+                    # absorbed: only its (kernel) arrival time is kept, for the next event
+                    node.absorbed.setdefault(pulse, []).append(arrived_us)
+                    self.stats["absorbed"] += 1
+                    continue
+                self._feed_absorbed(node)
+                rejected = node.decoder.rejected_total()
                 msg = node.decoder.decode(data, at_us)
+                if pulse and node.decoder.rejected_total() == rejected:
+                    node.pulse_ref.setdefault(pulse, deque(maxlen=PULSE_REFS)).append(data)
+                    if msg is not None:
+                        node.pulse_msg[pulse] = msg
                 if msg is None:
                     self.stats["rejected"] += 1
                     continue
                 node.core.handle_message(msg, at_us)
                 self._pump(node)
-            else:   # _TIMER
-                if node.armed_us == at_us:
-                    node.armed_us = None
-                t = node.core.next_timer_us()
-                if t is not None and t <= at_us:
-                    node.core.handle_timer(at_us)
-                    t2 = node.core.next_timer_us()
-                    if t2 is not None and t2 <= at_us:
-                        # the core did not move its deadline: run it again a step later
-                        node.armed_us = at_us + TIMER_MIN_STEP_US
-                        self._push(node.armed_us, _TIMER, node, None)
-                self._pump(node)
+                continue
+            # _TIMER (input first, as the runtime's driver does: a timer judges silence)
+            self._feed_absorbed(node)
+            if node.armed_us == at_us:
+                node.armed_us = None
+            t = node.core.next_timer_us()
+            if t is not None and t <= at_us:
+                node.core.handle_timer(at_us)
+                t2 = node.core.next_timer_us()
+                if t2 is not None and t2 <= at_us:
+                    # the core did not move its deadline: run it again a step later
+                    node.armed_us = at_us + TIMER_MIN_STEP_US
+                    self._push(node.armed_us, _TIMER, node, None)
+            self._pump(node)
         self.now_us = max(self.now_us, end_us)
         return events

@@ -740,8 +740,11 @@ class Schedule:
         self.sim = Sim(random.Random(source.seed("sim")), self.faults)
         self.app_rng = random.Random(source.seed("app"))
         m = source.pairs("set", "messaging")
+        # "pulse": heartbeat refresh in intervals, both cores (scenarios recorded before
+        # pulses: 1)
         self.mcfg = mg.MessagingConfig(max_payload_bytes=int(m["payload"]),
-                                       window_msgs=int(m["window"]))
+                                       window_msgs=int(m["window"]),
+                                       pulse_intervals=int(m.get("pulse", 3)))
         self.sizes = {g: int(n) for g, n in source.pairs("set", "replicas").items()}
         self.server_block = int(source.get("set", "server-block")[0])
         self.random_cuts = source.get("set", "random-cuts")[0] == "yes"
@@ -950,7 +953,8 @@ class Schedule:
     def _start(self, node_id: str, restart: bool) -> None:
         g = node_id[0]
         node = ReplicaNode(g, random.Random(self.sim.rng.getrandbits(64)),
-                           membership_config=mb.Config(group=g, **MCFG),
+                           membership_config=mb.Config(
+                               group=g, pulse_intervals=self.mcfg.pulse_intervals, **MCFG),
                            messaging_config=self.mcfg)
         node.start(self.sim.now_us)
         self.nodes_made.append(node)

@@ -219,11 +219,12 @@ def test_checker_catches_a_duplicate_delivery(monkeypatch):
 def test_a_new_primary_catches_its_backups_up():
     # a schedule where a new primary recovered order info in phase 2 that a backup never
     # had; it re-sends the old view's tail before its view marker (node.py, "Catch-up")
-    # and the backup delivers those entries. Schedule 300 of `llft simulate replica
-    # --seed 2` (it was schedule 214 until backups reported a watermark rise covering
-    # no data with their next heartbeat, and schedule 74 of --seed 4 until takeovers
-    # waited for a remote group's answer: each moved the timing of every takeover)
-    o = rc.CAMPAIGN.outcome(6289870509813320896, {})
+    # and the backup delivers those entries. Schedule 139 of `llft simulate replica
+    # --seed 2` (it was schedule 300 until quiet members' heartbeats became Pulses, 214
+    # until backups reported a watermark rise covering no data with their next
+    # heartbeat, and schedule 74 of --seed 4 until takeovers waited for a remote
+    # group's answer: each moved the timing of every takeover)
+    o = rc.CAMPAIGN.outcome(7876276836895819675, {})
     assert o.violations == []
     assert o.stats["catch_up_sent"] >= 1 and o.stats["caught_up_entries"] >= 1
 

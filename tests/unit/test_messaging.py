@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from llft.protocol.messages import Message, MsgType, Role
+from llft.protocol.messages import Message, MsgType, Pulse, Role
 from llft.protocol.messaging import (RESPONDS_TO_FIRST_ACK, BufferFull, Closed, Deliver,
                                     DeliverOrderInfo, Duty, Freed, MessagingConfig,
                                     MessagingEndpoint,
@@ -25,7 +25,8 @@ def ep(group, bid, members, primary, cfg=CFG):
 
 
 def sends(actions, mtype=None):
-    return [a.msg for a in actions if isinstance(a, Send)
+    """The messages sent: by a Send, or by a Pulse (a heartbeat the driver repeats)."""
+    return [a.msg for a in actions if isinstance(a, (Send, Pulse)) and a.msg is not None
             and (mtype is None or a.msg.type == mtype)]
 
 

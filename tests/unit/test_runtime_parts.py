@@ -88,6 +88,9 @@ class _Endpoint:
     def send(self, group, msg):
         self.sent.append((group, msg))
 
+    def take_absorbed(self):
+        return []                   # no pulse channel: nothing absorbed
+
 
 class _Core:
     """Emits a send and a delivery, then (called again by the handler) one more."""

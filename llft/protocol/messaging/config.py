@@ -33,6 +33,12 @@ class MessagingConfig:
     throttle_us: int = 20_000
     keepalive_us: int = 15_000
     heartbeat_us: int = 5_000
+    # a quiet member's heartbeat is refreshed every this many intervals (the driver
+    # repeats it in between: messages.Pulse); 1: a new one every interval. 3: a refresh
+    # (60 ms at the default 20 ms) comes before the tightest detector deadline a live
+    # peer's copies can leave (rank 2: the 100 ms floor after a copy up to an interval
+    # old), so a quiet loop wakes for its refreshes only, not for its detectors too
+    pulse_intervals: int = 3
     watermark_report_us: int = 1_000    # a backup whose watermark rose reports this soon
     nack_delay_us: int = 500
     nack_retry_us: int = 3_000
@@ -62,7 +68,8 @@ class MessagingConfig:
         # a backup keeps a window of acked messages: its log must hold more than that
         if self.max_log_bytes < 2 * self.window_msgs * self.max_payload_bytes:
             raise ValueError("max_log_bytes must be >= 2 * window_msgs * max_payload_bytes")
-        if min(self.window_msgs, self.max_payload_bytes, self.max_nack_msns) < 1:
+        if min(self.window_msgs, self.max_payload_bytes, self.max_nack_msns,
+               self.pulse_intervals) < 1:
             raise ValueError("window, payload and nack bounds must be positive")
 
 

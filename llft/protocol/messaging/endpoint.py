@@ -147,7 +147,7 @@ import msgpack
 
 from llft.protocol.messages import (DATA_TYPES, MEMBERSHIP_CORE_TYPES, MEMBERSHIP_TYPES,
                                     STREAM_END, STREAM_FIN, STREAM_OPEN, STREAM_RST, Message,
-                                    MsgType, Role, Send, probe)
+                                    MsgType, Pulse, Role, Send, probe)
 from llft.protocol.messaging.actions import (Closed, Deliver, DeliverOrderInfo, Freed, Opened,
                                              Phase2Done, RecoveredOrderInfo, Resynced)
 from llft.protocol.messaging.closed import ClosedSeqs
@@ -191,6 +191,8 @@ class MessagingEndpoint:
         self.precedence = 1
         self.backups: list[int] = []
         self.clock = 0                      # Lamport clock
+        self._last_hb: Message | None = None    # our last HEARTBEAT (repeated while quiet)
+        self._hb_quiet = False              # it said nothing new: next one a refresh later
         self.gw = 0                         # mygroupwatermark (backups: as told by primary)
         self.max_data_ts = 0                # highest ts of data kept on any connection
         self.conns: dict[ConnId, Connection] = {}
@@ -510,6 +512,12 @@ class MessagingEndpoint:
         a, self._actions = self._actions, []
         return a
 
+    def heard_again(self, msg: Message, times_us: list[int]) -> None:
+        """Byte-identical copies of `msg` arrived at `times_us` (absorbed by the driver,
+        `Pulse`): messaging keeps no liveness, so only the last is handled."""
+        if times_us:
+            self.handle_message(msg, times_us[-1])
+
     def next_timer_us(self) -> int | None:
         return self.timers.next_us()
 
@@ -548,9 +556,20 @@ class MessagingEndpoint:
 
     # ---- timer handlers (named in the tables at the end of this module) ----
     def _heartbeat_due(self) -> None:
-        self._heartbeat()
+        quiet = self._heartbeat()
+        hb = self.config.heartbeat_us
+        self._hb_quiet = quiet
+        # quiet (it said nothing new): the driver repeats it meanwhile (`Pulse`)
         self.timers.set(Timer.HEARTBEAT, None,
-                        self._now + self.config.heartbeat_us if self.backups else None)
+                        self._now + (hb * self.config.pulse_intervals if quiet else hb)
+                        if self.backups else None)
+
+    def _hb_soon(self) -> None:
+        """Something happened (a message in or out that is not a heartbeat): what our
+        heartbeat says may change, so the next one is due an interval from now, not a
+        refresh from the last."""
+        self._hb_quiet = False
+        self.timers.arm_earlier(Timer.HEARTBEAT, None, self._now + self.config.heartbeat_us)
 
     def _watermark_report_due(self) -> None:
         self.timers.clear(Timer.WATERMARK_REPORT)
@@ -689,6 +708,8 @@ class MessagingEndpoint:
         if msg.ts > self.clock:
             self.clock = msg.ts
         self._count("rx_" + msg.type.name)
+        if self._hb_quiet and msg.type is not MsgType.HEARTBEAT:
+            self._hb_soon()
         if msg.src_group == self.group:
             if msg.dst_group == self.group:
                 self._handle_intra(msg)
@@ -1635,17 +1656,32 @@ class MessagingEndpoint:
         # (re-)ack: the primary is still waiting
         self.timers.arm(Timer.ORDER_INFO_ACK, None, self._now + self.config.order_info_ack_us)
 
-    def _heartbeat(self) -> None:
+    def _heartbeat(self) -> bool:
+        """Send our HEARTBEAT as a `Pulse` (the driver repeats it until our next one).
+        When it would say what the last one said, it IS the last one (the same Lamport
+        timestamp): the copies are byte-identical, which receivers absorb without waking
+        their loop. Returns True then (quiet: the next is due a refresh later)."""
         if not self.backups and self.is_primary:
-            return
+            return False
         back = self._heartbeat_back()
-        self._emit(self.group, self._intra(MsgType.HEARTBEAT, {"rank": self.rank(),
-                                                            "served": int(self.served),
-                                                            "lineage": self.lineage,
-                                                            "change": self.change},
-                                           back=back, ack=self.digest(),
-                                           order_info=self._heartbeat_frees()))
+        body = {"rank": self.rank(), "served": int(self.served), "lineage": self.lineage,
+                "change": self.change}
+        ack, frees = self.digest(), self._heartbeat_frees()
+        hb, k = self.config.heartbeat_us, self.config.pulse_intervals
+        msg = self._last_hb
+        quiet = (k > 1 and msg is not None and msg.pvn == self.pvn
+                 and msg.precedence == self.precedence and msg.back == back
+                 and msg.ack == ack and msg.order_info == frees and msg.body == body)
+        if not quiet:
+            msg = self._last_hb = self._intra(MsgType.HEARTBEAT, body, back=back, ack=ack,
+                                              order_info=frees)
+        if k == 1:
+            self._actions.append(Send(self.group, msg))     # a new one every interval
+        else:
+            # repeated until just past the next refresh: a loop a little late leaves no gap
+            self._actions.append(Pulse(self.group, msg, hb, self._now + k * hb + hb // 2))
         self._after_heartbeat()
+        return quiet
 
     def _heartbeat_frees(self) -> bytes:
         """What a heartbeat says of freed connections: the primary's frees its backups
@@ -2000,6 +2036,8 @@ class MessagingEndpoint:
 
     def _emit(self, dst_group: str, msg: Message) -> None:
         self._actions.append(Send(dst_group, msg))
+        if self._hb_quiet:
+            self._hb_soon()
         if dst_group != self.group:
             c = self.conns.get((msg.dst_group, msg.conn_seq, msg.role)) \
                 if msg.src_group == self.group else None

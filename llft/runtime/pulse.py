@@ -1,0 +1,226 @@
+"""The heartbeat channel of an agent: a native thread repeats and absorbs heartbeats.
+
+Theory of operation
+-------------------
+An idle member's cost is its event loop's wake-ups (~150-300 µs of cold Python each on
+this kind of machine). With a heartbeat every interval sent, and one received from each
+peer, a 3-replica agent woke ~113 times a second (4 % of a core). The cores now say a
+quiet member's heartbeat once per refresh (`messages.Pulse`: "repeat these bytes every
+interval until then"), and this channel keeps the loop out of the repetition:
+
+- sending: the datagram(s) of a Pulse go to the native thread (native/pulse/), which
+  sends them at once and repeats them byte for byte every interval until the Pulse's
+  end (a hung loop stops being announced then);
+- receiving: heartbeats travel on the group's *pulse port* (its port + 1, same
+  multicast address), read by the same thread. A datagram byte-identical to one this
+  endpoint authenticated from the same source is *absorbed*: only its kernel arrival
+  time is kept. Anything else (a heartbeat that says something new, a forgery, noise)
+  is queued for the loop, which authenticates and decodes it as any datagram and, if
+  it is good, tells the thread to absorb its copies (`accept`);
+- judging: before every event the driver takes the absorbed arrivals
+  (`Endpoint.take_absorbed`) and hands them to its core (`heard_again`) with their
+  true times, so a detector deadline, or a loop that was itself late, judges a peer
+  on when its heartbeats really came.
+
+An absorbed copy is never authenticated again: it is byte-identical to a datagram that
+was. Replaying a captured heartbeat keeps its sender looking alive, as replaying it to
+the loop always did (the wire has no replay protection; docs/DESIGN.md, Security).
+
+Without the native module (not built) the channel does the same in Python, on the
+loop: the repetition on loop timers, and every copy received and handled (nothing is
+absorbed). The protocol is the same either way; only the cost differs.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import sys
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+try:                                # built by scripts/setup.sh (native/pulse_build.py)
+    from native._llft_pulse import ffi as _ffi, lib as _lib
+except ImportError:                 # pragma: no cover -- a tree without the native build
+    _ffi = _lib = None
+
+RECV_MAX_BYTES = 65536
+ARRIVALS_BATCH = 256                # arrivals taken per native call
+STATS = ("sent", "received", "absorbed", "forwarded", "queue_full", "arrivals_dropped",
+         "send_errors", "recv_errors")
+
+
+def native_available() -> bool:
+    return _lib is not None
+
+
+def ip_be(host: str) -> int:
+    """An IPv4 address as the native side reads sin_addr.s_addr (network-order bytes)."""
+    return int.from_bytes(socket.inet_aton(host), sys.byteorder)
+
+
+class PulseChannel:
+    """One endpoint's heartbeat channel (see the module docstring).
+
+    `on_datagram(data, src)` gets every datagram the loop must handle; the endpoint
+    calls `accept(src, data)` for each one it authenticated."""
+
+    def __init__(self, rsock: socket.socket, ssock: socket.socket,
+                 dst: tuple[str, int], on_datagram: Callable[[bytes, int], None],
+                 clock_us: Callable[[], int], native: bool = True):
+        self.rsock, self.ssock, self.dst = rsock, ssock, dst
+        self.on_datagram = on_datagram
+        self.clock_us = clock_us
+        self.native = native and native_available()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._p = None                      # the native handle
+        self._efd = -1
+        self._gen = 0                       # Python repetition: the current Pulse
+        self._repeat: asyncio.TimerHandle | None = None
+        self.py_stats = {"sent": 0, "received": 0, "send_errors": 0}
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        if self.native:
+            self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            p = _lib.llft_pulse_new(self.rsock.fileno(), self.ssock.fileno(), self._efd)
+            if p == _ffi.NULL:
+                os.close(self._efd)
+                self._efd = -1
+                self.native = False
+                log.warning("llft pulse: the native thread did not start; heartbeats "
+                            "are repeated by the event loop")
+            else:
+                self._p = p
+                self._buf = _ffi.new("uint8_t[]", RECV_MAX_BYTES)
+                self._src = _ffi.new("uint64_t *")
+                self._at = _ffi.new("int64_t *")
+                self._asrc = _ffi.new("uint64_t[]", ARRIVALS_BATCH)
+                self._aat = _ffi.new("int64_t[]", ARRIVALS_BATCH)
+                self._dst_ip = ip_be(self.dst[0])
+                loop.add_reader(self._efd, self._on_event)
+                return
+        loop.add_reader(self.rsock.fileno(), self._on_readable)
+
+    def close(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            try:
+                self._loop.remove_reader(self._efd if self._p is not None
+                                         else self.rsock.fileno())
+            except (ValueError, OSError):
+                pass
+        if self._repeat is not None:
+            self._repeat.cancel()
+            self._repeat = None
+        if self._p is not None:
+            _lib.llft_pulse_free(self._p)   # joins the thread before the fds go
+            self._p = None
+        if self._efd >= 0:
+            os.close(self._efd)
+            self._efd = -1
+        for s in (self.rsock, self.ssock):
+            s.close()
+
+    # -- sending -----------------------------------------------------------------------
+    def send_once(self, datagrams: list[bytes]) -> None:
+        for d in datagrams:
+            self._sendto(d)
+
+    def repeat(self, datagrams: list[bytes], every_us: int, until_us: int) -> None:
+        """Send now, then every `every_us` until `until_us` (empty: stop)."""
+        self._gen += 1
+        if self._repeat is not None:
+            self._repeat.cancel()
+            self._repeat = None
+        if self._p is not None:
+            data = b"".join(datagrams)
+            lens = _ffi.new("uint32_t[]", [len(d) for d in datagrams] or [0])
+            if _lib.llft_pulse_set(self._p, _ffi.from_buffer(data), lens, len(datagrams),
+                                   self._dst_ip, self.dst[1], max(1, every_us),
+                                   until_us) != 0:
+                log.error("llft pulse: the native thread refused a heartbeat of %d "
+                          "datagrams; sent once", len(datagrams))
+                self.send_once(datagrams)
+            return
+        if datagrams:
+            self._repeat_py(self._gen, datagrams, every_us, until_us)
+
+    def _repeat_py(self, gen: int, datagrams: list[bytes], every_us: int,
+                   until_us: int) -> None:
+        self._repeat = None
+        if gen != self._gen:
+            return
+        self.send_once(datagrams)
+        if every_us > 0 and self.clock_us() + every_us <= until_us:
+            self._repeat = self._loop.call_later(every_us / 1e6, self._repeat_py, gen,
+                                                 datagrams, every_us, until_us)
+
+    def _sendto(self, data: bytes) -> None:
+        try:
+            self.ssock.sendto(data, self.dst)
+            self.py_stats["sent"] += 1
+        except OSError:
+            self.py_stats["send_errors"] += 1
+
+    # -- receiving ---------------------------------------------------------------------
+    def _on_event(self) -> None:
+        try:
+            os.eventfd_read(self._efd)      # first: a datagram queued after is signalled
+        except BlockingIOError:
+            pass
+        self.drain()
+
+    def drain(self, limit: int = 4096) -> int:
+        """Hand the loop what the thread queued (or, without it, what the socket holds)."""
+        n = 0
+        if self._p is not None:
+            while n < limit:
+                k = _lib.llft_pulse_take(self._p, self._buf, RECV_MAX_BYTES, self._src,
+                                         self._at)
+                if k <= 0:
+                    break
+                n += 1
+                self.on_datagram(_ffi.buffer(self._buf, k)[:], self._src[0])
+            return n
+        while n < limit:
+            try:
+                data, addr = self.rsock.recvfrom(RECV_MAX_BYTES)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            n += 1
+            self.py_stats["received"] += 1
+            self.on_datagram(data, (ip_be(addr[0]) << 16) | addr[1])
+        return n
+
+    def _on_readable(self) -> None:
+        self.drain()
+
+    def accept(self, src: int, data: bytes) -> None:
+        if self._p is not None:
+            _lib.llft_pulse_accept(self._p, src, data, len(data))
+
+    def arrivals(self) -> dict[int, list[int]]:
+        """Absorbed copies since the last call: source -> arrival times (ascending)."""
+        out: dict[int, list[int]] = {}
+        if self._p is None:
+            return out
+        while True:
+            k = _lib.llft_pulse_arrivals(self._p, self._asrc, self._aat, ARRIVALS_BATCH)
+            for i in range(k):
+                out.setdefault(self._asrc[i], []).append(self._aat[i])
+            if k < ARRIVALS_BATCH:
+                return out
+
+    def stats(self) -> dict[str, int]:
+        if self._p is None:
+            return {f"pulse_{k}": v for k, v in self.py_stats.items()}
+        out = _ffi.new("uint64_t[8]")
+        _lib.llft_pulse_stats(self._p, out)
+        st = {f"pulse_{k}": int(out[i]) for i, k in enumerate(STATS)}
+        st["pulse_sent"] += self.py_stats["sent"]       # sent once, from the loop
+        st["pulse_send_errors"] += self.py_stats["send_errors"]
+        return st
