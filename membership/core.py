@@ -91,7 +91,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
 
-from llft.protocol.messages import Message, MsgType, Pulse, Role, Send, probe
+from llft.protocol.messages import Message, MsgType, Pulse, Role, Send, probe, pulse_until_us
 from membership.detector import ArrivalStats, extension_us, window_for
 from membership.rules import (Key, PPDecision, competing_primary_wins, decide_propose_primary,
                               fault_timeout_us, may_propose, proposal_members)
@@ -701,9 +701,9 @@ class Membership:
         if k > 1 and self.status is Status.PRIMARY and len(self.members) == 1:
             quiet = msg == self._last_own_hb
             self._last_own_hb = msg
-            self._emit(Pulse(g, msg, hb, now_us + k * hb + hb // 2))
+            self._emit(Pulse(g, msg, hb, now_us + pulse_until_us(k, hb)))
             self._heartbeat_sent(now_us, (k - 1) * hb if quiet else 0)
-            self._tick_period_us = k * hb + hb // 2
+            self._tick_period_us = pulse_until_us(k, hb)
         else:
             self._last_own_hb = None
             self._emit(Send(g, msg))

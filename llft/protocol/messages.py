@@ -189,3 +189,11 @@ class Pulse:
     msg: Message | None
     every_us: int
     until_us: int
+
+
+def pulse_until_us(refresh_intervals: int, interval_us: int) -> int:
+    """How long after a refresh a quiet member's Pulse is repeated: past the copy that
+    follows the next refresh, so that a refresh a little late finds the repetition still
+    running (it only moves the end: no extra copy, no gap). A hung loop is announced
+    this long at most."""
+    return (refresh_intervals + 1) * interval_us + interval_us // 2

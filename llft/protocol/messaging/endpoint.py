@@ -147,7 +147,7 @@ import msgpack
 
 from llft.protocol.messages import (DATA_TYPES, MEMBERSHIP_CORE_TYPES, MEMBERSHIP_TYPES,
                                     STREAM_END, STREAM_FIN, STREAM_OPEN, STREAM_RST, Message,
-                                    MsgType, Pulse, Role, Send, probe)
+                                    MsgType, Pulse, Role, Send, probe, pulse_until_us)
 from llft.protocol.messaging.actions import (Closed, Deliver, DeliverOrderInfo, Freed, Opened,
                                              Phase2Done, RecoveredOrderInfo, Resynced)
 from llft.protocol.messaging.closed import ClosedSeqs
@@ -1678,8 +1678,7 @@ class MessagingEndpoint:
         if k == 1:
             self._actions.append(Send(self.group, msg))     # a new one every interval
         else:
-            # repeated until just past the next refresh: a loop a little late leaves no gap
-            self._actions.append(Pulse(self.group, msg, hb, self._now + k * hb + hb // 2))
+            self._actions.append(Pulse(self.group, msg, hb, self._now + pulse_until_us(k, hb)))
         self._after_heartbeat()
         return quiet
 
