@@ -379,17 +379,6 @@ void llft_pulse_accept(llft_pulse *p, uint64_t src, const uint8_t *data, uint32_
     pthread_mutex_unlock(&p->mu);
 }
 
-void llft_pulse_forget(llft_pulse *p) {
-    pthread_mutex_lock(&p->mu);
-    for (int i = 0; i < MAX_SRC; i++)
-        for (int k = 0; k < MAX_ACCEPTED; k++) {
-            free(p->src[i].acc[k]);
-            p->src[i].acc[k] = NULL;
-            p->src[i].acc_len[k] = 0;
-        }
-    pthread_mutex_unlock(&p->mu);
-}
-
 int llft_pulse_arrivals(llft_pulse *p, uint64_t *src, int64_t *at_us, int cap) {
     int n = 0;
     pthread_mutex_lock(&p->mu);

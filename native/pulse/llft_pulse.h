@@ -49,8 +49,6 @@ int64_t llft_pulse_take(llft_pulse *p, uint8_t *buf, size_t cap, uint64_t *src, 
 /* Byte-identical copies of data from src are absorbed from now on (the last 8 accepted
  * datagrams of each source). */
 void llft_pulse_accept(llft_pulse *p, uint64_t src, const uint8_t *data, uint32_t len);
-/* Forget every accepted datagram (arrivals not yet popped stay). */
-void llft_pulse_forget(llft_pulse *p);
 /* Pops up to cap recorded arrivals of absorbed copies; in arrival order per source.
  * Returns the count. */
 int llft_pulse_arrivals(llft_pulse *p, uint64_t *src, int64_t *at_us, int cap);
