@@ -56,6 +56,7 @@ class Driver:
         self._timer_at_us: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         endpoint.on_message = self._on_message
+        endpoint.on_message_at = self._on_message_at
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -70,6 +71,13 @@ class Driver:
     def _on_message(self, msg: Message) -> None:
         self._absorbed()
         self.core.handle_message(msg, self.clock_us())
+        self.pump(event=True)
+
+    def _on_message_at(self, msg: Message, at_us: int) -> None:
+        """A heartbeat the pulse thread read up to an interval after it came: the core
+        hears it when it came (its detector's arrival history stays the peer's own)."""
+        self._absorbed()
+        self.core.handle_message(msg, min(at_us, self.clock_us()))
         self.pump(event=True)
 
     def _absorbed(self) -> None:

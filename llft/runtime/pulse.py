@@ -64,11 +64,13 @@ def ip_be(host: str) -> int:
 class PulseChannel:
     """One endpoint's heartbeat channel (see the module docstring).
 
-    `on_datagram(data, src)` gets every datagram the loop must handle; the endpoint
-    calls `accept(src, data)` for each one it authenticated."""
+    `on_datagram(data, src, at_us)` gets every datagram the loop must handle, with its
+    arrival time (the kernel's; the thread reads the socket only at its sends, up to an
+    interval later); the endpoint calls `accept(src, data)` for each one it
+    authenticated."""
 
     def __init__(self, rsock: socket.socket, ssock: socket.socket,
-                 dst: tuple[str, int], on_datagram: Callable[[bytes, int], None],
+                 dst: tuple[str, int], on_datagram: Callable[[bytes, int, int], None],
                  clock_us: Callable[[], int], native: bool = True):
         self.rsock, self.ssock, self.dst = rsock, ssock, dst
         self.on_datagram = on_datagram
@@ -182,7 +184,7 @@ class PulseChannel:
                 if k <= 0:
                     break
                 n += 1
-                self.on_datagram(_ffi.buffer(self._buf, k)[:], self._src[0])
+                self.on_datagram(_ffi.buffer(self._buf, k)[:], self._src[0], self._at[0])
             return n
         while n < limit:
             try:
@@ -193,7 +195,7 @@ class PulseChannel:
                 break
             n += 1
             self.py_stats["received"] += 1
-            self.on_datagram(data, (ip_be(addr[0]) << 16) | addr[1])
+            self.on_datagram(data, (ip_be(addr[0]) << 16) | addr[1], self.clock_us())
         return n
 
     def _on_readable(self) -> None:

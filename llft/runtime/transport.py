@@ -324,6 +324,9 @@ class Endpoint:
                  pulse: bool = False, pulse_native: bool = True):
         self.listen_groups = [listen] if isinstance(listen, str) else list(listen)
         self.on_message = on_message
+        # a heartbeat's arrival time matters to a detector (the pulse thread reads its
+        # socket up to an interval late): the Driver takes them, (msg, at_us)
+        self.on_message_at: Callable[[Message, int], None] | None = None
         self.groups = groups or GroupMap()
         self.interface, self.ttl, self.multicast_loop = interface, ttl, multicast_loop
         self.unicast_bind = unicast_bind
@@ -603,9 +606,10 @@ class Endpoint:
                 log.exception("llft transport: on_message raised")
         self._progress.set()
 
-    def _on_pulse_datagram(self, data: bytes, src: int) -> None:
-        """A datagram of the pulse port the thread did not absorb: handled as any, and
-        if it is authentic its copies are absorbed from now on."""
+    def _on_pulse_datagram(self, data: bytes, src: int, at_us: int) -> None:
+        """A datagram of the pulse port the thread did not absorb: handled as any (at
+        its arrival time, `on_message_at`, when the owner takes one), and if it is
+        authentic its copies are absorbed from now on."""
         if self._closed:
             return
         self.counters["received_datagrams"] += 1
@@ -628,7 +632,10 @@ class Endpoint:
             return
         self.counters["accepted_messages"] += 1
         try:
-            self.on_message(msg)
+            if self.on_message_at is not None:
+                self.on_message_at(msg, at_us)
+            else:
+                self.on_message(msg)
         except Exception:   # noqa: BLE001 -- one bad handler must not stop the socket
             self.counters["callback_errors"] += 1
             log.exception("llft transport: on_message raised")
