@@ -28,6 +28,7 @@ import time
 import psutil
 
 from llft.tools.cluster import LocalCluster
+from polling import wait_for
 
 TREE_APP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tree_app.py")
 POLL_S = 0.02
@@ -35,16 +36,6 @@ POLL_S = 0.02
 
 def app_cmd(*extra: str) -> list[str]:
     return [sys.executable, TREE_APP, "9000", *extra]
-
-
-def wait_until(pred, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        v = pred()
-        if v:
-            return v
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s: {what}"
-        time.sleep(POLL_S)          # polling a condition, with a deadline
 
 
 def _running(p: psutil.Process) -> bool:
@@ -75,7 +66,7 @@ def full_tree(agent_pid: int, timeout_s: float = 60) -> list[psutil.Process]:
         lines = [cmdline(p) for p in t]
         return t if ("sleep 1000" in lines and "sleep 1001" in lines
                      and any("llft.runtime.proctree" in s for s in lines)) else None
-    return wait_until(ready, timeout_s, f"the app's tree under agent {agent_pid}")
+    return wait_for(ready, f"the app's tree under agent {agent_pid}", timeout_s, POLL_S)
 
 
 def assert_all_gone(procs: list[psutil.Process], timeout_s: float = 15) -> None:

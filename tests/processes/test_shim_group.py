@@ -20,15 +20,13 @@ from determinizer.shm import Shm
 from llft.tools.procs import free_port
 from rr_helpers import program
 
+import polling
+
 TIMEOUT = 20.0
 
 
-def wait_for(cond, what, timeout=TIMEOUT):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)   # polling a condition, not synchronising by sleeping
+def wait_for(cond, what):
+    return polling.wait_for(cond, what, TIMEOUT)
 
 
 class Replica:

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from native._llft_pulse import ffi, lib
+from polling import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,17 +40,6 @@ def udp() -> socket.socket:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.bind(("127.0.0.1", 0))
     return s
-
-
-def wait_for(cond, what: str, deadline: float = DEADLINE):
-    """Polls cond() (5 ms apart) until it is truthy; fails after `deadline` seconds."""
-    end = time.monotonic() + deadline
-    while True:
-        v = cond()
-        if v:
-            return v
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        select.select([], [], [], 0.005)
 
 
 class Pulse:
