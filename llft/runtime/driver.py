@@ -69,13 +69,11 @@ class Driver:
 
     # -- events ------------------------------------------------------------------------
     def _on_message(self, msg: Message) -> None:
-        self._absorbed()
-        self.core.handle_message(msg, self.clock_us())
-        self.pump(event=True)
+        self._on_message_at(msg, self.clock_us())
 
     def _on_message_at(self, msg: Message, at_us: int) -> None:
-        """A heartbeat the pulse thread read up to an interval after it came: the core
-        hears it when it came (its detector's arrival history stays the peer's own)."""
+        """`msg` came at `at_us`: now, or for a heartbeat the pulse thread read up to an
+        interval after it came, then (its detector's arrival history stays the peer's)."""
         self._absorbed()
         self.core.handle_message(msg, min(at_us, self.clock_us()))
         self.pump(event=True)

@@ -61,6 +61,34 @@ def ip_be(host: str) -> int:
     return int.from_bytes(socket.inet_aton(host), sys.byteorder)
 
 
+class LoopRepeater:
+    """A Pulse repeated on the event loop, where no native thread does it:
+    `repeat(send, datagrams, every_us, until_us)` calls `send(datagrams)` now and every
+    `every_us` until `until_us`; the next call replaces it, `stop()` ends it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, clock_us: Callable[[], int]):
+        self._loop, self.clock_us = loop, clock_us
+        self._handle: asyncio.TimerHandle | None = None
+
+    def repeat(self, send: Callable[[list[bytes]], None], datagrams: list[bytes],
+               every_us: int, until_us: int) -> None:
+        self.stop()
+        if datagrams:
+            self._tick(send, datagrams, every_us, until_us)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _tick(self, send, datagrams: list[bytes], every_us: int, until_us: int) -> None:
+        self._handle = None
+        send(datagrams)
+        if every_us > 0 and self.clock_us() + every_us <= until_us:
+            self._handle = self._loop.call_later(every_us / 1e6, self._tick, send,
+                                                 datagrams, every_us, until_us)
+
+
 class PulseChannel:
     """One endpoint's heartbeat channel (see the module docstring).
 
@@ -79,8 +107,7 @@ class PulseChannel:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._p = None                      # the native handle
         self._efd = -1
-        self._gen = 0                       # Python repetition: the current Pulse
-        self._repeat: asyncio.TimerHandle | None = None
+        self._repeater: LoopRepeater | None = None    # without the native thread
         self.py_stats = {"sent": 0, "received": 0, "send_errors": 0}
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -104,6 +131,7 @@ class PulseChannel:
                 self._dst_ip = ip_be(self.dst[0])
                 loop.add_reader(self._efd, self._on_event)
                 return
+        self._repeater = LoopRepeater(loop, self.clock_us)
         loop.add_reader(self.rsock.fileno(), self._on_readable)
 
     def close(self) -> None:
@@ -113,9 +141,8 @@ class PulseChannel:
                                          else self.rsock.fileno())
             except (ValueError, OSError):
                 pass
-        if self._repeat is not None:
-            self._repeat.cancel()
-            self._repeat = None
+        if self._repeater is not None:
+            self._repeater.stop()
         if self._p is not None:
             _lib.llft_pulse_free(self._p)   # joins the thread before the fds go
             self._p = None
@@ -132,10 +159,6 @@ class PulseChannel:
 
     def repeat(self, datagrams: list[bytes], every_us: int, until_us: int) -> None:
         """Send now, then every `every_us` until `until_us` (empty: stop)."""
-        self._gen += 1
-        if self._repeat is not None:
-            self._repeat.cancel()
-            self._repeat = None
         if self._p is not None:
             data = b"".join(datagrams)
             lens = _ffi.new("uint32_t[]", [len(d) for d in datagrams] or [0])
@@ -146,18 +169,7 @@ class PulseChannel:
                           "datagrams; sent once", len(datagrams))
                 self.send_once(datagrams)
             return
-        if datagrams:
-            self._repeat_py(self._gen, datagrams, every_us, until_us)
-
-    def _repeat_py(self, gen: int, datagrams: list[bytes], every_us: int,
-                   until_us: int) -> None:
-        self._repeat = None
-        if gen != self._gen:
-            return
-        self.send_once(datagrams)
-        if every_us > 0 and self.clock_us() + every_us <= until_us:
-            self._repeat = self._loop.call_later(every_us / 1e6, self._repeat_py, gen,
-                                                 datagrams, every_us, until_us)
+        self._repeater.repeat(self.send_once, datagrams, every_us, until_us)
 
     def _sendto(self, data: bytes) -> None:
         try:

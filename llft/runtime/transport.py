@@ -47,7 +47,7 @@ from typing import Callable, Iterable
 
 from llft.protocol import wire
 from llft.protocol.messages import Message, MsgType
-from llft.runtime.pulse import PulseChannel
+from llft.runtime.pulse import LoopRepeater, PulseChannel
 
 log = logging.getLogger(__name__)
 
@@ -362,7 +362,7 @@ class Endpoint:
         self.pulse_native = pulse_native
         self._pulse: PulseChannel | None = None
         self._pulse_msgs: dict[int, Message] = {}   # source -> its last heartbeat
-        self._repeat_gen = 0                        # loop repetition (no channel)
+        self._repeater: LoopRepeater | None = None  # Pulses without a channel
         self._pulse_last: tuple[Message | None, list[bytes]] = (None, [])
         for group in self.listen_groups:
             if self.groups.address(group).peers and unicast_bind is None:
@@ -406,6 +406,7 @@ class Endpoint:
         except BaseException:
             self.close()
             raise
+        self._repeater = LoopRepeater(self._loop, self.clock_us)
         self._schedule_expire()
         return self
 
@@ -435,6 +436,8 @@ class Endpoint:
         if self._pulse is not None:
             self._pulse.close()
             self._pulse = None
+        if self._repeater is not None:
+            self._repeater.stop()
         if self._expire_handle is not None:
             self._expire_handle.cancel()
             self._expire_handle = None
@@ -498,19 +501,10 @@ class Endpoint:
         if self._pulse is not None and dst_group == self.pulse_group:
             self._pulse.repeat(datagrams, every_us, until_us)
             return
-        self._repeat_gen += 1           # no channel: the loop repeats it
-        if datagrams:
-            self._repeat_send(self._repeat_gen, dst_group, datagrams, every_us, until_us)
-
-    def _repeat_send(self, gen: int, dst_group: str, datagrams: list[bytes], every_us: int,
-                     until_us: int) -> None:
-        if gen != self._repeat_gen or self._closed:
-            return
-        for d in datagrams:
-            self.send_datagram(dst_group, d)
-        if every_us > 0 and self.clock_us() + every_us <= until_us:
-            self._loop.call_later(every_us / 1e6, self._repeat_send, gen, dst_group,
-                                  datagrams, every_us, until_us)
+        def send(ds: list[bytes]) -> None:
+            for d in ds:
+                self.send_datagram(dst_group, d)
+        self._repeater.repeat(send, datagrams, every_us, until_us)  # no channel: the loop
 
     def take_absorbed(self) -> list[tuple[Message, list[int]]]:
         """The heartbeat copies the pulse thread absorbed since the last call: (the
@@ -592,19 +586,32 @@ class Endpoint:
             del self._own_sent[data]
             self.counters["own_messages"] += 1
             return
+        msg = self._decode(data)
+        if msg is not None:
+            self._deliver(msg)
+        self._progress.set()
+
+    def _decode(self, data: bytes) -> Message | None:
         msg = self.decoder.decode(data, self.clock_us())
         if msg is None and self._expire_handle is None and self.decoder.partial_messages:
             self._schedule_expire()
-        if msg is not None and self.birth_id is not None and msg.sender == self.birth_id:
+        return msg
+
+    def _deliver(self, msg: Message, at_us: int | None = None) -> None:
+        """An accepted message to the owner (`at_us`: when it came, if the owner takes
+        that: `on_message_at`); our own echoes are only counted."""
+        if self.birth_id is not None and msg.sender == self.birth_id:
             self.counters["own_messages"] += 1
-        elif msg is not None:
-            self.counters["accepted_messages"] += 1
-            try:
+            return
+        self.counters["accepted_messages"] += 1
+        try:
+            if at_us is not None and self.on_message_at is not None:
+                self.on_message_at(msg, at_us)
+            else:
                 self.on_message(msg)
-            except Exception:   # noqa: BLE001 -- one bad handler must not stop the socket
-                self.counters["callback_errors"] += 1
-                log.exception("llft transport: on_message raised")
-        self._progress.set()
+        except Exception:   # noqa: BLE001 -- one bad handler must not stop the socket
+            self.counters["callback_errors"] += 1
+            log.exception("llft transport: on_message raised")
 
     def _on_pulse_datagram(self, data: bytes, src: int, at_us: int) -> None:
         """A datagram of the pulse port the thread did not absorb: handled as any (at
@@ -615,9 +622,7 @@ class Endpoint:
         self.counters["received_datagrams"] += 1
         self.counters["processed_datagrams"] += 1
         rejected = self.decoder.rejected_total()
-        msg = self.decoder.decode(data, self.clock_us())
-        if msg is None and self._expire_handle is None and self.decoder.partial_messages:
-            self._schedule_expire()
+        msg = self._decode(data)
         if self.decoder.rejected_total() == rejected:
             self._pulse.accept(src, data)
             if msg is not None:
@@ -627,18 +632,7 @@ class Endpoint:
                     del self._pulse_msgs[next(iter(self._pulse_msgs))]
         if msg is None:
             return
-        if self.birth_id is not None and msg.sender == self.birth_id:
-            self.counters["own_messages"] += 1
-            return
-        self.counters["accepted_messages"] += 1
-        try:
-            if self.on_message_at is not None:
-                self.on_message_at(msg, at_us)
-            else:
-                self.on_message(msg)
-        except Exception:   # noqa: BLE001 -- one bad handler must not stop the socket
-            self.counters["callback_errors"] += 1
-            log.exception("llft transport: on_message raised")
+        self._deliver(msg, at_us)
         self._progress.set()
 
     def _schedule_expire(self) -> None:
