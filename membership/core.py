@@ -695,9 +695,7 @@ class Membership:
         its loop wakes as a quiet member's does; everyone else every interval."""
         c = self.cfg
         hb, k, g = c.heartbeat_interval_us, c.pulse_intervals, c.group
-        msg = Message(type=MsgType.HEARTBEAT, src_group=g, dst_group=g, conn_seq=0,
-                      role=Role.CLIENT, pvn=self.pvn, precedence=self.precedence,
-                      sender=self.birth, body=self._heartbeat_body())
+        msg = self._message(MsgType.HEARTBEAT, self._heartbeat_body())
         if k > 1 and self.status is Status.PRIMARY and len(self.members) == 1:
             quiet = msg == self._last_own_hb
             self._last_own_hb = msg
@@ -710,11 +708,13 @@ class Membership:
             self._heartbeat_sent(now_us)
             self._tick_period_us = hb
 
-    def _send(self, mtype: MsgType, body: dict) -> None:
+    def _message(self, mtype: MsgType, body: dict) -> Message:
         g = self.cfg.group
-        self._emit(Send(g, Message(type=mtype, src_group=g, dst_group=g, conn_seq=0,
-                                role=Role.CLIENT, pvn=self.pvn, precedence=self.precedence,
-                                sender=self.birth, body=body)))
+        return Message(type=mtype, src_group=g, dst_group=g, conn_seq=0, role=Role.CLIENT,
+                       pvn=self.pvn, precedence=self.precedence, sender=self.birth, body=body)
+
+    def _send(self, mtype: MsgType, body: dict) -> None:
+        self._emit(Send(self.cfg.group, self._message(mtype, body)))
 
     def _become_joiner(self, now_us: int) -> None:
         self.birth = self.rng.getrandbits(63) or 1

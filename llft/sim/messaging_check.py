@@ -236,7 +236,7 @@ class Schedule:
         # "pulse": heartbeat refresh in intervals (scenarios recorded before pulses: 1)
         self.cfg = MessagingConfig(max_payload_bytes=int(m["payload"]),
                                    window_msgs=int(m["window"]), lone_groups=("g",),
-                                   pulse_intervals=int(m.get("pulse", 3)))
+                                   pulse_intervals=int(m.get("pulse", MessagingConfig().pulse_intervals)))
         self.groups: dict[str, list[_Replica]] = {}
         self.conns = []             # (client group, server group, conn_seq, streams)
         conn_index: dict[str, int] = {}

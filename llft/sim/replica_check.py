@@ -744,7 +744,7 @@ class Schedule:
         # pulses: 1)
         self.mcfg = mg.MessagingConfig(max_payload_bytes=int(m["payload"]),
                                        window_msgs=int(m["window"]),
-                                       pulse_intervals=int(m.get("pulse", 3)))
+                                       pulse_intervals=int(m.get("pulse", mg.MessagingConfig().pulse_intervals)))
         self.sizes = {g: int(n) for g, n in source.pairs("set", "replicas").items()}
         self.server_block = int(source.get("set", "server-block")[0])
         self.random_cuts = source.get("set", "random-cuts")[0] == "yes"
