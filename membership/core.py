@@ -682,7 +682,8 @@ class Membership:
         stands for ours: `heartbeat_carried`)."""
         return {"rank": self.rank,
                 "served": int(self.status in PRIMARY_STATUSES and self.served_of()),
-                "lineage": self.lineage, "change": self.change}
+                "lineage": self.lineage, "change": self.change,
+                "wait": self.detector_wait_ms()}
 
     def _heartbeat_sent(self, at_us: int, slack_us: int = 0) -> None:
         self._hb_sent_us = at_us
@@ -731,6 +732,9 @@ class Membership:
         self._acked_pp: dict[int, tuple[Key, int]] = {}      # target -> (proposer, change)
         self._seen_pp: dict[int, tuple[Key, Key]] = {}       # target -> (min, max) proposer
         self._last_heard: dict[int, int] = {}
+        # a senior backup's HEARTBEAT `wait`: how much longer than its floor its detector
+        # on our primary waits (`detector_wait_ms`); ours waits at least as long
+        self._senior_wait_us: dict[int, int] = {}
         # members' message timing: kept across our own reset (a peer's timing does not
         # depend on our incarnation), pruned to the members at every install
         self._arrivals: dict[int, ArrivalStats] = getattr(self, "_arrivals", {})
@@ -800,6 +804,7 @@ class Membership:
         self._last_heard = {k.birth: self._last_heard.get(k.birth, now_us) for k in members}
         self._arrivals = {k.birth: self._arrivals[k.birth] for k in members
                           if k.birth in self._arrivals}
+        self._senior_wait_us = {}                 # ranks changed: seniors speak again
         if self._member_since_us is None:
             self._member_since_us = now_us
         for t in [t for t in self._acked_pp if t < pvn]:
@@ -960,8 +965,33 @@ class Membership:
         c, p = self.cfg, self.primary.birth
         heard = self._last_heard.get(p, self._hb_sent_us)
         fire = heard + c.fault_timeout_us(max(2, self.rank))
-        return max(fire + self._extension_us(p, c.timeout_base_us),
-                   min(self._replay_done_us, fire + c.catch_up_wait_max_us))
+        deadline = max(fire + self._extension_us(p, c.timeout_base_us),
+                       min(self._replay_done_us, fire + c.catch_up_wait_max_us))
+        for s, wait in self._senior_wait_us.items():
+            # a senior backup whose own detector waits longer (it is replaying, or
+            # catching up: `_extension_us`) is still to take over first, as the ranks
+            # say: we wait as much beyond our floor. Unless it falls silent itself, as
+            # long as it would take us to suspect a primary: then it is dead too, and
+            # our proposal leaves it out (line 4 of the paper).
+            alive_until = (self._last_heard.get(s, heard) + (fire - heard)
+                           + self._extension_us(s, c.timeout_base_us))
+            deadline = max(deadline, min(fire + wait, alive_until,
+                                         fire + c.catch_up_wait_max_us))
+        return deadline
+
+    def detector_wait_ms(self) -> int:
+        """How much longer than its rank's floor our detector on the primary waits now,
+        in ms rounded up (0 but for a backup). Our HEARTBEAT says it (`wait`), so that a
+        junior backup, whose floor is later than ours, does not suspect the primary
+        before we do and exclude us. Without it a backup replaying a backlog (held by its catch-up
+        estimate, or catching up: the longest extension) was excluded by the rank-3
+        backup's takeover and reset (tests/processes/test_busy_machine.py, about one
+        run in five under CPU hogs)."""
+        if self.status is not Status.BACKUP or self.rank < 2:
+            return 0
+        heard = self._last_heard.get(self.primary.birth, self._hb_sent_us)
+        wait_us = self._fd_deadline_us() - heard - self.cfg.fault_timeout_us(self.rank)
+        return max(0, -(-wait_us // 1000))
 
     def _ack_timeout_us(self, births) -> int:
         """The ack timeout of a change for these members: the longest of theirs."""
@@ -1226,8 +1256,14 @@ class Membership:
             self._send(MsgType.STATE_ACK, {"chunk": chunk})
 
     def _on_heartbeat(self, msg: Message, now_us: int) -> None:
-        # liveness was noted in _note_sender; the primary tells a replica that believes
-        # it is a member of this view, but is not, its current membership
+        # liveness was noted in _note_sender; a senior backup's detector wait is ours too
+        if msg.pvn == self.pvn and self.status is Status.BACKUP:
+            rank = next((i + 1 for i, k in enumerate(self.members)
+                         if k.birth == msg.sender), 0)
+            if 2 <= rank < self.rank:
+                self._senior_wait_us[msg.sender] = 1000 * msg.body["wait"]
+        # the primary tells a replica that believes it is a member of this view, but is
+        # not, its current membership
         if (self.status is Status.PRIMARY and msg.pvn == self.pvn and msg.precedence > 0
                 and not any(k.birth == msg.sender for k in self.members)
                 and now_us >= self._resent_membership_us + self.cfg.retransmit_us):

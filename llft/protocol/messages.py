@@ -94,7 +94,10 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
     # (both for membership/rules.py `competing_primary_wins`); change: the sender's
     # membership change in its view (a backup that hears a later one from its primary is
     # behind: maybe removed; membership/core.py `probe_answered`)
-    MsgType.HEARTBEAT: {"rank": int, "served": int, "lineage": int, "change": int},
+    # wait: ms beyond its floor the sender's detector on its primary waits (0 but for a
+    # backup: membership/core.py `detector_wait_ms`; a junior backup waits as long)
+    MsgType.HEARTBEAT: {"rank": int, "served": int, "lineage": int, "change": int,
+                        "wait": int},
     # upto: order-info position carried (primary) / delivered (backup's ack); done: the
     # position the backup's application has executed (its lag report; 0 from a primary)
     MsgType.ORDER_INFO: {"upto": int, "done": int},

@@ -238,6 +238,7 @@ class ReplicaNode:
     def _fresh_messaging(self) -> None:
         self.messaging = mg.MessagingEndpoint(self.group, self.membership.birth,
                                               self.messaging_config)
+        self.messaging.wait_of = self.membership.detector_wait_ms   # said in its HEARTBEATs
         self.live = False                       # messaging fed (member holding state)
         self._leaving = False                   # abandoned: the endpoint's rest is dropped
         self.started_pvn = 0                    # primary view whose marker we logged

@@ -7,6 +7,7 @@ times they ask for (`next_timer_us`), as the simulator and the asyncio driver do
 from __future__ import annotations
 
 import random
+from typing import Callable
 
 from llft.protocol.messages import Message, MsgType, Role
 from membership.core import Config, Membership, Reset, Send, Status
@@ -21,7 +22,7 @@ MS = 1_000
 
 def hb(sender: int, prec: int, rank: int, pvn: int = 4) -> Message:
     return Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, pvn, prec, sender,
-                   body={"rank": rank, "served": 0, "lineage": 0, "change": 0})
+                   body={"rank": rank, "served": 0, "lineage": 0, "change": 0, "wait": 0})
 
 
 def propose_backup(sender: int) -> Message:
@@ -173,6 +174,76 @@ def test_a_backup_waits_at_least_as_long_as_its_own_replay_would_take():
     last, proposed = _detect([], catching_up=False,
                              catch_up=lambda now: max(0, 210 * MS - now))
     assert proposed - last == CFG.fault_timeout_us(2)
+
+
+# ---- a senior backup that waits longer is not excluded by a junior -------------------
+
+def _takeover(senior: Callable[[Membership], None], senior_dies_us: int | None = None):
+    """The primary (100) dies at 200 ms; backups 105 (rank 2) and 111 (rank 3) hear it
+    and each other (their messages delivered at once). `senior(core)` sets rank 2's
+    own condition. Returns ({birth: time it proposed}, {birth: reset reasons},
+    the time of the primary's last heartbeat)."""
+    cores = {b: core_in(Status.BACKUP, b, ((100, 1), (105, 2), (111, 3)), seed=b)
+             for b in (105, 111)}
+    senior(cores[105])
+    last = 200 * MS
+    proposed, resets, now = {}, {}, 0
+    def alive(b: int, now: int) -> bool:
+        return b != 105 or senior_dies_us is None or now < senior_dies_us
+    while now < 2_000 * MS and not any(c.status is Status.PRIMARY_PHASE2
+                                       for c in cores.values()):
+        now = min([c.next_timer_us() for b, c in cores.items() if alive(b, now)]
+                  + ([(now // HB + 1) * HB] if now < last else []))
+        if now <= last and now % HB == 0:
+            for b, c in cores.items():
+                if alive(b, now):
+                    c.handle_message(hb(100, 1, 1), now)
+        for b, c in cores.items():
+            if not alive(b, now):
+                continue
+            if c.next_timer_us() <= now:
+                c.handle_timer(now)
+            for a in c.take_actions():
+                if isinstance(a, Reset):
+                    resets.setdefault(b, []).append(a.reason)
+                if not isinstance(a, Send) or a.msg.dst_group != G:
+                    continue
+                if a.msg.type is MsgType.PROPOSE_PRIMARY:
+                    proposed.setdefault(b, now)
+                for other, o in cores.items():
+                    if other != b and alive(other, now):
+                        o.handle_message(a.msg, now)
+    return proposed, resets, last
+
+
+def test_a_junior_backup_waits_for_a_senior_still_catching_up():
+    # rank 2 is replaying its history (the longest extension): its detector fires at
+    # floor + cap, later than rank 3's floor. Rank 3 learns it from its heartbeats and
+    # waits as much, so rank 2 takes over as the ranks say and nobody is reset
+    proposed, resets, last = _takeover(lambda c: c.set_catching_up(True))
+    assert not resets
+    assert min(proposed, key=proposed.get) == 105
+    assert proposed[105] - last == CFG.fault_timeout_us(2) + CFG.extension_cap_us
+    assert 111 not in proposed or proposed[111] > proposed[105]
+
+
+def test_a_junior_backup_waits_for_a_senior_held_by_its_replay_estimate():
+    # rank 2 has 600 ms of replay left when the primary dies: it takes over then
+    proposed, resets, last = _takeover(
+        lambda c: c.set_catch_up_estimate(600 * MS, 200 * MS))
+    assert not resets
+    assert min(proposed, key=proposed.get) == 105
+    assert proposed[105] == 800 * MS
+
+
+def test_a_junior_backup_does_not_wait_for_a_senior_that_died_too():
+    # rank 2 catching up dies 50 ms after the primary: rank 3 takes over once it has
+    # been silent as long as a primary would be suspected, and leaves it out
+    proposed, resets, last = _takeover(lambda c: c.set_catching_up(True),
+                                       senior_dies_us=250 * MS)
+    assert list(proposed) == [111]
+    assert proposed[111] - 250 * MS <= CFG.fault_timeout_us(3) + CFG.extension_cap_us
+    assert proposed[111] - last >= CFG.fault_timeout_us(3)
 
 
 # ---- the primary: ack timeouts and silent backups ------------------------------------

@@ -141,7 +141,7 @@ import dataclasses
 import heapq
 import zlib
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 
@@ -253,6 +253,8 @@ class MessagingEndpoint:
         self.served_pvn = 0                 # the last view in which we, primary, got data
         self.lineage = 0                    # membership's (said in our HEARTBEATs)
         self.change = 0                     # membership's change in this view (likewise)
+        # membership's detector wait, in ms (likewise: Membership.detector_wait_ms)
+        self.wait_of: Callable[[], int] = int
 
     # ======================================================================== views ===
     @property
@@ -1665,7 +1667,7 @@ class MessagingEndpoint:
             return False
         back = self._heartbeat_back()
         body = {"rank": self.rank(), "served": int(self.served), "lineage": self.lineage,
-                "change": self.change}
+                "change": self.change, "wait": self.wait_of()}
         ack, frees = self.digest(), self._heartbeat_frees()
         hb, k = self.config.heartbeat_us, self.config.pulse_intervals
         msg = self._last_hb
