@@ -78,7 +78,7 @@ from llft.runtime import proctree
 from llft.tools import netns
 from llft.tools.cluster import ClusterError, LocalCluster
 from llft.tools.loadclient import LoadResult, run_load
-from llft.tools.procs import free_port
+from llft.tools.procs import CPU_HOG_ARGV, free_port
 
 KINDS = ("kill_primary", "kill_backup", "kill_both", "pause_primary", "pause_backup",
          "cpu_hog", "jvm_start", "restart")
@@ -372,7 +372,7 @@ class Campaign:
             return f"{m['name']} ({m['role']}) stopped {f.hold_s:.2f} s"
         if f.kind == "cpu_hog":
             n = (os.cpu_count() or 1) + 1
-            hogs = [self._spawn([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+            hogs = [self._spawn(CPU_HOG_ARGV) for _ in range(n)]
             _hold(f.hold_s)                     # the fault itself: the hog runs this long
             for p in hogs:
                 _stop(p)

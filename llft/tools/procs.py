@@ -24,6 +24,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# A process that keeps one core busy (a co-located heavy job: chaos's `cpu_hog`, the busy
+# machine tests) and exits once orphaned: a harness killed before it could stop its hogs
+# (pytest interrupted mid-campaign) once left three of them burning every core for half
+# an hour, under every measurement after it. (The check costs a syscall per ~20 ms.)
+CPU_HOG_ARGV = [sys.executable, "-c",
+                "import os\np = os.getppid()\n"
+                "while os.getppid() == p:\n    for _ in range(500_000): pass"]
+
+
 def random_group_addresses(groups: list[str]) -> str:
     """Fresh multicast address:port per group, so concurrent test runs do not collide."""
     rng = random.Random(os.getpid() ^ time.monotonic_ns())

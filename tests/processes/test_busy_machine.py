@@ -25,6 +25,7 @@ import pytest
 from llft import EXAMPLES_DIR
 from llft.tools.cluster import LocalCluster
 from llft.tools.loadclient import BackgroundLoad, run_load
+from llft.tools.procs import CPU_HOG_ARGV
 
 COUNTER = [sys.executable, os.path.join(EXAMPLES_DIR, "kv_counter.py"), "9000"]
 HOGS = (os.cpu_count() or 2) + 1
@@ -35,8 +36,7 @@ VIEW_LINE = re.compile(r"\bview (\d+)\.(\d+): ")
 
 def start_hogs(n: int) -> list[subprocess.Popen]:
     # same niceness as the agents (which run their apps at +5): a fair fight for the CPU
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                             stdin=subprocess.DEVNULL) for _ in range(n)]
+    return [subprocess.Popen(CPU_HOG_ARGV, stdin=subprocess.DEVNULL) for _ in range(n)]
 
 
 def stop_hogs(hogs: list[subprocess.Popen]) -> None:
