@@ -44,9 +44,13 @@ Each kind documents its own lines (`set`, `seed` and event words) in its module 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
+import multiprocessing
+import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +59,30 @@ from typing import Any, Callable, Iterator
 
 class ScenarioError(ValueError):
     """A scenario file that cannot be read."""
+
+
+# `Campaign.failures` runs a campaign of this many schedules or more in worker processes
+PARALLEL_FROM = 100
+
+
+def sim_jobs() -> int:
+    """How many worker processes a long campaign uses: the cores this process may run on
+    (at most 4), or LLFT_SIM_JOBS."""
+    env = os.environ.get("LLFT_SIM_JOBS")
+    if env:
+        return max(1, int(env))
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+def _worker_start(check_watermark: bool) -> None:
+    # a spawned worker imports the checks afresh: the parent's switches are set again
+    from llft.protocol.messaging import endpoint
+    endpoint.CHECK_WATERMARK = check_watermark
+
+
+def _first_violation(run_seed: Callable[..., "Outcome"], params: dict, seed: int) -> str | None:
+    v = run_seed(seed, **params).violations
+    return v[0] if v else None
 
 
 def schedule_seed(kind: str, seed: int, index: int) -> int:
@@ -285,14 +313,21 @@ class Campaign:
 
     def failures(self, schedules: int, seed: int, **params) -> list[tuple[int, str]]:
         """(schedule seed, first violation) of every failing schedule of a campaign (for
-        tests: an exception propagates)."""
-        out = []
-        for i in range(schedules):
-            s = schedule_seed(self.kind, seed, i)
-            v = self.run_seed(s, **params).violations
-            if v:
-                out.append((s, v[0]))
-        return out
+        tests: an exception propagates). Schedules are independent and pure CPU: a
+        campaign of `PARALLEL_FROM` schedules or more runs them on every core
+        (`sim_jobs`), in order of their index, with the same results."""
+        seeds = [schedule_seed(self.kind, seed, i) for i in range(schedules)]
+        check = functools.partial(_first_violation, self.run_seed, params)
+        jobs = sim_jobs() if schedules >= PARALLEL_FROM else 1
+        if jobs == 1:
+            firsts = list(map(check, seeds))
+        else:
+            from llft.protocol.messaging import endpoint
+            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                     initializer=_worker_start,
+                                     initargs=(endpoint.CHECK_WATERMARK,)) as pool:
+                firsts = list(pool.map(check, seeds, chunksize=max(1, schedules // (8 * jobs))))
+        return [(s, v) for s, v in zip(seeds, firsts) if v is not None]
 
     def _campaign(self, schedules: int, seed: int, params: dict, verbose: bool) -> int:
         for line in self.header(params) if self.header else ():
