@@ -545,13 +545,15 @@ class Endpoint:
             self.counters["send_errors"] += 1
 
     # -- receiving -------------------------------------------------------------------
-    def drain_input(self, limit: int = DRAIN_LIMIT) -> int:
+    def drain_input(self, limit: int = DRAIN_LIMIT, sockets: bool = True) -> int:
         """Process up to `limit` datagrams already queued on our sockets; how many.
         The driver calls it before a timer: a timer decides on silence (a peer is
         suspected, a backup removed), so what arrived meanwhile must be heard first --
-        after a busy spell the socket may hold heartbeats that are not late at all."""
+        after a busy spell the socket may hold heartbeats that are not late at all.
+        `sockets` False: only what the pulse thread queued (the loop's selector just
+        found the sockets empty)."""
         n = self._pulse.drain(limit) if self._pulse is not None else 0
-        for s in self._input_socks:
+        for s in self._input_socks if sockets else ():
             while n < limit and not self._closed:
                 try:
                     data = s.recv(RECV_MAX_BYTES)
