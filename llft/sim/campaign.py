@@ -85,6 +85,30 @@ def _first_violation(run_seed: Callable[..., "Outcome"], params: dict, seed: int
     return v[0] if v else None
 
 
+def _outcome(run_seed: Callable[..., "Outcome"], kind: str, params: dict,
+             seed: int) -> "Outcome":
+    """Run one schedule: a crash of a core is a violation too."""
+    try:
+        return run_seed(seed, **params)
+    except Exception as e:
+        return Outcome([f"exception: {type(e).__name__}: {e}"], Script(kind))
+
+
+def _each(check: Callable[[int], Any], seeds: list[int]) -> Iterator[Any]:
+    """`check(seed)` for every seed, in order: on `sim_jobs()` spawned workers when there
+    are `PARALLEL_FROM` seeds or more (`check` must pickle: a partial of module-level
+    functions)."""
+    jobs = sim_jobs() if len(seeds) >= PARALLEL_FROM else 1
+    if jobs == 1:
+        yield from map(check, seeds)
+        return
+    from llft.protocol.messaging import endpoint
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_worker_start,
+                             initargs=(endpoint.CHECK_WATERMARK,)) as pool:
+        yield from pool.map(check, seeds, chunksize=max(1, len(seeds) // (8 * jobs)))
+
+
 def schedule_seed(kind: str, seed: int, index: int) -> int:
     """The seed of schedule `index` of the campaign `seed` of simulator `kind`."""
     h = hashlib.sha256(f"llft-{kind}/{seed}/{index}".encode()).digest()
@@ -306,27 +330,15 @@ class Campaign:
     # -- the three modes ------------------------------------------------------------------
     def outcome(self, seed: int, params: dict) -> Outcome:
         """Run one schedule of a campaign: a crash of a core is a violation too."""
-        try:
-            return self.run_seed(seed, **params)
-        except Exception as e:
-            return Outcome([f"exception: {type(e).__name__}: {e}"], Script(self.kind))
+        return _outcome(self.run_seed, self.kind, params, seed)
 
     def failures(self, schedules: int, seed: int, **params) -> list[tuple[int, str]]:
         """(schedule seed, first violation) of every failing schedule of a campaign (for
         tests: an exception propagates). Schedules are independent and pure CPU: a
-        campaign of `PARALLEL_FROM` schedules or more runs them on every core
-        (`sim_jobs`), in order of their index, with the same results."""
+        campaign of `PARALLEL_FROM` schedules or more runs them on every core (`_each`),
+        with the same results."""
         seeds = [schedule_seed(self.kind, seed, i) for i in range(schedules)]
-        check = functools.partial(_first_violation, self.run_seed, params)
-        jobs = sim_jobs() if schedules >= PARALLEL_FROM else 1
-        if jobs == 1:
-            firsts = list(map(check, seeds))
-        else:
-            from llft.protocol.messaging import endpoint
-            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                                     initializer=_worker_start,
-                                     initargs=(endpoint.CHECK_WATERMARK,)) as pool:
-                firsts = list(pool.map(check, seeds, chunksize=max(1, schedules // (8 * jobs))))
+        firsts = _each(functools.partial(_first_violation, self.run_seed, params), seeds)
         return [(s, v) for s, v in zip(seeds, firsts) if v is not None]
 
     def _campaign(self, schedules: int, seed: int, params: dict, verbose: bool) -> int:
@@ -335,9 +347,9 @@ class Campaign:
         bad = 0
         outcomes = []
         t0 = time.monotonic()
-        for i in range(schedules):
-            s = schedule_seed(self.kind, seed, i)
-            o = self.outcome(s, params)
+        seeds = [schedule_seed(self.kind, seed, i) for i in range(schedules)]
+        each = _each(functools.partial(_outcome, self.run_seed, self.kind, params), seeds)
+        for i, (s, o) in enumerate(zip(seeds, each)):
             outcomes.append(o)
             v = o.violations
             if v:
