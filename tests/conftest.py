@@ -11,6 +11,7 @@ Slow campaigns (soaks, chaos, big transfers) are marked `slow` and skipped unles
 `--soak=small` (CI) or `--soak=full` is given; the `soak` fixture tells a test which size.
 """
 import os
+import signal
 
 import pytest
 
@@ -21,6 +22,16 @@ from llft.protocol.messaging import endpoint as messaging_endpoint
 messaging_endpoint.CHECK_WATERMARK = True
 
 KINDS = ("unit", "sim", "processes", "spark")
+
+
+def _terminated(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config):
+    # a run stopped with SIGTERM (`timeout`, a CI job cancelled) unwinds like Ctrl-C: the
+    # running test's clusters, loads and hogs are stopped on the way out, not orphaned
+    signal.signal(signal.SIGTERM, _terminated)
 
 
 def pytest_addoption(parser):
