@@ -392,8 +392,12 @@ class Membership:
     @property
     def rank(self) -> int:
         """1 for the primary, 2..n for the backups by precedence, 0 when not a member."""
+        return self._rank_of(self.birth)
+
+    def _rank_of(self, birth: int) -> int:
+        """`birth`'s rank in our view, as `rank` is ours (0: not a member)."""
         for i, k in enumerate(self.members):
-            if k.birth == self.birth:
+            if k.birth == birth:
                 return i + 1
         return 0
 
@@ -964,7 +968,8 @@ class Membership:
         # every rank extends by what the rank-2 floor would: the ranks keep their order
         c, p = self.cfg, self.primary.birth
         heard = self._last_heard.get(p, self._hb_sent_us)
-        fire = heard + c.fault_timeout_us(max(2, self.rank))
+        floor = c.fault_timeout_us(max(2, self.rank))
+        fire = heard + floor
         deadline = max(fire + self._extension_us(p, c.timeout_base_us),
                        min(self._replay_done_us, fire + c.catch_up_wait_max_us))
         for s, wait in self._senior_wait_us.items():
@@ -973,7 +978,7 @@ class Membership:
             # say: we wait as much beyond our floor. Unless it falls silent itself, as
             # long as it would take us to suspect a primary: then it is dead too, and
             # our proposal leaves it out (line 4 of the paper).
-            alive_until = (self._last_heard.get(s, heard) + (fire - heard)
+            alive_until = (self._last_heard.get(s, heard) + floor
                            + self._extension_us(s, c.timeout_base_us))
             deadline = max(deadline, min(fire + wait, alive_until,
                                          fire + c.catch_up_wait_max_us))
@@ -983,10 +988,10 @@ class Membership:
         """How much longer than its rank's floor our detector on the primary waits now,
         in ms rounded up (0 but for a backup). Our HEARTBEAT says it (`wait`), so that a
         junior backup, whose floor is later than ours, does not suspect the primary
-        before we do and exclude us. Without it a backup replaying a backlog (held by its catch-up
-        estimate, or catching up: the longest extension) was excluded by the rank-3
-        backup's takeover and reset (tests/processes/test_busy_machine.py, about one
-        run in five under CPU hogs)."""
+        before we do and exclude us. Without it a backup replaying a backlog (held by
+        its catch-up estimate, or catching up: the longest extension) was excluded by
+        the rank-3 backup's takeover and reset (tests/processes/test_busy_machine.py,
+        about one run in five under CPU hogs)."""
         if self.status is not Status.BACKUP or self.rank < 2:
             return 0
         heard = self._last_heard.get(self.primary.birth, self._hb_sent_us)
@@ -1258,9 +1263,7 @@ class Membership:
     def _on_heartbeat(self, msg: Message, now_us: int) -> None:
         # liveness was noted in _note_sender; a senior backup's detector wait is ours too
         if msg.pvn == self.pvn and self.status is Status.BACKUP:
-            rank = next((i + 1 for i, k in enumerate(self.members)
-                         if k.birth == msg.sender), 0)
-            if 2 <= rank < self.rank:
+            if 2 <= self._rank_of(msg.sender) < self.rank:
                 self._senior_wait_us[msg.sender] = 1000 * msg.body["wait"]
         # the primary tells a replica that believes it is a member of this view, but is
         # not, its current membership
