@@ -86,7 +86,8 @@ class Driver:
             self.core.heard_again(msg, times)
 
     def _on_timer(self) -> None:
-        due_us, now = self._timer_at_us, self.clock_us()
+        due_us = self._timer_at_us
+        late = due_us is None or self.clock_us() - due_us > ON_TIME_US
         self._timer = None
         self._timer_at_us = None
         # input first: a timer judges silence, and after a busy spell what was heard
@@ -94,7 +95,7 @@ class Driver:
         # ran in the loop turn whose selector just found no input (asyncio runs that
         # turn's readers first): the sockets need no read (at idle, ~16 timers a second
         # each spent 60-75 us on reads that found nothing)
-        self.endpoint.drain_input(sockets=due_us is None or now - due_us > ON_TIME_US)
+        self.endpoint.drain_input(sockets=late)
         self._absorbed()
         now = self.clock_us()
         deadline = self.core.next_timer_us()

@@ -50,8 +50,8 @@ import multiprocessing
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -61,7 +61,7 @@ class ScenarioError(ValueError):
     """A scenario file that cannot be read."""
 
 
-# `Campaign.failures` runs a campaign of this many schedules or more in worker processes
+# a campaign of this many schedules or more runs in worker processes (`_each`)
 PARALLEL_FROM = 100
 
 
@@ -80,7 +80,8 @@ def _worker_start(check_watermark: bool) -> None:
     endpoint.CHECK_WATERMARK = check_watermark
 
 
-def _first_violation(run_seed: Callable[..., "Outcome"], params: dict, seed: int) -> str | None:
+def _first_violation(run_seed: Callable[..., "Outcome"], params: dict,
+                     seed: int) -> str | None:
     v = run_seed(seed, **params).violations
     return v[0] if v else None
 

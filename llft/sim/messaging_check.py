@@ -234,9 +234,10 @@ class Schedule:
         # every group may die whole here (`die`); live ones never fall silent for the
         # remote timeout within a schedule, so the rule is on for all of them
         # "pulse": heartbeat refresh in intervals (scenarios recorded before pulses: 1)
+        pulse = int(m.get("pulse", MessagingConfig().pulse_intervals))
         self.cfg = MessagingConfig(max_payload_bytes=int(m["payload"]),
                                    window_msgs=int(m["window"]), lone_groups=("g",),
-                                   pulse_intervals=int(m.get("pulse", MessagingConfig().pulse_intervals)))
+                                   pulse_intervals=pulse)
         self.groups: dict[str, list[_Replica]] = {}
         self.conns = []             # (client group, server group, conn_seq, streams)
         conn_index: dict[str, int] = {}

@@ -742,9 +742,10 @@ class Schedule:
         m = source.pairs("set", "messaging")
         # "pulse": heartbeat refresh in intervals, both cores (scenarios recorded before
         # pulses: 1)
+        pulse = int(m.get("pulse", mg.MessagingConfig().pulse_intervals))
         self.mcfg = mg.MessagingConfig(max_payload_bytes=int(m["payload"]),
                                        window_msgs=int(m["window"]),
-                                       pulse_intervals=int(m.get("pulse", mg.MessagingConfig().pulse_intervals)))
+                                       pulse_intervals=pulse)
         self.sizes = {g: int(n) for g, n in source.pairs("set", "replicas").items()}
         self.server_block = int(source.get("set", "server-block")[0])
         self.random_cuts = source.get("set", "random-cuts")[0] == "yes"
