@@ -17,7 +17,10 @@ interval until then"), and this channel keeps the loop out of the repetition:
   time is kept. Anything else (a heartbeat that says something new, a forgery, noise)
   is queued for the loop, which authenticates and decodes it as any datagram and, if
   it is good, tells the thread to absorb its copies (`accept`);
-- judging: before every event the driver takes the absorbed arrivals
+- judging: before a timer the loop reads the pulse socket itself (`drain`: the thread
+  reads it only at its sends, and a starved thread would leave the evidence of a live
+  peer in the kernel while a detector judges it silent); before every event the
+  driver takes the absorbed arrivals
   (`Endpoint.take_absorbed`) and hands them to its core (`heard_again`) with their
   true times, so a detector deadline, or a loop that was itself late, judges a peer
   on when its heartbeats really came.
@@ -184,12 +187,18 @@ class PulseChannel:
             os.eventfd_read(self._efd)      # first: a datagram queued after is signalled
         except BlockingIOError:
             pass
-        self.drain()
+        self.drain(read_socket=False)   # the thread just read it
 
-    def drain(self, limit: int = 4096) -> int:
-        """Hand the loop what the thread queued (or, without it, what the socket holds)."""
+    def drain(self, limit: int = 4096, read_socket: bool = True) -> int:
+        """Hand the loop what the thread queued (or, without it, what the socket holds).
+        `read_socket`: the socket is read first, here (`llft_pulse_poll`): the thread
+        reads it only at its sends, and on a busy machine it may not have run for longer
+        than a detector's timeout while the heartbeats that disprove a silence wait in
+        the kernel; a driver about to judge silence must hear them."""
         n = 0
         if self._p is not None:
+            if read_socket:
+                _lib.llft_pulse_poll(self._p)
             while n < limit:
                 k = _lib.llft_pulse_take(self._p, self._buf, RECV_MAX_BYTES, self._src,
                                          self._at)

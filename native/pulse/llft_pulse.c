@@ -1,6 +1,8 @@
 /* llft_pulse.c -- the heartbeat thread (see llft_pulse.h for what and why).
  *
- * One mutex guards everything shared with the Python-facing calls. The thread sleeps
+ * One mutex (mu) guards everything shared with the Python-facing calls; a second
+ * (rmu) makes one reader of the receive socket at a time, the thread or a caller of
+ * llft_pulse_poll, so that arrivals stay in the kernel's order and rbuf has one user. The thread sleeps
  * in ppoll() on the receive socket and an internal eventfd (set/free wake it), with a
  * timeout only while something is to be repeated: idle, it costs no wake-up at all.
  * It never holds the GIL (plain C; cffi releases the GIL around every call into here).
@@ -54,6 +56,7 @@ struct llft_pulse {
     int rfd, sfd, efd, wake_fd;
     pthread_t th;
     pthread_mutex_t mu;
+    pthread_mutex_t rmu;                /* one reader of rfd at a time (drain) */
     int stop;
     /* what is repeated */
     uint8_t *rep;
@@ -66,7 +69,7 @@ struct llft_pulse {
     int qn;
     struct source src[MAX_SRC];
     uint64_t stats[8];
-    uint8_t rbuf[RBUF];                 /* the thread's receive buffer (not shared) */
+    uint8_t rbuf[RBUF];                 /* the receive buffer, under rmu */
 };
 
 static int64_t clock_ns(clockid_t c) {
@@ -158,8 +161,11 @@ static void on_datagram(llft_pulse *p, uint64_t src, const uint8_t *d, uint32_t 
     if (p->qn++ == 0) wake(p->efd);
 }
 
-/* Reads recv_fd until EAGAIN (one readiness may hold many datagrams). */
-static void drain(llft_pulse *p) {
+/* Reads recv_fd until EAGAIN (one readiness may hold many datagrams); how many.
+ * Called without mu held. */
+static int drain(llft_pulse *p) {
+    int got = 0;
+    pthread_mutex_lock(&p->rmu);
     for (;;) {
         struct sockaddr_in from;
         union { char buf[CMSG_SPACE(sizeof(struct timespec))]; struct cmsghdr align; } ctl;
@@ -168,7 +174,7 @@ static void drain(llft_pulse *p) {
                            .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
         ssize_t n = recvmsg(p->rfd, &m, MSG_DONTWAIT);
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
         /* Sample both clocks now: the kernel stamps CLOCK_REALTIME, Python wants
          * CLOCK_MONOTONIC; their offset at the read converts the stamp. */
         int64_t real = clock_ns(CLOCK_REALTIME), mono = clock_ns(CLOCK_MONOTONIC);
@@ -177,7 +183,7 @@ static void drain(llft_pulse *p) {
             /* e.g. a pending ICMP error: recvmsg consumed it, so poll will not spin */
             p->stats[S_RECV_ERR]++;
             pthread_mutex_unlock(&p->mu);
-            return;
+            break;
         }
         int64_t at = mono / 1000;
         for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
@@ -191,7 +197,10 @@ static void drain(llft_pulse *p) {
             src = ((uint64_t)from.sin_addr.s_addr << 16) | ntohs(from.sin_port);
         on_datagram(p, src, p->rbuf, (uint32_t)n, at);
         pthread_mutex_unlock(&p->mu);
+        got++;
     }
+    pthread_mutex_unlock(&p->rmu);
+    return got;
 }
 
 static void *run(void *arg) {
@@ -258,6 +267,7 @@ llft_pulse *llft_pulse_new(int recv_fd, int send_fd, int event_fd) {
         return NULL;
     }
     pthread_mutex_init(&p->mu, NULL);
+    pthread_mutex_init(&p->rmu, NULL);
     /* Block every signal in the thread: Python's handlers must run in (and interrupt
      * the system calls of) the main thread, not here. */
     sigset_t all, old;
@@ -269,6 +279,7 @@ llft_pulse *llft_pulse_new(int recv_fd, int send_fd, int event_fd) {
     if (err) {
         close(p->wake_fd);
         pthread_mutex_destroy(&p->mu);
+        pthread_mutex_destroy(&p->rmu);
         free(p);
         errno = err;
         return NULL;
@@ -285,6 +296,7 @@ void llft_pulse_free(llft_pulse *p) {
     pthread_join(p->th, NULL);
     close(p->wake_fd);
     pthread_mutex_destroy(&p->mu);
+    pthread_mutex_destroy(&p->rmu);
     for (struct fwd *f = p->qhead, *next; f; f = next) {
         next = f->next;
         free(f);
@@ -358,6 +370,10 @@ int64_t llft_pulse_take(llft_pulse *p, uint8_t *buf, size_t cap, uint64_t *src, 
     }
     pthread_mutex_unlock(&p->mu);
     return r;
+}
+
+int llft_pulse_poll(llft_pulse *p) {
+    return drain(p);
 }
 
 void llft_pulse_accept(llft_pulse *p, uint64_t src, const uint8_t *data, uint32_t len) {

@@ -46,6 +46,12 @@ int llft_pulse_set(llft_pulse *p, const uint8_t *data, const uint32_t *lens, int
 /* Next forwarded datagram into buf: its length, 0 if none, -1 if cap is too small (it
  * stays queued). *src: its source; *at_us: kernel arrival time (monotonic µs). */
 int64_t llft_pulse_take(llft_pulse *p, uint8_t *buf, size_t cap, uint64_t *src, int64_t *at_us);
+/* Reads the receive socket now, from the caller's thread, as the thread does at its
+ * sends: what was waiting is absorbed or queued. A caller about to judge a peer's
+ * silence calls it first (the thread reads only once an interval, and may itself be
+ * kept from running on a busy machine while the evidence waits in the kernel). Returns
+ * how many datagrams were read. */
+int llft_pulse_poll(llft_pulse *p);
 /* Byte-identical copies of data from src are absorbed from now on (the last 8 accepted
  * datagrams of each source). */
 void llft_pulse_accept(llft_pulse *p, uint64_t src, const uint8_t *data, uint32_t len);
