@@ -35,7 +35,14 @@ def test_bench_all_leaves_spark_out_unless_asked():
 
 
 @pytest.mark.slow
-def test_bench_spark_quick(tmp_path):
+def test_bench_spark_quick(tmp_path, soak):
+    # 6 minutes and ~9 JVMs on a 2-core machine, the largest single part of a CI run:
+    # at --soak=full. What it drives is covered at every size by the replicated
+    # pipeline (tests/spark/test_spark_pipeline.py) and Connect driver
+    # (tests/spark/test_spark_connect.py) tests; this one adds the bench's tables, plots
+    # and its checkpoint baseline.
+    if soak != "full":
+        pytest.skip("llft bench spark --quick: --soak=full")
     out = str(tmp_path / "results")
     assert main(["bench", "spark", "--quick", "--results", out]) == 0
     runs = read_csv(os.path.join(out, "spark_runs.csv"))
