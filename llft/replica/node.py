@@ -457,6 +457,12 @@ class ReplicaNode:
                 self.messaging.handle_timer(now_us)
         self._settle()
 
+    @property
+    def takeover_held(self) -> bool:
+        """Membership's detector fired and waits for evidence (`Membership.takeover_held`):
+        the driver then reads the pulse socket before each message."""
+        return self.membership.takeover_held
+
     def _touched(self) -> mb.Membership:
         """Membership, about to change: its next deadline is computed again."""
         self._mb_next = None

@@ -74,7 +74,12 @@ class Driver:
 
     def _on_message_at(self, msg: Message, at_us: int) -> None:
         """`msg` came at `at_us`: now, or for a heartbeat the pulse thread read up to an
-        interval after it came, then (its detector's arrival history stays the peer's)."""
+        interval after it came, then (its detector's arrival history stays the peer's).
+        While the core holds a takeover, any message may be the evidence that decides it
+        (a PROBE answer): the pulse socket is read first, as before a timer, so that it
+        is judged with every heartbeat that came."""
+        if getattr(self.core, "takeover_held", False):
+            self.endpoint.read_pulse()
         self._absorbed()
         self.core.handle_message(msg, min(at_us, self.clock_us()))
         self.pump(event=True)

@@ -198,7 +198,7 @@ class PulseChannel:
         n = 0
         if self._p is not None:
             if read_socket:
-                _lib.llft_pulse_poll(self._p)
+                self.poll()
             while n < limit:
                 k = _lib.llft_pulse_take(self._p, self._buf, RECV_MAX_BYTES, self._src,
                                          self._at)
@@ -218,6 +218,13 @@ class PulseChannel:
             self.py_stats["received"] += 1
             self.on_datagram(data, (ip_be(addr[0]) << 16) | addr[1], self.clock_us())
         return n
+
+    def poll(self) -> None:
+        """The thread's socket read now, from the caller (`llft_pulse_poll`): copies of
+        accepted heartbeats become arrivals, anything else is queued (and signalled).
+        Without the native thread the loop reads the socket itself: nothing to do."""
+        if self._p is not None:
+            _lib.llft_pulse_poll(self._p)
 
     def _on_readable(self) -> None:
         self.drain()

@@ -506,6 +506,12 @@ class Endpoint:
                 self.send_datagram(dst_group, d)
         self._repeater.repeat(send, datagrams, every_us, until_us)  # no channel: the loop
 
+    def read_pulse(self) -> None:
+        """What waits on the pulse socket, read now (`PulseChannel.poll`): before a
+        message is judged as evidence about a peer's silence."""
+        if self._pulse is not None:
+            self._pulse.poll()
+
     def take_absorbed(self) -> list[tuple[Message, list[int]]]:
         """The heartbeat copies the pulse thread absorbed since the last call: (the
         message they repeat, their arrival times). The driver hands them to its core

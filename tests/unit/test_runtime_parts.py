@@ -91,6 +91,9 @@ class _Endpoint:
     def take_absorbed(self):
         return []                   # no pulse channel: nothing absorbed
 
+    def read_pulse(self):
+        self.sent.append("read_pulse")
+
 
 class _Core:
     """Emits a send and a delivery, then (called again by the handler) one more."""
@@ -122,6 +125,22 @@ def test_driver_sends_sends_and_hands_the_rest_to_on_action():
                   role=Role.CLIENT, pvn=1, precedence=1, sender=1)
     ep.on_message(msg)
     assert ep.sent == [("g", msg)] and seen == ["deliver", "later"]
+
+
+def test_driver_reads_the_pulse_socket_before_a_message_while_a_takeover_is_held():
+    """A held takeover is decided by messages (PROBE answers): each is judged with every
+    heartbeat that came, so the pulse socket is read before it, and only then."""
+    ep, core = _Endpoint(), _Core()
+    Driver(ep, core)
+    msg = Message(type=MsgType.HEARTBEAT, src_group="g", dst_group="g", conn_seq=0,
+                  role=Role.CLIENT, pvn=1, precedence=1, sender=1)
+    ep.on_message(msg)
+    assert ep.sent == [("g", msg)]
+    core.takeover_held = True
+    ep.on_message(msg)
+    assert ep.sent == [("g", msg), "read_pulse", ("g", msg)]
+    node = ReplicaNode("g", random.Random(1))
+    assert node.takeover_held is False      # the node says what its membership says
 
 
 def test_node_emits_only_its_vocabulary():
