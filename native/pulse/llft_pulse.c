@@ -2,9 +2,10 @@
  *
  * One mutex (mu) guards everything shared with the Python-facing calls; a second
  * (rmu) makes one reader of the receive socket at a time, the thread or a caller of
- * llft_pulse_poll, so that arrivals stay in the kernel's order and rbuf has one user. The thread sleeps
- * in ppoll() on the receive socket and an internal eventfd (set/free wake it), with a
- * timeout only while something is to be repeated: idle, it costs no wake-up at all.
+ * llft_pulse_poll, so that arrivals stay in the kernel's order and rbuf has one user.
+ * The thread sleeps in ppoll() on the receive socket and an internal eventfd (set/free
+ * wake it), with a timeout only while something is to be repeated: idle, it costs no
+ * wake-up at all.
  * It never holds the GIL (plain C; cffi releases the GIL around every call into here).
  */
 #ifndef _GNU_SOURCE   /* cffi includes Python.h first, which defines it */
