@@ -17,10 +17,11 @@ interval until then"), and this channel keeps the loop out of the repetition:
   time is kept. Anything else (a heartbeat that says something new, a forgery, noise)
   is queued for the loop, which authenticates and decodes it as any datagram and, if
   it is good, tells the thread to absorb its copies (`accept`);
-- judging: before a timer the loop reads the pulse socket itself (`drain`: the thread
-  reads it only at its sends, and a starved thread would leave the evidence of a live
-  peer in the kernel while a detector judges it silent); before every event the
-  driver takes the absorbed arrivals
+- judging: before a timer, and before each message while a takeover is held, the
+  loop reads the pulse socket itself (`poll`: the thread reads it only at its sends,
+  and a starved thread would leave the evidence of a live peer in the kernel while a
+  detector judges it silent); before every event the driver takes the absorbed
+  arrivals
   (`Endpoint.take_absorbed`) and hands them to its core (`heard_again`) with their
   true times, so a detector deadline, or a loop that was itself late, judges a peer
   on when its heartbeats really came.
