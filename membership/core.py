@@ -91,7 +91,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
 
-from llft.protocol.messages import Message, MsgType, Pulse, Role, Send, probe, pulse_until_us
+from llft.protocol.messages import (Message, MsgType, Pulse, Role, Send, probe, pulse_lease_us,
+                                    pulse_until_us)
 from membership.detector import ArrivalStats, extension_us, window_for
 from membership.rules import (Key, PPDecision, competing_primary_wins, decide_propose_primary,
                               fault_timeout_us, may_propose, proposal_members)
@@ -193,7 +194,7 @@ class Config:
     catch_up_wait_max_us: int = 60_000_000   # longest a backup's own replay delays a takeover
     # a primary alone says its heartbeat as a Pulse refreshed every this many intervals
     # while it says the same (messages.Pulse; messaging's MessagingConfig.pulse_intervals)
-    pulse_intervals: int = 3
+    pulse_intervals: int = 50
     host: str = ""
     pid: int = 0
 
@@ -416,7 +417,9 @@ class Membership:
         out, self._actions = self._actions, []
         return out
 
-    def next_timer_us(self) -> int | None:
+    def next_timer_us(self, watched: bool = True) -> int | None:
+        """The next deadline; `watched` False: leaving out those `silence_watches` gives
+        (a driver whose pulse thread watches them wakes for the others only)."""
         if not self._started:
             return None
         c = self.cfg
@@ -439,14 +442,47 @@ class Membership:
         t.append(tick + self._tick_period_us)
         if self.status in (Status.BACKUP, Status.AWAITING_STATE):
             fd, held = self._fd_deadline_us(), self._takeover_held_us
-            t.append(fd if held is None or fd > held else self._probe_due_us)
+            if held is not None and fd <= held:
+                t.append(self._probe_due_us)
+            elif watched or self._primary_watch() is None:
+                t.append(fd)
         elif self.status is Status.PROPOSING:
             p = self._proposal
             t.append(p.sent_us + c.retransmit_us)
             t.append(p.drop_check_us)
         else:
-            t.extend(self._primary_deadlines())
+            t.extend(self._primary_deadlines(watched))
         return min(t)
+
+    def silence_watches(self) -> list[tuple[int, int, int]]:
+        """The deadlines of `next_timer_us` that only a peer's silence can bring:
+        (birth, heard_us, deadline_us), each "last heard + allowance", so a copy of the
+        peer's heartbeat that came at `heard_us + d` moves it by `d` (a thread that
+        follows the copies it absorbs, llft/runtime/pulse.py, wakes the driver only
+        when one passes). Only deadlines that move one for one with that peer alone are
+        watches (not a backup's detector held by a senior's wait or its own replay).
+        Moving with its copies, a watch is late by at most how much the peer's
+        allowance shrank meanwhile (its arrival history calmed, detector.py), until
+        the driver's next event hands the copies in and takes the watches anew."""
+        if not self._started or not self.is_member():
+            return []
+        if self.status in (Status.BACKUP, Status.AWAITING_STATE):
+            w = self._primary_watch()
+            return [] if w is None else [w]
+        if self.status is Status.PROPOSING:
+            return []
+        heard = self._last_heard
+        return [(k.birth, heard[k.birth], heard[k.birth] + self._backup_timeout_us(k.birth) + 1)
+                for k in self.members[1:] if k.birth in heard]
+
+    def _primary_watch(self) -> tuple[int, int, int] | None:
+        """A backup's detector on its primary as a silence watch, when it is one."""
+        fd, held = self._fd_deadline(), self._takeover_held_us
+        p = self.primary.birth
+        heard = self._last_heard.get(p)
+        if heard is None or not fd[1] or (held is not None and fd[0] <= held):
+            return None
+        return (p, heard, fd[0])
 
     def _observe_clock(self, now_us: int, *, tick: bool) -> None:
         """Called first on every event (timer or message). Once the timer has run, it
@@ -704,7 +740,7 @@ class Membership:
         if k > 1 and self.status is Status.PRIMARY and len(self.members) == 1:
             quiet = msg == self._last_own_hb
             self._last_own_hb = msg
-            self._emit(Pulse(g, msg, hb, now_us + pulse_until_us(k, hb)))
+            self._emit(Pulse(g, msg, hb, now_us + pulse_until_us(k, hb), pulse_lease_us(hb)))
             self._heartbeat_sent(now_us, (k - 1) * hb if quiet else 0)
             self._tick_period_us = pulse_until_us(k, hb)
         else:
@@ -965,13 +1001,18 @@ class Membership:
                 or (out is not None and out.to == birth))
 
     def _fd_deadline_us(self) -> int:
+        return self._fd_deadline()[0]
+
+    def _fd_deadline(self) -> tuple[int, bool]:
+        """The detector's deadline, and whether it is the primary's silence alone (last
+        heard + floor + extension: `silence_watches`)."""
         # every rank extends by what the rank-2 floor would: the ranks keep their order
         c, p = self.cfg, self.primary.birth
         heard = self._last_heard.get(p, self._hb_sent_us)
         floor = c.fault_timeout_us(max(2, self.rank))
         fire = heard + floor
-        deadline = max(fire + self._extension_us(p, c.timeout_base_us),
-                       min(self._replay_done_us, fire + c.catch_up_wait_max_us))
+        own = fire + self._extension_us(p, c.timeout_base_us)
+        deadline = max(own, min(self._replay_done_us, fire + c.catch_up_wait_max_us))
         for s, wait in self._senior_wait_us.items():
             # a senior backup whose own detector waits longer (it is replaying, or
             # catching up: `_extension_us`) is still to take over first, as the ranks
@@ -982,7 +1023,7 @@ class Membership:
                            + self._extension_us(s, c.timeout_base_us))
             deadline = max(deadline, min(fire + wait, alive_until,
                                          fire + c.catch_up_wait_max_us))
-        return deadline
+        return deadline, deadline == own
 
     def detector_wait_ms(self) -> int:
         """How much longer than its rank's floor our detector on the primary waits now,
@@ -1339,10 +1380,11 @@ class Membership:
         return {k.birth for k in ch.members[1:] if k.birth not in ch.acked
                 and now_us >= ch.started_us + self._ack_timeout_us([k.birth])}
 
-    def _primary_deadlines(self) -> list[int]:
-        c = self.cfg
-        t = [self._last_heard.get(k.birth, 0) + self._backup_timeout_us(k.birth) + 1
-             for k in self.members[1:]]
+    def _primary_deadlines(self, watched: bool = True) -> list[int]:
+        """`watched` False: without the backups' silence (`silence_watches`)."""
+        c, heard = self.cfg, self._last_heard
+        t = [heard.get(k.birth, 0) + self._backup_timeout_us(k.birth) + 1
+             for k in self.members[1:] if watched or k.birth not in heard]
         if self._pending is not None:
             ch = self._pending
             t.append(ch.sent_us + c.retransmit_us)

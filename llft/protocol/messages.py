@@ -185,13 +185,34 @@ class Pulse:
     An idle member's heartbeats then cost its event loop nothing between two of the
     core's refreshes: a native thread repeats them (llft/runtime/pulse.py), and the
     receivers' threads absorb the copies, recording only when they arrived
-    (`heard_again`). The core refreshes before `until_us`; a hung loop therefore stops
-    being announced at `until_us`. The simulator kernel repeats it the same way.
+    (`heard_again`). The core refreshes before `until_us`. The simulator kernel repeats
+    it the same way.
+
+    `lease_us` (0: none) is how long a *hung* driver goes on being announced: a copy is
+    repeated only while the driver's loop is alive -- within `lease_us` of this Pulse,
+    or of the last time the loop waited for events, or waiting now. A loop that sits
+    in its selector is not hung, so a quiet member refreshes rarely (its loop sleeps),
+    while a loop stuck in a handler falls silent `lease_us` after it last waited, and
+    is announced again as soon as it waits again. A driver that cannot tell (no native
+    thread: the loop repeats the copies itself, which a hung loop does not) ignores it;
+    the simulator has no hung loop (a paused node stops whole).
     `msg` None: stop repeating (a reset replica's old incarnation falls silent at once)."""
     dst_group: str
     msg: Message | None
     every_us: int
     until_us: int
+    lease_us: int = 0
+
+
+# A driver whose loop has not waited for events for this many intervals (+ 1.5) is hung:
+# its Pulse stops being repeated (`Pulse.lease_us`; the 90 ms that a refresh every 3
+# intervals gave before the lease: `pulse_until_us(PULSE_LEASE_INTERVALS, interval)`).
+PULSE_LEASE_INTERVALS = 3
+
+
+def pulse_lease_us(interval_us: int) -> int:
+    """A Pulse's lease (`Pulse.lease_us`) at heartbeat interval `interval_us`."""
+    return pulse_until_us(PULSE_LEASE_INTERVALS, interval_us)
 
 
 def pulse_until_us(refresh_intervals: int, interval_us: int) -> int:

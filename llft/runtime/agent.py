@@ -163,7 +163,7 @@ from llft.replica.framing import ENTRY as FRAME_ENTRY
 from llft.replica.framing import Framer, Made
 from llft.runtime import config as config_mod
 from llft.runtime import keys
-from llft.runtime import logs, proctree, stalls
+from llft.runtime import logs, proctree, pulse, stalls
 from llft.runtime import status as status_files
 from llft.runtime.application import (AppMode, Application, raise_agent_priority,
                                       raise_fd_limit)
@@ -1472,7 +1472,7 @@ def run(args) -> int:
     if why_not:
         log.warning(why_not)
     try:
-        return asyncio.run(agent.run())
+        return pulse.run(agent.run())     # its loop gives the pulse thread a lease
     except OSError as e:
         log.error(f"{e}")
         return 2

@@ -17,6 +17,15 @@ to `on_action(action)`, and re-arms one loop timer at the core's `next_timer_us(
 Pumping repeats until the core has no actions left (an action handler may call the core
 again).
 
+Silence watches. A core that has them (`silence_watches()`: the deadlines at which it
+would suspect a silent peer) gets its loop timer armed at `next_timer_us(watched=False)`
+only, while the endpoint's pulse thread watches the rest, moving each by the peer's
+heartbeat copies it absorbs (llft/runtime/pulse.py); when one passes the driver judges
+as for a late timer (`_on_watch`). An idle replica's loop thus sleeps through its peers'
+heartbeats instead of waking each time a detector deadline they postponed comes due.
+The simulator wakes at every deadline, which is what a watch approximates from the
+early side.
+
 `progress` is an asyncio.Event set after each pump that follows a message or a timer, or
 that carried out an action, so an application coroutine waiting for send space or a
 delivery can wait on it instead of polling. A call that changed nothing visible does not
@@ -56,11 +65,15 @@ class Driver:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at_us: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._watch = False                 # silence watches go to the pulse thread
         endpoint.on_message = self._on_message
         endpoint.on_message_at = self._on_message_at
+        endpoint.on_watch = self._on_watch
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._watch = (self.endpoint.watches_silence
+                       and hasattr(self.core, "silence_watches"))
         self.pump()
 
     def stop(self) -> None:
@@ -95,12 +108,19 @@ class Driver:
         late = due_us is None or self.clock_us() - due_us > ON_TIME_US
         self._timer = None
         self._timer_at_us = None
+        # A timer on time ran in the loop turn whose selector just found no input
+        # (asyncio runs that turn's readers first): the sockets need no read (at idle,
+        # ~16 timers a second each spent 60-75 us on reads that found nothing)
+        self._judge(read_sockets=late)
+
+    def _on_watch(self) -> None:
+        """A silence watch passed in the pulse thread: judged as a late timer is."""
+        self._judge(read_sockets=True)
+
+    def _judge(self, read_sockets: bool) -> None:
         # input first: a timer judges silence, and after a busy spell what was heard
-        # may still sit in the socket (transport.Endpoint.drain_input). A timer on time
-        # ran in the loop turn whose selector just found no input (asyncio runs that
-        # turn's readers first): the sockets need no read (at idle, ~16 timers a second
-        # each spent 60-75 us on reads that found nothing)
-        self.endpoint.drain_input(sockets=late)
+        # may still sit in the socket (transport.Endpoint.drain_input)
+        self.endpoint.drain_input(sockets=read_sockets)
         self._absorbed()
         now = self.clock_us()
         deadline = self.core.next_timer_us()
@@ -130,7 +150,7 @@ class Driver:
                     self.endpoint.send(action.dst_group, action.msg)
                 elif isinstance(action, Pulse):
                     self.endpoint.pulse(action.dst_group, action.msg, action.every_us,
-                                        action.until_us)
+                                        action.until_us, action.lease_us)
                 else:
                     self.on_action(action)
         else:
@@ -141,7 +161,13 @@ class Driver:
             self.progress.set()
 
     def _arm_timer(self) -> None:
-        at_us = self.core.next_timer_us()
+        if self._watch:
+            at_us = self.core.next_timer_us(watched=False)
+            rest = self.endpoint.watch(self.core.silence_watches())
+            if rest is not None and (at_us is None or rest < at_us):
+                at_us = rest
+        else:
+            at_us = self.core.next_timer_us()
         if at_us is None or self._loop is None:
             return
         if self._timer is not None:

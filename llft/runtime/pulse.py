@@ -17,6 +17,17 @@ interval until then"), and this channel keeps the loop out of the repetition:
   time is kept. Anything else (a heartbeat that says something new, a forgery, noise)
   is queued for the loop, which authenticates and decodes it as any datagram and, if
   it is good, tells the thread to absorb its copies (`accept`);
+- the lease: a Pulse is repeated only while the loop lives (`messages.Pulse.lease_us`).
+  The loop's selector (`ParkingSelector`, the loop `new_loop` makes) tells the thread
+  when the loop waits for events and when it stops waiting (`llft_pulse_park`): a
+  loop asleep in its selector is alive, so the core's refresh can be rare (a second),
+  while a loop stuck in a handler falls silent a lease after it last waited;
+- silence watches: the deadlines at which the core would suspect a peer ("last heard
+  + allowance", `silence_watches()` of the cores) are handed to the thread instead of
+  a loop timer (`watch`). It moves each by the copies of that peer's heartbeat it
+  absorbs and signals the loop only when one passes (`on_watch`): an idle loop wakes
+  for its refresh only, not every ~80 ms for a detector that its peers' copies keep
+  postponing;
 - judging: before a timer, and before each message while a takeover is held, the
   loop reads the pulse socket itself (`poll`: the thread reads it only at its sends,
   and a starved thread would leave the evidence of a live peer in the kernel while a
@@ -39,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import selectors
 import socket
 import sys
 from typing import Callable
@@ -52,12 +64,48 @@ except ImportError:                 # pragma: no cover -- a tree without the nat
 
 RECV_MAX_BYTES = 65536
 ARRIVALS_BATCH = 256                # arrivals taken per native call
+MAX_WATCHES = 16                    # the native table's size (llft_pulse.c MAX_WATCH)
 STATS = ("sent", "received", "absorbed", "forwarded", "queue_full", "arrivals_dropped",
-         "send_errors", "recv_errors")
+         "send_errors", "recv_errors", "lease_skipped", "watch_fired")
 
 
 def native_available() -> bool:
     return _lib is not None
+
+
+class ParkingSelector(selectors.DefaultSelector):
+    """The event loop's selector, telling each pulse thread registered with it when the
+    loop waits in it (`llft_pulse_park`): the thread's lease on the loop's heartbeat."""
+
+    def __init__(self):
+        super().__init__()
+        self.pulses: list = []              # native handles
+
+    def select(self, timeout=None):
+        pulses = self.pulses
+        for p in pulses:
+            _lib.llft_pulse_park(p, 1)
+        try:
+            return super().select(timeout)
+        finally:
+            for p in pulses:
+                _lib.llft_pulse_park(p, 0)
+
+
+def new_loop() -> asyncio.AbstractEventLoop:
+    """An event loop whose selector gives its pulse threads their lease (the agent's and
+    the gateway's: `asyncio.Runner(loop_factory=new_loop)`). A loop made otherwise
+    works the same, but its Pulses are repeated to their end without a lease."""
+    sel = ParkingSelector()
+    loop = asyncio.SelectorEventLoop(sel)
+    loop.llft_parking = sel
+    return loop
+
+
+def run(coro):
+    """`asyncio.run(coro)` on a `new_loop()`."""
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        return runner.run(coro)
 
 
 def ip_be(host: str) -> int:
@@ -112,6 +160,9 @@ class PulseChannel:
         self._p = None                      # the native handle
         self._efd = -1
         self._repeater: LoopRepeater | None = None    # without the native thread
+        self._parking: ParkingSelector | None = None  # the loop's, when it gives a lease
+        self._watching: tuple = ()                    # the watches the thread holds
+        self.on_watch: Callable[[], None] | None = None   # a watch passed (`watch`)
         self.py_stats = {"sent": 0, "received": 0, "send_errors": 0}
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -133,6 +184,13 @@ class PulseChannel:
                 self._asrc = _ffi.new("uint64_t[]", ARRIVALS_BATCH)
                 self._aat = _ffi.new("int64_t[]", ARRIVALS_BATCH)
                 self._dst_ip = ip_be(self.dst[0])
+                self._wsrc = _ffi.new("uint64_t[]", MAX_WATCHES)
+                self._wheard = _ffi.new("int64_t[]", MAX_WATCHES)
+                self._wdl = _ffi.new("int64_t[]", MAX_WATCHES)
+                parking = getattr(loop, "llft_parking", None)
+                if isinstance(parking, ParkingSelector):
+                    self._parking = parking
+                    parking.pulses.append(p)
                 loop.add_reader(self._efd, self._on_event)
                 return
         self._repeater = LoopRepeater(loop, self.clock_us)
@@ -148,6 +206,8 @@ class PulseChannel:
         if self._repeater is not None:
             self._repeater.stop()
         if self._p is not None:
+            if self._parking is not None and self._p in self._parking.pulses:
+                self._parking.pulses.remove(self._p)
             _lib.llft_pulse_free(self._p)   # joins the thread before the fds go
             self._p = None
         if self._efd >= 0:
@@ -161,14 +221,18 @@ class PulseChannel:
         for d in datagrams:
             self._sendto(d)
 
-    def repeat(self, datagrams: list[bytes], every_us: int, until_us: int) -> None:
-        """Send now, then every `every_us` until `until_us` (empty: stop)."""
+    def repeat(self, datagrams: list[bytes], every_us: int, until_us: int,
+               lease_us: int = 0) -> None:
+        """Send now, then every `every_us` until `until_us` (empty: stop), while the loop
+        lives (`lease_us`, messages.Pulse; without a parking selector the thread cannot
+        tell, and repeats to `until_us`; without the thread the loop repeats them)."""
         if self._p is not None:
             data = b"".join(datagrams)
             lens = _ffi.new("uint32_t[]", [len(d) for d in datagrams] or [0])
+            lease_us = lease_us if self._parking is not None else 0
             if _lib.llft_pulse_set(self._p, _ffi.from_buffer(data), lens, len(datagrams),
                                    self._dst_ip, self.dst[1], max(1, every_us),
-                                   until_us) != 0:
+                                   until_us, lease_us) != 0:
                 log.error("llft pulse: the native thread refused a heartbeat of %d "
                           "datagrams; sent once", len(datagrams))
                 self.send_once(datagrams)
@@ -189,6 +253,28 @@ class PulseChannel:
         except BlockingIOError:
             pass
         self.drain(read_socket=False)   # the thread just read it
+        if _lib.llft_pulse_watch_fired(self._p):
+            self._watching = ()             # the thread dropped them: taken anew after
+            if self.on_watch is not None:
+                self.on_watch()
+
+    # -- silence watches -----------------------------------------------------------------
+    @property
+    def watches(self) -> bool:
+        """Whether the thread can watch silence deadlines (`watch`)."""
+        return self._p is not None
+
+    def watch(self, watches: tuple[tuple[int, int, int], ...]) -> None:
+        """Hand the thread its watches, (source, heard_us, deadline_us) each: it signals
+        `on_watch` once one is passed after moving by the copies absorbed from its
+        source since `heard_us`, and drops them all then. The same set again: no call."""
+        if self._p is None or watches == self._watching:
+            return
+        n = min(len(watches), MAX_WATCHES)
+        for i, (src, heard, dl) in enumerate(watches[:n]):
+            self._wsrc[i], self._wheard[i], self._wdl[i] = src, heard, dl
+        _lib.llft_pulse_watch(self._p, self._wsrc, self._wheard, self._wdl, n)
+        self._watching = watches
 
     def drain(self, limit: int = 4096, read_socket: bool = True) -> int:
         """Hand the loop what the thread queued (or, without it, what the socket holds).
@@ -249,7 +335,7 @@ class PulseChannel:
     def stats(self) -> dict[str, int]:
         if self._p is None:
             return {f"pulse_{k}": v for k, v in self.py_stats.items()}
-        out = _ffi.new("uint64_t[8]")
+        out = _ffi.new(f"uint64_t[{len(STATS)}]")
         _lib.llft_pulse_stats(self._p, out)
         st = {f"pulse_{k}": int(out[i]) for i, k in enumerate(STATS)}
         st["pulse_sent"] += self.py_stats["sent"]       # sent once, from the loop

@@ -47,7 +47,7 @@ from typing import Callable, Iterable
 
 from llft.protocol import wire
 from llft.protocol.messages import Message, MsgType
-from llft.runtime.pulse import LoopRepeater, PulseChannel
+from llft.runtime.pulse import MAX_WATCHES, LoopRepeater, PulseChannel
 
 log = logging.getLogger(__name__)
 
@@ -362,6 +362,8 @@ class Endpoint:
         self.pulse_native = pulse_native
         self._pulse: PulseChannel | None = None
         self._pulse_msgs: dict[int, Message] = {}   # source -> its last heartbeat
+        self._pulse_src: dict[int, int] = {}        # sender (birth) -> its pulse source
+        self.on_watch: Callable[[], None] | None = None   # a silence watch passed
         self._repeater: LoopRepeater | None = None  # Pulses without a channel
         self._pulse_last: tuple[Message | None, list[bytes]] = (None, [])
         for group in self.listen_groups:
@@ -424,6 +426,7 @@ class Endpoint:
         self._pulse = PulseChannel(rsock, ssock, (paddr.mcast_addr, paddr.port),
                                    self._on_pulse_datagram, self.clock_us,
                                    native=self.pulse_native)
+        self._pulse.on_watch = lambda: self.on_watch is not None and self.on_watch()
         self._pulse.start(self._loop)
 
     @property
@@ -486,9 +489,9 @@ class Endpoint:
         return len(datagrams)
 
     def pulse(self, dst_group: str, msg: Message | None, every_us: int,
-              until_us: int) -> None:
+              until_us: int, lease_us: int = 0) -> None:
         """Carry out a `messages.Pulse`: send `msg` now and repeat its bytes every
-        `every_us` until `until_us` (None: stop repeating)."""
+        `every_us` until `until_us` while the loop lives (`lease_us`; None: stop)."""
         if msg is None:
             datagrams = []
         elif msg == self._pulse_last[0]:
@@ -499,12 +502,34 @@ class Endpoint:
         if msg is not None:
             self.counters["sent_messages"] += 1
         if self._pulse is not None and dst_group == self.pulse_group:
-            self._pulse.repeat(datagrams, every_us, until_us)
+            self._pulse.repeat(datagrams, every_us, until_us, lease_us)
             return
         def send(ds: list[bytes]) -> None:
             for d in ds:
                 self.send_datagram(dst_group, d)
         self._repeater.repeat(send, datagrams, every_us, until_us)  # no channel: the loop
+
+    @property
+    def watches_silence(self) -> bool:
+        """Whether `watch` can hand silence deadlines to the pulse thread."""
+        return self._pulse is not None and self._pulse.watches
+
+    def watch(self, watches: list[tuple[int, int, int]]) -> int | None:
+        """Silence watches of the core, (sender, heard_us, deadline_us) each, to the
+        pulse thread (`PulseChannel.watch`), which follows the sender's heartbeat copies
+        (its pulse source: where its accepted heartbeats came from). Returns the
+        earliest deadline it cannot watch (no source known for the sender, or beyond
+        the thread's table), for the caller's own timer; None if none."""
+        held, rest = [], None
+        src_of = self._pulse_src
+        for birth, heard, deadline in watches:
+            src = src_of.get(birth)
+            if src is None or len(held) == MAX_WATCHES:
+                rest = deadline if rest is None else min(rest, deadline)
+            else:
+                held.append((src, heard, deadline))
+        self._pulse.watch(tuple(held))
+        return rest
 
     def read_pulse(self) -> None:
         """What waits on the pulse socket, read now (`PulseChannel.poll`): before a
@@ -636,8 +661,15 @@ class Endpoint:
             if msg is not None:
                 self._pulse_msgs.pop(src, None)
                 self._pulse_msgs[src] = msg
+                self._pulse_src.pop(msg.sender, None)
+                self._pulse_src[msg.sender] = src
                 if len(self._pulse_msgs) > PULSE_SOURCES_KEPT:     # peers come and go
-                    del self._pulse_msgs[next(iter(self._pulse_msgs))]
+                    gone = next(iter(self._pulse_msgs))
+                    sender = self._pulse_msgs.pop(gone).sender
+                    if self._pulse_src.get(sender) == gone:
+                        del self._pulse_src[sender]
+                if len(self._pulse_src) > PULSE_SOURCES_KEPT:      # senders of one source
+                    del self._pulse_src[next(iter(self._pulse_src))]
         if msg is None:
             return
         self._deliver(msg, at_us)

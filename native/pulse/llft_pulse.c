@@ -3,9 +3,11 @@
  * One mutex (mu) guards everything shared with the Python-facing calls; a second
  * (rmu) makes one reader of the receive socket at a time, the thread or a caller of
  * llft_pulse_poll, so that arrivals stay in the kernel's order and rbuf has one user.
- * The thread sleeps in ppoll() on the receive socket and an internal eventfd (set/free
- * wake it), with a timeout only while something is to be repeated: idle, it costs no
- * wake-up at all.
+ * The loop's parked state (llft_pulse_park) is the exception: two atomics, no lock, as
+ * the loop writes it twice per iteration.
+ * The thread sleeps in ppoll() on the receive socket and an internal eventfd (set,
+ * watch and free wake it), with a timeout only while something is to be repeated or
+ * watched: idle, it costs no wake-up at all.
  * It never holds the GIL (plain C; cffi releases the GIL around every call into here).
  */
 #ifndef _GNU_SOURCE   /* cffi includes Python.h first, which defines it */
@@ -30,9 +32,11 @@
 #define MAX_SRC 64         /* source table */
 #define MAX_ACCEPTED 8     /* accepted datagrams kept per source (ring) */
 #define MAX_ARRIVALS 256   /* arrivals kept per source (ring, oldest dropped) */
+#define MAX_WATCH 16       /* silence watches */
 #define RBUF 65536
 
-enum { S_SENT, S_RECV, S_ABSORBED, S_FWD, S_FWD_DROP, S_ARR_DROP, S_SEND_ERR, S_RECV_ERR };
+enum { S_SENT, S_RECV, S_ABSORBED, S_FWD, S_FWD_DROP, S_ARR_DROP, S_SEND_ERR, S_RECV_ERR,
+       S_LEASE_SKIP, S_WATCH_FIRED, S_N };
 
 struct fwd {
     struct fwd *next;
@@ -46,6 +50,7 @@ struct source {
     uint64_t src;
     int used;
     int64_t last_heard;                 /* eviction: least recently heard goes first */
+    int64_t newest_at_us;               /* newest absorbed copy's arrival; 0: none yet */
     uint8_t *acc[MAX_ACCEPTED];
     uint32_t acc_len[MAX_ACCEPTED];
     int acc_next;
@@ -65,11 +70,20 @@ struct llft_pulse {
     int rep_n;
     struct sockaddr_in dst;
     int64_t every_us, until_us, next_due;
+    int64_t lease_us, lease_from_us;    /* copies need a live loop (loop_alive) */
+    /* The loop's side of the lease: written by llft_pulse_park without mu (atomics) */
+    int parked;
+    int64_t left_at_us;
+    /* silence watches (llft_pulse_watch) */
+    uint64_t w_src[MAX_WATCH];
+    int64_t w_heard_us[MAX_WATCH], w_deadline_us[MAX_WATCH];
+    int w_n;
+    int fired;
     /* forward queue */
     struct fwd *qhead, **qtail;
     int qn;
     struct source src[MAX_SRC];
-    uint64_t stats[8];
+    uint64_t stats[S_N];
     uint8_t rbuf[RBUF];                 /* the receive buffer, under rmu */
 };
 
@@ -98,6 +112,16 @@ static void send_all(llft_pulse *p) {
             p->stats[S_SENT]++;
         d += p->rep_len[i];
     }
+}
+
+/* Under mu: may a copy due at t go out? With a lease, only while the loop shows it is
+ * alive: it called set() or left its selector (park(0)) at most lease_us before t, or
+ * it is blocked in its selector now (idle, not hung). Differences, not sums: a huge
+ * lease_us must not overflow. */
+static int loop_alive(llft_pulse *p, int64_t t) {
+    if (p->lease_us <= 0 || t - p->lease_from_us <= p->lease_us) return 1;
+    if (__atomic_load_n(&p->parked, __ATOMIC_ACQUIRE)) return 1;
+    return t - __atomic_load_n(&p->left_at_us, __ATOMIC_RELAXED) <= p->lease_us;
 }
 
 static struct source *find_src(llft_pulse *p, uint64_t src) {
@@ -141,6 +165,7 @@ static void on_datagram(llft_pulse *p, uint64_t src, const uint8_t *d, uint32_t 
             p->stats[S_ARR_DROP]++;
         }
         s->arr[(s->arr_head + s->arr_n++) % MAX_ARRIVALS] = at;
+        if (at > s->newest_at_us) s->newest_at_us = at;   /* kept when arrivals are popped */
         p->stats[S_ABSORBED]++;
         return;
     }
@@ -160,6 +185,23 @@ static void on_datagram(llft_pulse *p, uint64_t src, const uint8_t *d, uint32_t 
     /* Python reads its eventfd, then takes until empty: signalling only the empty ->
      * non-empty edge is enough and saves a system call per datagram in a burst. */
     if (p->qn++ == 0) wake(p->efd);
+}
+
+/* Under mu: when the earliest watch is due, INT64_MAX if none. A watch's deadline moves
+ * by as much as its source's newest absorbed copy is younger than what Python had
+ * heard when it set the watch. */
+static int64_t watch_due_us(llft_pulse *p) {
+    int64_t due = INT64_MAX;
+    for (int i = 0; i < p->w_n; i++) {
+        const struct source *s = find_src(p, p->w_src[i]);
+        int64_t move = 0, d;   /* saturating: Python's times are not checked */
+        if (s && s->newest_at_us && s->newest_at_us > p->w_heard_us[i]
+            && __builtin_sub_overflow(s->newest_at_us, p->w_heard_us[i], &move))
+            move = INT64_MAX;
+        if (__builtin_add_overflow(p->w_deadline_us[i], move, &d)) d = INT64_MAX;
+        if (d < due) due = d;
+    }
+    return due;
 }
 
 /* Reads recv_fd until EAGAIN (one readiness may hold many datagrams); how many.
@@ -204,6 +246,15 @@ static int drain(llft_pulse *p) {
     return got;
 }
 
+/* Under mu: a watch is due after a fresh read. Python re-sends its watches once it has
+ * handled the event, so one signal per set, whatever else was due. */
+static void fire(llft_pulse *p) {
+    p->fired = 1;
+    p->w_n = 0;
+    p->stats[S_WATCH_FIRED]++;
+    wake(p->efd);
+}
+
 static void *run(void *arg) {
     llft_pulse *p = arg;
     struct pollfd fds[2] = {{p->wake_fd, POLLIN, 0}, {p->rfd, POLLIN, 0}};
@@ -211,26 +262,40 @@ static void *run(void *arg) {
     while (!p->stop) {
         int64_t now = mono_us();
         if (p->rep_n && p->next_due > p->until_us) p->rep_n = 0;   /* never due again */
-        if (p->rep_n && now >= p->next_due) {
+        int send_due = p->rep_n && now >= p->next_due;
+        int watch_due = now >= watch_due_us(p);
+        if (send_due || watch_due) {
             /* While repeating, the socket is read here, at the sends, and not watched in
              * between: one wake-up per interval for both. The kernel's timestamps keep
-             * the arrival times exact; a new datagram waits at most an interval. */
+             * the arrival times exact; a new datagram waits at most an interval. A watch
+             * reads it too: copies waiting in the kernel may move its deadline. */
             if (fds[1].fd >= 0) {
                 pthread_mutex_unlock(&p->mu);
                 drain(p);
                 pthread_mutex_lock(&p->mu);
-                if (p->stop || !p->rep_n) continue;
+                if (p->stop) continue;
             }
-            send_all(p);
-            /* keep the cadence, but after a stall (machine busy) restart from now
-             * rather than send a burst of late copies */
-            p->next_due += p->every_us;
-            if (p->next_due <= now) p->next_due = now + p->every_us;
-            continue;   /* re-checks until_us */
+            if (watch_due && mono_us() >= watch_due_us(p)) fire(p);
+            /* set() may have replaced or stopped the repetition meanwhile */
+            if (send_due && p->rep_n && now >= p->next_due) {
+                /* a copy the lease refuses is skipped, not the cadence: a loop that
+                 * parks again is announced from the next one on */
+                if (loop_alive(p, p->next_due))
+                    send_all(p);
+                else
+                    p->stats[S_LEASE_SKIP]++;
+                /* keep the cadence, but after a stall (machine busy) restart from now
+                 * rather than send a burst of late copies */
+                p->next_due += p->every_us;
+                if (p->next_due <= now) p->next_due = now + p->every_us;
+            }
+            continue;   /* re-checks until_us, and what is due next */
         }
+        int64_t wake_at = watch_due_us(p);
+        if (p->rep_n && p->next_due < wake_at) wake_at = p->next_due;
         struct timespec to, *top = NULL;
-        if (p->rep_n) {
-            int64_t left = p->next_due - now;
+        if (wake_at != INT64_MAX) {
+            int64_t left = wake_at - now;
             to.tv_sec = left / 1000000;
             to.tv_nsec = (left % 1000000) * 1000;
             top = &to;
@@ -262,6 +327,7 @@ llft_pulse *llft_pulse_new(int recv_fd, int send_fd, int event_fd) {
     p->sfd = send_fd;
     p->efd = event_fd;
     p->qtail = &p->qhead;
+    p->left_at_us = mono_us();   /* a loop that never parks: as if it left its selector now */
     p->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (p->wake_fd < 0) {
         free(p);
@@ -309,7 +375,8 @@ void llft_pulse_free(llft_pulse *p) {
 }
 
 int llft_pulse_set(llft_pulse *p, const uint8_t *data, const uint32_t *lens, int n,
-                   uint32_t dst_ip_be, uint16_t dst_port, int64_t every_us, int64_t until_us) {
+                   uint32_t dst_ip_be, uint16_t dst_port, int64_t every_us, int64_t until_us,
+                   int64_t lease_us) {
     if (n < 0 || n > MAX_REPEAT || (n > 0 && (every_us <= 0 || !data || !lens))) return -1;
     size_t total = 0;
     for (int i = 0; i < n; i++) {
@@ -327,6 +394,8 @@ int llft_pulse_set(llft_pulse *p, const uint8_t *data, const uint32_t *lens, int
     for (int i = 0; same && i < n; i++) same = lens[i] == p->rep_len[i];
     if (same) {
         if (until_us > p->until_us) p->until_us = until_us;
+        p->lease_us = lease_us;   /* a refresh is the loop's sign of life too */
+        p->lease_from_us = mono_us();
         pthread_mutex_unlock(&p->mu);
         return 0;
     }
@@ -345,6 +414,8 @@ int llft_pulse_set(llft_pulse *p, const uint8_t *data, const uint32_t *lens, int
     p->dst.sin_port = htons(dst_port);
     p->every_us = every_us;
     p->until_us = until_us;
+    p->lease_us = lease_us;
+    p->lease_from_us = mono_us();
     /* The first copy goes from the caller's thread: a new heartbeat (a state change)
      * must not wait for the thread to be scheduled. */
     send_all(p);
@@ -352,6 +423,36 @@ int llft_pulse_set(llft_pulse *p, const uint8_t *data, const uint32_t *lens, int
     pthread_mutex_unlock(&p->mu);
     wake(p->wake_fd);   /* the thread's timeout changed */
     return 0;
+}
+
+void llft_pulse_park(llft_pulse *p, int parked) {
+    /* Twice per loop iteration: no lock, no system call (the vDSO clock). left_at_us is
+     * stored first: a thread that sees the loop unparked sees when it left. */
+    if (!parked) __atomic_store_n(&p->left_at_us, mono_us(), __ATOMIC_RELAXED);
+    __atomic_store_n(&p->parked, parked != 0, __ATOMIC_RELEASE);
+}
+
+int llft_pulse_watch(llft_pulse *p, const uint64_t *src, const int64_t *heard_us,
+                     const int64_t *deadline_us, int n) {
+    if (n < 0 || n > MAX_WATCH || (n > 0 && (!src || !heard_us || !deadline_us))) return -1;
+    pthread_mutex_lock(&p->mu);
+    for (int i = 0; i < n; i++) {
+        p->w_src[i] = src[i];
+        p->w_heard_us[i] = heard_us[i];
+        p->w_deadline_us[i] = deadline_us[i];
+    }
+    p->w_n = n;
+    pthread_mutex_unlock(&p->mu);
+    wake(p->wake_fd);   /* the thread's timeout changed */
+    return 0;
+}
+
+int llft_pulse_watch_fired(llft_pulse *p) {
+    pthread_mutex_lock(&p->mu);
+    int fired = p->fired;
+    p->fired = 0;
+    pthread_mutex_unlock(&p->mu);
+    return fired;
 }
 
 int64_t llft_pulse_take(llft_pulse *p, uint8_t *buf, size_t cap, uint64_t *src, int64_t *at_us) {
@@ -412,7 +513,7 @@ int llft_pulse_arrivals(llft_pulse *p, uint64_t *src, int64_t *at_us, int cap) {
     return n;
 }
 
-void llft_pulse_stats(llft_pulse *p, uint64_t out[8]) {
+void llft_pulse_stats(llft_pulse *p, uint64_t out[10]) {
     pthread_mutex_lock(&p->mu);
     memcpy(out, p->stats, sizeof p->stats);
     pthread_mutex_unlock(&p->mu);

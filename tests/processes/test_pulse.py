@@ -14,6 +14,7 @@ import pytest
 
 from llft.protocol.messages import Message, MsgType, Role
 from llft.protocol.wire import Reject, encode
+from llft.runtime import pulse
 from llft.runtime.pulse import native_available
 from llft.runtime.transport import Endpoint, GroupAddress, GroupMap, pulse_address
 
@@ -109,3 +110,64 @@ def test_without_the_native_thread_the_loop_repeats_and_gets_every_copy():
             await asyncio.sleep(0.1)    # observation window: 20 intervals
             assert a.stats()["pulse_sent"] == n
     asyncio.run(main())
+
+
+@pytest.mark.skipif(not native_available(), reason="native pulse module not built")
+def test_the_lease_silences_a_stuck_loop_and_its_return_resumes_the_copies():
+    """On a loop made by `pulse.new_loop` (the agent's and the gateway's) a Pulse with a
+    lease is repeated while the loop waits in its selector however far its end is, stops
+    while the loop is stuck in a handler (a hung agent must look dead), and resumes once
+    the loop waits again, without a refresh."""
+    async def main():
+        gm = group_map()
+        async with Endpoint(KEY, "g", lambda m: None, groups=gm, pulse=True, birth_id=1) as a, \
+                Endpoint(KEY, "g", lambda m: None, groups=gm, pulse=True, birth_id=2) as b:
+            lease = 60 * MS
+            a.pulse("g", heartbeat(1, 5), 5 * MS, now_us() + 60_000_000, lease)
+            seen = lambda: b.stats()["pulse_received"]      # noqa: E731
+            # the loop sleeps (parked) far beyond the lease: the copies go on
+            await asyncio.sleep(0.4)
+            n0 = seen()
+            assert n0 >= 20, n0
+            # stuck: the thread stops within the lease (plus an interval), and nothing
+            # more comes while the loop stays stuck
+            time.sleep(0.25)                # blocks the loop on purpose
+            n1 = seen()
+            time.sleep(0.3)                 # observation window: 60 intervals
+            n2 = seen()
+            assert n2 == n1, (n1, n2)
+            assert a.stats()["pulse_lease_skipped"] > 0
+            # waiting again: the copies resume with no new Pulse
+            assert await until(lambda: seen() >= n2 + 10)
+    pulse.run(main())
+
+
+@pytest.mark.skipif(not native_available(), reason="native pulse module not built")
+def test_a_silence_watch_follows_the_copies_and_fires_once_they_stop():
+    """`Endpoint.watch`: a deadline on a peer's silence, held by the pulse thread, moves
+    with the copies of the peer's heartbeat it absorbs (the loop is not woken while they
+    come) and passes, signalling `on_watch` once, only after they stop."""
+    async def main():
+        gm = group_map()
+        got: list[Message] = []
+        async with Endpoint(KEY, "g", lambda m: None, groups=gm, pulse=True, birth_id=1) as a, \
+                Endpoint(KEY, "g", got.append, groups=gm, pulse=True, birth_id=2) as b:
+            fired: list[int] = []
+            b.on_watch = lambda: fired.append(now_us())
+            assert b.watches_silence
+            a.pulse("g", heartbeat(1, 5), 5 * MS, now_us() + 60_000_000)
+            assert await until(lambda: got)             # accepted: its copies absorbed
+            # a sender it has no source for is not watched: its deadline comes back
+            t0 = now_us()
+            assert b.watch([(1, t0, t0 + 100 * MS), (99, t0, t0 + 5 * MS)]) == t0 + 5 * MS
+            await asyncio.sleep(0.5)        # observation window: 5 allowances of copies
+            assert fired == [] and b.stats()["pulse_watch_fired"] == 0
+            a.pulse("g", None, 0, 0)
+            stopped = now_us()
+            assert await until(lambda: fired)
+            arrivals = [t for _, ts in b.take_absorbed() for t in ts]
+            assert fired[0] >= max(arrivals) + 100 * MS and fired[0] >= stopped
+            assert b.stats()["pulse_watch_fired"] == 1
+            await asyncio.sleep(0.2)        # dropped once fired: no second signal
+            assert len(fired) == 1
+    pulse.run(main())

@@ -34,11 +34,12 @@ class MessagingConfig:
     keepalive_us: int = 15_000
     heartbeat_us: int = 5_000
     # a quiet member's heartbeat is refreshed every this many intervals (the driver
-    # repeats it in between: messages.Pulse); 1: a new one every interval. 3: a refresh
-    # (60 ms at the default 20 ms) comes before the tightest detector deadline a live
-    # peer's copies can leave (rank 2: the 100 ms floor after a copy up to an interval
-    # old), so a quiet loop wakes for its refreshes only, not for its detectors too
-    pulse_intervals: int = 3
+    # repeats it in between while its loop lives: messages.Pulse and its lease); 1: a
+    # new one every interval. 50 (1 s at the default 20 ms): an idle loop sleeps that
+    # long, its detectors' deadlines being watched by the pulse thread meanwhile
+    # (llft/runtime/pulse.py, silence watches); a hung loop still falls silent after
+    # the lease (messages.PULSE_LEASE_INTERVALS), not after the refresh
+    pulse_intervals: int = 50
     watermark_report_us: int = 1_000    # a backup whose watermark rose reports this soon
     nack_delay_us: int = 500
     nack_retry_us: int = 3_000

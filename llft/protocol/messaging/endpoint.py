@@ -147,7 +147,8 @@ import msgpack
 
 from llft.protocol.messages import (DATA_TYPES, MEMBERSHIP_CORE_TYPES, MEMBERSHIP_TYPES,
                                     STREAM_END, STREAM_FIN, STREAM_OPEN, STREAM_RST, Message,
-                                    MsgType, Pulse, Role, Send, probe, pulse_until_us)
+                                    MsgType, Pulse, Role, Send, probe, pulse_lease_us,
+                                    pulse_until_us)
 from llft.protocol.messaging.actions import (Closed, Deliver, DeliverOrderInfo, Freed, Opened,
                                              Phase2Done, RecoveredOrderInfo, Resynced)
 from llft.protocol.messaging.closed import ClosedSeqs
@@ -1680,7 +1681,8 @@ class MessagingEndpoint:
         if k == 1:
             self._actions.append(Send(self.group, msg))     # a new one every interval
         else:
-            self._actions.append(Pulse(self.group, msg, hb, self._now + pulse_until_us(k, hb)))
+            self._actions.append(Pulse(self.group, msg, hb, self._now + pulse_until_us(k, hb),
+                                       pulse_lease_us(hb)))
         self._after_heartbeat()
         return quiet
 
