@@ -11,7 +11,8 @@ One phase per replica count (its group started, measured interleaved with tcp an
 proxy, stopped). Per phase:
   idle       agent CPU (% of one core, psutil cpu_times over `--idle-s` seconds, no load,
              once the gateway closed its idle group connection)
-             and the group's datagrams/s meanwhile (agents' transport counters)
+             and the group's datagrams/s meanwhile (agents' transport counters), and
+             each agent's event-loop iterations a second (its wake-ups: `loop_waits`)
   latency    p50/p99 of `--rounds` 1 KB round trips, one client, interleaved in blocks
   throughput req/s with each of `--clients` request/reply clients (`--duration` s each),
              and CPU us per request of every process of the configuration (agents,
@@ -109,6 +110,12 @@ def _datagrams(target) -> int:
                + a.get("transport", {}).get("pulse_sent", 0) for a in _agents(target))
 
 
+def _loop_waits(target) -> dict[int, int]:
+    """Each agent's event-loop iterations so far (llft/runtime/pulse.py, ParkingSelector),
+    by birth."""
+    return {a["birth"]: a.get("transport", {}).get("loop_waits", 0) for a in _agents(target)}
+
+
 def _group_mark(target) -> tuple[int, set[int]]:
     """(highest view number, births) of the group's live agents now."""
     agents = _agents(target)
@@ -146,17 +153,19 @@ def measure_idle(setup: Setup, target, seconds: float) -> dict:
     _wait_gateway_idle(target)
     t0 = time.monotonic()
     _wait_status_fresh(target, t0)
-    d0, c0, w0 = _datagrams(target), _cpu_s(procs), time.monotonic()
+    d0, c0, l0, w0 = _datagrams(target), _cpu_s(procs), _loop_waits(target), time.monotonic()
     time.sleep(seconds)         # the measured idle interval itself
     t1 = time.monotonic()
     _wait_status_fresh(target, t1)
-    d1, c1, w1 = _datagrams(target), _cpu_s(procs), time.monotonic()
+    d1, c1, l1, w1 = _datagrams(target), _cpu_s(procs), _loop_waits(target), time.monotonic()
     wall = w1 - w0
     agents = [100 * (c1[n] - c0[n]) / wall for n in procs if n != "gateway"]
+    waits = [(l1[b] - l0[b]) / wall for b in l1 if b in l0]
     return {"agent_cpu_pct_max": max(agents), "agent_cpu_pct_mean": sum(agents) / len(agents),
             "gateway_cpu_pct": 100 * (c1["gateway"] - c0["gateway"]) / wall
             if "gateway" in procs else float("nan"),
-            "datagrams_per_s": (d1 - d0) / wall}
+            "datagrams_per_s": (d1 - d0) / wall,
+            "agent_loop_wakeups_per_s": sum(waits) / len(waits) if waits else float("nan")}
 
 
 def measure_after_load(target) -> tuple[float, float]:
@@ -279,6 +288,7 @@ def run(args) -> int:
     for row in rows:
         cpu_table.add(**row)
     idle_cols = ["config", "replicas", "agent_cpu_pct_max", "agent_cpu_pct_mean",
+                 "agent_loop_wakeups_per_s",
                  "gateway_cpu_pct", "datagrams_per_s", "after_load_datagrams_per_s",
                  "after_load_2nd_s_datagrams_per_s"]
     idle_table = report.Table("echo_idle", f"Idle group ({args.idle_s:g} s, no load) and the "

@@ -1199,8 +1199,11 @@ class Agent:
             self._lag_work.set()
 
     async def _lag_loop(self) -> None:
+        woken = True
         while True:
-            await asyncio.sleep(LAG_CHECK_S)    # a reporting period
+            if woken:
+                await asyncio.sleep(LAG_CHECK_S)    # a reporting period
+            woken = True
             if self.mode is AppMode.BACKUP:
                 busy = self._report_executed()
             elif self.mode is AppMode.PRIMARY:
@@ -1216,7 +1219,7 @@ class Agent:
                 try:
                     await asyncio.wait_for(self._lag_work.wait(), LAG_IDLE_S)
                 except TimeoutError:
-                    pass
+                    woken = False       # looking again: no reporting period to wait for
 
     def _check_framing_wait(self) -> None:
         """A promoted primary whose app has not written bytes its predecessor framed for

@@ -80,8 +80,11 @@ class ParkingSelector(selectors.DefaultSelector):
     def __init__(self):
         super().__init__()
         self.pulses: list = []              # native handles
+        self.waits = 0                      # selects that may block: wake-ups
 
     def select(self, timeout=None):
+        if timeout is None or timeout > 0:
+            self.waits += 1                 # a wake-up to come (not a turn with work ready)
         pulses = self.pulses
         for p in pulses:
             _lib.llft_pulse_park(p, 1)
@@ -340,4 +343,6 @@ class PulseChannel:
         st = {f"pulse_{k}": int(out[i]) for i, k in enumerate(STATS)}
         st["pulse_sent"] += self.py_stats["sent"]       # sent once, from the loop
         st["pulse_send_errors"] += self.py_stats["send_errors"]
+        if self._parking is not None:
+            st["loop_waits"] = self._parking.waits
         return st
