@@ -420,8 +420,27 @@ class Membership:
     def next_timer_us(self, watched: bool = True) -> int | None:
         """The next deadline; `watched` False: leaving out those `silence_watches` gives
         (a driver whose pulse thread watches them wakes for the others only)."""
+        return self.deadlines()[0 if watched else 1]
+
+    def silence_watches(self) -> list[tuple[int, int, int]]:
+        """The deadlines of `next_timer_us` that only a peer's silence can bring:
+        (birth, heard_us, deadline_us), each "last heard + allowance", so a copy of the
+        peer's heartbeat that came at `heard_us + d` moves it by `d` (a thread that
+        follows the copies it absorbs, llft/runtime/pulse.py, wakes the driver only
+        when one passes). Only deadlines that move one for one with that peer alone are
+        watches (not a backup's detector held by a senior's wait or its own replay, nor
+        one on a peer never heard). Moving with its copies, a watch is late by at most
+        how much the peer's allowance shrank meanwhile (its arrival history calmed,
+        detector.py), until the driver's next event hands the copies in and takes the
+        watches anew."""
+        return self.deadlines()[2]
+
+    def deadlines(self) -> tuple[int | None, int | None, list[tuple[int, int, int]]]:
+        """(`next_timer_us()`, `next_timer_us(watched=False)`, `silence_watches()`) in
+        one pass: a replica node asks for them after every change, and the detectors'
+        extensions are the dear part."""
         if not self._started:
-            return None
+            return None, None, []
         c = self.cfg
         t = []
         if self.status is Status.JOINING:
@@ -434,55 +453,37 @@ class Membership:
                 # (while the runtime holds founding, a deadline already past would be
                 # due at once, again and again: the joiner spun at 100% of a core)
                 t.append(self._found_deadline_us())
-            return min(t)
+            return min(t), min(t), []
         t.append(self._hb_due_us)
         # ticks every interval, or every refresh of another core's heartbeat that stands
         # for ours (`heartbeat_carried`): `_observe_clock` tells a local stall by the gap
         tick = self._last_tick_us if self._last_tick_us is not None else self._hb_sent_us
         t.append(tick + self._tick_period_us)
+        watches = []
         if self.status in (Status.BACKUP, Status.AWAITING_STATE):
-            fd, held = self._fd_deadline_us(), self._takeover_held_us
+            (fd, alone), held = self._fd_deadline(), self._takeover_held_us
+            heard = self._last_heard.get(self.primary.birth)
             if held is not None and fd <= held:
                 t.append(self._probe_due_us)
-            elif watched or self._primary_watch() is None:
+            elif alone and heard is not None and self.is_member():
+                watches.append((self.primary.birth, heard, fd))
+            else:
                 t.append(fd)
         elif self.status is Status.PROPOSING:
             p = self._proposal
             t.append(p.sent_us + c.retransmit_us)
             t.append(p.drop_check_us)
         else:
-            t.extend(self._primary_deadlines(watched))
-        return min(t)
-
-    def silence_watches(self) -> list[tuple[int, int, int]]:
-        """The deadlines of `next_timer_us` that only a peer's silence can bring:
-        (birth, heard_us, deadline_us), each "last heard + allowance", so a copy of the
-        peer's heartbeat that came at `heard_us + d` moves it by `d` (a thread that
-        follows the copies it absorbs, llft/runtime/pulse.py, wakes the driver only
-        when one passes). Only deadlines that move one for one with that peer alone are
-        watches (not a backup's detector held by a senior's wait or its own replay).
-        Moving with its copies, a watch is late by at most how much the peer's
-        allowance shrank meanwhile (its arrival history calmed, detector.py), until
-        the driver's next event hands the copies in and takes the watches anew."""
-        if not self._started or not self.is_member():
-            return []
-        if self.status in (Status.BACKUP, Status.AWAITING_STATE):
-            w = self._primary_watch()
-            return [] if w is None else [w]
-        if self.status is Status.PROPOSING:
-            return []
-        heard = self._last_heard
-        return [(k.birth, heard[k.birth], heard[k.birth] + self._backup_timeout_us(k.birth) + 1)
-                for k in self.members[1:] if k.birth in heard]
-
-    def _primary_watch(self) -> tuple[int, int, int] | None:
-        """A backup's detector on its primary as a silence watch, when it is one."""
-        fd, held = self._fd_deadline(), self._takeover_held_us
-        p = self.primary.birth
-        heard = self._last_heard.get(p)
-        if heard is None or not fd[1] or (held is not None and fd[0] <= held):
-            return None
-        return (p, heard, fd[0])
+            heard = self._last_heard
+            for k in self.members[1:]:
+                b = k.birth
+                if b in heard:
+                    watches.append((b, heard[b], heard[b] + self._backup_timeout_us(b) + 1))
+                else:
+                    t.append(self._backup_timeout_us(b) + 1)    # never heard: due now
+            t.extend(self._primary_deadlines())
+        unwatched = min(t)
+        return min([unwatched] + [w[2] for w in watches]), unwatched, watches
 
     def _observe_clock(self, now_us: int, *, tick: bool) -> None:
         """Called first on every event (timer or message). Once the timer has run, it
@@ -1380,11 +1381,9 @@ class Membership:
         return {k.birth for k in ch.members[1:] if k.birth not in ch.acked
                 and now_us >= ch.started_us + self._ack_timeout_us([k.birth])}
 
-    def _primary_deadlines(self, watched: bool = True) -> list[int]:
-        """`watched` False: without the backups' silence (`silence_watches`)."""
-        c, heard = self.cfg, self._last_heard
-        t = [heard.get(k.birth, 0) + self._backup_timeout_us(k.birth) + 1
-             for k in self.members[1:] if watched or k.birth not in heard]
+    def _primary_deadlines(self) -> list[int]:
+        """The primary's deadlines but its backups' silence (`deadlines`)."""
+        c, t = self.cfg, []
         if self._pending is not None:
             ch = self._pending
             t.append(ch.sent_us + c.retransmit_us)

@@ -146,7 +146,6 @@ LOG_CAP_ENTRIES = 1 << 20        # order-info entries in it
 LAG_BOUND_US = 1_000_000         # a ready backup at most ~1 s of execution behind
 LAG_GIVE_UP_US = 10_000_000      # ... or it is released after this long above the bound
 MAX_HELD_ACTIONS = 65_536        # node actions not yet taken by the runtime
-_UNKNOWN = object()              # a cached deadline not computed yet (`_membership_next`)
 
 APP_TAG = 0x00
 VIEW_MARKER_TAG = 0x01
@@ -226,7 +225,7 @@ class ReplicaNode:
         self.membership.remote_groups_of = self._remote_groups
         self.membership.served_of = lambda: self.live and self.messaging.served
         self.stats: dict[str, int] = {}
-        self._mb_next: list | None = None   # membership's deadlines, cached (`_membership_next`)
+        self._mb_next: tuple | None = None  # membership's deadlines, cached (`_membership_next`)
         self._actions: deque[NodeAction] = deque()
         self._now = 0
         self._fresh_messaging()
@@ -483,18 +482,13 @@ class ReplicaNode:
         return self._membership_next(2)
 
     def _membership_next(self, i: int):
-        """Membership's next deadline (i = 0), without its watches (1), its watches (2),
-        each computed once after membership last changed (the driver asks after every
-        event: most are messaging's, and membership's walks every peer's detector)."""
+        """Membership's next deadline (i = 0), without its watches (1), its watches (2)
+        (`Membership.deadlines`), computed once after membership last changed (the
+        driver asks after every event: most are messaging's, and membership's walks
+        every peer's detector)."""
         if self._mb_next is None:
-            self._mb_next = [_UNKNOWN] * 3
-        v = self._mb_next[i]
-        if v is _UNKNOWN:
-            m = self.membership
-            v = self._mb_next[i] = (m.next_timer_us() if i == 0 else
-                                    m.next_timer_us(watched=False) if i == 1 else
-                                    m.silence_watches())
-        return v
+            self._mb_next = self.membership.deadlines()
+        return self._mb_next[i]
 
     def take_actions(self) -> list[NodeAction]:
         out = list(self._actions)

@@ -520,6 +520,8 @@ class Endpoint:
         (its pulse source: where its accepted heartbeats came from). Returns the
         earliest deadline it cannot watch (no source known for the sender, or beyond
         the thread's table), for the caller's own timer; None if none."""
+        if not watches and not self._pulse._watching:
+            return None
         held, rest = [], None
         src_of = self._pulse_src
         for birth, heard, deadline in watches:

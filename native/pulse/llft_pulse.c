@@ -79,6 +79,7 @@ struct llft_pulse {
     int64_t w_heard_us[MAX_WATCH], w_deadline_us[MAX_WATCH];
     int w_n;
     int fired;
+    int64_t sleep_until_us;             /* the thread's wake-up while it sleeps (INT64_MIN: awake) */
     /* forward queue */
     struct fwd *qhead, **qtail;
     int qn;
@@ -301,6 +302,7 @@ static void *run(void *arg) {
             top = &to;
         }
         nfds_t watched = p->rep_n ? 1 : 2;   /* repeating: the socket is read at the sends */
+        p->sleep_until_us = wake_at;
         pthread_mutex_unlock(&p->mu);
         int r = ppoll(fds, watched, top, NULL);
         if (r > 0 && fds[0].revents) {
@@ -313,6 +315,7 @@ static void *run(void *arg) {
         else if (r > 0 && watched == 2 && fds[1].revents)
             drain(p);
         pthread_mutex_lock(&p->mu);
+        p->sleep_until_us = INT64_MIN;       /* awake: recomputes before it sleeps again */
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
@@ -327,6 +330,7 @@ llft_pulse *llft_pulse_new(int recv_fd, int send_fd, int event_fd) {
     p->sfd = send_fd;
     p->efd = event_fd;
     p->qtail = &p->qhead;
+    p->sleep_until_us = INT64_MIN;
     p->left_at_us = mono_us();   /* a loop that never parks: as if it left its selector now */
     p->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (p->wake_fd < 0) {
@@ -442,8 +446,13 @@ int llft_pulse_watch(llft_pulse *p, const uint64_t *src, const int64_t *heard_us
         p->w_deadline_us[i] = deadline_us[i];
     }
     p->w_n = n;
+    /* Only a watch due before the thread's wake-up needs it woken now: the loop sends
+     * new watches after most events (a later deadline as the peers are heard), and a
+     * write plus a context switch each time would cost the request path for nothing
+     * (the thread recomputes when it wakes anyway). */
+    int sooner = watch_due_us(p) < p->sleep_until_us;
     pthread_mutex_unlock(&p->mu);
-    wake(p->wake_fd);   /* the thread's timeout changed */
+    if (sooner) wake(p->wake_fd);
     return 0;
 }
 
