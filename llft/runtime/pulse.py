@@ -270,19 +270,12 @@ class PulseChannel:
     def watch(self, watches: tuple[tuple[int, int, int], ...]) -> None:
         """Hand the thread its watches, (source, heard_us, deadline_us) each: it signals
         `on_watch` once one is passed after moving by the copies absorbed from its
-        source since `heard_us`, and drops them all then.
-
-        No call when the thread's watches can pass no later than these (the same
-        sources, each deadline and allowance no smaller): it moves them by the copies
-        itself, and one that passes early only wakes the loop to look. Under load a
-        backup's watermark reports move the primary's watches after every request;
-        an idle peer's copies handed in move them by exactly what the thread moved."""
-        if self._p is None:
-            return
-        old = self._watching
-        if len(old) == len(watches) and all(
-                s == s0 and d >= d0 and d - h >= d0 - h0
-                for (s, h, d), (s0, h0, d0) in zip(watches, old)):
+        source since `heard_us`, and drops them all then. The same set again: no call.
+        (Under load a backup's watermark reports, heartbeats that say something new and
+        that the thread therefore does not absorb, move the primary's watches after
+        every request: the call is a cffi call, and the thread is woken only for a
+        watch due before its own wake-up.)"""
+        if self._p is None or watches == self._watching:
             return
         n = min(len(watches), MAX_WATCHES)
         for i, (src, heard, dl) in enumerate(watches[:n]):
