@@ -530,7 +530,7 @@ class Endpoint:
                 rest = deadline if rest is None else min(rest, deadline)
             else:
                 held.append((src, heard, deadline))
-        self._pulse.watch(tuple(held))
+        self._pulse.watch(tuple(held), self.clock_us())
         return rest
 
     def read_pulse(self) -> None:
