@@ -66,6 +66,8 @@ class Driver:
         self._timer_at_us: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watch = False                 # silence watches go to the pulse thread
+        self._watches_handed: Any = None    # the core's watches list handed last ...
+        self._watch_rest: int | None = None  # ... and what of it the thread cannot watch
         endpoint.on_message = self._on_message
         endpoint.on_message_at = self._on_message_at
         endpoint.on_watch = self._on_watch
@@ -114,7 +116,9 @@ class Driver:
         self._judge(read_sockets=late)
 
     def _on_watch(self) -> None:
-        """A silence watch passed in the pulse thread: judged as a late timer is."""
+        """A silence watch passed in the pulse thread: judged as a late timer is. The
+        thread dropped its watches: they are handed again after (`_arm_timer`)."""
+        self._watches_handed = None
         self._judge(read_sockets=True)
 
     def _judge(self, read_sockets: bool) -> None:
@@ -163,7 +167,13 @@ class Driver:
     def _arm_timer(self) -> None:
         if self._watch:
             at_us = self.core.next_timer_us(watched=False)
-            rest = self.endpoint.watch(self.core.silence_watches())
+            # the same list object: the core did not change since (a replica node keeps
+            # it until membership changes; most pumps under load are messaging's)
+            watches = self.core.silence_watches()
+            if watches is not self._watches_handed:
+                self._watches_handed = watches
+                self._watch_rest = self.endpoint.watch(watches)
+            rest = self._watch_rest
             if rest is not None and (at_us is None or rest < at_us):
                 at_us = rest
         else:
