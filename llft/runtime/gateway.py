@@ -115,7 +115,7 @@ from dataclasses import dataclass
 
 from llft.runtime.application import raise_fd_limit
 from llft.runtime import config as cluster_config
-from llft.runtime import logs, pulse, stalls
+from llft.runtime import logs, stalls
 from llft.runtime import status as status_files
 from llft.runtime.driver import Driver
 from llft.runtime.outbox import Outbox
@@ -637,7 +637,7 @@ def run(args) -> int:
         cluster_config.check_interface(cfg)
         listen = parse_listen(args.listen)
         gw = Gateway(cfg, args.group, key, listen)
-        return pulse.run(gw.serve())      # its loop gives the pulse thread a lease
+        return asyncio.run(gw.serve())
     except (cluster_config.ConfigError, GatewayError) as e:
         print(f"llft gateway: {e}", file=sys.stderr)
         return 2

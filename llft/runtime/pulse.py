@@ -84,8 +84,11 @@ class ParkingSelector(selectors.DefaultSelector):
         self.waits = 0                      # selects that may block: wake-ups
 
     def select(self, timeout=None):
-        if timeout is None or timeout > 0:
-            self.waits += 1                 # a wake-up to come (not a turn with work ready)
+        if timeout is not None and timeout <= 0:
+            # a turn with callbacks ready: the loop does not wait (on the request path
+            # about half the turns; the lease is renewed by its waits and Pulses)
+            return super().select(timeout)
+        self.waits += 1                     # a wait: a wake-up to come
         pulses = self.pulses
         for p in pulses:
             _lib.llft_pulse_park(p, 1)
@@ -97,9 +100,9 @@ class ParkingSelector(selectors.DefaultSelector):
 
 
 def new_loop() -> asyncio.AbstractEventLoop:
-    """An event loop whose selector gives its pulse threads their lease (the agent's and
-    the gateway's: `asyncio.Runner(loop_factory=new_loop)`). A loop made otherwise
-    works the same, but its Pulses are repeated to their end without a lease."""
+    """An event loop whose selector gives its pulse threads their lease (the agent's:
+    `run`; the gateway has no pulse channel). A loop made otherwise works the same, but
+    its Pulses are repeated to their end without a lease."""
     sel = ParkingSelector()
     loop = asyncio.SelectorEventLoop(sel)
     loop.llft_parking = sel

@@ -114,7 +114,7 @@ def test_without_the_native_thread_the_loop_repeats_and_gets_every_copy():
 
 @pytest.mark.skipif(not native_available(), reason="native pulse module not built")
 def test_the_lease_silences_a_stuck_loop_and_its_return_resumes_the_copies():
-    """On a loop made by `pulse.new_loop` (the agent's and the gateway's) a Pulse with a
+    """On a loop made by `pulse.new_loop` (the agent's) a Pulse with a
     lease is repeated while the loop waits in its selector however far its end is, stops
     while the loop is stuck in a handler (a hung agent must look dead), and resumes once
     the loop waits again, without a refresh."""
