@@ -280,7 +280,7 @@ class PulseChannel:
         no deadline or allowance smaller) and none of them within `WATCH_RENEW_US`:
         under load a backup's watermark reports (heartbeats that say something new,
         which the thread does not absorb) move the primary's watches after every
-        request, and a call each time cost the request path ~10 % more CPU; renewed
+        request, and a call each time cost the agents 10-25 % more CPU per request; renewed
         that close to their deadline, the thread's watches never pass while the peers
         speak."""
         if self._p is None:
