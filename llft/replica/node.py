@@ -448,7 +448,7 @@ class ReplicaNode:
 
     def handle_timer(self, now_us: int) -> None:
         self._now = max(self._now, now_us)
-        d = self.membership.next_timer_us()
+        d = self._membership_next(0)
         if d is not None and d <= now_us:
             self._touched().handle_timer(now_us)
         if self.live:

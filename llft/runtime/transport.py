@@ -362,7 +362,6 @@ class Endpoint:
         self.pulse_native = pulse_native
         self._pulse: PulseChannel | None = None
         self._pulse_msgs: dict[int, Message] = {}   # source -> its last heartbeat
-        self._pulse_src: dict[int, int] = {}        # sender (birth) -> its pulse source
         self.on_watch: Callable[[], None] | None = None   # a silence watch passed
         self._repeater: LoopRepeater | None = None  # Pulses without a channel
         self._pulse_last: tuple[Message | None, list[bytes]] = (None, [])
@@ -520,10 +519,9 @@ class Endpoint:
         (its pulse source: where its accepted heartbeats came from). Returns the
         earliest deadline it cannot watch (no source known for the sender, or beyond
         the thread's table), for the caller's own timer; None if none."""
-        if not watches and not self._pulse._watching:
-            return None
         held, rest = [], None
-        src_of = self._pulse_src
+        # (the latest heartbeat's source wins: `_pulse_msgs` is kept in order of use)
+        src_of = {m.sender: s for s, m in self._pulse_msgs.items()} if watches else {}
         for birth, heard, deadline in watches:
             src = src_of.get(birth)
             if src is None or len(held) == MAX_WATCHES:
@@ -663,15 +661,8 @@ class Endpoint:
             if msg is not None:
                 self._pulse_msgs.pop(src, None)
                 self._pulse_msgs[src] = msg
-                self._pulse_src.pop(msg.sender, None)
-                self._pulse_src[msg.sender] = src
                 if len(self._pulse_msgs) > PULSE_SOURCES_KEPT:     # peers come and go
-                    gone = next(iter(self._pulse_msgs))
-                    sender = self._pulse_msgs.pop(gone).sender
-                    if self._pulse_src.get(sender) == gone:
-                        del self._pulse_src[sender]
-                if len(self._pulse_src) > PULSE_SOURCES_KEPT:      # senders of one source
-                    del self._pulse_src[next(iter(self._pulse_src))]
+                    del self._pulse_msgs[next(iter(self._pulse_msgs))]
         if msg is None:
             return
         self._deliver(msg, at_us)

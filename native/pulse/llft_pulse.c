@@ -446,10 +446,10 @@ int llft_pulse_watch(llft_pulse *p, const uint64_t *src, const int64_t *heard_us
         p->w_deadline_us[i] = deadline_us[i];
     }
     p->w_n = n;
-    /* Only a watch due before the thread's wake-up needs it woken now: the loop sends
-     * new watches after most events (a later deadline as the peers are heard), and a
-     * write plus a context switch each time would cost the request path for nothing
-     * (the thread recomputes when it wakes anyway). */
+    /* Only a watch due before the thread's wake-up needs it woken now: watches handed
+     * under load mostly move later (the peers are heard), and a write plus a context
+     * switch each time would cost the request path for nothing (the thread recomputes
+     * when it wakes anyway). */
     int sooner = watch_due_us(p) < p->sleep_until_us;
     pthread_mutex_unlock(&p->mu);
     if (sooner) wake(p->wake_fd);
