@@ -62,6 +62,9 @@ if os.path.exists(os.path.join("native", "shm_build.py")):
 # the agent's heartbeat thread; its C source is in native/pulse/, out of SHIM_SOURCES' glob
 if os.path.exists(os.path.join("native", "pulse_build.py")):
     cffi_modules.append("native/pulse_build.py:ffibuilder")
+# the wire codec's per-datagram work (llft/protocol/wire.py's native half); native/wire/
+if os.path.exists(os.path.join("native", "wire_build.py")):
+    cffi_modules.append("native/wire_build.py:ffibuilder")
 
 setup(
     name="llft",

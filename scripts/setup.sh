@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything llft needs on a fresh machine of this kind (Debian, CPython 3.11):
 # Java for Spark (if missing), a virtualenv in .venv, and an editable install of the
-# package, which builds the preload shim (native/) and the cffi shared-memory module.
+# package, which builds the preload shim (native/) and the cffi modules (the shared-memory
+# block, the heartbeat thread, the wire codec's C half; OpenSSL's headers if missing).
 # Idempotent: a second run only re-checks and rebuilds what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,13 +25,24 @@ if ! command -v java >/dev/null 2>&1; then
   fi
 fi
 
+# OpenSSL's headers: the wire codec's C half (native/wire/) takes SHA-256 from libcrypto,
+# the library CPython's hashlib already loads.
+if [ ! -f /usr/include/openssl/sha.h ]; then
+  echo "setup: OpenSSL headers not found, installing libssl-dev" >&2
+  if command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libssl-dev >/dev/null
+  else
+    echo "setup: no OpenSSL headers and no apt-get: install OpenSSL's development files and re-run" >&2; exit 1
+  fi
+fi
+
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.llft-installed
 # Re-install when setup.py or the native sources changed since the last install.
 if [ ! -f "$stamp" ] || [ -n "$(find setup.py native -newer "$stamp" -print -quit 2>/dev/null)" ] \
-   || ! .venv/bin/python -c 'import native' >/dev/null 2>&1; then
+   || ! .venv/bin/python -c 'import native._llft_shm, native._llft_pulse, native._llft_wire' >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q --upgrade pip setuptools wheel >/dev/null
   .venv/bin/python -m pip install -q -e '.[dev]'
   touch "$stamp"

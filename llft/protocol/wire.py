@@ -37,11 +37,24 @@ and time; time is the caller's `now_us` (sans-IO: no sockets, no clocks here).
 The `Encoder` is the pair of the decoder: it validates with the same rules (so a bad
 message is a local bug, raised as `WireError`, not a silent remote rejection), numbers
 fragmented messages, and splits them to the MTU.
+
+The native half
+---------------
+The per-datagram work -- prefix checks, the tag, the msgpack payload read and checked
+as `_unpack` and `_parse` do -- also exists in C (native/wire/, `native._llft_wire`): it
+returns numbers and spans, and `NativeCodec` turns them into the same Message. This
+Python code is the reference model: the two must agree on every datagram, reason for
+reason. `DifferentialDecoder` runs both and raises `WireDivergence` at the first
+datagram they judge apart (the simulator's "differential" codec; the fuzz tests).
+The codec a process uses is `CODEC` ("native" when the module is built, unless the
+environment sets LLFT_WIRE=python); types whose body holds lists or strings are parsed
+by the reference in both (the C half hands them back, tag checked).
 """
 from __future__ import annotations
 
 import enum
 import hmac
+import os
 import struct
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
@@ -51,6 +64,11 @@ import msgpack
 
 from llft.protocol.messages import (BODY_FIELDS, DATA_TYPES, MEMBERSHIP_TYPES, WIRE_VERSION,
                                     Message, MsgType, Role)
+
+try:
+    from native._llft_wire import ffi as _ffi, lib as _lib
+except ImportError:     # not built: the reference does everything
+    _ffi = _lib = None
 
 MAGIC = b"LF"
 SUPPORTED_VERSIONS = frozenset({WIRE_VERSION})
@@ -303,17 +321,124 @@ def _check_key(key: bytes) -> bytes:
     return key
 
 
+# ---------------------------------------------------------------------------------------
+# The native half (native/wire/): the same rules, in C
+
+
+CODECS = ("python", "native", "differential")
+# Reject reasons the C half can give, by their C number (LLFT_WIRE_REJECT + LLFT_WIRE_R_*)
+NATIVE_REJECTS: dict[int, Reject] = (
+    {} if _lib is None else
+    {_lib.LLFT_WIRE_REJECT + getattr(_lib, f"LLFT_WIRE_R_{r.name}"): r
+     for r in Reject if hasattr(_lib, f"LLFT_WIRE_R_{r.name}")})
+_OUT = struct.Struct(f"={0 if _lib is None else _lib.LLFT_WIRE_OUT}Q")
+_SPAN = 0xFFFFFFFF
+_TYPES = {int(t): t for t in MsgType}
+_ROLES = (Role.CLIENT, Role.SERVER)
+
+
+def native_available() -> bool:
+    return _lib is not None
+
+
+def default_codec() -> str:
+    """The codec of this process: LLFT_WIRE (python | native | differential) if set, else
+    native when it is built, else python."""
+    want = os.environ.get("LLFT_WIRE", "").strip().lower()
+    if want:
+        if want not in CODECS:
+            raise ValueError(f"LLFT_WIRE={want!r}: one of {', '.join(CODECS)}")
+        if want != "python" and _lib is None:
+            raise ValueError(f"LLFT_WIRE={want}: native._llft_wire is not built "
+                             "(run scripts/setup.sh)")
+        return want
+    return "native" if _lib is not None else "python"
+
+
+class NativeCodec:
+    """The C half of one cluster key's codec: `open` judges a datagram as the reference
+    `Decoder._decode` does up to reassembly, `seal` is `seal()`. One per Encoder/Decoder
+    (it owns a result buffer)."""
+
+    def __init__(self, key: bytes):
+        if _lib is None:
+            raise RuntimeError("native._llft_wire is not built (run scripts/setup.sh)")
+        self.key = key = _check_key(key)
+        self._w = _ffi.gc(_lib.llft_wire_new(key, len(key)), _lib.llft_wire_free)
+        if self._w == _ffi.NULL:
+            raise MemoryError("llft_wire_new")
+        for version in SUPPORTED_VERSIONS:
+            _lib.llft_wire_support(self._w, version)
+        # per type: its body field names, and which of them are bytes (the rest are ints)
+        self._fields: dict[int, tuple[tuple[str, ...], tuple[bool, ...]]] = {}
+        for mtype, schema in BODY_FIELDS.items():
+            names = tuple(schema)
+            # a field that takes exactly int or exactly bytes is read in C; any other
+            # makes the type the reference's (LIST: the C half hands it back)
+            masks = bytes(_lib.LLFT_WIRE_INT if want is int else
+                          _lib.LLFT_WIRE_BYTES if want is bytes else _lib.LLFT_WIRE_LIST
+                          for want in schema.values())
+            blob = b"".join(n.encode() + b"\0" for n in names)
+            if _lib.llft_wire_schema(self._w, int(mtype), mtype in DATA_TYPES, len(names),
+                                     blob, masks) != 0:
+                raise ValueError(f"{mtype!r}: schema the native codec cannot hold")
+            self._fields[int(mtype)] = (names, tuple(want is bytes for want in schema.values()))
+        self._out = _ffi.new("uint64_t[]", _lib.LLFT_WIRE_OUT)
+        self._view = _ffi.buffer(self._out)
+        self._seal_buf = _ffi.new("char[]", MAX_DATAGRAM_BYTES)
+
+    def seal(self, body: bytes, kind: int, version: int) -> bytes:
+        n = len(body)
+        if HEADER_BYTES + n > MAX_DATAGRAM_BYTES or not 0 <= version <= 255:
+            return seal(self.key, body, kind=kind, version=version)
+        m = _lib.llft_wire_seal(self._w, version, kind, body, n, self._seal_buf)
+        return _ffi.unpack(self._seal_buf, m)
+
+    def open(self, datagram: bytes, max_message_bytes: int) -> tuple[int, ...]:
+        """The C verdict on a datagram (llft_wire.h's result layout)."""
+        _lib.llft_wire_open(self._w, datagram, len(datagram), max_message_bytes, self._out)
+        return _OUT.unpack_from(self._view)
+
+    def parse(self, payload: bytes, max_message_bytes: int) -> tuple[int, ...]:
+        _lib.llft_wire_parse(self._w, payload, len(payload), max_message_bytes, self._out)
+        return _OUT.unpack_from(self._view)
+
+    def message(self, buf: bytes, v: tuple[int, ...], version: int,
+                max_message_bytes: int) -> Message:
+        """The Message of an `open`/`parse` result on `buf`; raises _Rejected."""
+        verdict = v[0]
+        if verdict == 0:        # LLFT_WIRE_OK
+            t = v[2]
+            names, is_bytes = self._fields[t]
+            body = {}
+            for i in range(v[15]):
+                j = v[16 + i]
+                x = v[24 + i]
+                body[names[j]] = buf[x >> 32:(x >> 32) + (x & _SPAN)] if is_bytes[j] else x
+            s, d, o = v[12], v[13], v[14]
+            return Message(_TYPES[t], buf[s >> 32:(s >> 32) + (s & _SPAN)].decode(),
+                           buf[d >> 32:(d >> 32) + (d & _SPAN)].decode(), v[3], _ROLES[v[4]],
+                           v[5], v[6], v[7], v[8], v[9], v[10], v[11], body,
+                           buf[o >> 32:(o >> 32) + (o & _SPAN)], version)
+        if verdict == _lib.LLFT_WIRE_FALLBACK:
+            p = v[6]
+            return _unpack(buf[p >> 32:(p >> 32) + (p & _SPAN)], version, max_message_bytes)
+        raise _Rejected(NATIVE_REJECTS.get(verdict, Reject.INTERNAL_ERROR))
+
+
 class Encoder:
     """Message -> datagrams. One per sending replica: it numbers fragmented messages."""
 
     def __init__(self, key: bytes, *, mtu_bytes: int = DEFAULT_MTU_BYTES,
                  max_message_bytes: int = MAX_MESSAGE_BYTES, first_frag_id: int = 0,
-                 check: bool = True):
+                 check: bool = True, codec: str | None = None):
         """`check`: re-read every message as the decoder would (`validate`: pack, unpack,
         parse; about 2/3 of encoding). The simulator and tests keep it on, so a core that
         builds a message the decoder refuses fails there; a production sender may turn it
         off (`pack_message` only): such a message is then rejected, and counted, by its
-        receivers instead of raising here."""
+        receivers instead of raising here. `codec` (default: `default_codec()`): "python"
+        seals with hmac, "native" with the C half (the same bytes), "differential" with
+        both, raising `WireDivergence` if they differ."""
         self.check = check
         if not MIN_MTU_BYTES <= mtu_bytes <= MAX_DATAGRAM_BYTES:
             raise ValueError(f"mtu_bytes must be in [{MIN_MTU_BYTES}, {MAX_DATAGRAM_BYTES}]")
@@ -322,6 +447,18 @@ class Encoder:
         self.max_message_bytes = max_message_bytes
         self.chunk_bytes = mtu_bytes - FRAG_HEADER_BYTES
         self._next_frag_id = first_frag_id & U32_MAX
+        self.codec = codec or default_codec()
+        self._native = NativeCodec(key) if self.codec != "python" else None
+
+    def _seal(self, body: bytes, kind: int, version: int) -> bytes:
+        if self._native is None:
+            return seal(self.key, body, kind=kind, version=version)
+        dg = self._native.seal(body, kind, version)
+        if self.codec == "differential" and dg != seal(self.key, body, kind=kind,
+                                                        version=version):
+            raise WireDivergence(f"sealed apart: kind {kind} version {version} "
+                                 f"body {body.hex()}")
+        return dg
 
     def encode(self, msg: Message) -> list[bytes]:
         """Datagrams carrying `msg` (one unless it exceeds the MTU); raises WireError."""
@@ -335,23 +472,24 @@ class Encoder:
         if len(payload) > self.max_message_bytes:
             raise WireError(Reject.OVERSIZE, f"payload of {len(payload)} bytes")
         if HEADER_BYTES + len(payload) <= self.mtu_bytes:
-            return [seal(self.key, payload, version=msg.version)]
+            return [self._seal(payload, KIND_WHOLE, msg.version)]
         count = -(-len(payload) // self.chunk_bytes)
         if count > MAX_FRAGMENTS:
             raise WireError(Reject.OVERSIZE, f"{count} fragments at mtu {self.mtu_bytes}")
         frag_id = self._next_frag_id
         self._next_frag_id = (frag_id + 1) & U32_MAX
         c = self.chunk_bytes
-        return [seal(self.key, fragment_body(msg.sender, frag_id, i, count,
-                                             payload[i * c:(i + 1) * c]),
-                     kind=KIND_FRAGMENT, version=msg.version)
+        return [self._seal(fragment_body(msg.sender, frag_id, i, count,
+                                         payload[i * c:(i + 1) * c]),
+                           KIND_FRAGMENT, msg.version)
                 for i in range(count)]
 
 
 def encode(msg: Message, key: bytes, *, mtu_bytes: int = DEFAULT_MTU_BYTES,
            frag_id: int = 0) -> list[bytes]:
     """One-shot encoding (tests, tools); a sending replica keeps an `Encoder`."""
-    return Encoder(key, mtu_bytes=mtu_bytes, first_frag_id=frag_id).encode(msg)
+    return Encoder(key, mtu_bytes=mtu_bytes, first_frag_id=frag_id,
+                   codec="python").encode(msg)
 
 
 # ---------------------------------------------------------------------------------------
@@ -382,8 +520,13 @@ class Decoder:
                  reassembly_max_messages: int = REASSEMBLY_MAX_MESSAGES,
                  reassembly_max_bytes: int = REASSEMBLY_MAX_BYTES,
                  reassembly_timeout_us: int = REASSEMBLY_TIMEOUT_US,
-                 recent_done_max: int = RECENT_DONE_MAX):
+                 recent_done_max: int = RECENT_DONE_MAX, native: bool | None = None):
+        """`native`: judge datagrams with the C half (None: if `default_codec()` is not
+        "python"); False: this reference code alone."""
         self.key = _check_key(key)
+        if native is None:
+            native = default_codec() != "python"
+        self._native = NativeCodec(key) if native else None
         self.groups: set[str] | None = (
             None if groups is None else {groups} if isinstance(groups, str) else set(groups))
         self.max_message_bytes = max_message_bytes
@@ -458,6 +601,8 @@ class Decoder:
         return dropped
 
     def _decode(self, datagram: bytes, now_us: int) -> Message | None:
+        if self._native is not None:
+            return self._decode_native(bytes(datagram), now_us)
         n = len(datagram)
         if n < PREFIX_BYTES:
             m = min(n, len(MAGIC))
@@ -487,6 +632,23 @@ class Decoder:
             return None
         msg = _unpack(payload, version, self.max_message_bytes)
         if msg.sender != sender:    # the fragment header must name the message's sender
+            raise _Rejected(Reject.BAD_FRAGMENT)
+        return self._admit(msg)
+
+    def _decode_native(self, datagram: bytes, now_us: int) -> Message | None:
+        """`_decode` with the per-datagram work done in C (the same verdicts)."""
+        codec = self._native
+        v = codec.open(datagram, self.max_message_bytes)
+        if v[0] != _lib.LLFT_WIRE_FRAGMENT:
+            return self._admit(codec.message(datagram, v, v[1], self.max_message_bytes))
+        sender, frag_id, index, count, chunk = v[2], v[3], v[4], v[5], v[6]
+        payload = self._reassemble(sender, frag_id, index, count, v[1],
+                                   datagram[chunk >> 32:], now_us)
+        if payload is None:
+            return None
+        msg = codec.message(payload, codec.parse(payload, self.max_message_bytes), v[1],
+                            self.max_message_bytes)
+        if msg.sender != sender:
             raise _Rejected(Reject.BAD_FRAGMENT)
         return self._admit(msg)
 
@@ -544,3 +706,67 @@ class Decoder:
     def _drop_partial(self, key: tuple[int, int]) -> None:
         part = self._partials.pop(key)
         self._partial_bytes -= part.nbytes
+
+
+# ---------------------------------------------------------------------------------------
+# Differential decoding: the C half checked against the reference, datagram by datagram
+
+
+class WireDivergence(AssertionError):
+    """The C half and the reference judged one datagram apart: a bug in one of them."""
+
+
+def same_message(a: Message | None, b: Message | None) -> bool:
+    """Equal, and equal in every type and in the body's key order."""
+    if a is None or b is None:
+        return a is b
+    return (a == b and type(a.type) is type(b.type) and type(a.role) is type(b.role)
+            and list(a.body) == list(b.body)
+            and all(type(a.body[k]) is type(b.body[k]) for k in a.body)
+            and all(type(getattr(a, f)) is type(getattr(b, f)) for f in HEADER_FIELDS))
+
+
+class DifferentialDecoder(Decoder):
+    """A native Decoder with the reference beside it: every datagram is judged by both,
+    and the first one they judge apart (message, or reason counted) raises
+    `WireDivergence` out of `decode`, with the datagram in its message."""
+
+    def __init__(self, key: bytes, groups: str | Iterable[str] | None, **kwargs: Any):
+        super().__init__(key, groups, native=True, **kwargs)
+        self.reference = Decoder(key, groups, native=False, **kwargs)
+
+    def decode(self, datagram: bytes, now_us: int) -> Message | None:
+        want = self.reference.decode(datagram, now_us)
+        got = super().decode(datagram, now_us)
+        if not same_message(want, got) or self.reference.rejections != self.rejections:
+            raise WireDivergence(
+                f"datagram {bytes(datagram).hex()}: reference {want!r} "
+                f"{dict(self.reference.rejections)}, native {got!r} {dict(self.rejections)}")
+        return got
+
+    def set_view(self, group: str, pvn: int) -> None:
+        super().set_view(group, pvn)
+        self.reference.set_view(group, pvn)
+
+    def listen(self, group: str) -> None:
+        super().listen(group)
+        self.reference.listen(group)
+
+    def unlisten(self, group: str) -> None:
+        super().unlisten(group)
+        self.reference.unlisten(group)
+
+    def expire(self, now_us: int) -> int:
+        self.reference.expire(now_us)
+        return super().expire(now_us)
+
+
+def make_decoder(key: bytes, groups: str | Iterable[str] | None, *,
+                 codec: str | None = None, **kwargs: Any) -> Decoder:
+    """A Decoder for `codec` (python | native | differential; None: `default_codec()`)."""
+    codec = codec or default_codec()
+    if codec == "differential":
+        return DifferentialDecoder(key, groups, **kwargs)
+    if codec not in CODECS:
+        raise ValueError(f"codec {codec!r}: one of {', '.join(CODECS)}")
+    return Decoder(key, groups, native=codec == "native", **kwargs)

@@ -333,7 +333,7 @@ class Endpoint:
         self.send_faults, self.recv_faults = send_faults, recv_faults
         self.rcvbuf_bytes, self.sndbuf_bytes = rcvbuf_bytes, sndbuf_bytes
         self.clock_us = clock_us or (lambda: time.monotonic_ns() // 1000)
-        self.decoder = decoder or wire.Decoder(key, self.listen_groups)
+        self.decoder = decoder or wire.make_decoder(key, self.listen_groups)
         # unchecked encoding (no pack/unpack/parse round trip per message): the simulator
         # checks every message the cores build; receivers still reject a bad one
         # (mtu_bytes None: the interface's, see interface_mtu_bytes)

@@ -18,7 +18,9 @@ module records deliveries there), then (re)arms the node's timer from `next_time
 
 The network carries *encoded, authenticated datagrams*: each node has its own
 `llft.protocol.wire.Encoder` and `llft.protocol.wire.Decoder` (one cluster key per Sim), so fragmentation,
-the HMAC and the strict decoder are exercised on every message. A send to group G goes to
+the HMAC and the strict decoder are exercised on every message; by default in
+"differential" mode: the C half of the codec decides, and the Python reference judges every
+datagram beside it (a difference raises `wire.WireDivergence`: the schedule fails). A send to group G goes to
 every live node listening on G except the sender (no multicast loopback). Per datagram and
 per receiver: loss (`loss`), duplication (`dup`, an extra copy with its own delay),
 reordering (`reorder`: extra random delay up to `reorder_us_max`), base delay uniform in
@@ -103,7 +105,8 @@ class _Node:
                  "armed_us", "encoder", "decoder", "paused_until", "pulse", "pulse_gen",
                  "pulse_ref", "pulse_msg", "absorbed")
 
-    def __init__(self, node_id, core, groups, on_action, incarnation, key, mtu_bytes, rng):
+    def __init__(self, node_id, core, groups, on_action, incarnation, key, mtu_bytes, rng,
+                 codec):
         self.node_id = node_id
         self.core = core
         self.groups = set(groups)
@@ -113,8 +116,8 @@ class _Node:
         self.armed_us: int | None = None
         self.paused_until = 0
         self.encoder = wire.Encoder(key, mtu_bytes=mtu_bytes,
-                                    first_frag_id=rng.getrandbits(32))
-        self.decoder = wire.Decoder(key, self.groups)
+                                    first_frag_id=rng.getrandbits(32), codec=codec)
+        self.decoder = wire.make_decoder(key, self.groups, codec=codec)
         # the pulse (messages.Pulse): what this node repeats ([dst, datagrams, every,
         # until], None: nothing) and its generation (a repeat of an older one is void);
         # as a receiver, per source, the datagrams it accepted and copies absorbed since
@@ -127,7 +130,11 @@ class _Node:
 
 class Sim:
     def __init__(self, seed: int | random.Random, net: NetConfig | None = None,
-                 *, key: bytes | None = None):
+                 *, key: bytes | None = None, codec: str | None = None):
+        """`codec`: the nodes' wire codec (wire.CODECS); default "differential" when the
+        native half is built (every datagram judged by it and by the reference, the
+        first difference raising wire.WireDivergence), else "python"."""
+        self.codec = codec or ("differential" if wire.native_available() else "python")
         self.rng = seed if isinstance(seed, random.Random) else random.Random(seed)
         self.net = net or NetConfig()
         self.key = key if key is not None else self.rng.randbytes(wire.KEY_BYTES)
@@ -148,7 +155,7 @@ class Sim:
 
     def _install(self, node_id, core, groups, on_action, incarnation) -> None:
         node = _Node(node_id, core, groups, on_action, incarnation, self.key,
-                     self.net.mtu_bytes, self.rng)
+                     self.net.mtu_bytes, self.rng, self.codec)
         self._nodes[node_id] = node
         self._rebuild_listeners()
         self.pump(node_id)
