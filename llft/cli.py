@@ -36,6 +36,7 @@ BENCHMARKS: dict[str, str] = {
     "messaging": "llft.bench.messaging",
     "failover": "llft.bench.failover",
     "ndops": "llft.bench.ndops",
+    "codec": "llft.bench.codec",
     "latency": "llft.bench.service",
     "throughput": "llft.bench.service",
     "echo": "llft.bench.echo",

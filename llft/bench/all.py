@@ -5,7 +5,8 @@ paper-style figures first: latency (vs message size), throughput (vs clients),
 ndlatency (vs nondeterministic operations per request), failover (vs replicas),
 gateway-loss (another gateway of the group dies for good), bulk (a transfer both ways
 with a reader that pauses), then
-ndops (cost per determinized operation) and messaging (the protocol alone). Each kind
+ndops (cost per determinized operation), codec (the wire codec's two halves) and
+messaging (the protocol alone). Each kind
 runs with its own defaults (plus `--quick` if given) and writes its CSV, markdown and
 PNG files into DIR; a kind that fails or raises is reported and the others still run.
 At the end `all.md` lists each kind's command, exit status and duration, and
@@ -35,6 +36,7 @@ KINDS: dict[str, str] = {
     "gateway-loss": "llft.bench.gateway_loss",
     "bulk": "llft.bench.bulk",
     "ndops": "llft.bench.ndops",
+    "codec": "llft.bench.codec",
     "messaging": "llft.bench.messaging",
     "spark": "llft.bench.spark",
 }

@@ -560,6 +560,11 @@ class Decoder:
         if self.groups is not None:
             self.groups.discard(group)
 
+    @property
+    def native(self) -> bool:
+        """Whether the C half judges this decoder's datagrams."""
+        return self._native is not None
+
     # -- reassembly state, for status and tests ------------------------------------
     @property
     def partial_messages(self) -> int:

@@ -691,4 +691,5 @@ class Endpoint:
             out.update(self._pulse.stats())
         out.update({f"rejected_{r.value}": n for r, n in self.decoder.rejections.items()})
         out["partial_messages"] = self.decoder.partial_messages
+        out["wire_native"] = int(self.decoder.native)
         return out

@@ -328,3 +328,16 @@ def test_timestamps_and_datetimes_inside_lists_fall_back_alike():
     f[12] = {"missing": [msgpack.Timestamp.from_datetime(when), 3]}
     dec = judge(packed(f))
     assert dec.accepted == 1
+
+
+def test_bench_codec_writes_its_table(tmp_path):
+    """`llft bench codec --quick`: every row, both halves (timings are not judged here)."""
+    import csv
+
+    from llft.cli import main
+    assert main(["bench", "codec", "--quick", "--results", str(tmp_path)]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "codec.csv")))
+    assert [r["datagram"] for r in rows][-1] == "forged (bad tag)" and len(rows) == 7
+    assert all(float(r["decode_native_us"]) > 0 and float(r["decode_python_us"]) > 0
+               for r in rows)
+    assert (tmp_path / "codec.md").exists()
