@@ -341,3 +341,28 @@ def test_bench_codec_writes_its_table(tmp_path):
     assert all(float(r["decode_native_us"]) > 0 and float(r["decode_python_us"]) > 0
                for r in rows)
     assert (tmp_path / "codec.md").exists()
+
+
+def test_the_simulator_runs_both_halves_by_default():
+    from llft.sim.kernel import Sim
+    sim = Sim(7)
+    assert sim.codec == "differential"
+    sim.add_node("a", _Quiet(), ["g"])
+    assert isinstance(sim._nodes["a"].decoder, DifferentialDecoder)
+    assert sim._nodes["a"].encoder.codec == "differential"
+
+
+class _Quiet:
+    """A core that does nothing (the kernel's convention, for the test above)."""
+
+    def handle_message(self, msg, now_us):
+        pass
+
+    def handle_timer(self, now_us):
+        pass
+
+    def next_timer_us(self):
+        return None
+
+    def take_actions(self):
+        return []
