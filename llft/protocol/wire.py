@@ -58,7 +58,7 @@ import os
 import struct
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import msgpack
 
@@ -734,19 +734,28 @@ def same_message(a: Message | None, b: Message | None) -> bool:
 class DifferentialDecoder(Decoder):
     """A native Decoder with the reference beside it: every datagram is judged by both,
     and the first one they judge apart (message, or reason counted) raises
-    `WireDivergence` out of `decode`, with the datagram in its message."""
+    `WireDivergence` out of `decode`, with the datagram in its message. A running
+    process (LLFT_WIRE=differential) sets `on_divergence` instead: it is told, and the
+    reference's verdict stands (the counters are set to the reference's)."""
 
     def __init__(self, key: bytes, groups: str | Iterable[str] | None, **kwargs: Any):
         super().__init__(key, groups, native=True, **kwargs)
         self.reference = Decoder(key, groups, native=False, **kwargs)
+        self.on_divergence: Callable[[WireDivergence], None] | None = None
 
     def decode(self, datagram: bytes, now_us: int) -> Message | None:
         want = self.reference.decode(datagram, now_us)
         got = super().decode(datagram, now_us)
         if not same_message(want, got) or self.reference.rejections != self.rejections:
-            raise WireDivergence(
+            err = WireDivergence(
                 f"datagram {bytes(datagram).hex()}: reference {want!r} "
                 f"{dict(self.reference.rejections)}, native {got!r} {dict(self.rejections)}")
+            if self.on_divergence is None:
+                raise err
+            self.on_divergence(err)
+            self.rejections = Counter(self.reference.rejections)
+            self.accepted = self.reference.accepted
+            return want
         return got
 
     def set_view(self, group: str, pvn: int) -> None:

@@ -334,6 +334,8 @@ class Endpoint:
         self.rcvbuf_bytes, self.sndbuf_bytes = rcvbuf_bytes, sndbuf_bytes
         self.clock_us = clock_us or (lambda: time.monotonic_ns() // 1000)
         self.decoder = decoder or wire.make_decoder(key, self.listen_groups)
+        if isinstance(self.decoder, wire.DifferentialDecoder):
+            self.decoder.on_divergence = self._on_wire_divergence
         # unchecked encoding (no pack/unpack/parse round trip per message): the simulator
         # checks every message the cores build; receivers still reject a bad one
         # (mtu_bytes None: the interface's, see interface_mtu_bytes)
@@ -623,6 +625,13 @@ class Endpoint:
         if msg is not None:
             self._deliver(msg)
         self._progress.set()
+
+    def _on_wire_divergence(self, err: wire.WireDivergence) -> None:
+        """LLFT_WIRE=differential: the codec's two halves judged a datagram apart (a bug
+        in one of them); the reference's verdict stands, and it is loud."""
+        self.counters["wire_divergences"] += 1
+        log.error("llft transport: the wire codec's halves differ (LLFT_WIRE=differential): %s",
+                  err)
 
     def _decode(self, data: bytes) -> Message | None:
         msg = self.decoder.decode(data, self.clock_us())

@@ -434,3 +434,18 @@ def test_the_c_half_under_asan(tmp_path):
     assert run.returncode == 0 and "ERROR" not in report and "runtime error" not in report, \
         report[-3000:]
     assert f"inputs {len(inputs)} " in report and " ok " in report, report
+
+
+def test_a_running_process_is_told_and_keeps_the_references_verdict(monkeypatch):
+    """LLFT_WIRE=differential in a process: a divergence is reported, not raised, and
+    the reference's verdict (message and counters) is what the process goes on with."""
+    told = []
+    dec = DifferentialDecoder(KEY, "server")
+    dec.on_divergence = told.append
+    monkeypatch.setattr(wire.NativeCodec, "message",
+                        lambda *a: (_ for _ in ()).throw(wire._Rejected(Reject.BAD_BODY)))
+    msg = make(MsgType.REQUEST)
+    (dg,) = wire.encode(msg, KEY)
+    assert dec.decode(dg, 0) == msg
+    assert len(told) == 1 and isinstance(told[0], WireDivergence)
+    assert not dec.rejections and dec.accepted == 1
