@@ -701,4 +701,6 @@ class Endpoint:
         out.update({f"rejected_{r.value}": n for r, n in self.decoder.rejections.items()})
         out["partial_messages"] = self.decoder.partial_messages
         out["wire_native"] = int(self.decoder.native)
+        if isinstance(self.decoder, wire.DifferentialDecoder):    # LLFT_WIRE=differential
+            out["wire_divergences"] = self.counters["wire_divergences"]
         return out
