@@ -46,9 +46,10 @@ returns numbers and spans, and `NativeCodec` turns them into the same Message. T
 Python code is the reference model: the two must agree on every datagram, reason for
 reason. `DifferentialDecoder` runs both and raises `WireDivergence` at the first
 datagram they judge apart (the simulator's "differential" codec; the fuzz tests).
-The codec a process uses is `CODEC` ("native" when the module is built, unless the
-environment sets LLFT_WIRE=python); types whose body holds lists or strings are parsed
-by the reference in both (the C half hands them back, tag checked).
+The codec a process uses is `default_codec()`: "native" when the module is built,
+unless the environment sets LLFT_WIRE (python | native | differential). Types whose body
+holds lists or strings are parsed by the reference in both (the C half checks their tag
+and hands them back); reassembly is the reference's in both.
 """
 from __future__ import annotations
 
@@ -332,6 +333,10 @@ NATIVE_REJECTS: dict[int, Reject] = (
     {_lib.LLFT_WIRE_REJECT + getattr(_lib, f"LLFT_WIRE_R_{r.name}"): r
      for r in Reject if hasattr(_lib, f"LLFT_WIRE_R_{r.name}")})
 _OUT = struct.Struct(f"={0 if _lib is None else _lib.LLFT_WIRE_OUT}Q")
+# verdicts (llft_wire.h), read once: the decode path compares against them per datagram
+_V_OK, _V_FALLBACK, _V_FRAGMENT = ((-1, -1, -1) if _lib is None else
+                                   (_lib.LLFT_WIRE_OK, _lib.LLFT_WIRE_FALLBACK,
+                                    _lib.LLFT_WIRE_FRAGMENT))
 _SPAN = 0xFFFFFFFF
 _TYPES = {int(t): t for t in MsgType}
 _ROLES = (Role.CLIENT, Role.SERVER)
@@ -407,7 +412,7 @@ class NativeCodec:
                 max_message_bytes: int) -> Message:
         """The Message of an `open`/`parse` result on `buf`; raises _Rejected."""
         verdict = v[0]
-        if verdict == 0:        # LLFT_WIRE_OK
+        if verdict == _V_OK:
             t = v[2]
             names, is_bytes = self._fields[t]
             body = {}
@@ -420,7 +425,7 @@ class NativeCodec:
                            buf[d >> 32:(d >> 32) + (d & _SPAN)].decode(), v[3], _ROLES[v[4]],
                            v[5], v[6], v[7], v[8], v[9], v[10], v[11], body,
                            buf[o >> 32:(o >> 32) + (o & _SPAN)], version)
-        if verdict == _lib.LLFT_WIRE_FALLBACK:
+        if verdict == _V_FALLBACK:
             p = v[6]
             return _unpack(buf[p >> 32:(p >> 32) + (p & _SPAN)], version, max_message_bytes)
         raise _Rejected(NATIVE_REJECTS.get(verdict, Reject.INTERNAL_ERROR))
@@ -644,7 +649,7 @@ class Decoder:
         """`_decode` with the per-datagram work done in C (the same verdicts)."""
         codec = self._native
         v = codec.open(datagram, self.max_message_bytes)
-        if v[0] != _lib.LLFT_WIRE_FRAGMENT:
+        if v[0] != _V_FRAGMENT:
             return self._admit(codec.message(datagram, v, v[1], self.max_message_bytes))
         sender, frag_id, index, count, chunk = v[2], v[3], v[4], v[5], v[6]
         payload = self._reassemble(sender, frag_id, index, count, v[1],
