@@ -6,6 +6,7 @@ shim's glob), its text is read at build time, and the cdef is the header's "cdef
 already loads; the headers come with Debian's libssl-dev, which scripts/setup.sh installs
 if they are missing).
 """
+import importlib.util
 import os
 
 from cffi import FFI
@@ -15,10 +16,18 @@ WIRE = os.path.join(HERE, "wire")
 HEADER = os.path.join(WIRE, "llft_wire.h")
 SOURCE = os.path.join(WIRE, "llft_wire.c")
 
-try:
-    from native.pulse_build import header_cdef
-except ImportError:     # run as a script from native/
-    from pulse_build import header_cdef
+
+def _pulse_build():
+    """native/pulse_build.py, loaded by its path: pip runs this file in an isolated build
+    environment where neither `native` nor this folder is importable."""
+    spec = importlib.util.spec_from_file_location("_llft_pulse_build",
+                                                  os.path.join(HERE, "pulse_build.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+header_cdef = _pulse_build().header_cdef
 
 ffibuilder = FFI()
 ffibuilder.cdef(header_cdef(HEADER))
