@@ -86,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    from llft.protocol import wire
+    try:
+        wire.default_codec()    # LLFT_WIRE is read by every process: one clear line here
+    except ValueError as e:
+        print(f"llft: {e}", file=sys.stderr)
+        return 2
     mod = importlib.import_module(args._module)
     try:
         return int(mod.run(args) or 0)

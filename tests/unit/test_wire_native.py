@@ -448,3 +448,12 @@ def test_a_running_process_is_told_and_keeps_the_references_verdict(monkeypatch)
     assert dec.decode(dg, 0) == msg
     assert len(told) == 1 and isinstance(told[0], WireDivergence)
     assert not dec.rejections and dec.accepted == 1
+
+
+def test_a_bad_llft_wire_is_one_clear_line(monkeypatch, capsys, tmp_path):
+    from llft.cli import main
+    monkeypatch.setenv("LLFT_WIRE", "fast")
+    assert main(["keygen", str(tmp_path / "k.key")]) == 2
+    err = capsys.readouterr().err
+    assert err == "llft: LLFT_WIRE='fast': one of python, native, differential\n"
+    assert not (tmp_path / "k.key").exists()
