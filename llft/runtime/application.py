@@ -64,6 +64,7 @@ import resource
 import queue
 import signal
 import threading
+import time
 from typing import Callable
 
 from llft.runtime import proctree
@@ -229,7 +230,9 @@ class Application:
         self._oi_lock = threading.Lock()
         self._drain_thread: threading.Thread | None = None
         self._drain_stop = threading.Event()
-        self._drained = threading.Event()     # the loop took what the thread asked for
+        # the loop's drains, counted (not signalled: see _drain_loop); an int the loop
+        # thread alone writes and the drain thread only reads
+        self._drains = 0
         self.drain_wakeups = 0                # times the drain thread woke the loop
         self._feed_queue: queue.Queue = queue.Queue()
         self._feeder = None
@@ -334,7 +337,7 @@ class Application:
         self._drain_thread.start()
 
     def _drain_loop(self, shm) -> None:
-        stop, drained = self._drain_stop, self._drained
+        stop = self._drain_stop
         seen = 0            # tickets start at 0; one taken before this thread ran is news
         while not stop.is_set():
             got = shm.wait(DRAIN_WAIT_MS, seen)
@@ -348,13 +351,21 @@ class Application:
                 # send, so a request's entries usually leave with its reply; only what
                 # is still there after DRAIN_COALESCE_S needs the loop woken (a busy app
                 # producing entries without output: once per interval, not per entry).
-                drained.clear()
-                if drained.wait(DRAIN_COALESCE_S) or stop.is_set() or not shm.wait(0, seen):
+                # The thread sleeps the interval out and then looks whether the loop
+                # drained meanwhile: a signal from the loop's drain (it was an Event)
+                # woke this thread at every reply, a system call and a GIL hand-off on
+                # the primary's own path (~7 % of its busy samples at 16 clients).
+                drains = self._drains
+                time.sleep(DRAIN_COALESCE_S)
+                if self._drains != drains or stop.is_set() or not shm.wait(0, seen):
                     continue
-                drained.clear()
                 self.drain_wakeups += 1
                 self.loop.call_soon_threadsafe(self._on_order_info)
-                drained.wait(DRAIN_WAIT_MS / 1000)    # one request at a time
+                # one request at a time: look again once the loop drained (bounded)
+                until = time.monotonic() + DRAIN_WAIT_MS / 1000
+                while (self._drains == drains and not stop.is_set()
+                       and time.monotonic() < until):
+                    time.sleep(DRAIN_COALESCE_S)
 
     def stop_draining(self) -> None:
         self._drain_stop.set()
@@ -363,7 +374,7 @@ class Application:
         """Whole entries the shim recorded since the last drain (loop thread)."""
         with self._oi_lock:
             data = self.shm.drain(0) if not self.closed else b""
-        self._drained.set()
+        self._drains += 1
         return data
 
     # ---- order info: the feeder thread (backup) ---------------------------------------------
