@@ -636,14 +636,8 @@ class Decoder:
             return self._admit(_unpack(datagram[HEADER_BYTES:], version,
                                        self.max_message_bytes))
         sender, frag_id, index, count = FRAG.unpack_from(datagram, HEADER_BYTES)
-        payload = self._reassemble(sender, frag_id, index, count, version,
-                                   datagram[FRAG_HEADER_BYTES:], now_us)
-        if payload is None:
-            return None
-        msg = _unpack(payload, version, self.max_message_bytes)
-        if msg.sender != sender:    # the fragment header must name the message's sender
-            raise _Rejected(Reject.BAD_FRAGMENT)
-        return self._admit(msg)
+        return self._fragment(sender, frag_id, index, count, version,
+                              datagram[FRAG_HEADER_BYTES:], now_us)
 
     def _decode_native(self, datagram: bytes, now_us: int) -> Message | None:
         """`_decode` with the per-datagram work done in C (the same verdicts)."""
@@ -651,14 +645,21 @@ class Decoder:
         v = codec.open(datagram, self.max_message_bytes)
         if v[0] != _V_FRAGMENT:
             return self._admit(codec.message(datagram, v, v[1], self.max_message_bytes))
-        sender, frag_id, index, count, chunk = v[2], v[3], v[4], v[5], v[6]
-        payload = self._reassemble(sender, frag_id, index, count, v[1],
-                                   datagram[chunk >> 32:], now_us)
+        return self._fragment(v[2], v[3], v[4], v[5], v[1], datagram[v[6] >> 32:], now_us)
+
+    def _fragment(self, sender: int, frag_id: int, index: int, count: int, version: int,
+                  chunk: bytes, now_us: int) -> Message | None:
+        """A fragment whose tag is good (either half): held, or the message it completes."""
+        payload = self._reassemble(sender, frag_id, index, count, version, chunk, now_us)
         if payload is None:
             return None
-        msg = codec.message(payload, codec.parse(payload, self.max_message_bytes), v[1],
-                            self.max_message_bytes)
-        if msg.sender != sender:
+        if self._native is None:
+            msg = _unpack(payload, version, self.max_message_bytes)
+        else:
+            codec = self._native
+            msg = codec.message(payload, codec.parse(payload, self.max_message_bytes),
+                                version, self.max_message_bytes)
+        if msg.sender != sender:    # the fragment header must name the message's sender
             raise _Rejected(Reject.BAD_FRAGMENT)
         return self._admit(msg)
 
