@@ -10,6 +10,7 @@ from llft.protocol import wire
 from llft.protocol.wire import (HEADER_BYTES, KIND_FRAGMENT, MAGIC, Encoder, Reject,
                                 WireError, encode, fragment_body, make_decoder, pack_message,
                                 seal)
+from wire_samples import KEY, make
 
 # Every test here runs on the reference alone and on the differential decoder (the C half
 # deciding, the reference judging each datagram beside it: any difference raises).
@@ -25,24 +26,7 @@ def codec(request, monkeypatch):
 def Decoder(key, groups, **kw):     # noqa: N802 -- the codec's Decoder under test
     return make_decoder(key, groups, **kw)
 
-KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
-
-SAMPLE_VALUES = {int: 7, bytes: b"payload", str: "host-1", list: [[123, 1], [456, 2]]}
-
-
-def sample_body(mtype):
-    return {name: SAMPLE_VALUES[t if not isinstance(t, tuple) else t[0]]
-            for name, t in BODY_FIELDS[mtype].items()}
-
-
-def make(mtype=MsgType.REQUEST, src="client", dst="server", **kw):
-    fields = dict(type=mtype, src_group=src, dst_group=dst, conn_seq=1, role=Role.CLIENT,
-                  pvn=3, precedence=2, sender=0x1234_5678_9ABC, msn=5 if mtype in DATA_TYPES
-                  else 0, ack=4, back=2, ts=99, body=sample_body(mtype),
-                  order_info=b"\x01\x02")
-    fields.update(kw)
-    return Message(**fields)
 
 
 def one(msg, key=KEY):

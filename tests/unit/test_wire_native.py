@@ -15,26 +15,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from llft.protocol import wire
-from llft.protocol.messages import BODY_FIELDS, DATA_TYPES, Message, MsgType, Role
+from llft.protocol.messages import BODY_FIELDS, MsgType
 from llft.protocol.wire import (KIND_FRAGMENT, DifferentialDecoder, Encoder, Reject,
                                 WireDivergence, pack_message, seal)
+from wire_samples import KEY, make
 
 pytestmark = pytest.mark.skipif(not wire.native_available(),
                                 reason="native._llft_wire is not built")
-
-KEY = bytes(range(32))
-SAMPLE = {int: 7, bytes: b"payload", str: "host-1", list: [[123, 1], [456, 2]]}
-
-
-def make(mtype, **kw):
-    fields = dict(type=mtype, src_group="client", dst_group="server", conn_seq=1,
-                  role=Role.CLIENT, pvn=3, precedence=2, sender=0x1234_5678_9ABC,
-                  msn=5 if mtype in DATA_TYPES else 0, ack=4, back=2, ts=99,
-                  body={n: SAMPLE[t] for n, t in BODY_FIELDS[mtype].items()},
-                  order_info=b"\x01\x02")
-    fields.update(kw)
-    return Message(**fields)
-
 
 def judge(*payloads, kind=0):
     """Seal each payload and decode it with both halves; the decoder's rejections."""
