@@ -346,6 +346,9 @@ class Endpoint:
         # its own multicasts; given its birth id, the endpoint drops those echoes.
         self.birth_id = birth_id
         self.counters: Counter[str] = Counter()
+        # messages by type (status: sent_<TYPE>, accepted_<TYPE>): what a chatty group says
+        self.sent_by_type: Counter = Counter()
+        self.accepted_by_type: Counter = Counter()
         self._own_sent: dict[bytes, None] = {}   # our latest datagrams, oldest first
         self.own_filtered = False       # the kernel drops our echoes (drop_datagrams_from)
         self.rcvbuf_actual_bytes = 0
@@ -473,6 +476,7 @@ class Endpoint:
         local bug); other malformed messages are rejected by their receivers."""
         datagrams = self.encoder.encode(msg)
         self.counters["sent_messages"] += 1
+        self.sent_by_type[msg.type] += 1
         if self._pulse is not None and dst_group == self.pulse_group \
                 and msg.type is MsgType.HEARTBEAT:
             self._pulse.send_once(datagrams)        # heartbeats: on the pulse port
@@ -646,6 +650,7 @@ class Endpoint:
             self.counters["own_messages"] += 1
             return
         self.counters["accepted_messages"] += 1
+        self.accepted_by_type[msg.type] += 1
         try:
             if at_us is not None and self.on_message_at is not None:
                 self.on_message_at(msg, at_us)
@@ -700,6 +705,8 @@ class Endpoint:
             out.update(self._pulse.stats())
         out.update({f"rejected_{r.value}": n for r, n in self.decoder.rejections.items()})
         out["partial_messages"] = self.decoder.partial_messages
+        out.update({f"sent_{t.name}": n for t, n in self.sent_by_type.items()})
+        out.update({f"accepted_{t.name}": n for t, n in self.accepted_by_type.items()})
         out["wire_native"] = int(self.decoder.native)
         if isinstance(self.decoder, wire.DifferentialDecoder):    # LLFT_WIRE=differential
             out["wire_divergences"] = self.counters["wire_divergences"]
