@@ -107,6 +107,9 @@ class Shm:
         """Every entry appended before `ticket` was taken is held by every backup."""
         lib.llft_commit_done(self._base, ticket & 0xFFFFFFFF)
 
+    def drain_watcher(self, coalesce_us: int, wait_ms: int) -> "DrainWatcher":
+        return DrainWatcher(self, coalesce_us, wait_ms)
+
     # ---- backup: agent -> shim
     def feeder(self) -> "Feeder":
         return Feeder(self)
@@ -186,6 +189,42 @@ class Shm:
                 pass
 
 
+class DrainWatcher:
+    """A primary's native drain watcher (native/shm_build.py, llft_dw_*): a C thread that
+    signals `fd` (an eventfd: register it with the loop) when the ring holds entries
+    nobody drained for `coalesce_us`, or an external send asks for output commit.
+    `take()` -> (order_info, commit) after the fd was readable; `drained()` after every
+    drain; `stop()` asks the thread to end, `join()` (off the loop: it may take wait_ms)
+    waits for it and closes the fd. The block must stay mapped until `join()`."""
+
+    def __init__(self, shm: Shm, coalesce_us: int, wait_ms: int):
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._w = lib.llft_dw_start(shm._base, self.fd, int(coalesce_us), int(wait_ms))
+        if self._w == ffi.NULL:
+            os.close(self.fd)
+            raise OSError("the drain watcher thread could not be started")
+
+    def drained(self) -> None:
+        lib.llft_dw_drained(self._w)
+
+    def take(self) -> tuple[bool, bool]:
+        try:
+            os.eventfd_read(self.fd)
+        except BlockingIOError:
+            pass
+        flags = lib.llft_dw_take(self._w)
+        return bool(flags & 1), bool(flags & 2)
+
+    def stop(self) -> None:
+        lib.llft_dw_stop(self._w)
+
+    def join(self) -> None:
+        if self._w is not None:
+            lib.llft_dw_join(self._w)
+            self._w = None
+            os.close(self.fd)
+
+
 class Feeder:
     """Pushes order information, in the primary's order, into the backup shim's rings.
 
@@ -201,14 +240,17 @@ class Feeder:
         self.fed_entries = 0
         self.stopped = False   # set by the owner when the process is gone
 
-    def push(self, data: bytes, timeout_s: float | None = None) -> None:
-        """Feed whole entries (a partial trailing entry is kept for the next call)."""
+    def push(self, data: bytes, timeout_s: float | None = None, wait: bool = True) -> bool:
+        """Feed whole entries (a partial trailing entry is kept for the next call).
+        `wait` False: only what fits in the rings now; the rest is kept too, for a
+        later push (of b"" or more). True when no whole entry is left unfed."""
         buf = self._pending + data
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         off = 0
         while off < len(buf) and not self.stopped:
             chunk = buf[off:]
-            n = lib.llft_feed(self._shm._base, chunk, len(chunk), self._tab, 100)
+            n = lib.llft_feed(self._shm._base, chunk, len(chunk), self._tab,
+                              100 if wait else 0)
             if n < 0:
                 raise ValueError(f"malformed order information at offset {self.fed_bytes + off} ({n})")
             if n:
@@ -218,12 +260,17 @@ class Feeder:
                 # a thread's ring is full (it is behind), or only a partial entry is left
                 if split(chunk)[0] == 0:
                     break
+                if not wait:
+                    self.fed_bytes += off
+                    self._pending = bytes(buf[off:])
+                    return False
                 if self._shm.diverged:
                     raise RuntimeError("the determinized process diverged: " + self._shm.report)
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError("feeder: the determinized process does not consume")
         self.fed_bytes += off
         self._pending = bytes(buf[off:])
+        return True
 
     @property
     def consumed(self) -> int:

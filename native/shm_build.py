@@ -47,12 +47,18 @@ FUNCTIONS = """
     void llft_commit_done(void *base, uint32_t ticket);
     uint64_t llft_stat(void *base, int i);
     const char *llft_report(void *base);
+    void *llft_dw_start(void *base, int efd, int coalesce_us, int wait_ms);
+    void llft_dw_drained(void *w);
+    uint32_t llft_dw_take(void *w);
+    void llft_dw_stop(void *w);
+    void llft_dw_join(void *w);
     const char *llft_call_name(unsigned c);
     void llft_op_name(uint64_t op, char *buf, size_t n);
 """
 
 SOURCE = r"""
 #include <stdlib.h>
+#include <pthread.h>
 #include "llft_shm.h"
 
 size_t llft_shm_size(void) { return sizeof(struct llft_shm); }
@@ -157,8 +163,11 @@ int64_t llft_feed(void *base, const uint8_t *buf, size_t len, void *seqtab, int 
         struct llft_ring *r = &s->tring[h.tid];
         uint64_t pos = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
         if (!llft_ring_wait_space(r, LLFT_TRING_CAP_BYTES, pos, h.len, 0)) {
-            /* the thread is behind: poll a little first, so that its pops cost no
-             * wake-up system call while it catches up, then sleep on the futex */
+            /* the thread is behind. timeout 0: feed no further now (the caller, the
+             * agent's loop, hands the rest to its feeder thread). Otherwise poll a
+             * little first, so that its pops cost no wake-up system call while it
+             * catches up, then sleep on the futex */
+            if (timeout_ms == 0) break;
             int polls = 0;
             while (polls < 10 && !llft_ring_wait_space(r, LLFT_TRING_CAP_BYTES, pos, h.len, 0)) {
                 struct timespec ts = {0, 100000};
@@ -252,6 +261,86 @@ uint64_t llft_stat(void *base, int i) {
     return __atomic_load_n(&((struct llft_shm *)base)->ctl.stats[i & 7], __ATOMIC_RELAXED);
 }
 const char *llft_report(void *base) { return ((struct llft_shm *)base)->ctl.report; }
+
+/* The drain watcher (a primary's): a native thread that tells the agent's loop, through
+ * an eventfd, when the primary ring holds entries the loop has not drained for
+ * `coalesce_us` (DW_ORDER_INFO), or an output commit of an external send is asked for
+ * (DW_COMMIT). The loop drains before every output anyway, so under load the entries
+ * leave with the replies and the watcher only looks; it does so without the GIL (a
+ * Python thread doing this woke every coalescing interval under load and took the GIL
+ * from the loop each time). The loop counts its drains (llft_dw_drained) and takes the
+ * flags (llft_dw_take) when the eventfd is readable. One request at a time: after it
+ * asked, the watcher waits (bounded by wait_ms) until the loop drained. */
+#define DW_ORDER_INFO 1u
+#define DW_COMMIT 2u
+struct llft_dw {
+    void *base;
+    int efd, coalesce_us, wait_ms;
+    uint32_t stop, flags;
+    uint64_t drains;
+    pthread_t th;
+};
+static void dw_signal(struct llft_dw *w, uint32_t flag) {
+    __atomic_fetch_or(&w->flags, flag, __ATOMIC_ACQ_REL);
+    uint64_t one = 1;
+    ssize_t r = write(w->efd, &one, sizeof one);
+    (void)r;   /* EAGAIN: the counter is already non-zero, the loop will look */
+}
+static void dw_nap(int us) {
+    struct timespec ts = {us / 1000000, (long)(us % 1000000) * 1000L};
+    nanosleep(&ts, NULL);
+}
+static int64_t dw_now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+static void *dw_main(void *arg) {
+    struct llft_dw *w = arg;
+    struct llft_shm *s = w->base;
+    uint32_t seen = 0;   /* commit tickets start at 0: one taken before we ran is news */
+    while (!__atomic_load_n(&w->stop, __ATOMIC_ACQUIRE)) {
+        int got = llft_wait(w->base, w->wait_ms, seen);
+        if (got == 2) {
+            seen = __atomic_load_n(&s->ctl.commit_req, __ATOMIC_ACQUIRE);
+            dw_signal(w, DW_COMMIT);
+        } else if (got == 1) {
+            uint64_t d = __atomic_load_n(&w->drains, __ATOMIC_ACQUIRE);
+            dw_nap(w->coalesce_us);
+            if (__atomic_load_n(&w->drains, __ATOMIC_ACQUIRE) != d
+                || __atomic_load_n(&w->stop, __ATOMIC_ACQUIRE) || !llft_wait(w->base, 0, seen))
+                continue;
+            dw_signal(w, DW_ORDER_INFO);
+            int64_t until = dw_now_us() + (int64_t)w->wait_ms * 1000;
+            while (__atomic_load_n(&w->drains, __ATOMIC_ACQUIRE) == d
+                   && !__atomic_load_n(&w->stop, __ATOMIC_ACQUIRE) && dw_now_us() < until)
+                dw_nap(w->coalesce_us);
+        }
+    }
+    return NULL;
+}
+void *llft_dw_start(void *base, int efd, int coalesce_us, int wait_ms) {
+    struct llft_dw *w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    w->base = base; w->efd = efd; w->coalesce_us = coalesce_us; w->wait_ms = wait_ms;
+    if (pthread_create(&w->th, NULL, dw_main, w) != 0) { free(w); return NULL; }
+    return w;
+}
+void llft_dw_drained(void *w) {
+    __atomic_fetch_add(&((struct llft_dw *)w)->drains, 1, __ATOMIC_RELEASE);
+}
+uint32_t llft_dw_take(void *w) {
+    return __atomic_exchange_n(&((struct llft_dw *)w)->flags, 0u, __ATOMIC_ACQ_REL);
+}
+/* Ask the thread to end (it does within wait_ms); llft_dw_join waits for it and frees. */
+void llft_dw_stop(void *w) {
+    __atomic_store_n(&((struct llft_dw *)w)->stop, 1u, __ATOMIC_RELEASE);
+}
+void llft_dw_join(void *w) {
+    llft_dw_stop(w);
+    pthread_join(((struct llft_dw *)w)->th, NULL);
+    free(w);
+}
 """
 
 ffibuilder = FFI()
@@ -260,7 +349,8 @@ ffibuilder.set_source(
     "native._llft_shm",
     SOURCE,
     include_dirs=[HERE],
-    extra_compile_args=["-O2", "-D_GNU_SOURCE"],
+    extra_compile_args=["-O2", "-D_GNU_SOURCE", "-pthread"],
+    extra_link_args=["-pthread"],
     depends=[HEADER],
 )
 

@@ -23,15 +23,16 @@ Allowed transitions (`TRANSITIONS`; anything else is a bug and raises):
     PROMOTING -> PRIMARY     the app executed every entry it was fed: `Shm.promote()`,
                              the app continues live and draining starts
 
-Threads (two per app, both daemons, both bounded in their waits on the block):
-  drain (primary)  waits without taking (`Shm.wait`) and asks the loop to take
-                   (`on_order_info`); the loop drains under `_oi_lock` (`drain()`), so
-                   entries stay in the shim's order. One request at a time: the thread
-                   waits (bounded) until the loop has drained before it asks again; a
-                   thread that asked in a loop while the ring stays full fills the
-                   loop's self-pipe, and a signal arriving then (SIGTERM) is lost
-  feeder (backup)  pushes queued chunks into the shim (`Feeder.push` blocks while the
-                   app is behind); a failure goes to the loop (`on_feed_failed`)
+Threads (two per app, both bounded in their waits on the block):
+  drain watcher    native (determinizer.shm.DrainWatcher), no GIL: waits without taking
+  (primary)        and wakes the loop through an eventfd when entries stay undrained
+                   for DRAIN_COALESCE_US or an external send asks for output commit;
+                   the loop drains under `_oi_lock` (`drain()`), so entries stay in the
+                   shim's order. One request at a time: after it asked, the watcher
+                   waits (bounded) until the loop drained
+  feeder (backup)  pushes into the shim what the loop could not (`feed()` pushes what
+                   fits at once; `Feeder.push` blocks while an app thread is behind);
+                   a failure goes to the loop (`on_feed_failed`)
   wait             one more, only to learn the app's exit status (`on_exit`)
 
 Every callback runs on the event loop (`call_soon_threadsafe`) and gets this object
@@ -64,7 +65,6 @@ import resource
 import queue
 import signal
 import threading
-import time
 from typing import Callable
 
 from llft.runtime import proctree
@@ -139,8 +139,8 @@ def set_autogroup_nice(nice: int) -> bool:
         return True
     except OSError:
         return False
-DRAIN_WAIT_MS = 100              # the drain thread's bounded wait (checks its stop event)
-DRAIN_COALESCE_S = 0.0005        # entries not drained by output this long wake the loop
+DRAIN_WAIT_MS = 100              # the drain watcher's bounded waits (it checks its stop flag)
+DRAIN_COALESCE_US = 500          # entries not drained by output this long wake the loop
 
 
 class AppMode(enum.Enum):
@@ -228,12 +228,8 @@ class Application:
         self._spawn_done.set()
         self.divergence: dict | None = None
         self._oi_lock = threading.Lock()
-        self._drain_thread: threading.Thread | None = None
-        self._drain_stop = threading.Event()
-        # the loop's drains, counted (not signalled: see _drain_loop); an int the loop
-        # thread alone writes and the drain thread only reads
-        self._drains = 0
-        self.drain_wakeups = 0                # times the drain thread woke the loop
+        self._watcher = None                  # the primary's DrainWatcher
+        self.drain_wakeups = 0                # times the drain watcher woke the loop
         self._feed_queue: queue.Queue = queue.Queue()
         self._feeder = None
         self._feed_thread: threading.Thread | None = None
@@ -329,61 +325,69 @@ class Application:
         self._enter(AppMode.PRIMARY)
         self._start_drain()
 
-    # ---- order info: the drain thread (primary) ---------------------------------------------
+    # ---- order info: the drain watcher (primary) ------------------------------------------
     def _start_drain(self) -> None:
-        self._drain_stop.clear()
-        self._drain_thread = threading.Thread(target=self._drain_loop, args=(self.shm,),
-                                              daemon=True)
-        self._drain_thread.start()
+        """The native watcher (determinizer.shm.DrainWatcher) wakes the loop through an
+        eventfd: entries not drained by output within DRAIN_COALESCE_US, or an external
+        send waiting for output commit. Loop thread."""
+        self._watcher = self.shm.drain_watcher(DRAIN_COALESCE_US, DRAIN_WAIT_MS)
+        self.loop.add_reader(self._watcher.fd, self._on_watcher, self._watcher)
 
-    def _drain_loop(self, shm) -> None:
-        stop = self._drain_stop
-        seen = 0            # tickets start at 0; one taken before this thread ran is news
-        while not stop.is_set():
-            got = shm.wait(DRAIN_WAIT_MS, seen)
-            if got == 2:
-                # an external send waits for output commit: the loop at once, once per
-                # ticket (the agent drains, then answers when the backups hold it all)
-                seen = shm.commit_req
-                self.loop.call_soon_threadsafe(self._on_commit_wanted)
-            elif got:
-                # One wake-up of the loop per batch: the output path drains before every
-                # send, so a request's entries usually leave with its reply; only what
-                # is still there after DRAIN_COALESCE_S needs the loop woken (a busy app
-                # producing entries without output: once per interval, not per entry).
-                # The thread sleeps the interval out and then looks whether the loop
-                # drained meanwhile: a signal from the loop's drain (it was an Event)
-                # woke this thread at every reply, a system call and a GIL hand-off on
-                # the primary's own path (~7 % of its busy samples at 16 clients).
-                drains = self._drains
-                time.sleep(DRAIN_COALESCE_S)
-                if self._drains != drains or stop.is_set() or not shm.wait(0, seen):
-                    continue
-                self.drain_wakeups += 1
-                self.loop.call_soon_threadsafe(self._on_order_info)
-                # one request at a time: look again once the loop drained (bounded)
-                until = time.monotonic() + DRAIN_WAIT_MS / 1000
-                while (self._drains == drains and not stop.is_set()
-                       and time.monotonic() < until):
-                    time.sleep(DRAIN_COALESCE_S)
+    def _on_watcher(self, watcher) -> None:
+        order_info, commit = watcher.take()
+        if watcher is not self._watcher or self.closed:
+            return
+        if commit:
+            # an external send waits for output commit: the agent drains, then answers
+            # when the backups hold it all
+            self._on_commit_wanted()
+        if order_info:
+            self.drain_wakeups += 1
+            self._on_order_info()
 
     def stop_draining(self) -> None:
-        self._drain_stop.set()
+        """No more wake-ups from the watcher (loop thread); `stop()` joins it."""
+        w = self._watcher
+        if w is not None:
+            w.stop()
+            self.loop.remove_reader(w.fd)
 
     def drain(self) -> bytes:
         """Whole entries the shim recorded since the last drain (loop thread)."""
         with self._oi_lock:
             data = self.shm.drain(0) if not self.closed else b""
-        self._drains += 1
+        if self._watcher is not None:
+            self._watcher.drained()
         return data
 
     # ---- order info: the feeder thread (backup) ---------------------------------------------
     def feed(self, entries: bytes) -> None:
         """Queue shim entries for a replaying app (a primary, or no app, takes none)."""
-        if self.mode in FED_MODES and not self.closed:
-            with self._feed_lock:
-                self._feed_busy[0] += 1
-            self._feed_queue.put(entries)
+        if self.mode not in FED_MODES or self.closed:
+            return
+        with self._feed_lock:
+            idle = self._feed_busy[0] == 0
+            self._feed_busy[0] += 1
+        if idle:
+            # The feeder thread is idle (nothing queued, no push under way): push here
+            # what fits in the rings now. Waking the thread for every chunk cost a
+            # backup a futex wake-up and GIL hand-offs per ORDER_INFO (on a loaded
+            # 2-core box ~230 us of its loop's wall time per short connection); it
+            # is woken only when an app thread is behind and its ring is full.
+            try:
+                done = self._feeder.push(entries, wait=False)
+            except Exception as e:       # diverged, malformed: the loop decides
+                # as when the thread fails: nothing more is fed, and the chunk stays
+                # counted (never caught up)
+                self._feeder.stopped = True
+                self.loop.call_soon(self._on_feed_failed, self, str(e))
+                return
+            if done:
+                with self._feed_lock:
+                    self._feed_busy[0] -= 1
+                return
+            entries = b""                # the feeder kept the rest: the thread goes on
+        self._feed_queue.put(entries)
 
     def _feed_loop(self) -> None:
         f, q, lock, busy = self._feeder, self._feed_queue, self._feed_lock, self._feed_busy
@@ -454,7 +458,7 @@ class Application:
         if self.closed:
             return self.stopped
         self.closed = True
-        self._drain_stop.set()
+        self.stop_draining()
         if self._feeder is not None:
             self._feeder.stopped = True
         if self._feed_thread is not None:
@@ -468,9 +472,10 @@ class Application:
             victims += [p for p in also if p.pid not in exclude
                         and p.pid not in {v.pid for v in victims}]
             return victims, self.session
-        # The drain and feeder threads may still be inside a (bounded) wait on this block:
-        # it is unmapped once they are gone, not under them (never join on the loop).
-        threads = [t for t in (self._drain_thread, self._feed_thread) if t is not None]
+        # The drain watcher and the feeder thread may still be inside a (bounded) wait on
+        # this block: it is unmapped once they are gone, not under them (never join on
+        # the loop).
+        threads = [t for t in (self._watcher, self._feed_thread) if t is not None]
         stopped = self.stopped
 
         def done(sid):

@@ -148,3 +148,60 @@ def test_a_held_primary_application_makes_no_entry_until_released():
         proc.kill()
         proc.wait()
         shm.close()
+
+
+def test_the_drain_watcher_wakes_the_loop_for_undrained_entries_and_commit_requests():
+    """The primary's native drain watcher (determinizer.shm.DrainWatcher): entries nobody
+    drains make its eventfd readable (once per request: after the next drain it may ask
+    again), so does an external send that waits for output commit; stopped and joined,
+    its thread is gone before the block is unmapped."""
+    import select
+    import socket
+    from determinizer.runner import shim_env, spawn
+    from determinizer.shm import Shm
+    from llft.runtime.application import DRAIN_COALESCE_US, DRAIN_WAIT_MS
+
+    def signalled(w) -> tuple[bool, bool]:
+        ready, _, _ = select.select([w.fd], [], [], DEADLINE_S)
+        assert ready, "the drain watcher never signalled"
+        return w.take()
+
+    shm = Shm.create(Shm.PRIMARY)
+    w = shm.drain_watcher(DRAIN_COALESCE_US, DRAIN_WAIT_MS)
+    proc = spawn(TICKER, shim_env(dict(os.environ), shm.env()))
+    try:
+        for _ in range(3):                  # asked, drained, asked again
+            order_info, commit = signalled(w)
+            if order_info:
+                assert shm.drain(0)
+                w.drained()
+        assert order_info and not commit
+    finally:
+        proc.kill()
+        proc.wait()
+    # an external send of the primary's app waits for output commit: the watcher says so
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    shm.set_commit(True)
+    client = os.path.join(os.path.dirname(__file__), "..", "programs", "ext_client.py")
+    proc = spawn([sys.executable, client, str(port)], shim_env(dict(os.environ), shm.env()))
+    try:
+        conn, _ = srv.accept()
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            order_info, commit = signalled(w)
+            if order_info:
+                shm.drain(0)
+                w.drained()
+            if commit:
+                break
+            assert time.monotonic() < deadline, "no commit request signalled"
+        assert shm.commit_req >= 1
+        shm.set_commit(False)               # every waiting send goes on
+    finally:
+        proc.kill()
+        proc.wait()
+        srv.close()
+        w.stop()
+        w.join()
+        shm.close()
