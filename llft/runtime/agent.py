@@ -143,7 +143,6 @@ import shlex
 import shutil
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
@@ -169,6 +168,7 @@ from llft.runtime.application import (AppMode, Application, raise_agent_priority
                                       raise_fd_limit)
 from llft.runtime.driver import Driver
 from llft.runtime.outbox import Outbox
+from llft.runtime.sockets import StreamSocket, read_buffer
 from llft.runtime.tasks import TaskSet
 from llft.runtime.transport import Endpoint
 from membership import core as mb
@@ -176,7 +176,6 @@ from membership import core as mb
 STATUS_PERIOD_S = 0.25
 STATUS_IDLE_PERIOD_S = 1.0       # ... while the group carried nothing since the last one
 MAX_OI_PIECE = 8 << 10           # order-info bytes per node chunk (entries kept whole)
-READ_BYTES = 64 << 10            # app output read at a time, per connection
 # What an app socket's transport buffers at most; the rest of a stream's input waits in
 # its AppConn.pending as the chunks it came in. asyncio keeps a transport's buffer in one
 # bytearray, and a bytearray that shrank below half its size is copied whole: with
@@ -244,9 +243,8 @@ class AppConn:
     # delivered, not yet handed to the app's socket: chunks as they came, never one big
     # buffer (see APP_WRITE_HIGH_BYTES)
     pending: collections.deque = field(default_factory=collections.deque)
-    writer: asyncio.StreamWriter | None = None
-    reader_task: asyncio.Task | None = None
-    feeder_task: asyncio.Task | None = None  # refills the socket's buffer as the app reads
+    transport: asyncio.Transport | None = None  # the connected socket (an AppSocket's)
+    resume_task: asyncio.Task | None = None  # reading paused: resumes it (flow control)
     end_passed: bool = False         # the remote side's end was handed to the socket
     # sent: the app's output read; handed: its input given to the app's socket
     credit: Credit = field(default_factory=Credit)
@@ -257,6 +255,33 @@ class AppConn:
     @property
     def stream(self) -> int:
         return self.key[3]
+
+
+class AppSocket(StreamSocket):
+    """The agent's end of one `AppConn` (llft/runtime/sockets.py): what the app writes is
+    framed as it is read (`Agent._app_output`), input refilled as the app reads it
+    (`Agent._feed_app`). A failure in any of these stops the replica as a failed task
+    does (`TaskSet.call`): asyncio would close this one connection at this one replica,
+    and the replicas would no longer do the same."""
+
+    def __init__(self, agent: "Agent", app: Application, c: AppConn):
+        super().__init__(agent._read_buf)
+        self.agent, self.app, self.c = agent, app, c
+
+    def _call(self, name: str, fn, *args) -> None:
+        self.agent.tasks.call(f"app-conn-{name}", fn, *args)
+
+    def made(self) -> None:
+        self.agent._app_connected(self)
+
+    def data(self, data: bytes) -> None:
+        self.agent._app_output(self, data)
+
+    def ended_by(self, abort: bool) -> None:
+        self.agent._app_closed(self.app, self.c, abort)
+
+    def writable_again(self) -> None:
+        self.agent._feed_app(self.c)
 
 
 class Agent:
@@ -332,6 +357,7 @@ class Agent:
         self._commit_answered = 0             # the app's last external-send ticket answered
         self.group_conns: dict[mg.ConnId, GroupConn] = {}
         self.conns: dict[StreamKey, AppConn] = {}     # streams the app may still use
+        self._read_buf = read_buffer()      # every AppSocket's reads (copied out at once)
         self.by_index: dict[int, AppConn] = {}        # ... registered ones, by their k
         self.registered = 0                   # "C" entries so far (the next index)
         self.unregistered: list[AppConn] = []  # primary: delivered on, no "C" yet
@@ -465,11 +491,10 @@ class Agent:
             self._relay_stops = [x for x in self._relay_stops if x.is_alive()] + [t]
         stopped = self.app.stop(exclude=exclude, also=proctree.descendants(os.getpid()))
         for c in self.conns.values():
-            for task in (c.reader_task, c.feeder_task):
-                if task:
-                    task.cancel()
-            if c.writer:
-                c.writer.close()
+            if c.resume_task:
+                c.resume_task.cancel()
+            if c.transport:
+                c.transport.close()
         for gc in self.group_conns.values():
             gc.outbox.close()
         return stopped
@@ -734,21 +759,19 @@ class Agent:
 
     def _feed_app(self, c: AppConn) -> None:
         """Hand the stream's pending input to the app's socket, up to the transport's
-        high-water mark (the feeder task refills it as the app reads), then the remote
-        side's end after the last byte."""
-        w = c.writer
-        if w is None or w.is_closing():
+        high-water mark (refilled as the app reads), then the remote side's end after
+        the last byte."""
+        transport = c.transport
+        if transport is None or transport.is_closing():
             return
-        transport = w.transport
         while c.pending and transport.get_write_buffer_size() <= APP_WRITE_HIGH_BYTES:
             chunk = c.pending.popleft()
-            w.write(chunk)
+            transport.write(chunk)
             c.credit.handed += len(chunk)
         self._grant_in(c)
-        if c.pending:
-            if c.feeder_task is None or c.feeder_task.done():
-                c.feeder_task = self.tasks.spawn(self._refill_app(c), f"feed-conn-{c.index}")
-        elif c.end is not None and not c.end_passed:
+        # what is left waits for the transport's resume_writing (AppSocket): the app
+        # read its buffer down to APP_WRITE_LOW_BYTES
+        if not c.pending and c.end is not None and not c.end_passed:
             c.end_passed = True
             self._end_stream(c)
 
@@ -760,47 +783,28 @@ class Agent:
         same place. Checked at each hand-off to the socket: below its high-water mark
         that suffices (the window exceeds the mark by more than a step), above it the
         refill after the app read it down checks again."""
-        if (not c.credit.grant_due or self.mode is not AppMode.PRIMARY or c.writer is None
+        if (not c.credit.grant_due or self.mode is not AppMode.PRIMARY or c.transport is None
                 or c.index < 0 or c.end is not None):
             return                          # no grant due, or nothing more to pace
-        consumed = c.credit.grant(c.writer.transport.get_write_buffer_size())
+        consumed = c.credit.grant(c.transport.get_write_buffer_size())
         if consumed is not None:
             self._count("windows_out")
             self._made(*self.framer.window(c.index, consumed))
 
-    async def _refill_app(self, c: AppConn) -> None:
-        """While input waits for the app's socket: once the app read the transport's
-        buffer down to its low-water mark, hand it more."""
-        while c.pending and c.writer is not None and not c.writer.is_closing():
-            try:
-                await c.writer.drain()
-            except ConnectionError:
-                return                      # the app reset it: its reader sees that
-            self._feed_app(c)
-
     def _end_stream(self, c: AppConn) -> None:
         if not c.end:
             try:
-                if not c.writer.is_closing() and c.writer.can_write_eof():
-                    c.writer.write_eof()        # after the bytes still buffered
+                if not c.transport.is_closing() and c.transport.can_write_eof():
+                    c.transport.write_eof()        # after the bytes still buffered
             except OSError:
                 self._count("eof_to_closed_app_conn")   # the app reset it meanwhile
             return
         self.tasks.spawn(self._reset_app_conn(c), f"reset-conn-{c.index}")
 
     async def _reset_app_conn(self, c: AppConn) -> None:
-        """A reset after every byte before it: wait until the app's socket has them all,
-        then close with SO_LINGER 0 (a RST: the app's recv fails with ECONNRESET)."""
-        writer = c.writer
-        writer.transport.set_write_buffer_limits(high=0)
-        try:
-            await writer.drain()
-        except ConnectionError:
-            return
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        writer.transport.abort()
+        """A reset after every byte before it: the app's recv fails with ECONNRESET once
+        its socket has them all."""
+        await c.transport.get_protocol().reset_after_flush()
 
     def _stream_progress(self, c: AppConn) -> None:
         """After an end of `c` passed: a stream both of whose ends passed is freed (the
@@ -824,8 +828,8 @@ class Agent:
         if self.by_index.get(c.index) is c:
             del self.by_index[c.index]
             self.framer.forget(c.index)
-        if c.writer is not None and c.end is not True:
-            c.writer.close()
+        if c.transport is not None and c.end is not True:
+            c.transport.close()
         if gc.freed:
             self._release_group_conn(gc)
 
@@ -1072,7 +1076,9 @@ class Agent:
                     await asyncio.sleep(0.005)     # the app has not listened yet
             while True:
                 try:
-                    reader, writer = await asyncio.open_connection(*where)
+                    # AppSocket.connection_made hands it its input (`_app_connected`)
+                    await asyncio.get_running_loop().create_connection(
+                        lambda: AppSocket(self, app, c), *where)
                     break
                 except OSError as e:
                     if e.errno not in (errno.EMFILE, errno.ENFILE):
@@ -1083,37 +1089,45 @@ class Agent:
                              f"({e.strerror}; raise the open-files limit)")
                     self._count("connect_fd_waits")
                     await asyncio.sleep(CONNECT_FD_RETRY_S)
-            sock = writer.get_extra_info("socket")
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            writer.transport.set_write_buffer_limits(high=APP_WRITE_HIGH_BYTES,
-                                                     low=APP_WRITE_LOW_BYTES)
-            c.writer = writer
-            self._feed_app(c)
-            c.reader_task = self.tasks.spawn(self._read_app(app, c, reader),
-                                             f"read-conn-{c.index}")
             self._count("connections")
 
-    async def _read_app(self, app: Application, c: AppConn,
-                        reader: asyncio.StreamReader) -> None:
+    def _app_connected(self, sock: AppSocket) -> None:
+        app, c, transport = sock.app, sock.c, sock.transport
+        if app is not self.app or app.closed:
+            transport.close()               # a reset app: nothing goes to it
+            return
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP,
+                                                      socket.TCP_NODELAY, 1)
+        transport.set_write_buffer_limits(high=APP_WRITE_HIGH_BYTES, low=APP_WRITE_LOW_BYTES)
+        c.transport = transport
+        self._feed_app(c)
+
+    def _app_output(self, sock: AppSocket, data: bytes) -> None:
+        """What the app wrote on `sock` (its AppConn), as read: framed. Reading pauses
+        while the group connection's outbox is full or, at a primary, the stream is out
+        of the remote's credit."""
+        app, c = sock.app, sock.c
+        if app is not self.app or app.closed:
+            sock.transport.pause_reading()  # a reset app's output goes nowhere
+            return
+        c.credit.sent += len(data)
+        self._made(*self.framer.output(c.index, data))
+        if not c.gc.outbox.has_room or self._out_of_credit(c):
+            sock.transport.pause_reading()
+            if c.resume_task is None or c.resume_task.done():
+                c.resume_task = self.tasks.spawn(self._resume_app_reading(c, sock.transport),
+                                                 f"resume-conn-{c.index}")
+
+    async def _resume_app_reading(self, c: AppConn, transport) -> None:
         while True:
             await c.gc.outbox.room()    # the group connection's flow control
-            if self._out_of_credit(c):  # the stream's own (the remote's grants)
-                self._count("stream_credit_waits")
-                c.grant_came.clear()
-                await c.grant_came.wait()
-                continue
-            abort = False
-            try:
-                data = await reader.read(READ_BYTES)
-            except ConnectionError:
-                data, abort = b"", True     # the app reset it (or was killed: a reset)
-            if app is not self.app or app.closed:
-                return                      # a reset app's output goes nowhere
-            if not data:
-                self._app_closed(app, c, abort)
-                return
-            c.credit.sent += len(data)
-            self._made(*self.framer.output(c.index, data))
+            if not self._out_of_credit(c):  # the stream's own (the remote's grants)
+                break
+            self._count("stream_credit_waits")
+            c.grant_came.clear()
+            await c.grant_came.wait()
+        if not transport.is_closing():
+            transport.resume_reading()
 
     def _made(self, records: bytes, made: list[Made]) -> None:
         """What the framer made (llft/replica/framing.py). At a primary its "F" entries
@@ -1150,9 +1164,9 @@ class Agent:
         """The app closed (FIN) or reset its side of `c`: our side of the stream ends
         there. Not when the app itself is going (killed by a reset, or the agent
         stopping)."""
-        self._count("app_resets" if abort else "app_closed")
         if app is not self.app or app.closed or self.stop_event.is_set():
             return
+        self._count("app_resets" if abort else "app_closed")
         if c.end is True and abort:
             abort = False                   # our own reset of its socket, not the app's
         c.app_end = abort
@@ -1236,7 +1250,7 @@ class Agent:
             k, n, written = waiting
             c = self.by_index.get(k)
             what = "unknown stream" if c is None else (
-                f"{written} so far; connected {c.writer is not None}, app end "
+                f"{written} so far; connected {c.transport is not None}, app end "
                 f"{c.app_end}, remote end {c.end}, outbox {len(c.gc.outbox.buf)} bytes, "
                 f"{len(self.framer.pending)} frames to make")
             log.warning(f"the predecessor framed {n} bytes of stream {k} that this "

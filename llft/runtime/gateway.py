@@ -51,7 +51,8 @@ groups for: membership/core.py), so an idle gateway holds none.
   socket is closed and nothing of it is left here. The gateway dropping a client (a
   client that does not read, shutdown) is a reset into the group.
 - Slow clients: the gateway reads a client's next request only after its pending replies
-  drained below the writer's high-water mark (`drain()`), so a request/reply client that
+  drained below the socket's high-water mark (`ClientSocket`, llft/runtime/sockets.py:
+  reading pauses meanwhile), so a request/reply client that
   does not read cannot make the group produce unbounded output; a client whose unread
   replies still exceed `MAX_CLIENT_BACKLOG_BYTES` is disconnected.
 - Leaving (SIGTERM): every client is reset, then the group connection's own end (FIN)
@@ -107,7 +108,6 @@ import os
 import secrets
 import signal
 import socket
-import struct
 import sys
 import time
 from collections import Counter
@@ -119,6 +119,7 @@ from llft.runtime import logs, stalls
 from llft.runtime import status as status_files
 from llft.runtime.driver import Driver
 from llft.runtime.outbox import Outbox
+from llft.runtime.sockets import StreamSocket, read_buffer
 from llft.runtime.tasks import TaskSet
 from llft.protocol.messages import Role
 from llft.protocol.messaging import Closed, Deliver, Freed, MessagingEndpoint, Opened
@@ -129,7 +130,6 @@ from llft.runtime.transport import Endpoint
 log = logging.getLogger("llft.runtime.gateway")
 
 STATUS_INTERVAL_S = 0.5
-READ_BYTES = 64 << 10
 MAX_CLIENT_BACKLOG_BYTES = 32 << 20     # unread replies before a client is dropped
 CONN_SEQ_BITS = 40
 IDLE_CLOSE_S = 1.0                      # no stream open this long: the group connection closes
@@ -143,15 +143,55 @@ class GatewayError(Exception):
 @dataclass
 class Client:
     stream: int                         # its stream in the group connection
-    writer: asyncio.StreamWriter
+    sock: "ClientSocket"                # its connection (`sock.transport`)
     peer: str
     closed: bool = False                # nothing more is written to the client
     client_done: bool = False           # the client's stream ended (FIN/RST framed)
     # sent: the client's bytes framed into the group; handed: the group's bytes given to
     # the client's socket
     credit: Credit = dataclasses.field(default_factory=Credit)
-    grant_task: asyncio.Task | None = None   # waits for the client to read, then grants
+    resume_task: asyncio.Task | None = None  # reading paused: resumes it (flow control)
     grant_came: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+    @property
+    def transport(self) -> asyncio.Transport:
+        return self.sock.transport
+
+
+class ClientSocket(StreamSocket):
+    """One accepted client (llft/runtime/sockets.py): its bytes are framed into the group
+    connection as they are read (`Gateway._client_data`). A failure in the gateway's
+    handling of one client drops that client; the others stay."""
+
+    def __init__(self, gw: "Gateway"):
+        super().__init__(gw.read_buf)
+        self.gw = gw
+        self.cl: Client | None = None
+
+    def _call(self, name: str, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception:   # noqa: BLE001 -- a bug: this client goes, the others stay
+            self.gw.counters["client_handler_errors"] += 1
+            log.exception("client %s: unexpected error (%s); disconnecting the client",
+                          self.cl.stream if self.cl else "?", name)
+            if self.cl is not None:
+                self.gw._drop(self.cl, "error")
+            elif self.transport is not None:
+                self.transport.close()
+
+    def made(self) -> None:
+        self.gw._client_connected(self)
+
+    def data(self, data: bytes) -> None:
+        self.gw._client_data(self, data)
+
+    def ended_by(self, abort: bool) -> None:
+        self.gw._client_ended(self, abort)
+
+    def writable_again(self) -> None:
+        if self.cl is not None:
+            self.gw._grant(self.cl)     # the client read its replies down: grant that
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -205,6 +245,7 @@ class Gateway:
         self.clients: dict[int, Client] = {}
         self.counters: Counter[str] = Counter()
         self.tasks: set[asyncio.Task] = set()
+        self.read_buf = read_buffer()       # every ClientSocket's reads (copied out at once)
         self.server: asyncio.AbstractServer | None = None
         self.bound: tuple[str, int] | None = None
         self.status_path = os.path.join(cfg.status_dir(group), f"gateway-{os.getpid()}.json")
@@ -315,16 +356,16 @@ class Gateway:
 
     def _to_client(self, stream: int, data: bytes) -> None:
         cl = self.clients.get(stream)
-        if cl is None or cl.closed or cl.writer.is_closing():
+        if cl is None or cl.closed or cl.transport.is_closing():
             self.counters["orphan_bytes"] += len(data)
             return
         if not data:
             return
-        cl.writer.write(data)
+        transport = cl.transport
+        transport.write(data)
         cl.credit.handed += len(data)
         self.counters["bytes_out"] += len(data)
-        transport = cl.writer.transport
-        if transport is not None and transport.get_write_buffer_size() > MAX_CLIENT_BACKLOG_BYTES:
+        if transport.get_write_buffer_size() > MAX_CLIENT_BACKLOG_BYTES:
             log.warning("client %d (%s) does not read its replies "
                         "(%d bytes pending): disconnecting it", cl.stream, cl.peer,
                         transport.get_write_buffer_size())
@@ -336,33 +377,19 @@ class Gateway:
         """Tell the group how much of the client's stream the client took (a WINDOW
         frame, every GRANT_STEP_BYTES): the group's primary sends at most
         STREAM_WINDOW_BYTES beyond it (streams.py). While the client's socket holds
-        more than its transport's high-water mark, a task waits for the client to read
-        it down and grants then; below the mark the grant at each write suffices (the
-        window exceeds the mark by more than a step, so a group waiting for a grant
-        always gets one)."""
+        more than its transport's high-water mark, the grant waits until the client read
+        it down (ClientSocket.writable_again); below the mark the grant at each write
+        suffices (the window exceeds the mark by more than a step, so a group waiting
+        for a grant always gets one)."""
         if not cl.credit.grant_due:
             return                      # no grant due; the group is a window from waiting
         st = self.streams.open.get(cl.stream)
         if cl.closed or st is None or st.end_in is not None or self._broken:
             return                      # nothing more of the group's side to pace
-        transport = cl.writer.transport
-        buffered = transport.get_write_buffer_size()
-        consumed = cl.credit.grant(buffered)
+        consumed = cl.credit.grant(cl.transport.get_write_buffer_size())
         if consumed is not None:
             self.counters["windows_out"] += 1
             self.outbox.put(window_frame(cl.stream, consumed))
-        if (buffered > transport.get_write_buffer_limits()[1]
-                and (cl.grant_task is None or cl.grant_task.done())):
-            cl.grant_task = asyncio.ensure_future(self._grant_when_read(cl))
-            self.tasks.add(cl.grant_task)
-            cl.grant_task.add_done_callback(self.tasks.discard)
-
-    async def _grant_when_read(self, cl: Client) -> None:
-        try:
-            await cl.writer.drain()     # the client read its socket down to the low mark
-        except ConnectionError:
-            return
-        self._grant(cl)
 
     def _out_of_credit(self, cl: Client) -> bool:
         """The group's app has not taken what the client sent beyond a window past the
@@ -378,7 +405,7 @@ class Gateway:
         cl = self.clients.get(stream)
         if cl is not None:
             cl.grant_came.set()             # a reader waiting for a grant reads on
-        if cl is None or cl.closed or cl.writer.is_closing():
+        if cl is None or cl.closed or cl.transport.is_closing():
             self.counters["orphan_ends"] += 1
         elif kind is Kind.RST:
             self.counters["resets_out"] += 1
@@ -389,8 +416,8 @@ class Gateway:
         else:
             self.counters["fins_out"] += 1
             try:
-                if cl.writer.can_write_eof():
-                    cl.writer.write_eof()   # after the bytes still buffered
+                if cl.transport.can_write_eof():
+                    cl.transport.write_eof()    # after the bytes still buffered
             except OSError:
                 self.counters["eof_to_gone_client"] += 1
         self._free_if_done(stream)
@@ -405,7 +432,7 @@ class Gateway:
         cl = self.clients.pop(stream, None)
         if cl is not None and not cl.closed:
             cl.closed = True
-            cl.writer.close()               # after the bytes (and FIN) still buffered
+            cl.transport.close()            # after the bytes (and FIN) still buffered
         if not self.streams.open and self._idle_close is None and self.conn_open:
             self._idle_close = asyncio.get_running_loop().call_later(
                 IDLE_CLOSE_S, self._close_if_idle)
@@ -413,15 +440,7 @@ class Gateway:
     async def _reset_client(self, cl: Client) -> None:
         """A reset after every byte before it: the client's socket gets them all, then
         a RST (SO_LINGER 0)."""
-        cl.writer.transport.set_write_buffer_limits(high=0)
-        try:
-            await cl.writer.drain()
-        except ConnectionError:
-            return
-        sock = cl.writer.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        cl.writer.transport.abort()
+        await cl.sock.reset_after_flush()
 
     def _drop(self, cl: Client, why: str) -> None:
         """The gateway gives up on a client (a client that does not read, the gateway
@@ -433,7 +452,7 @@ class Gateway:
         self.counters[f"clients_dropped_{why}"] += 1
         self._end_client_stream(cl, Kind.RST)
         try:
-            cl.writer.close()
+            cl.transport.close()
         except Exception:   # noqa: BLE001 -- already broken
             pass
 
@@ -453,15 +472,12 @@ class Gateway:
         self._free_if_done(cl.stream)
 
     # -- clients -> group ---------------------------------------------------------------
-    async def _handle_client(self, reader: asyncio.StreamReader,
-                             writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        self.tasks.add(task)
-        peer = writer.get_extra_info("peername")
+    def _client_connected(self, sock: ClientSocket) -> None:
+        transport = sock.transport
+        peer = transport.get_extra_info("peername")
         peer_s = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         if self._broken:
-            writer.close()
-            self.tasks.discard(task)
+            transport.close()
             return
         if self._idle_close is not None:
             self._idle_close.cancel()
@@ -469,46 +485,61 @@ class Gateway:
         if not self.conn_open:
             self._open_conn()
         st = self.streams.open_next()
-        cl = Client(st.id, writer, peer_s)
+        cl = sock.cl = Client(st.id, sock, peer_s)
         self.clients[st.id] = cl
         self.counters["clients_total"] += 1
         self.outbox.put(frame(Kind.DATA, st.id))    # opens the stream at the group now
-        abort = False
-        try:
-            while not cl.closed:
-                await writer.drain()            # backpressure: replies first
-                await self.outbox.room()        # ... and the group connection's
-                if self._out_of_credit(cl):     # ... and the stream's own
-                    self.counters["client_credit_waits"] += 1
-                    cl.grant_came.clear()
-                    await cl.grant_came.wait()
-                    continue
-                if cl.closed:
-                    break
-                data = await reader.read(READ_BYTES)
-                if not data:
-                    break                       # FIN: the client sends nothing more
-                if cl.client_done:
-                    break
-                cl.credit.sent += len(data)
-                self.counters["bytes_in"] += len(data)
-                self.outbox.put(b"".join(data_frames(st.id, data)))
-        except (ConnectionError, OSError):
-            abort = True                        # the client reset its connection
-        except asyncio.CancelledError:
-            pass
-        except Exception:   # noqa: BLE001 -- a bug: this client goes, the others stay
-            self.counters["client_handler_errors"] += 1
-            log.exception("client %d (%s): unexpected error; disconnecting the client",
-                          st.id, peer_s)
-            self._drop(cl, "error")
-        finally:
-            # the connection stays until the group's end of the stream passes too
-            self._end_client_stream(cl, Kind.RST if abort else Kind.FIN)
-            if abort:
-                cl.closed = True
-                writer.close()
-            self.tasks.discard(task)
+        self._client_flow(cl)
+
+    def _client_data(self, sock: ClientSocket, data: bytes) -> None:
+        cl = sock.cl
+        if cl is None:
+            return
+        if cl.closed or cl.client_done:
+            # dropped, or reset by the group: the client's side ends here
+            sock.transport.pause_reading()
+            self._end_client_stream(cl, Kind.FIN)
+            return
+        cl.credit.sent += len(data)
+        self.counters["bytes_in"] += len(data)
+        self.outbox.put(b"".join(data_frames(cl.stream, data)))
+        self._client_flow(cl)
+
+    def _client_flow(self, cl: Client) -> None:
+        """Read on only while the client reads its replies (backpressure: replies
+        first), the group connection's outbox has room, and the stream has the group's
+        credit; otherwise pause the client's socket until all three hold again."""
+        if cl.sock.write_paused or not self.outbox.has_room or self._out_of_credit(cl):
+            cl.transport.pause_reading()
+            if cl.resume_task is None or cl.resume_task.done():
+                cl.resume_task = asyncio.ensure_future(self._resume_client(cl))
+                self.tasks.add(cl.resume_task)
+                cl.resume_task.add_done_callback(self.tasks.discard)
+
+    async def _resume_client(self, cl: Client) -> None:
+        while not cl.closed:
+            await cl.sock.writable()
+            await self.outbox.room()
+            if self._out_of_credit(cl):
+                self.counters["client_credit_waits"] += 1
+                cl.grant_came.clear()
+                await cl.grant_came.wait()
+                continue
+            if not cl.sock.write_paused:
+                break
+        if not cl.closed and not cl.transport.is_closing():
+            cl.transport.resume_reading()
+
+    def _client_ended(self, sock: ClientSocket, abort: bool) -> None:
+        """The client's FIN (EOF) or reset, or its connection went: its stream ends here
+        (the connection stays until the group's end of the stream passes too)."""
+        cl = sock.cl
+        if cl is None:
+            return
+        self._end_client_stream(cl, Kind.RST if abort else Kind.FIN)
+        if abort:
+            cl.closed = True
+            sock.transport.close()
 
     # -- status -------------------------------------------------------------------------
     def status(self) -> dict:
@@ -579,8 +610,8 @@ class Gateway:
                                now_us=self.driver.clock_us())
             self.driver.start()
             try:
-                self.server = await asyncio.start_server(self._handle_client, host, port,
-                                                         reuse_address=True)
+                self.server = await loop.create_server(lambda: ClientSocket(self), host,
+                                                       port, reuse_address=True)
             except OSError as e:
                 raise GatewayError(f"cannot listen on {host}:{port}: "
                                    f"{e.strerror or e}") from None

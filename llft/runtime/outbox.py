@@ -98,6 +98,11 @@ class Outbox:
     def empty(self) -> bool:
         return not self.buf
 
+    @property
+    def has_room(self) -> bool:
+        """Below the high-water mark: producers may read more now."""
+        return self._room.is_set()
+
     async def room(self) -> None:
         """Return once the outbox is below its high-water mark (at once if it is)."""
         if not self._room.is_set():

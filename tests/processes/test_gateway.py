@@ -242,22 +242,19 @@ def test_gateway_errors_exit_2_with_one_line(tmp_path):
 
 # -- de-duplication by stream offset (what a failover of the group's primary produces) ---
 class FakeTransport:
+    """What the gateway writes to a client (its ClientSocket's transport)."""
+
     def __init__(self):
-        self.size = 0
+        self.size = 0                       # bytes the client has not read
+        self.data = bytearray()
+        self.closed = False
+        self.eof = False
 
     def get_write_buffer_size(self):
         return self.size
 
     def get_write_buffer_limits(self):
         return (16 << 10, 64 << 10)         # asyncio's defaults
-
-
-class FakeWriter:
-    def __init__(self):
-        self.data = bytearray()
-        self.closed = False
-        self.eof = False
-        self.transport = FakeTransport()
 
     def write(self, b):
         assert not self.eof
@@ -275,7 +272,25 @@ class FakeWriter:
     def close(self):
         self.closed = True
 
-    async def drain(self):
+    def pause_reading(self):
+        pass
+
+    def resume_reading(self):
+        pass
+
+
+class FakeWriter:
+    """A client's socket as the gateway holds it (a ClientSocket)."""
+    write_paused = False
+
+    def __init__(self):
+        self.transport = FakeTransport()
+
+    data = property(lambda self: self.transport.data)
+    eof = property(lambda self: self.transport.eof)
+    closed = property(lambda self: self.transport.closed)
+
+    async def writable(self):
         pass
 
 
