@@ -64,6 +64,7 @@ class Driver:
         self.progress = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at_us: int | None = None
+        self._arm_handle: asyncio.Handle | None = None  # _arm_timer scheduled this turn
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watch = False                 # silence watches go to the pulse thread
         self._watches_handed: Any = None    # the core's watches list handed last ...
@@ -82,6 +83,9 @@ class Driver:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._arm_handle is not None:
+            self._arm_handle.cancel()
+            self._arm_handle = None
 
     # -- events ------------------------------------------------------------------------
     def _on_message(self, msg: Message) -> None:
@@ -160,11 +164,20 @@ class Driver:
         else:
             log.error("llft driver: the core kept producing actions for %d rounds",
                       MAX_PUMP_ROUNDS)
-        self._arm_timer()
+        self._arm_soon()
         if acted:
             self.progress.set()
 
+    def _arm_soon(self) -> None:
+        """Arm the timer (and hand the silence watches) once per loop turn, before the
+        loop next waits, however many pumps the turn made: under load a turn pumps after
+        every message, app read and send, and the next deadline is only needed before
+        the selector sleeps (a callback scheduled now runs before that)."""
+        if self._arm_handle is None and self._loop is not None:
+            self._arm_handle = self._loop.call_soon(self._arm_timer)
+
     def _arm_timer(self) -> None:
+        self._arm_handle = None
         if self._watch:
             at_us = self.core.next_timer_us(watched=False)
             # the same list object: the core did not change since (a replica node keeps
