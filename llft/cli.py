@@ -46,6 +46,7 @@ BENCHMARKS: dict[str, str] = {
     "join": "llft.bench.join",
     "gateway-loss": "llft.bench.gateway_loss",
     "bulk": "llft.bench.bulk",
+    "profile": "llft.bench.profile",
     "all": "llft.bench.all",
 }
 

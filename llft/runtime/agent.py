@@ -162,7 +162,7 @@ from llft.replica.framing import ENTRY as FRAME_ENTRY
 from llft.replica.framing import Framer, Made
 from llft.runtime import config as config_mod
 from llft.runtime import keys
-from llft.runtime import logs, proctree, pulse, stalls
+from llft.runtime import logs, proctree, profiling, pulse, stalls
 from llft.runtime import status as status_files
 from llft.runtime.application import (AppMode, Application, raise_agent_priority,
                                       raise_fd_limit)
@@ -416,6 +416,7 @@ class Agent:
         loop = self.loop = asyncio.get_running_loop()
         logs.install_loop_handler(loop, log)
         stalls.start_from_env(loop, log)
+        profiling.start_from_env(loop, log, "agent")
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
         proctree.become_subreaper()

@@ -105,3 +105,20 @@ def test_echo_quick(tmp_path):
     assert idle["after_load_datagrams_per_s"] and idle["after_load_2nd_s_datagrams_per_s"]
     cpu = read_csv(os.path.join(out, "echo_cpu.csv"))
     assert "gateway=" in cpu[2]["cpu_us_per_req_1"] and "r1=" in cpu[2]["cpu_us_per_req_1"]
+
+
+@pytest.mark.slow
+def test_profile_quick(tmp_path):
+    """`llft bench profile --quick --cprofile`: CPU per request of every process (the
+    loop's thread and the rest), the agent's messages by type, and the loop profiles
+    the agent and the gateway wrote at SIGUSR2 (LLFT_PROFILE_DIR)."""
+    out = str(tmp_path / "results")
+    assert main(["bench", "profile", "--quick", "--mode", "conn", "--duration", "2",
+                 "--cprofile", "--top", "5", "--results", out]) == 0
+    rows = {r["process"]: r for r in read_csv(os.path.join(out, "profile_cpu.csv"))}
+    assert "r1" in rows and "gateway" in rows and any(p.startswith("r1.app") for p in rows)
+    assert float(rows["r1"]["cpu_us_per_req"]) > 0 and float(rows["r1"]["loop"]) > 0
+    md = open(os.path.join(out, "profile.md")).read()
+    assert "sent_REPLY" in md and "loop_waits" in md
+    assert md.count("top 5 functions of the loop thread") == 2     # the agent, the gateway
+    assert "agent-" in md and "gateway-" in md

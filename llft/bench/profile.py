@@ -1,0 +1,205 @@
+"""`llft bench profile`: where a replicated echo's requests go, process by process.
+
+One group of `--replicas` (examples/echo.py, the default configuration) behind `llft
+gateway`, loaded by `--clients` clients for `--duration` seconds, each on a persistent
+connection or (`--mode conn`) a connection per request. Per request, for every process
+(each agent `rN`, its app `rN.app`, the gateway):
+
+- CPU µs (psutil), and per thread from `/proc/PID/task/*/stat`: the event loop's
+  thread (`loop`; an app's main thread), the pulse thread (`llft-pulse`), and the rest
+  (`other`: the process's total minus these, so threads that ended count too: the
+  drain watcher, the feeder, an app's connection threads);
+- for the agents, from their status files: the loop's wake-ups, datagrams sent and
+  received, messages sent and accepted by type;
+- with `--cprofile`, the functions of each agent's and the gateway's loop thread:
+  cProfile switched on for the middle half of the run (`LLFT_PROFILE_DIR`, SIGUSR1 and
+  SIGUSR2: llft/runtime/profiling.py); the top `--top` by own time, µs and calls per
+  request (cProfile's own cost makes every µs about twice what it is without it: read
+  the shares and the call counts).
+
+This is the tool the profiles in docs/BENCHMARKS.md were taken with. Its numbers are for
+comparisons made in the same run, or alternating runs of two trees (`PYTHONPATH=<a
+worktree> llft bench profile ...`): the machine's speed drifts by tens of percent.
+
+Writes `<results>/profile.md` and `profile_cpu.csv`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pstats
+import signal
+import tempfile
+import threading
+import time
+
+from llft.bench import report
+from llft.bench.echo import SIZE, _agents, _cpu_s, _procs
+from llft.bench.service import Setup, measure_throughput
+from llft.runtime import profiling
+
+
+# the loop's waits in its selector: idle, not busy
+IDLE = ("<method 'poll' of 'select.epoll' objects>", "<method 'select' of 'select.epoll' objects>")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--mode", choices=("persistent", "conn"), default="persistent",
+                   help="persistent connections, or a connection per request")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds of load")
+    p.add_argument("--cprofile", action="store_true",
+                   help="also profile each agent's and the gateway's loop (cProfile)")
+    p.add_argument("--top", type=int, default=15, help="--cprofile: functions per process")
+    p.add_argument("--quick", action="store_true", help="--replicas 1 --duration 3")
+    p.add_argument("--results", default=report.DEFAULT_RESULTS_DIR)
+
+
+def _thread_cpu(procs) -> dict[tuple[str, str], float]:
+    """(process, thread kind) -> CPU seconds so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[tuple[str, str], float] = {}
+    for name, p in procs.items():
+        try:
+            tids = os.listdir(f"/proc/{p.pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p.pid}/task/{tid}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            comm = stat[stat.index("(") + 1:stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2:].split()
+            kind = "loop" if int(tid) == p.pid else comm if comm.startswith("llft-") else None
+            if kind is not None:        # the rest: the process's total minus these (a
+                # thread that ended is gone from /proc, its CPU still in the process's)
+                out[(name, kind)] = out.get((name, kind), 0.0) + (
+                    int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _counters(target) -> dict[int, dict]:
+    """birth -> (role, transport counters) of every agent now."""
+    return {a["birth"]: (a.get("role", "?"), a.get("transport", {})) for a in _agents(target)}
+
+
+def _profile_window(procs, duration: float, window: dict) -> None:
+    """Profile the loops for the middle half of the load (signals to the agents and the
+    gateway), noting when it started and ended."""
+    time.sleep(duration / 4)            # the load's first quarter: warm-up, unprofiled
+    pids = [p.pid for n, p in procs.items() if "." not in n]
+    window["t0"] = time.monotonic()
+    for pid in pids:
+        os.kill(pid, signal.SIGUSR1)
+    time.sleep(duration / 2)            # the profiled half
+    for pid in pids:
+        os.kill(pid, signal.SIGUSR2)
+    window["t1"] = time.monotonic()
+
+
+def _top(path: str, n_req: float, top: int) -> list[dict]:
+    st = pstats.Stats(path).stats
+    busy_rows = [(k, v) for k, v in st.items() if k[2] not in IDLE]
+    busy = sum(v[2] for _, v in busy_rows)
+    out = []
+    for (fn, line, func), (_cc, calls, tt, ct, _callers) in sorted(
+            busy_rows, key=lambda kv: -kv[1][2])[:top]:
+        out.append({"function": f"{os.path.basename(fn)}:{line} {func}" if line else func,
+                    "own_us_per_req": 1e6 * tt / n_req, "cum_us_per_req": 1e6 * ct / n_req,
+                    "calls_per_req": calls / n_req,
+                    "own_share_of_busy": tt / busy if busy else float("nan")})
+    return out
+
+
+def run(args) -> int:
+    command = report.command_of(args, add_arguments, "profile")
+    if args.quick:
+        args.replicas, args.duration = 1, 3.0
+    mode = "echo_conn" if args.mode == "conn" else "echo"
+    with tempfile.TemporaryDirectory(prefix="llft-bench-profile-") as tmp:
+        prof_dir = os.path.join(tmp, "profiles")
+        os.makedirs(prof_dir)
+        if args.cprofile:
+            os.environ[profiling.ENV] = prof_dir     # inherited by the cluster's processes
+        try:
+            setup = Setup(tmp, proxy=False)
+            t = setup.add_cluster(args.replicas)
+        finally:
+            os.environ.pop(profiling.ENV, None)
+        try:
+            if t.error is not None:
+                print(f"llft bench profile: {t.error}")
+                return 1
+            procs = _procs(setup, t)
+            time.sleep(1.0)             # settle: the group just finished its set-up
+            window: dict = {}
+            prof = None
+            if args.cprofile:
+                prof = threading.Thread(target=_profile_window,
+                                        args=(procs, args.duration, window), daemon=True)
+                prof.start()
+            m0, c0, th0 = _counters(t), _cpu_s(procs), _thread_cpu(procs)
+            acc: dict = {}
+            measure_throughput([t], [args.clients], SIZE, args.duration, 1, 0, acc, mode=mode)
+            c1, th1 = _cpu_s(procs), _thread_cpu(procs)
+            if prof is not None:
+                prof.join()
+            time.sleep(0.6)             # the agents' next status files
+            m1 = _counters(t)
+            a = acc.get((0, t.name, args.clients))
+            n = a["replies"] if a else 0
+            if not n:
+                print(f"llft bench profile: no reply ({t.error or 'the load failed'})")
+                return 1
+            rps = n / a["elapsed_s"]
+            sections = [f"{args.replicas} replicas, {args.clients} clients, {args.mode} "
+                        f"connections, {args.duration:g} s: {n} replies, {rps:.0f} req/s\n"]
+            cpu = report.Table("profile_cpu", "CPU µs per request, by process and thread",
+                               ["process", "cpu_us_per_req", "loop", "llft_pulse", "other"])
+            for name in procs:
+                per = {k: 1e6 * (th1.get((name, k), 0) - th0.get((name, k), 0)) / n
+                       for (pn, k) in th1 if pn == name}
+                total = 1e6 * (c1[name] - c0[name]) / n
+                cpu.add(process=name, cpu_us_per_req=total, loop=per.get("loop", 0.0),
+                        llft_pulse=per.get("llft-pulse", 0.0),
+                        other=max(0.0, total - sum(per.values())))
+            cpu.print()
+            cpu.write_csv(args.results)
+            sections.append(cpu.markdown())
+            keys = sorted({k for b in m1 for k in m1[b][1]
+                           if isinstance(m1[b][1][k], (int, float))
+                           and (k.startswith(("sent_", "accepted_", "loop_waits",
+                                              "received_datagrams", "pulse_")))})
+            msgs = report.Table("profile_messages",
+                                "Per request, each agent: loop wake-ups, datagrams, messages",
+                                ["counter"] + [f"{m1[b][0]}_{b:x}"[:18] for b in sorted(m1)])
+            for k in keys:
+                row = {"counter": k}
+                for b in sorted(m1):
+                    before = m0.get(b, ("", {}))[1].get(k, 0)
+                    row[f"{m1[b][0]}_{b:x}"[:18]] = (m1[b][1].get(k, 0) - before) / n
+                if any(isinstance(v, float) and v for v in row.values()):
+                    msgs.add(**row)
+            msgs.print()
+            sections.append(msgs.markdown())
+            if args.cprofile and window:
+                n_win = rps * (window["t1"] - window["t0"])     # requests in the window
+                for f in sorted(os.listdir(prof_dir)):
+                    tops = _top(os.path.join(prof_dir, f), n_win, args.top)
+                    tb = report.Table("profile_top", f"{f}: top {args.top} functions of "
+                                      "the loop thread by own time, per request "
+                                      "(cProfile-inflated)",
+                                      ["function", "own_us_per_req", "cum_us_per_req",
+                                       "calls_per_req", "own_share_of_busy"])
+                    for r in tops:
+                        tb.add(**r)
+                    tb.print()
+                    sections.append(tb.markdown())
+            md = report.write_markdown(args.results, "profile", sections, command=command)
+            print(f"wrote {md}")
+            return 0
+        finally:
+            setup.stop()
