@@ -9,8 +9,8 @@ connection or (`--mode conn`) a connection per request. Per request, for every p
   thread (`loop`; an app's main thread), the pulse thread (`llft-pulse`), and the rest
   (`other`: the process's total minus these, so threads that ended count too: the
   drain watcher, the feeder, an app's connection threads);
-- for the agents, from their status files: the loop's wake-ups, datagrams sent and
-  received, messages sent and accepted by type;
+- for the agents and the gateway, from their status files: datagrams sent and
+  received, messages sent and accepted by type, an agent's loop wake-ups;
 - with `--cprofile`, the functions of each agent's and the gateway's loop thread:
   cProfile switched on for the middle half of the run (`LLFT_PROFILE_DIR`, SIGUSR1 and
   SIGUSR2: llft/runtime/profiling.py); the top `--top` by own time, µs and calls per
@@ -34,9 +34,9 @@ import threading
 import time
 
 from llft.bench import report
-from llft.bench.echo import SIZE, _agents, _cpu_s, _procs
+from llft.bench.echo import SIZE, _cpu_s, _procs
 from llft.bench.service import Setup, measure_throughput
-from llft.runtime import profiling
+from llft.runtime import profiling, status
 
 
 # the loop's waits in its selector: idle, not busy
@@ -81,9 +81,13 @@ def _thread_cpu(procs) -> dict[tuple[str, str], float]:
     return out
 
 
-def _counters(target) -> dict[int, dict]:
-    """birth -> (role, transport counters) of every agent now."""
-    return {a["birth"]: (a.get("role", "?"), a.get("transport", {})) for a in _agents(target)}
+def _counters(target) -> dict[int, tuple[str, dict]]:
+    """birth -> (role, transport counters) of every agent and gateway now."""
+    lc = target.cluster
+    agents, gateways, _ = status.read_files(lc.cfg.status_dir(lc.group))
+    out = {a["birth"]: (a.get("role", "?"), a.get("transport", {})) for a in agents}
+    out.update({g["birth"]: ("gateway", g.get("transport", {})) for g in gateways})
+    return out
 
 
 def _profile_window(procs, duration: float, window: dict) -> None:
@@ -174,7 +178,8 @@ def run(args) -> int:
                            and (k.startswith(("sent_", "accepted_", "loop_waits",
                                               "received_datagrams", "pulse_")))})
             msgs = report.Table("profile_messages",
-                                "Per request, each agent: loop wake-ups, datagrams, messages",
+                                "Per request, each agent and the gateway: loop wake-ups, "
+                                "datagrams, messages",
                                 ["counter"] + [f"{m1[b][0]}_{b:x}"[:18] for b in sorted(m1)])
             for k in keys:
                 row = {"counter": k}
