@@ -21,9 +21,12 @@ def test_bench_bulk_quick(tmp_path):
     assert [r["config"] for r in rows] == ["direct", "llft_2r"]
     for r in rows:
         assert r["ok"] == "True" and float(r["mb_per_s"]) > 0
-        # 32 MB written, the reader away after 1 MB: the sockets' buffers (and with
-        # llft, a window per direction) hold some, the writer waits for the rest
-        assert float(r["ahead_mb"]) < 24, r
+        assert 0 < float(r["ahead_mb"]) <= 32, r
+    # 32 MB written, the reader away after 1 MB: with llft the sockets' buffers and a
+    # window per direction hold some, the writer waits for the rest. Not asserted of the
+    # direct row: what the kernel's own buffers take there is its autotuning's, up to
+    # tcp_rmem's maximum per socket (32 MB on this VM): 25 MB once in a CI run.
+    assert float(rows[1]["ahead_mb"]) < 24, rows[1]
     assert rows[1]["views"] == "False"
     assert os.path.exists(os.path.join(results, "bulk.md"))
     assert os.path.exists(os.path.join(results, "bulk.png")) == HAVE_MPL
