@@ -6,9 +6,11 @@ This is the API the replica runtime calls to pump order information:
     env = shm.env()                      # LLFT_SHM=...; the runner adds LD_PRELOAD, pid
     # primary: shim -> network
     data = shm.drain(timeout_ms=50)      # whole entries, global order (bytes; codec = orderinfo)
-    shm.wait(timeout_ms)                 # 1 once there is something to drain (takes nothing;
-                                         # call it without a lock, then drain(0) under one),
+    shm.wait(timeout_ms)                 # 1 once there is something to drain (takes nothing),
                                          # 2 once an external send waits for output commit
+    w = shm.drain_watcher(coalesce_us, wait_ms)  # a native thread: w.fd is readable when
+                                         # entries wait undrained or an external send waits
+                                         # for output commit (w.take(), w.drained())
     shm.set_commit(True)                 # primary: external sends wait for commit_done(t)
     shm.commit_req, shm.commit_done(t)   # (t: a ticket; the backups hold all before it)
     # backup: network -> shim
@@ -87,9 +89,8 @@ class Shm:
     def wait(self, timeout_ms: int = 50, seen_commit_req: int | None = None) -> int:
         """1 as soon as the primary ring holds order information to drain (taken by
         nobody: a drain() follows), 2 as soon as an output commit beyond
-        `seen_commit_req` is asked for (`commit_req`), 0 after timeout_ms. Needs no lock:
-        only drain() must be serialised, so wait() in one thread and drain(0) under the
-        agent's lock keep the order."""
+        `seen_commit_req` is asked for (`commit_req`), 0 after timeout_ms. Takes nothing,
+        so it needs no lock beside a drainer (the drain watcher waits the same way, in C)."""
         seen = self.commit_req if seen_commit_req is None else seen_commit_req
         return lib.llft_wait(self._base, int(timeout_ms), seen & 0xFFFFFFFF)
 

@@ -122,12 +122,16 @@ def _group_mark(target) -> tuple[int, set[int]]:
     return max((a.get("pvn") or 0 for a in agents), default=0), {a["birth"] for a in agents}
 
 
-def _wait_status_fresh(target, after: float, timeout_s: float = 5.0) -> None:
-    """Until every agent's status file was written after monotonic time `after`."""
+def _wait_status_fresh(target, after: float, timeout_s: float = 5.0,
+                       gateways: bool = False) -> None:
+    """Until every agent's (and with `gateways`, every gateway's) status file was
+    written after monotonic time `after`."""
+    lc = target.cluster
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        agents = _agents(target)
-        if agents and all(a.get("written_mono", 0) > after for a in agents):
+        agents, gws, _ = status.read_files(lc.cfg.status_dir(lc.group))
+        files = agents + (gws if gateways else [])
+        if agents and all(a.get("written_mono", 0) > after for a in files):
             return
         time.sleep(0.05)        # polling status files, bounded by the deadline
 

@@ -34,7 +34,7 @@ import threading
 import time
 
 from llft.bench import report
-from llft.bench.echo import SIZE, _cpu_s, _procs
+from llft.bench.echo import SIZE, _cpu_s, _procs, _wait_status_fresh
 from llft.bench.service import Setup, measure_throughput
 from llft.runtime import profiling, status
 
@@ -145,13 +145,14 @@ def run(args) -> int:
                 prof = threading.Thread(target=_profile_window,
                                         args=(procs, args.duration, window), daemon=True)
                 prof.start()
+            _wait_status_fresh(t, time.monotonic(), gateways=True)
             m0, c0, th0 = _counters(t), _cpu_s(procs), _thread_cpu(procs)
             acc: dict = {}
             measure_throughput([t], [args.clients], SIZE, args.duration, 1, 0, acc, mode=mode)
             c1, th1 = _cpu_s(procs), _thread_cpu(procs)
             if prof is not None:
                 prof.join()
-            time.sleep(0.6)             # the agents' next status files
+            _wait_status_fresh(t, time.monotonic(), gateways=True)
             m1 = _counters(t)
             a = acc.get((0, t.name, args.clients))
             n = a["replies"] if a else 0

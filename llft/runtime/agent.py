@@ -70,9 +70,9 @@ backup finishes its predecessor's frames before it frames live).
 Output commit (docs/DESIGN.md, "Output commit"): before the primary hands the app's
 output to messaging it drains the shim's ring, so every order-info entry the output
 depends on is queued before the output (messaging piggybacks it on the data, the remote
-primary reflects it). The drain thread waits without taking (`Shm.wait`) and the loop
-drains under the application's `_oi_lock`, as the output path does: entries stay in the
-shim's order.
+primary reflects it). The drain watcher (a native thread) only says when entries wait
+undrained; the loop alone drains, on the output path and when the watcher asks: entries
+stay in the shim's order.
 
 Roles over time (the application's `AppMode` in brackets):
   founder   first member: ViewSwitch(primary) -> app starts as PRIMARY   [NONE -> PRIMARY]
@@ -244,7 +244,6 @@ class AppConn:
     # buffer (see APP_WRITE_HIGH_BYTES)
     pending: collections.deque = field(default_factory=collections.deque)
     transport: asyncio.Transport | None = None  # the connected socket (an AppSocket's)
-    resume_task: asyncio.Task | None = None  # reading paused: resumes it (flow control)
     end_passed: bool = False         # the remote side's end was handed to the socket
     # sent: the app's output read; handed: its input given to the app's socket
     credit: Credit = field(default_factory=Credit)
@@ -270,6 +269,9 @@ class AppSocket(StreamSocket):
 
     def _call(self, name: str, fn, *args) -> None:
         self.agent.tasks.call(f"app-conn-{name}", fn, *args)
+
+    def _spawn(self, coro, name: str) -> asyncio.Task:
+        return self.agent.tasks.spawn(coro, f"{name}-conn-{self.c.index}")
 
     def made(self) -> None:
         self.agent._app_connected(self)
@@ -492,10 +494,8 @@ class Agent:
             self._relay_stops = [x for x in self._relay_stops if x.is_alive()] + [t]
         stopped = self.app.stop(exclude=exclude, also=proctree.descendants(os.getpid()))
         for c in self.conns.values():
-            if c.resume_task:
-                c.resume_task.cancel()
             if c.transport:
-                c.transport.close()
+                c.transport.close()         # (its paused reading's wait goes with it)
         for gc in self.group_conns.values():
             gc.outbox.close()
         return stopped
@@ -1114,21 +1114,16 @@ class Agent:
         c.credit.sent += len(data)
         self._made(*self.framer.output(c.index, data))
         if not c.gc.outbox.has_room or self._out_of_credit(c):
-            sock.transport.pause_reading()
-            if c.resume_task is None or c.resume_task.done():
-                c.resume_task = self.tasks.spawn(self._resume_app_reading(c, sock.transport),
-                                                 f"resume-conn-{c.index}")
+            sock.pause_reading_until(lambda: self._app_may_read(c))
 
-    async def _resume_app_reading(self, c: AppConn, transport) -> None:
+    async def _app_may_read(self, c: AppConn) -> bool:
         while True:
             await c.gc.outbox.room()    # the group connection's flow control
             if not self._out_of_credit(c):  # the stream's own (the remote's grants)
-                break
+                return True
             self._count("stream_credit_waits")
             c.grant_came.clear()
             await c.grant_came.wait()
-        if not transport.is_closing():
-            transport.resume_reading()
 
     def _made(self, records: bytes, made: list[Made]) -> None:
         """What the framer made (llft/replica/framing.py). At a primary its "F" entries

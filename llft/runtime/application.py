@@ -27,8 +27,8 @@ Threads (two per app, both bounded in their waits on the block):
   drain watcher    native (determinizer.shm.DrainWatcher), no GIL: waits without taking
   (primary)        and wakes the loop through an eventfd when entries stay undrained
                    for DRAIN_COALESCE_US or an external send asks for output commit;
-                   the loop drains under `_oi_lock` (`drain()`), so entries stay in the
-                   shim's order. One request at a time: after it asked, the watcher
+                   it never drains: the loop alone does (`drain()`), so entries stay in
+                   the shim's order. One request at a time: after it asked, the watcher
                    waits (bounded) until the loop drained
   feeder (backup)  pushes into the shim what the loop could not (`feed()` pushes what
                    fits at once; `Feeder.push` blocks while an app thread is behind);
@@ -227,7 +227,6 @@ class Application:
         self._spawn_done = threading.Event()  # no spawn under way
         self._spawn_done.set()
         self.divergence: dict | None = None
-        self._oi_lock = threading.Lock()
         self._watcher = None                  # the primary's DrainWatcher
         self.drain_wakeups = 0                # times the drain watcher woke the loop
         self._feed_queue: queue.Queue = queue.Queue()
@@ -354,8 +353,7 @@ class Application:
 
     def drain(self) -> bytes:
         """Whole entries the shim recorded since the last drain (loop thread)."""
-        with self._oi_lock:
-            data = self.shm.drain(0) if not self.closed else b""
+        data = self.shm.drain(0) if not self.closed else b""
         if self._watcher is not None:
             self._watcher.drained()
         return data

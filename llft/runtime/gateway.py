@@ -150,7 +150,6 @@ class Client:
     # sent: the client's bytes framed into the group; handed: the group's bytes given to
     # the client's socket
     credit: Credit = dataclasses.field(default_factory=Credit)
-    resume_task: asyncio.Task | None = None  # reading paused: resumes it (flow control)
     grant_came: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
     @property
@@ -179,6 +178,9 @@ class ClientSocket(StreamSocket):
                 self.gw._drop(self.cl, "error")
             elif self.transport is not None:
                 self.transport.close()
+
+    def _spawn(self, coro, name: str) -> asyncio.Task:
+        return self.gw._client_task(coro)
 
     def made(self) -> None:
         self.gw._client_connected(self)
@@ -259,6 +261,14 @@ class Gateway:
 
     def _spawn(self, coro, name: str) -> asyncio.Task:
         return self.background.spawn(coro, name)
+
+    def _client_task(self, coro) -> asyncio.Task:
+        """A task of one client's (its reset, its paused reading): cancelled with the
+        others when the gateway stops (`tasks`)."""
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
 
     def _send(self, view: memoryview) -> int:
         return self.driver.call(self.core.send, self.conn, view, self.driver.clock_us())
@@ -410,9 +420,7 @@ class Gateway:
         elif kind is Kind.RST:
             self.counters["resets_out"] += 1
             cl.closed = True
-            task = asyncio.ensure_future(self._reset_client(cl))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            self._client_task(self._reset_client(cl))
         else:
             self.counters["fins_out"] += 1
             try:
@@ -510,13 +518,9 @@ class Gateway:
         first), the group connection's outbox has room, and the stream has the group's
         credit; otherwise pause the client's socket until all three hold again."""
         if cl.sock.write_paused or not self.outbox.has_room or self._out_of_credit(cl):
-            cl.transport.pause_reading()
-            if cl.resume_task is None or cl.resume_task.done():
-                cl.resume_task = asyncio.ensure_future(self._resume_client(cl))
-                self.tasks.add(cl.resume_task)
-                cl.resume_task.add_done_callback(self.tasks.discard)
+            cl.sock.pause_reading_until(lambda: self._client_may_read(cl))
 
-    async def _resume_client(self, cl: Client) -> None:
+    async def _client_may_read(self, cl: Client) -> bool:
         while not cl.closed:
             await cl.sock.writable()
             await self.outbox.room()
@@ -526,9 +530,8 @@ class Gateway:
                 await cl.grant_came.wait()
                 continue
             if not cl.sock.write_paused:
-                break
-        if not cl.closed and not cl.transport.is_closing():
-            cl.transport.resume_reading()
+                return True
+        return False                    # dropped or reset meanwhile: it stays paused
 
     def _client_ended(self, sock: ClientSocket, abort: bool) -> None:
         """The client's FIN (EOF) or reset, or its connection went: its stream ends here
@@ -547,7 +550,7 @@ class Gateway:
         return {
             "kind": "gateway", "group": self.group, "gateway_group": self.gateway_group,
             "pid": os.getpid(), "birth": self.birth, "listen": list(self.bound or ()),
-            "started": self.started, "updated": time.time(),
+            "started": self.started, "updated": time.time(), "written_mono": time.monotonic(),
             # clients still sending (a client that half-closed waits for the group's end)
             "clients": sum(not cl.client_done for cl in self.clients.values()),
             "clients_total": c["clients_total"],

@@ -10,7 +10,8 @@ writer's `drain()`. Here the loop's callbacks do the work directly:
 - reads land in the owner's one buffer (`get_buffer`: READ_BYTES at most per read) and
   are copied out to `data()` at once; a producer that must not read further (its group
   connection's outbox is full, the remote grants no more, its client reads no replies)
-  calls `transport.pause_reading()` and resumes it when it may;
+  calls `pause_reading_until(ready)`: reading resumes once the owner's `ready()` says so,
+  one such wait at a time, cancelled when the connection goes;
 - writes go to the transport; `write_paused` follows its high-water mark (the limits
   the owner set), `writable()` waits until it drained to the low-water mark, and
   `writable_again()` is called then (the owner refills from what it holds);
@@ -28,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-from typing import Callable
+from typing import Awaitable, Callable
 
 READ_BYTES = 64 << 10           # what one read takes at most (the owner's buffer)
 
@@ -45,10 +46,15 @@ class StreamSocket(asyncio.BufferedProtocol):
         self.write_paused = False            # above the transport's high-water mark
         self._buf = buf
         self._writable: asyncio.Future | None = None
+        self._resume: asyncio.Task | None = None    # a pause_reading_until wait
 
     # -- the owner's side (subclasses) -------------------------------------------------
     def _call(self, name: str, fn: Callable, *args) -> None:
         fn(*args)
+
+    def _spawn(self, coro, name: str) -> asyncio.Task:
+        """Start a task of the owner's (its TaskSet, its set of tasks)."""
+        return asyncio.ensure_future(coro)
 
     def made(self) -> None:
         """Connected (`self.transport` is set)."""
@@ -80,6 +86,8 @@ class StreamSocket(asyncio.BufferedProtocol):
     def connection_lost(self, exc) -> None:
         self.write_paused = False
         self._wake()
+        if self._resume is not None:
+            self._resume.cancel()               # nothing more to read
         self._end(exc is not None)
 
     def pause_writing(self) -> None:
@@ -100,6 +108,16 @@ class StreamSocket(asyncio.BufferedProtocol):
             self._writable.set_result(None)
 
     # -- waiting -----------------------------------------------------------------------
+    def pause_reading_until(self, ready: Callable[[], Awaitable[bool]]) -> None:
+        """Read no more until `await ready()` returns True (False: stay paused)."""
+        self.transport.pause_reading()
+        if self._resume is None or self._resume.done():
+            self._resume = self._spawn(self._resume_when(ready), "resume-reading")
+
+    async def _resume_when(self, ready: Callable[[], Awaitable[bool]]) -> None:
+        if await ready() and not self.transport.is_closing():
+            self.transport.resume_reading()
+
     async def writable(self) -> None:
         """Until the transport's buffer is below its high-water mark again (at once if
         it is) or the connection is gone."""

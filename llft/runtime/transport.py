@@ -506,6 +506,7 @@ class Endpoint:
             self._pulse_last = (msg, datagrams)
         if msg is not None:
             self.counters["sent_messages"] += 1
+            self.sent_by_type[msg.type] += 1
         if self._pulse is not None and dst_group == self.pulse_group:
             self._pulse.repeat(datagrams, every_us, until_us, lease_us)
             return

@@ -185,8 +185,9 @@ def test_the_drain_watcher_wakes_the_loop_for_undrained_entries_and_commit_reque
     shm.set_commit(True)
     client = os.path.join(os.path.dirname(__file__), "..", "programs", "ext_client.py")
     proc = spawn([sys.executable, client, str(port)], shim_env(dict(os.environ), shm.env()))
+    conn = None
     try:
-        conn, _ = srv.accept()
+        conn, _ = srv.accept()              # its connect (kept open while it sends)
         deadline = time.monotonic() + DEADLINE_S
         while True:
             order_info, commit = signalled(w)
@@ -201,6 +202,8 @@ def test_the_drain_watcher_wakes_the_loop_for_undrained_entries_and_commit_reque
     finally:
         proc.kill()
         proc.wait()
+        if conn is not None:
+            conn.close()
         srv.close()
         w.stop()
         w.join()
