@@ -238,8 +238,12 @@ class Feeder:
         self._tab = ffi.gc(lib.llft_seqtab_new(), lib.llft_seqtab_free)
         self._pending = b""
         self.fed_bytes = 0
-        self.fed_entries = 0
         self.stopped = False   # set by the owner when the process is gone
+
+    @property
+    def fed_entries(self) -> int:
+        """Entries fed so far (llft_feed counts them as it numbers their oseq)."""
+        return lib.llft_seqtab_fed(self._tab)
 
     def push(self, data: bytes, timeout_s: float | None = None, wait: bool = True) -> bool:
         """Feed whole entries (a partial trailing entry is kept for the next call).
@@ -254,12 +258,10 @@ class Feeder:
                               100 if wait else 0)
             if n < 0:
                 raise ValueError(f"malformed order information at offset {self.fed_bytes + off} ({n})")
-            if n:
-                self.fed_entries += split(chunk[:n])[0]
             off += n
             if n == 0:
                 # a thread's ring is full (it is behind), or only a partial entry is left
-                if split(chunk)[0] == 0:
+                if split(chunk, max_entries=1)[0] == 0:      # no whole entry left
                     break
                 if not wait:
                     self.fed_bytes += off

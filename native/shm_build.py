@@ -38,6 +38,7 @@ FUNCTIONS = """
     uint64_t llft_div_offset(void *base);
     void *llft_seqtab_new(void);
     void llft_seqtab_free(void *t);
+    uint64_t llft_seqtab_fed(void *t);
     int64_t llft_feed(void *base, const uint8_t *buf, size_t len, void *seqtab, int timeout_ms);
     void llft_feed_done(void *base);
     uint32_t llft_get(void *base, int what);
@@ -137,6 +138,7 @@ struct seqent { uint64_t key; uint64_t count; };
 struct seqtab_hdr { uint64_t fed; uint64_t pad; };   /* entries fed so far, then the table */
 void *llft_seqtab_new(void) { return calloc(SEQTAB_SIZE + 1, sizeof(struct seqent)); }
 void llft_seqtab_free(void *t) { free(t); }
+uint64_t llft_seqtab_fed(void *t) { return ((struct seqtab_hdr *)t)->fed; }
 static struct seqent *seq_get(struct seqent *t, uint64_t key) {
     t += 1;   /* skip the header */
     uint64_t x = key;

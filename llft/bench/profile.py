@@ -57,7 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _thread_cpu(procs) -> dict[tuple[str, str], float]:
-    """(process, thread kind) -> CPU seconds so far."""
+    """(process, thread kind) -> CPU seconds so far; (process, "sys") -> the kernel's
+    share of its live threads' time (system calls, softirqs: what no user-space code
+    change removes, only fewer calls do)."""
     tick = os.sysconf("SC_CLK_TCK")
     out: dict[tuple[str, str], float] = {}
     for name, p in procs.items():
@@ -74,6 +76,7 @@ def _thread_cpu(procs) -> dict[tuple[str, str], float]:
             comm = stat[stat.index("(") + 1:stat.rindex(")")]
             fields = stat[stat.rindex(")") + 2:].split()
             kind = "loop" if int(tid) == p.pid else comm if comm.startswith("llft-") else None
+            out[(name, "sys")] = out.get((name, "sys"), 0.0) + int(fields[12]) / tick
             if kind is not None:        # the rest: the process's total minus these (a
                 # thread that ended is gone from /proc, its CPU still in the process's)
                 out[(name, kind)] = out.get((name, kind), 0.0) + (
@@ -162,13 +165,17 @@ def run(args) -> int:
             rps = n / a["elapsed_s"]
             sections = [f"{args.replicas} replicas, {args.clients} clients, {args.mode} "
                         f"connections, {args.duration:g} s: {n} replies, {rps:.0f} req/s\n"]
+            print(sections[0])
             cpu = report.Table("profile_cpu", "CPU µs per request, by process and thread",
-                               ["process", "cpu_us_per_req", "loop", "llft_pulse", "other"])
+                               ["process", "cpu_us_per_req", "sys", "loop", "llft_pulse",
+                                "other"])
             for name in procs:
                 per = {k: 1e6 * (th1.get((name, k), 0) - th0.get((name, k), 0)) / n
                        for (pn, k) in th1 if pn == name}
+                sys_us = per.pop("sys", 0.0)
                 total = 1e6 * (c1[name] - c0[name]) / n
-                cpu.add(process=name, cpu_us_per_req=total, loop=per.get("loop", 0.0),
+                cpu.add(process=name, cpu_us_per_req=total, sys=sys_us,
+                        loop=per.get("loop", 0.0),
                         llft_pulse=per.get("llft-pulse", 0.0),
                         other=max(0.0, total - sum(per.values())))
             cpu.print()

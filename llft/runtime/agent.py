@@ -1046,7 +1046,11 @@ class Agent:
         data = self.app.drain()
         if data:
             self._lag_work.set()
-            self._oi_pending.extend(TAG_SHIM + p for p in orderinfo.pieces(data, MAX_OI_PIECE))
+            # the drain copies whole entries only: a drain that fits one piece is not
+            # walked entry by entry (17 entries a connection, 2 % of a primary's time)
+            self._oi_pending.extend(
+                [TAG_SHIM + data] if len(data) <= MAX_OI_PIECE
+                else (TAG_SHIM + p for p in orderinfo.pieces(data, MAX_OI_PIECE)))
         self._push_order_info()
 
     def _push_order_info(self) -> None:
