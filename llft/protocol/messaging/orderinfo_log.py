@@ -190,6 +190,11 @@ class OrderInfoLog:
             self.done[backup] = min(upto, self.last_pos)
             self._trim_stamps()
 
+    def unacked_since(self) -> int:
+        """When the oldest position not every backup acked was appended (the oldest
+        stamp kept if older)."""
+        return self._stamp_of(self.floor() + 1)
+
     def _stamp_of(self, pos: int) -> int:
         """When position `pos` was appended (the oldest stamp kept if older)."""
         first = self.next_pos - len(self.stamps)     # position of stamps[0]
