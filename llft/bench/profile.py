@@ -29,11 +29,12 @@ import argparse
 import os
 import pstats
 import signal
+import subprocess
 import tempfile
 import threading
 import time
 
-from llft.bench import report
+from llft.bench import hops, report
 from llft.bench.echo import SIZE, _cpu_s, _procs, _wait_status_fresh
 from llft.bench.service import Setup, measure_throughput
 from llft.runtime import profiling, status
@@ -52,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cprofile", action="store_true",
                    help="also profile each agent's and the gateway's loop (cProfile)")
     p.add_argument("--top", type=int, default=15, help="--cprofile: functions per process")
+    p.add_argument("--hops", action="store_true",
+                   help="one client: each hop of a request's path, from `perf trace` "
+                        "(llft/bench/hops.py; needs perf and root)")
     p.add_argument("--quick", action="store_true", help="--replicas 1 --duration 3")
     p.add_argument("--results", default=report.DEFAULT_RESULTS_DIR)
 
@@ -107,6 +111,45 @@ def _profile_window(procs, duration: float, window: dict) -> None:
     window["t1"] = time.monotonic()
 
 
+def _trace_window(target, procs, duration: float, out: dict) -> None:
+    """`perf trace` for a quarter of the load, from its second quarter; the threads of
+    the primary's app listed meanwhile (its connection threads come and go)."""
+    time.sleep(duration / 4)
+    lc = target.cluster
+    agents, gateways, _ = status.read_files(lc.cfg.status_dir(lc.group))
+    out["primary"] = next((a.get("agent_pid") for a in agents if a.get("role") == "primary"),
+                          None)
+    out["gateway"] = procs["gateway"].pid if "gateway" in procs else None
+    name = next((n for n, p in procs.items() if p.pid == out["primary"]), None)
+    out["app"] = set()
+    for n, p in procs.items():
+        if name is not None and n.startswith(name + ".app"):
+            try:
+                out["app"] |= {int(tid) for tid in os.listdir(f"/proc/{p.pid}/task")}
+            except OSError:
+                pass
+    try:
+        out["text"] = hops.record(duration / 4)
+    except (OSError, subprocess.CalledProcessError) as e:
+        out["error"] = f"perf trace failed: {e}"
+
+
+def _hops_table(traced: dict, results: str) -> str:
+    tb = report.Table("profile_hops", "One request's path at 1 client, hop by hop (perf "
+                      "trace: every traced call is slower; compare the hops, not the sum)",
+                      ["hop", "median_us", "p90_us", "requests"])
+    if "text" in traced and traced.get("primary") and traced.get("gateway"):
+        for row in hops.summary(hops.chain(traced["text"], SIZE, traced["gateway"],
+                                           traced["primary"], traced["app"])):
+            tb.add(**row)
+    if not tb.rows:
+        print(f"llft bench profile --hops: no request traced whole "
+              f"({traced.get('error', 'no primary, gateway or app found, or no call seen')})")
+    tb.print()
+    tb.write_csv(results)
+    return tb.markdown()
+
+
 def _top(path: str, n_req: float, top: int) -> list[dict]:
     st = pstats.Stats(path).stats
     busy_rows = [(k, v) for k, v in st.items() if k[2] not in IDLE]
@@ -125,6 +168,12 @@ def run(args) -> int:
     command = report.command_of(args, add_arguments, "profile")
     if args.quick:
         args.replicas, args.duration = 1, 3.0
+    if args.hops:
+        why = hops.available()
+        if why is not None:
+            print(f"llft bench profile --hops: {why}")
+            return 2
+        args.clients, args.mode = 1, "persistent"
     mode = "echo_conn" if args.mode == "conn" else "echo"
     with tempfile.TemporaryDirectory(prefix="llft-bench-profile-") as tmp:
         prof_dir = os.path.join(tmp, "profiles")
@@ -147,6 +196,11 @@ def run(args) -> int:
             if args.cprofile:
                 prof = threading.Thread(target=_profile_window,
                                         args=(procs, args.duration, window), daemon=True)
+                prof.start()
+            traced: dict = {}
+            if args.hops:
+                prof = threading.Thread(target=_trace_window, args=(t, procs, args.duration,
+                                                                    traced), daemon=True)
                 prof.start()
             _wait_status_fresh(t, time.monotonic(), gateways=True)
             m0, c0, th0 = _counters(t), _cpu_s(procs), _thread_cpu(procs)
@@ -198,6 +252,8 @@ def run(args) -> int:
                     msgs.add(**row)
             msgs.print()
             sections.append(msgs.markdown())
+            if args.hops:
+                sections.append(_hops_table(traced, args.results))
             if args.cprofile and window:
                 n_win = rps * (window["t1"] - window["t0"])     # requests in the window
                 for f in sorted(os.listdir(prof_dir)):

@@ -122,3 +122,20 @@ def test_profile_quick(tmp_path):
     assert "sent_REPLY" in md and "loop_waits" in md
     assert md.count("top 5 functions of the loop thread") == 2     # the agent, the gateway
     assert "agent-" in md and "gateway-" in md
+
+
+@pytest.mark.slow
+def test_profile_hops(tmp_path):
+    """`llft bench profile --hops`: every hop of a request's path seen, for most of the
+    requests traced (perf trace; where it cannot trace, the tool says why in one line)."""
+    from llft.bench import hops
+    why = hops.available()
+    if why is not None:
+        pytest.skip(why)
+    out = str(tmp_path / "results")
+    assert main(["bench", "profile", "--hops", "--replicas", "1", "--duration", "3",
+                 "--results", out]) == 0
+    rows = read_csv(os.path.join(out, "profile_hops.csv"))
+    assert len(rows) == 9, rows
+    n = {int(r["requests"]) for r in rows}
+    assert len(n) == 1 and n.pop() >= 20

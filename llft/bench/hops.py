@@ -1,0 +1,126 @@
+"""`llft bench profile --hops`: one request's path through the processes, hop by hop.
+
+With one client on a persistent connection, every 1 KB request crosses the same system
+calls in the same order: the gateway reads the client's bytes and multicasts a REQUEST,
+the primary's agent reads it and writes the bytes to its app, the app reads and answers,
+the agent reads the answer and sends a REPLY, the gateway reads that and writes to the
+client. `perf trace` records those calls machine-wide for a moment of the load (their end
+times, by thread); this module chains them per request and reports each hop's median and
+90th percentile: the time spent *between* two calls, in the process that makes the
+second one (its wake-up, its queueing for a core, its Python) or in the kernel.
+
+Calls are told apart by thread and size only: a read or write of exactly SIZE bytes is the
+request's or the answer's payload on a TCP socket, anything larger on the datagram path is
+the REQUEST or the REPLY carrying it (acks, reports and heartbeats are a few hundred bytes
+at most). So this holds for the echo bench's 1 KB requests at one client, nothing else.
+
+`perf trace` slows every traced call (tens of µs here): read the hops against each other,
+not their sum against the untraced latency. Needs `perf` and the right to trace every
+process (root, or kernel.perf_event_paranoid = -1).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import tempfile
+
+HOPS = ("G_in", "G_req", "P_in", "P_appw", "A_r", "A_w", "P_appr", "P_rep", "G_rep", "G_cw")
+WHERE = {                   # the hop ending at this call: who makes it, and what it waits on
+    "G_req": "gateway: client bytes read -> REQUEST multicast (its Python)",
+    "P_in": "primary agent: REQUEST sent -> read (kernel, wake-up)",
+    "P_appw": "primary agent: REQUEST read -> written to its app (its Python)",
+    "A_r": "app: written -> read (the app thread's wake-up)",
+    "A_w": "app: read -> answer written (the app)",
+    "P_appr": "primary agent: answer written -> read (wake-up)",
+    "P_rep": "primary agent: answer read -> REPLY sent (its Python, output commit)",
+    "G_rep": "gateway: REPLY sent -> read (kernel, wake-up)",
+    "G_cw": "gateway: REPLY read -> written to the client (its Python)",
+}
+SYSCALLS = "sendto,recvfrom,sendmsg,recvmsg,read,write"
+_LINE = re.compile(r"^\s*([\d.]+) \(\s*([\d.]*)\s*ms\): \S+/(\d+) (.*)= (-?\d+)")
+_SENDS = ("sendto", "sendmsg", "write")
+_RECVS = ("recvfrom", "recvmsg", "read")
+
+
+def available() -> str | None:
+    """None, or why `perf trace` cannot be used here (one line)."""
+    if shutil.which("perf") is None:
+        return "needs perf (linux-tools) on the PATH"
+    try:
+        with open("/proc/sys/kernel/perf_event_paranoid") as f:
+            paranoid = int(f.read())
+    except (OSError, ValueError):
+        paranoid = 2
+    if os.geteuid() != 0 and paranoid > -1:
+        return "needs root or kernel.perf_event_paranoid = -1 to trace every process"
+    return None
+
+
+def record(seconds: float) -> str:
+    """`perf trace` of the machine for `seconds`: its text output."""
+    with tempfile.NamedTemporaryFile("r", suffix=".perf", delete=True) as out:
+        subprocess.run(["perf", "trace", "-a", "-T", "-e", SYSCALLS, "-o", out.name,
+                        "--", "sleep", f"{seconds:g}"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return out.read()
+
+
+def _kind(tid: int, call: str, ret: int, size: int, gw: int, primary: int,
+          app: set[int]) -> str | None:
+    send = call in _SENDS
+    if not send and call not in _RECVS:
+        return None
+    if tid == gw:
+        if ret == size:
+            return "G_cw" if send else "G_in"
+        return ("G_req" if send else "G_rep") if ret > size else None
+    if tid == primary:
+        if ret == size:
+            return "P_appw" if send else "P_appr"
+        return ("P_rep" if send else "P_in") if ret > size else None
+    if tid in app and ret == size:
+        return "A_w" if send else "A_r"
+    return None
+
+
+def chain(text: str, size: int, gw: int, primary: int, app: set[int]) -> dict[str, list[float]]:
+    """Hop name -> its durations (µs), one per request whose ten calls were all seen in
+    order."""
+    events = []
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if not m:
+            continue
+        ts, dur, tid, rest, ret = m.groups()
+        call = rest.split("]:")[1] if "continued]:" in rest else rest
+        call = call.strip().split("(")[0]
+        kind = _kind(int(tid), call, int(ret), size, gw, primary, app)
+        if kind is not None:     # the call's end: its start plus its duration
+            events.append(((float(ts) + (float(dur) if dur else 0.0)) * 1000.0, kind))
+    events.sort()
+    hops: dict[str, list[float]] = {h: [] for h in HOPS[1:]}
+    at: dict[str, float] = {}
+    for t, kind in events:
+        if kind == "G_in":
+            at = {"G_in": t}
+        elif at and kind == HOPS[len(at)]:
+            at[kind] = t
+            if len(at) == len(HOPS):
+                for prev, h in zip(HOPS, HOPS[1:]):
+                    hops[h].append(at[h] - at[prev])
+                at = {}
+    return hops
+
+
+def summary(hops: dict[str, list[float]]) -> list[dict]:
+    rows = []
+    for h in HOPS[1:]:
+        d = sorted(hops[h])
+        if not d:
+            continue
+        rows.append({"hop": WHERE[h], "median_us": statistics.median(d),
+                     "p90_us": d[int(0.9 * (len(d) - 1))], "requests": len(d)})
+    return rows
