@@ -614,6 +614,31 @@ def test_order_info_log_delivers_in_order_once():
     p.check()
 
 
+def test_order_info_ages_from_the_oldest_unacked_position():
+    """What the primary's direct ORDER_INFO waits for (`MessagingEndpoint._intra_due`): the
+    age of the oldest position not every backup acked -- and, when a joiner holds the
+    floor below the stamps its peers' execution trimmed, "old" (0), not the younger
+    oldest stamp left, which would put the send off while the peers execute."""
+    from llft.protocol.messaging.orderinfo_log import OrderInfoLog
+    p = OrderInfoLog(MessagingConfig())
+    p.set_backups([2])
+    for t in (100, 200, 300):
+        p.append(b"e", now_us=t)
+    assert p.unacked_since() == 100
+    p.on_ack(2, 1)
+    p.gc()
+    assert p.unacked_since() == 200                 # the floor moved: a younger position
+    p.set_backups([2, 3])                           # 3 joins at position 3
+    p.on_ack(2, 3)
+    p.on_done(2, 3)                                 # 2 executed all: stamps trimmed
+    for t in (400, 500):
+        p.append(b"e", now_us=t)
+    p.on_done(2, 5)
+    assert p.floor() == 0 and p.unacked_since() == 0
+    p.on_ack(3, 4)
+    assert p.floor() == 3 and p.unacked_since() == 400      # position 4
+
+
 # ---- stream ends (FIN / RST) and freeing ------------------------------------------------
 def _request_reply_close(sim, a, b, request, reply, client_abort=False, server_abort=False):
     """Every replica's app: the client sends `request` then ends its stream; the server

@@ -191,9 +191,15 @@ class OrderInfoLog:
             self._trim_stamps()
 
     def unacked_since(self) -> int:
-        """When the oldest position not every backup acked was appended (the oldest
-        stamp kept if older)."""
-        return self._stamp_of(self.floor() + 1)
+        """When the oldest position not every backup acked was appended; 0 if its stamp
+        is gone (a joiner that has not acked up to where it joined holds the floor below
+        the stamps, which its peers' execution trims: the oldest stamp kept is younger
+        than that position, and going by it would put off the direct send for as long as
+        they execute)."""
+        pos = self.floor() + 1
+        if pos < self.next_pos - len(self.stamps):
+            return 0
+        return self._stamp_of(pos)
 
     def _stamp_of(self, pos: int) -> int:
         """When position `pos` was appended (the oldest stamp kept if older)."""
