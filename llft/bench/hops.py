@@ -14,7 +14,8 @@ request's or the answer's payload on a TCP socket, anything larger on the datagr
 the REQUEST or the REPLY carrying it (acks, reports and heartbeats are a few hundred bytes
 at most). So this holds for the echo bench's 1 KB requests at one client, nothing else.
 
-`perf trace` slows every traced call (tens of µs here): read the hops against each other,
+`Recording` traces the machine for the whole load; `chain` keeps the requests whose ten
+calls it saw. `perf trace` slows every traced call (tens of µs here): read the hops against each other,
 not their sum against the untraced latency. Needs `perf` and the right to trace every
 process (root, or kernel.perf_event_paranoid = -1).
 """
@@ -23,9 +24,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import tempfile
+import time
 
 HOPS = ("G_in", "G_req", "P_in", "P_appw", "A_r", "A_w", "P_appr", "P_rep", "G_rep", "G_cw")
 WHERE = {                   # the hop ending at this call: who makes it, and what it waits on
@@ -59,13 +62,46 @@ def available() -> str | None:
     return None
 
 
-def record(seconds: float) -> str:
-    """`perf trace` of the machine for `seconds`: its text output."""
-    with tempfile.NamedTemporaryFile("r", suffix=".perf", delete=True) as out:
-        subprocess.run(["perf", "trace", "-a", "-T", "-e", SYSCALLS, "-o", out.name,
-                        "--", "sleep", f"{seconds:g}"], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return out.read()
+class Recording:
+    """`perf trace` of the whole machine from `start()` (returned once calls are being
+    recorded: perf takes seconds to set up on a loaded machine, and a trace started by
+    the clock missed a short load) to `stop()` (its text output)."""
+
+    READY_TIMEOUT_S = 60.0
+
+    def __init__(self) -> None:
+        self._out = tempfile.NamedTemporaryFile("r", suffix=".perf")
+        self._proc = subprocess.Popen(["perf", "trace", "-a", "-T", "-e", SYSCALLS,
+                                       "-o", self._out.name],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    @classmethod
+    def start(cls) -> "Recording":
+        r = cls()
+        deadline = time.monotonic() + cls.READY_TIMEOUT_S
+        # the idle group's heartbeats are calls too: the first line says it records
+        while os.path.getsize(r._out.name) == 0:
+            if r._proc.poll() is not None or time.monotonic() > deadline:
+                err = r._proc.stderr.read().decode(errors="replace") if r._proc.stderr else ""
+                r.stop()
+                raise RuntimeError(f"perf trace did not start: {err.strip()[-300:]}")
+            time.sleep(0.05)
+        return r
+
+    def stop(self) -> str:
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGINT)
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if self._proc.stderr:
+            self._proc.stderr.close()
+        try:
+            return self._out.read()
+        finally:
+            self._out.close()
 
 
 def _kind(tid: int, call: str, ret: int, size: int, gw: int, primary: int,

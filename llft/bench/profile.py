@@ -29,7 +29,6 @@ import argparse
 import os
 import pstats
 import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -111,12 +110,12 @@ def _profile_window(procs, duration: float, window: dict) -> None:
     window["t1"] = time.monotonic()
 
 
-def _trace_window(target, procs, duration: float, out: dict) -> None:
-    """`perf trace` for a quarter of the load, from its second quarter; the threads of
-    the primary's app listed meanwhile (its connection threads come and go)."""
-    time.sleep(duration / 4)
+def _hop_threads(target, procs, duration: float, out: dict) -> None:
+    """Mid-load: the primary agent's pid and its app's threads (the echo app's thread of
+    the client's connection exists only while the load runs)."""
+    time.sleep(duration / 2)
     lc = target.cluster
-    agents, gateways, _ = status.read_files(lc.cfg.status_dir(lc.group))
+    agents, _, _ = status.read_files(lc.cfg.status_dir(lc.group))
     out["primary"] = next((a.get("agent_pid") for a in agents if a.get("role") == "primary"),
                           None)
     out["gateway"] = procs["gateway"].pid if "gateway" in procs else None
@@ -128,10 +127,6 @@ def _trace_window(target, procs, duration: float, out: dict) -> None:
                 out["app"] |= {int(tid) for tid in os.listdir(f"/proc/{p.pid}/task")}
             except OSError:
                 pass
-    try:
-        out["text"] = hops.record(duration / 4)
-    except (OSError, subprocess.CalledProcessError) as e:
-        out["error"] = f"perf trace failed: {e}"
 
 
 def _hops_table(traced: dict, results: str) -> str:
@@ -143,8 +138,10 @@ def _hops_table(traced: dict, results: str) -> str:
                                            traced["primary"], traced["app"])):
             tb.add(**row)
     if not tb.rows:
-        print(f"llft bench profile --hops: no request traced whole "
-              f"({traced.get('error', 'no primary, gateway or app found, or no call seen')})")
+        print(f"llft bench profile --hops: no request traced whole (primary "
+              f"{traced.get('primary')}, gateway {traced.get('gateway')}, "
+              f"{len(traced.get('app', ()))} app threads, "
+              f"{traced.get('text', '').count(chr(10))} lines traced)")
     tb.print()
     tb.write_csv(results)
     return tb.markdown()
@@ -185,6 +182,7 @@ def run(args) -> int:
             t = setup.add_cluster(args.replicas)
         finally:
             os.environ.pop(profiling.ENV, None)
+        recording = None
         try:
             if t.error is not None:
                 print(f"llft bench profile: {t.error}")
@@ -199,14 +197,21 @@ def run(args) -> int:
                 prof.start()
             traced: dict = {}
             if args.hops:
-                prof = threading.Thread(target=_trace_window, args=(t, procs, args.duration,
-                                                                    traced), daemon=True)
+                try:
+                    recording = hops.Recording.start()
+                except (OSError, RuntimeError) as e:
+                    print(f"llft bench profile --hops: {e}")
+                    return 1
+                prof = threading.Thread(target=_hop_threads, args=(t, procs, args.duration,
+                                                                   traced), daemon=True)
                 prof.start()
             _wait_status_fresh(t, time.monotonic(), gateways=True)
             m0, c0, th0 = _counters(t), _cpu_s(procs), _thread_cpu(procs)
             acc: dict = {}
             measure_throughput([t], [args.clients], SIZE, args.duration, 1, 0, acc, mode=mode)
             c1, th1 = _cpu_s(procs), _thread_cpu(procs)
+            if recording is not None:
+                traced["text"], recording = recording.stop(), None
             if prof is not None:
                 prof.join()
             _wait_status_fresh(t, time.monotonic(), gateways=True)
@@ -271,4 +276,6 @@ def run(args) -> int:
             print(f"wrote {md}")
             return 0
         finally:
+            if recording is not None:
+                recording.stop()
             setup.stop()
