@@ -34,7 +34,7 @@ import threading
 import time
 
 from llft.bench import hops, report
-from llft.bench.echo import SIZE, _cpu_s, _procs, _wait_status_fresh
+from llft.bench.echo import SIZE, _agents, _cpu_s, _procs, _wait_status_fresh
 from llft.bench.service import Setup, measure_throughput
 from llft.runtime import profiling, status
 
@@ -114,19 +114,18 @@ def _hop_threads(target, procs, duration: float, out: dict) -> None:
     """Mid-load: the primary agent's pid and its app's threads (the echo app's thread of
     the client's connection exists only while the load runs)."""
     time.sleep(duration / 2)
-    lc = target.cluster
-    agents, _, _ = status.read_files(lc.cfg.status_dir(lc.group))
-    out["primary"] = next((a.get("agent_pid") for a in agents if a.get("role") == "primary"),
-                          None)
+    out["primary"] = next((a.get("agent_pid") for a in _agents(target)
+                           if a.get("role") == "primary"), None)
     out["gateway"] = procs["gateway"].pid if "gateway" in procs else None
     name = next((n for n, p in procs.items() if p.pid == out["primary"]), None)
     out["app"] = set()
     for n, p in procs.items():
-        if name is not None and n.startswith(name + ".app"):
-            try:
-                out["app"] |= {int(tid) for tid in os.listdir(f"/proc/{p.pid}/task")}
-            except OSError:
-                pass
+        if name is None or not n.startswith(name + ".app"):
+            continue
+        try:
+            out["app"] |= {int(tid) for tid in os.listdir(f"/proc/{p.pid}/task")}
+        except OSError:
+            pass
 
 
 def _hops_table(traced: dict, results: str) -> str:

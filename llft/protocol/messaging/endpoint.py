@@ -405,11 +405,15 @@ class MessagingEndpoint:
             self._order_info_urgent()
         return pos
 
+    def _order_info_waited_on(self) -> bool:
+        """Output commit holds: more order info than one piggyback is unprotected."""
+        return self.order_info.bytes > self.config.max_piggyback_bytes
+
     def _order_info_urgent(self) -> None:
-        """Output commit holds (more order info than one piggyback is unprotected): the
-        output waits for the backups' acks, so the order info goes to them now rather than
-        after order_info_intra_us (which only gives a reflection time to carry it)."""
-        if self.order_info.bytes > self.config.max_piggyback_bytes:
+        """Output commit holds: the output waits for the backups' acks, so the order info
+        goes to them now rather than after order_info_intra_us (which only gives a
+        reflection time to carry it)."""
+        if self._order_info_waited_on():
             self.timers.arm_earlier(Timer.ORDER_INFO_INTRA, None, self._now)
 
     def order_info_held(self) -> int:
@@ -1787,7 +1791,7 @@ class MessagingEndpoint:
         on its way to the backups in the next request's reflection), and each firing sent
         them what the reflection brought anyway and drew an ack from each (one client at
         3 replicas: an ORDER_INFO every 4 requests, ~0.6 acks a request)."""
-        if self.order_info.bytes > self.config.max_piggyback_bytes:
+        if self._order_info_waited_on():
             return self._now
         return self.order_info.unacked_since() + self.config.order_info_intra_us
 
