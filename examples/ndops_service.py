@@ -21,6 +21,11 @@ so a client sending 1 KB requests gets 1 KB replies. <op>, done K times:
     random  os.urandom(8)                              (a random draw: getrandom)
     lock    shared threading.Lock acquire + release    (a lock acquisition)
     mixed   the three in turn
+    external  an 8-byte round trip to an external echo server    (output commit)
+
+`external` talks to a TCP echo server outside the service (on 127.0.0.1, port from the
+environment variable NDOPS_EXTERNAL_PORT), one connection per service thread: under llft
+every send to it waits until the backups hold the order information recorded before it.
 """
 import os
 import socket
@@ -33,6 +38,37 @@ MAX_OPS = 1_000_000
 MASK = (1 << 64) - 1
 
 shared_lock = threading.Lock()
+external = threading.local()       # this thread's connection to the external server
+
+
+def _external() -> socket.socket:
+    sock = getattr(external, "sock", None)
+    if sock is None:
+        port = int(os.environ.get("NDOPS_EXTERNAL_PORT") or 0)
+        if not port:
+            raise ValueError("external: set NDOPS_EXTERNAL_PORT to an echo server's port")
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        external.sock = sock
+    return sock
+
+
+def _drop_external() -> None:
+    sock, external.sock = getattr(external, "sock", None), None
+    if sock is not None:
+        sock.close()
+
+
+def _round_trip(sock: socket.socket, value: int) -> int:
+    sock.sendall(value.to_bytes(8, "little"))
+    got = b""
+    while len(got) < 8:
+        chunk = sock.recv(8 - len(got))
+        if not chunk:
+            _drop_external()
+            raise ValueError("external: the echo server closed the connection")
+        got += chunk
+    return int.from_bytes(got, "little")
 
 
 def _mix(acc: int, value: int) -> int:
@@ -60,8 +96,12 @@ def do_ops(op: str, k: int) -> int:
             else:
                 with shared_lock:
                     acc = _mix(acc, i)
+    elif op == "external":
+        sock = _external() if k else None
+        for i in range(k):
+            acc = _mix(acc, _round_trip(sock, i))
     else:
-        raise ValueError(f"unknown op {op!r} (clock | random | lock | mixed)")
+        raise ValueError(f"unknown op {op!r} (clock | random | lock | mixed | external)")
     return acc
 
 
@@ -77,9 +117,12 @@ def handle(line: bytes) -> bytes:
             digest = do_ops(op, k)
         except ValueError as e:
             return f"ERR {e}\n".encode()
+        except OSError as e:                # the external server refused or went away
+            _drop_external()
+            return f"ERR external: {e}\n".encode()
         reply = f"OK {op} {k} {digest:016x}".encode()
         return reply + b" " * max(0, len(line) - len(reply)) + b"\n"
-    return b"ERR unknown request (OPS <clock|random|lock|mixed> <K> [padding] | PING)\n"
+    return b"ERR unknown request (OPS <clock|random|lock|mixed|external> <K> [padding] | PING)\n"
 
 
 def serve_connection(conn: socket.socket) -> None:

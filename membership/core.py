@@ -585,7 +585,7 @@ class Membership:
             return
         self._observe_clock(now_us, tick=True)
         if (self.is_member() and msg.pvn == self.pvn and msg.precedence == self.precedence
-                and msg.body == self._heartbeat_body()):
+                and all(msg.body.get(k) == v for k, v in self._heartbeat_body().items())):
             hb = self.cfg.heartbeat_interval_us
             self._heartbeat_sent(now_us, hb // 2)
             if until_us is not None and until_us > now_us:
@@ -720,7 +720,7 @@ class Membership:
 
     def _heartbeat_body(self) -> dict:
         """What our HEARTBEAT says beyond its header (messaging's says the same when it
-        stands for ours: `heartbeat_carried`)."""
+        stands for ours: `heartbeat_carried`; it adds its own `done`, 0 in ours)."""
         return {"rank": self.rank,
                 "served": int(self.status in PRIMARY_STATUSES and self.served_of()),
                 "lineage": self.lineage, "change": self.change,
@@ -737,7 +737,7 @@ class Membership:
         its loop wakes as a quiet member's does; everyone else every interval."""
         c = self.cfg
         hb, k, g = c.heartbeat_interval_us, c.pulse_intervals, c.group
-        msg = self._message(MsgType.HEARTBEAT, self._heartbeat_body())
+        msg = self._message(MsgType.HEARTBEAT, {**self._heartbeat_body(), "done": 0})
         if k > 1 and self.status is Status.PRIMARY and len(self.members) == 1:
             quiet = msg == self._last_own_hb
             self._last_own_hb = msg

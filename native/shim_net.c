@@ -715,6 +715,7 @@ static void ext_commit(void) {
     __atomic_fetch_add(&c->stats[LLFT_ST_COMMITS], 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&g_shm->out.pub_seq, 1, __ATOMIC_ACQ_REL);   /* the drainer looks */
     llft_futex_wake_all(&g_shm->out.pub_seq, 1);
+    llft_futex_wake_all(&c->commit_req, 1);     /* ... also while it naps (shm_build.py dw_nap) */
     for (;;) {
         uint32_t done = __atomic_load_n(&c->commit_done, __ATOMIC_ACQUIRE);
         if ((int32_t)(done - t) >= 0 || !__atomic_load_n(&c->commit_on, __ATOMIC_ACQUIRE)) return;

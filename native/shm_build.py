@@ -105,8 +105,8 @@ int64_t llft_drain(void *base, uint8_t *out, size_t cap, int timeout_ms) {
     return (int64_t)n;
 }
 
-/* 1 as soon as the primary ring holds a committed record to drain, without taking it,
- * 2 as soon as an output commit was asked for beyond `seen_commit_req` (ctl.commit_req);
+/* 2 as soon as an output commit was asked for beyond `seen_commit_req` (ctl.commit_req),
+ * else 1 as soon as the primary ring holds a committed record to drain, without taking it;
  * 0 after timeout_ms (0: just look). Safe without a lock next to a drainer: it only
  * reads the commit word at `tail` (the drainer may take the record meanwhile; then a
  * later drain simply returns less). llft_drain(base, buf, 0, t) waits the same way
@@ -122,8 +122,9 @@ int llft_wait(void *base, int timeout_ms, uint32_t seen_commit_req) {
      * cost no wake-up). */
     for (;;) {
         uint32_t seq = __atomic_load_n(&r->pub_seq, __ATOMIC_ACQUIRE);
-        if (llft_ring_peek(r, s->out_data, LLFT_OUT_CAP_BYTES)) return 1;
+        /* a commit first: answering it drains the ring too */
         if (__atomic_load_n(&s->ctl.commit_req, __ATOMIC_ACQUIRE) != seen_commit_req) return 2;
+        if (llft_ring_peek(r, s->out_data, LLFT_OUT_CAP_BYTES)) return 1;
         if (timeout_ms <= 0) return 0;
         clock_gettime(CLOCK_MONOTONIC, &now);
         long left = timeout_ms - ((now.tv_sec - t0.tv_sec) * 1000L + (now.tv_nsec - t0.tv_nsec) / 1000000L);
@@ -288,14 +289,27 @@ static void dw_signal(struct llft_dw *w, uint32_t flag) {
     ssize_t r = write(w->efd, &one, sizeof one);
     (void)r;   /* EAGAIN: the counter is already non-zero, the loop will look */
 }
-static void dw_nap(int us) {
-    struct timespec ts = {us / 1000000, (long)(us % 1000000) * 1000L};
-    nanosleep(&ts, NULL);
-}
 static int64_t dw_now_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+/* Sleep `us`, or less if an output commit is asked for beyond `seen` meanwhile (the
+ * shim's ext_commit wakes the commit_req futex; appends do not, so coalescing still
+ * costs no wake-up per append): 1 if one was. An external send's wait is the app's
+ * latency: it must not sit out a coalescing interval (it did: ~1.5 ms of each 3 ms
+ * external round trip at 2 replicas, `llft bench ndlatency --op-kinds external`). */
+static int dw_nap(struct llft_dw *w, int us, uint32_t seen) {
+    uint32_t *req = &((struct llft_shm *)w->base)->ctl.commit_req;
+    int64_t until = dw_now_us() + us;
+    for (;;) {
+        if (__atomic_load_n(req, __ATOMIC_ACQUIRE) != seen) return 1;
+        if (__atomic_load_n(&w->stop, __ATOMIC_ACQUIRE)) return 0;
+        int64_t left = until - dw_now_us();
+        if (left <= 0) return 0;
+        struct timespec ts = {(time_t)(left / 1000000), (long)(left % 1000000) * 1000L};
+        syscall(SYS_futex, req, FUTEX_WAIT, seen, &ts, NULL, 0);
+    }
 }
 static void *dw_main(void *arg) {
     struct llft_dw *w = arg;
@@ -308,7 +322,8 @@ static void *dw_main(void *arg) {
             dw_signal(w, DW_COMMIT);
         } else if (got == 1) {
             uint64_t d = __atomic_load_n(&w->drains, __ATOMIC_ACQUIRE);
-            dw_nap(w->coalesce_us);
+            if (dw_nap(w, w->coalesce_us, seen))
+                continue;                   /* a commit: signalled at once, above */
             if (__atomic_load_n(&w->drains, __ATOMIC_ACQUIRE) != d
                 || __atomic_load_n(&w->stop, __ATOMIC_ACQUIRE) || !llft_wait(w->base, 0, seen))
                 continue;
@@ -316,7 +331,8 @@ static void *dw_main(void *arg) {
             int64_t until = dw_now_us() + (int64_t)w->wait_ms * 1000;
             while (__atomic_load_n(&w->drains, __ATOMIC_ACQUIRE) == d
                    && !__atomic_load_n(&w->stop, __ATOMIC_ACQUIRE) && dw_now_us() < until)
-                dw_nap(w->coalesce_us);
+                if (dw_nap(w, w->coalesce_us, seen))
+                    break;
         }
     }
     return NULL;
@@ -336,7 +352,9 @@ uint32_t llft_dw_take(void *w) {
 }
 /* Ask the thread to end (it does within wait_ms); llft_dw_join waits for it and frees. */
 void llft_dw_stop(void *w) {
-    __atomic_store_n(&((struct llft_dw *)w)->stop, 1u, __ATOMIC_RELEASE);
+    struct llft_dw *d = w;
+    __atomic_store_n(&d->stop, 1u, __ATOMIC_RELEASE);
+    llft_futex_wake_all(&((struct llft_shm *)d->base)->ctl.commit_req, 1);   /* dw_nap */
 }
 void llft_dw_join(void *w) {
     llft_dw_stop(w);

@@ -8,7 +8,8 @@ operation there, mostly the piggybacked order information.
 Here the service is examples/ndops_service.py, an unmodified threaded TCP server: a
 request `OPS <op> <K> <padding>` does K operations of kind <op> (`--op-kinds`: clock =
 time.time(), random = os.urandom(8), lock = a shared threading.Lock acquired and
-released) and replies with a digest of the values, padded to the request's length.
+released, external = an 8-byte round trip to an echo server this bench runs outside the
+replicas: under llft each send waits for output commit) and replies with a digest of the values, padded to the request's length.
 Configurations, measured in one run like `llft bench latency` (service.py's Setup):
 
   tcp        the plain process reached directly over TCP (the baseline; no shim)
@@ -31,8 +32,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
+import socketserver
 import sys
 import tempfile
+import threading
 
 from llft import EXAMPLES_DIR
 from llft.bench import report
@@ -40,7 +44,32 @@ from llft.bench.service import (Setup, Target, phase_of, pooled_samples,
                                 measure_round_trips)
 
 NDOPS_SERVICE = os.path.join(EXAMPLES_DIR, "ndops_service.py")
-OP_KINDS = ("clock", "random", "lock", "mixed")
+OP_KINDS = ("clock", "random", "lock", "mixed", "external")
+
+
+class ExternalEcho:
+    """The `external` op's server: a TCP echo server on loopback in this (bench) process,
+    outside every replica's process tree, so the shim classifies connections to it as
+    external and every send to it waits for output commit. A thread per connection."""
+
+    def __init__(self):
+        self.srv = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _EchoHandler)
+        self.srv.daemon_threads = True
+        self.port = self.srv.server_address[1]
+        self.thread = threading.Thread(target=self.srv.serve_forever, name="external-echo",
+                                       daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+class _EchoHandler(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while data := self.request.recv(65536):
+            self.request.sendall(data)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -138,6 +167,9 @@ def run(args) -> int:
     ks = [int(x) for x in args.ops.split(",") if x.strip()]
     replicas = [int(x) for x in args.replicas.split(",") if x.strip()]
     points = [(op, k) for op in kinds for k in ks]
+    echo = ExternalEcho() if "external" in kinds else None
+    if echo is not None:
+        os.environ["NDOPS_EXTERNAL_PORT"] = str(echo.port)   # inherited by every service
     with tempfile.TemporaryDirectory(prefix="llft-bench-ndlatency-") as tmp:
         setup = Setup(tmp, proxy=False, fault_timeout_ms=args.fault_timeout_ms,
                       app=NDOPS_SERVICE, probe=(b"PING\n", b"PONG\n"), group_prefix="ndops")
@@ -152,6 +184,8 @@ def run(args) -> int:
                     setup.stop_cluster(cluster)
         finally:
             setup.stop()
+            if echo is not None:
+                echo.close()
         table, slope = tables(setup, points, samples, args)
     table.print()
     slope.print()
@@ -172,8 +206,10 @@ def run(args) -> int:
     failed = [t for t in setup.targets if t.error is not None]
     notes = ("Service: examples/ndops_service.py, unmodified; each request does K operations "
              "of the row's kind (clock: time.time(); random: os.urandom(8); lock: a shared "
-             "threading.Lock acquired and released) and the reply carries a digest of the "
-             "values. tcp: the plain process reached directly (no shim, no replication); "
+             "threading.Lock acquired and released; external: an 8-byte round trip to a TCP "
+             "echo server in the bench process, outside the replicas, which under llft waits "
+             "for output commit: the backups hold every order-information entry recorded "
+             "before the send) and the reply carries a digest of the values. tcp: the plain process reached directly (no shim, no replication); "
              "llft_Nr: N replicas under `llft run` through `llft gateway`, fault_timeout_ms = "
              f"{report.detector_ms(args.fault_timeout_ms)}; every operation is recorded by the primary's shim "
              "and its order information rides on the reply's data message (output commit), "

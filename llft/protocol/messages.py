@@ -96,8 +96,11 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
     # behind: maybe removed; membership/core.py `probe_answered`)
     # wait: ms beyond its floor the sender's detector on its primary waits (0 but for a
     # backup: membership/core.py `detector_wait_ms`; a junior backup waits as long)
+    # done: a backup's executed order-info position in its view, as in its ORDER_INFO
+    # report; repeated with every heartbeat copy, so a lost report is made good (0 from a
+    # primary and in membership's own heartbeat)
     MsgType.HEARTBEAT: {"rank": int, "served": int, "lineage": int, "change": int,
-                        "wait": int},
+                        "wait": int, "done": int},
     # upto: order-info position carried (primary) / delivered (backup's ack); done: the
     # position the backup's application has executed (its lag report; 0 from a primary)
     MsgType.ORDER_INFO: {"upto": int, "done": int},

@@ -307,10 +307,13 @@ class ReplicaNode:
         """Membership asks before admitting a backup: only with the whole log."""
         return self.log_full is None
 
-    def set_executed(self, pvn: int, pos: int) -> None:
+    def set_executed(self, pvn: int, pos: int, now_us: int | None = None) -> None:
         """A backup: its application executed order info of view `pvn` up to `pos`."""
         if self.live and pvn == self.messaging.pvn and not self.messaging.is_primary:
-            self.messaging.set_executed(pos)
+            if now_us is not None:
+                self._now = max(self._now, now_us)
+            self.messaging.set_executed(pos, now_us)
+            self._settle()
 
     def backup_lag(self, now_us: int) -> dict[int, dict]:
         """The primary: each backup's lag (entries = order-info positions its application
@@ -524,6 +527,14 @@ class ReplicaNode:
         with no backup holds it alone): the output commit of an EXTERNAL send, which
         carries no piggyback and reaches no group that could reflect it."""
         return not self.messaging.is_primary or self.messaging.order_info_unprotected_bytes() == 0
+
+    def want_order_info(self, now_us: int) -> None:
+        """An external send waits until the backups hold every order-info entry so far
+        (`order_info_held`): messaging sends them to the backups now."""
+        if self.live:
+            self._now = max(self._now, now_us)
+            self.messaging.want_order_info(now_us)
+            self._settle()
 
     def send(self, conn: mg.ConnId, data: bytes, now_us: int) -> int:
         """The application wrote `data` on `conn`; returns the bytes accepted. A restored

@@ -1189,16 +1189,25 @@ class Agent:
             ticket = app.shm.commit_req
             if ticket == self._commit_answered:
                 return
+            asked = time.monotonic()
             self._take_order_info()
+            self._want_order_info()
             while ((self._oi_pending or not self.node.order_info_held())
                    and app is self.app and self.mode is AppMode.PRIMARY):
                 await self._wait_progress()
                 self._take_order_info()
+                self._want_order_info()
             if app is not self.app or app.closed:
                 return
             app.shm.commit_done(ticket)
             self._commit_answered = ticket
             self._count("external_commits")
+            self._count("external_commit_wait_us", int((time.monotonic() - asked) * 1e6))
+
+    def _want_order_info(self) -> None:
+        """The commit waits on every entry handed to messaging: it sends them now."""
+        self.node.want_order_info(self.driver.clock_us())
+        self.driver.pump()
 
     async def _wait_progress(self) -> None:
         self.driver.progress.clear()
@@ -1300,7 +1309,8 @@ class Agent:
         while self._marks and self._marks[0][2] <= consumed:
             done = self._marks.popleft()
         if done is not None:
-            self.node.set_executed(done[0], done[1])
+            self.node.set_executed(done[0], done[1], self.driver.clock_us())
+            self.driver.pump()
         now = time.monotonic()
         oldest = self._marks[0][3] if self._marks else now
         self._own_lag = {"entries": self._fed_total - consumed,

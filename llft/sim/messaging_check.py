@@ -41,7 +41,8 @@ gateway's host lost for good). Then faults stop, and the checks are:
 
 The generator (`generate`) decides everything before the schedule runs and writes it as a
 scenario script (format and runner: llft/sim/campaign.py). Its lines: `set faults loss P
-dup P reorder P corrupt P`, `set messaging payload B window N`, `seed sim N` (the kernel),
+dup P reorder P corrupt P`, `set messaging payload B window N` (optional after them:
+`pulse N`, `direct-ack US`: the cores' timing for scenarios recorded before it changed), `seed sim N` (the kernel),
 `seed app N` (the applications' pacing), `group G BID...` (birth ids in rank order, the
 first is the primary), `conn K CLIENT SERVER seq N`, `writes K c2s|s2c SIZE...` (a stream,
 cut as its primary's application writes it), `end K c2s|s2c fin|rst` (the application
@@ -234,10 +235,12 @@ class Schedule:
         # every group may die whole here (`die`); live ones never fall silent for the
         # remote timeout within a schedule, so the rule is on for all of them
         # "pulse": heartbeat refresh in intervals (scenarios recorded before pulses: 1)
+        # "direct-ack": a backup's ack delay for a direct ORDER_INFO, us (before: 500)
         pulse = int(m.get("pulse", MessagingConfig().pulse_intervals))
+        direct_ack = int(m.get("direct-ack", MessagingConfig().order_info_direct_ack_us))
         self.cfg = MessagingConfig(max_payload_bytes=int(m["payload"]),
                                    window_msgs=int(m["window"]), lone_groups=("g",),
-                                   pulse_intervals=pulse)
+                                   pulse_intervals=pulse, order_info_direct_ack_us=direct_ack)
         self.groups: dict[str, list[_Replica]] = {}
         self.conns = []             # (client group, server group, conn_seq, streams)
         conn_index: dict[str, int] = {}

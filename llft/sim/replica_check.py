@@ -94,7 +94,8 @@ Checks on every schedule:
   liveness     all of the above within LIVENESS_BOUND_US after the faults stop.
 
 Scenario lines (llft/sim/campaign.py has the format and the runner): `set faults loss P
-dup P reorder P`, `set messaging payload B window N`, `set replicas c N s N`,
+dup P reorder P`, `set messaging payload B window N` (optional after them:
+`pulse N`, `direct-ack US`: the cores' timing for scenarios recorded before it changed), `set replicas c N s N`,
 `set server-block B` (the server writes its output in blocks of B bytes, a salt each), `set random-cuts
 yes|no`, `request SEQ SIZE...` (the client's writes on connection SEQ), `set streams N`
 (instead of `request` lines: N streams in one connection, planned from the app seed),
@@ -742,10 +743,14 @@ class Schedule:
         m = source.pairs("set", "messaging")
         # "pulse": heartbeat refresh in intervals, both cores (scenarios recorded before
         # pulses: 1)
+        # "direct-ack": a backup's ack delay for a direct ORDER_INFO, us (scenarios
+        # recorded before backups acked one at once: 500)
         pulse = int(m.get("pulse", mg.MessagingConfig().pulse_intervals))
+        direct_ack = int(m.get("direct-ack", mg.MessagingConfig().order_info_direct_ack_us))
         self.mcfg = mg.MessagingConfig(max_payload_bytes=int(m["payload"]),
                                        window_msgs=int(m["window"]),
-                                       pulse_intervals=pulse)
+                                       pulse_intervals=pulse,
+                                       order_info_direct_ack_us=direct_ack)
         self.sizes = {g: int(n) for g, n in source.pairs("set", "replicas").items()}
         self.server_block = int(source.get("set", "server-block")[0])
         self.random_cuts = source.get("set", "random-cuts")[0] == "yes"

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from llft.bench.ndlatency import NDOPS_SERVICE, request_of
+from llft.bench.ndlatency import NDOPS_SERVICE, ExternalEcho, request_of
 from llft.cli import main
 from llft.tools.loadclient import wait_listening
 from llft.tools.procs import free_port
@@ -30,7 +30,9 @@ def read_csv(path: str) -> list[dict]:
 
 def test_ndops_service_plainly():
     port = free_port()
+    echo = ExternalEcho()
     p = subprocess.Popen([sys.executable, NDOPS_SERVICE, str(port)],
+                         env={**os.environ, "NDOPS_EXTERNAL_PORT": str(echo.port)},
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         assert wait_listening("127.0.0.1", port, 20)
@@ -46,12 +48,29 @@ def test_ndops_service_plainly():
             s.sendall(request_of("clock", 0, 64) + request_of("lock", 0, 64))
             a, b = f.readline(), f.readline()
             assert a.split()[3] == b.split()[3]             # no operation: the same digest
+            s.sendall(request_of("external", 5, 128) + request_of("external", 5, 128))
+            a, b = f.readline(), f.readline()
+            assert a == b and len(a) == 128 and a.startswith(b"OK external 5 ")
             s.sendall(b"OPS nope 1\nHELLO\n")
             assert f.readline().startswith(b"ERR unknown op")
             assert f.readline().startswith(b"ERR unknown request")
     finally:
         p.terminate()
         p.wait(timeout=10)
+        echo.close()
+
+
+def test_ndops_service_external_without_a_server(monkeypatch):
+    """The external op without NDOPS_EXTERNAL_PORT, or with nobody listening: an ERR line
+    naming what to fix, and the service goes on."""
+    spec = importlib.util.spec_from_file_location("ndops_service", NDOPS_SERVICE)
+    svc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(svc)
+    monkeypatch.delenv("NDOPS_EXTERNAL_PORT", raising=False)
+    assert svc.handle(b"OPS external 1").startswith(b"ERR external: set NDOPS_EXTERNAL_PORT")
+    monkeypatch.setenv("NDOPS_EXTERNAL_PORT", str(free_port()))
+    assert svc.handle(b"OPS external 1").startswith(b"ERR external: ")
+    assert svc.handle(b"OPS clock 3").startswith(b"OK clock 3 ")
 
 
 @pytest.mark.slow

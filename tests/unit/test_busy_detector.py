@@ -22,7 +22,7 @@ MS = 1_000
 
 def hb(sender: int, prec: int, rank: int, pvn: int = 4) -> Message:
     return Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, pvn, prec, sender,
-                   body={"rank": rank, "served": 0, "lineage": 0, "change": 0, "wait": 0})
+                   body={"rank": rank, "served": 0, "lineage": 0, "change": 0, "wait": 0, "done": 0})
 
 
 def propose_backup(sender: int) -> Message:

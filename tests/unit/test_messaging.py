@@ -284,13 +284,13 @@ def test_watermarks_and_digest_guard():
         e.take_actions()
     assert q.timestamp_watermark() == 7 == qb.timestamp_watermark()
     assert q.group_watermark() == 0                 # no report from the backup yet
-    hb = qb._intra(MsgType.HEARTBEAT, {"rank": 2, "served": 0, "lineage": 0, "change": 0, "wait": 0}, back=qb.timestamp_watermark(),
+    hb = qb._intra(MsgType.HEARTBEAT, {"rank": 2, "served": 0, "lineage": 0, "change": 0, "wait": 0, "done": 0}, back=qb.timestamp_watermark(),
                    ack=qb.digest())
     q.handle_message(hb, 20)
     assert q.group_watermark() == 7
     assert q.buffer_sizes()["received"] == 0       # ts 7 <= mygroupwatermark: collected
     # a report made with another set of connections does not count
-    stale = qb._intra(MsgType.HEARTBEAT, {"rank": 2, "served": 0, "lineage": 0, "change": 0, "wait": 0}, back=99, ack=qb.digest() ^ 1)
+    stale = qb._intra(MsgType.HEARTBEAT, {"rank": 2, "served": 0, "lineage": 0, "change": 0, "wait": 0, "done": 0}, back=99, ack=qb.digest() ^ 1)
     q.handle_message(stale, 30)
     assert q.group_watermark() == 0
 
@@ -339,6 +339,51 @@ def test_order_info_intra_group_path_without_connections():
     assert oi.dst_group == "A" and oi.body["upto"] == 1
     pb.handle_message(oi, CFG.order_info_intra_us + 10)
     assert [x.chunk for x in pb.take_actions() if isinstance(x, DeliverOrderInfo)] == [b"alone"]
+
+
+def test_an_external_send_wants_the_order_info_at_once_and_the_backup_acks_it_at_once():
+    """Output commit of an external send (`want_order_info`): the entries go to the backups
+    now, not once order_info_intra_us old, and a backup acks a direct ORDER_INFO at once;
+    after the ack nothing more is wanted (no resends)."""
+    p = ep("A", 1, [1, 4], 1)
+    pb = ep("A", 4, [1, 4], 1)
+    p.add_order_info(b"e1", now_us=100)
+    assert not sends(advance(p, 200), MsgType.ORDER_INFO)       # nobody waits: it ages
+    p.want_order_info(now_us=200)
+    (oi,) = sends(advance(p, 200), MsgType.ORDER_INFO)
+    pb.handle_message(oi, 300)
+    acts = pb.take_actions()
+    assert [x.chunk for x in acts if isinstance(x, DeliverOrderInfo)] == [b"e1"]
+    (ack,) = sends(acts, MsgType.ORDER_INFO)                    # not after order_info_ack_us
+    assert ack.body["upto"] == 1
+    assert p.order_info_unprotected_bytes() > 0
+    p.handle_message(ack, 400)
+    assert p.order_info_unprotected_bytes() == 0 and p.order_info_held() == 0
+    p.add_order_info(b"e2", now_us=500)                          # wanted no more: it ages
+    assert not sends(advance(p, 500 + CFG.order_info_intra_us - 1), MsgType.ORDER_INFO)
+    assert sends(advance(p, 500 + CFG.order_info_intra_us), MsgType.ORDER_INFO)
+
+
+def test_a_lost_lag_report_is_made_good_by_the_backups_heartbeat():
+    """The backup acks a direct ORDER_INFO before its app executed the entries; the report
+    of their execution (an ORDER_INFO within order_info_ack_us) is lost; the heartbeat says
+    `done` too, so the primary's lag for it goes to 0."""
+    p = ep("A", 1, [1, 4], 1)
+    pb = ep("A", 4, [1, 4], 1)
+    p.add_order_info(b"e1", now_us=100)
+    p.want_order_info(now_us=100)
+    (oi,) = sends(advance(p, 100), MsgType.ORDER_INFO)
+    pb.handle_message(oi, 200)
+    (ack,) = sends(pb.take_actions(), MsgType.ORDER_INFO)
+    p.handle_message(ack, 300)
+    assert p.order_info.lag(4, 300)[0] == 1                 # delivered, not executed
+    pb.set_executed(1, now_us=400)
+    report = sends(advance(pb, 400 + CFG.order_info_ack_us), MsgType.ORDER_INFO)
+    assert report and report[-1].body["done"] == 1           # ... and lost
+    hb = sends(advance(pb, 100_000), MsgType.HEARTBEAT)
+    assert hb and hb[-1].body["done"] == 1
+    p.handle_message(hb[-1], 100_000)
+    assert p.order_info.lag(4, 100_000)[0] == 0
 
 
 def test_order_info_bound():

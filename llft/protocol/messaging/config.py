@@ -50,6 +50,9 @@ class MessagingConfig:
     max_piggyback_bytes: int = 4096     # order info per message
     order_info_intra_us: int = 3_000    # order info not acked by a backup this long -> ORDER_INFO
     order_info_ack_us: int = 500        # a backup acks delivered order info this promptly
+    # ... and a direct ORDER_INFO (the primary waits for it: output commit, or positions
+    # order_info_intra_us old) this promptly: at once (scenarios recorded before: 500)
+    order_info_direct_ack_us: int = 0
     accepts_connections: bool = True   # False: a group that only opens them (a gateway)
     # A remote group of one (a gateway: its id starts with one of `lone_groups`) silent
     # this long on a connection is gone (its host died): the primary takes it as the

@@ -405,9 +405,22 @@ class MessagingEndpoint:
             self._order_info_urgent()
         return pos
 
+    def want_order_info(self, now_us: int | None = None) -> None:
+        """Output commit waits until every backup holds every position so far (an external
+        send: no remote group will reflect it): they go to the backups at once, not once
+        order_info_intra_us old."""
+        if now_us is not None:
+            self._now = max(self._now, now_us)
+        oi = self.order_info
+        if self.is_primary and self.backups and oi.floor() < oi.last_pos:
+            oi.wanted = max(oi.wanted, oi.last_pos)
+            self._order_info_urgent()
+
     def _order_info_waited_on(self) -> bool:
-        """Output commit holds: more order info than one piggyback is unprotected."""
-        return self.order_info.bytes > self.config.max_piggyback_bytes
+        """Output commit holds: more order info than one piggyback is unprotected, or an
+        external send waits for positions not every backup acked (`want_order_info`)."""
+        oi = self.order_info
+        return oi.bytes > self.config.max_piggyback_bytes or oi.wanted > oi.floor()
 
     def _order_info_urgent(self) -> None:
         """Output commit holds: the output waits for the backups' acks, so the order info
@@ -429,11 +442,16 @@ class MessagingEndpoint:
         """A backup: the order-info positions of this view delivered so far."""
         return self.order_info.delivered
 
-    def set_executed(self, pos: int) -> None:
+    def set_executed(self, pos: int, now_us: int | None = None) -> None:
         """A backup: its application executed this view's order info up to `pos`
-        (reported to the primary on the next ORDER_INFO ack; docs/LOG.md)."""
+        (reported to the primary by an ORDER_INFO report within order_info_ack_us, and
+        in every heartbeat; docs/LOG.md)."""
+        if now_us is not None:
+            self._now = max(self._now, now_us)
         oi = self.order_info
         oi.executed = max(oi.executed, min(pos, oi.delivered))
+        if oi.executed != oi.done_acked and not self.is_primary:
+            self.timers.arm(Timer.ORDER_INFO_ACK, None, self._now + self.config.order_info_ack_us)
 
     def peer_order_info_acks(self, pvn: int) -> dict[int, int]:
         """Order-info positions of view `pvn` each backup was seen to acknowledge
@@ -1624,6 +1642,9 @@ class MessagingEndpoint:
                     self._free(c)
                 else:
                     self.closed.add(cid)
+        if msg.type == MsgType.HEARTBEAT and msg.pvn == self.pvn:
+            # its lag report again: the ORDER_INFO that carried it may have been lost
+            self.order_info.on_done(msg.sender, msg.body["done"])
         self.reports[msg.sender] = (msg.back, msg.ack, applied)
         self._trim_freed_log()
         self._gc_all_received()
@@ -1660,8 +1681,14 @@ class MessagingEndpoint:
         tr = unpack_trailer(msg.order_info)
         if tr is not None and tr[1] is not None:
             self._oi_accept(tr[1], "oi_via_intra")
-        # (re-)ack: the primary is still waiting
-        self.timers.arm(Timer.ORDER_INFO_ACK, None, self._now + self.config.order_info_ack_us)
+        # (re-)ack at once: a direct ORDER_INFO is sent only while the primary waits for it
+        # (output commit, or positions order_info_intra_us old that no reflection brought);
+        # the ack delay batches what reflections deliver
+        if self.config.order_info_direct_ack_us:
+            self.timers.arm(Timer.ORDER_INFO_ACK, None,
+                            self._now + self.config.order_info_direct_ack_us)
+        else:
+            self._order_info_ack()
 
     def _heartbeat(self) -> bool:
         """Send our HEARTBEAT as a `Pulse` (the driver repeats it until our next one).
@@ -1672,7 +1699,8 @@ class MessagingEndpoint:
             return False
         back = self._heartbeat_back()
         body = {"rank": self.rank(), "served": int(self.served), "lineage": self.lineage,
-                "change": self.change, "wait": self.wait_of()}
+                "change": self.change, "wait": self.wait_of(),
+                "done": 0 if self.is_primary else self.order_info.executed}
         ack, frees = self.digest(), self._heartbeat_frees()
         hb, k = self.config.heartbeat_us, self.config.pulse_intervals
         msg = self._last_hb
@@ -1715,8 +1743,9 @@ class MessagingEndpoint:
     def _after_heartbeat(self) -> None:
         self.timers.clear(Timer.WATERMARK_REPORT)       # reported with this one
         oi = self.order_info
-        if not self.is_primary and (oi.acked != oi.delivered or oi.done_acked != oi.executed):
-            # the order-info report goes when due (it carries the watermark and the lag)
+        if not self.is_primary and oi.acked != oi.delivered:
+            # the order-info report goes when due (it carries the watermark; the lag is
+            # in the heartbeat itself)
             self.timers.arm(Timer.ORDER_INFO_ACK, None,
                             self._now + self.config.order_info_ack_us)
 

@@ -19,7 +19,8 @@ primary reflects each chunk to a group once, on whichever connection's message g
 (MessagingEndpoint._unreflected). Chunks no backup acked within order_info_intra_us go to
 the backups directly (ORDER_INFO on the intra-group connection: the path for order info
 with nothing to ride on, and for backups that missed a reflection); at once while output
-commit waits on them (more than a piggyback unprotected), then again from the floor,
+commit waits on them (more than a piggyback unprotected, or an external send waits for
+every position so far: `wanted`), then again from the floor,
 backing off while no ack moves it, until every backup acked every position.
 `unprotected_bytes` is what output commit waits on.
 
@@ -55,7 +56,7 @@ class OrderInfoLog:
     __slots__ = ("config", "backups", "next_pos", "log", "bytes", "acks",
                  "delivered", "pending", "acked", "done", "joined_at", "stamps", "view_us",
                  "executed", "done_acked", "intra_sent", "intra_resend_us", "intra_floor",
-                 "intra_backoff")
+                 "intra_backoff", "wanted")
 
     def __init__(self, config: MessagingConfig):
         self.config = config
@@ -73,6 +74,7 @@ class OrderInfoLog:
         self.intra_resend_us = 0            # ... unacked ones are sent again from then on
         self.intra_floor = -1               # the floor when they were last sent again
         self.intra_backoff = 0              # ... and the interval's doublings since
+        self.wanted = 0                     # an output commit waits until all acked this
         # backup side
         self.delivered = 0                  # delivered up to (this primary view)
         self.pending: dict[int, bytes] = {} # beyond a gap
@@ -116,6 +118,7 @@ class OrderInfoLog:
         self.intra_resend_us = 0
         self.intra_floor = -1
         self.intra_backoff = 0
+        self.wanted = 0
 
     # ---- primary side ----
     @property
