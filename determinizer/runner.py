@@ -45,10 +45,12 @@ PERSONALITY_QUERY = 0xFFFFFFFF
 
 
 def spawn(cmd: list[str], env: dict[str, str], cwd: str | None = None,
-          death_signal: int = 0, nice: int = 0, **popen_kw) -> subprocess.Popen:
+          death_signal: int = 0, nice: int = 0, policy: int | None = None,
+          **popen_kw) -> subprocess.Popen:
     """Popen `cmd` with exactly `env`, ASLR off; with `death_signal`, the child gets that
     signal when the spawning thread dies (the replica agent: the app never outlives its
-    agent); `nice` lowers its CPU priority.
+    agent); `nice` lowers its CPU priority; `policy` (os.SCHED_*) is its scheduling
+    policy when not the spawning thread's.
 
     No Python runs between fork and exec, so Popen vforks: the caller (the agent's event
     loop) waits ~1 ms. With a `preexec_fn` it forked the whole agent and ran Python in
@@ -56,8 +58,8 @@ def spawn(cmd: list[str], env: dict[str, str], cwd: str | None = None,
     the group to call the agent dead. The child's part happens elsewhere: ASLR is a
     personality flag of the spawning thread that the child inherits (set around the
     call); the shim's constructor names the child the root process and asks for the
-    death signal (native/shim_core.c `root_setup`); the nice value is applied from here
-    once the child exists (its threads start later and inherit it)."""
+    death signal (native/shim_core.c `root_setup`); the nice value and the policy are
+    applied from here once the child exists (its threads start later and inherit them)."""
     env = {**env, "LLFT_PARENT_PID": str(os.getpid())}
     if death_signal:
         env["LLFT_DEATH_SIGNAL"] = str(int(death_signal))
@@ -73,4 +75,9 @@ def spawn(cmd: list[str], env: dict[str, str], cwd: str | None = None,
                            min(19, os.getpriority(os.PRIO_PROCESS, 0) + nice))
         except ProcessLookupError:
             pass                                  # gone already: its exit status says why
+    if policy is not None:
+        try:
+            os.sched_setscheduler(proc.pid, policy, os.sched_param(0))
+        except ProcessLookupError:
+            pass
     return proc

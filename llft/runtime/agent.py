@@ -164,8 +164,8 @@ from llft.runtime import config as config_mod
 from llft.runtime import keys
 from llft.runtime import logs, proctree, profiling, pulse, stalls
 from llft.runtime import status as status_files
-from llft.runtime.application import (AppMode, Application, raise_agent_priority,
-                                      raise_fd_limit)
+from llft.runtime.application import (AppMode, Application, batch_scheduling,
+                                      raise_agent_priority, raise_fd_limit)
 from llft.runtime.driver import Driver
 from llft.runtime.outbox import Outbox
 from llft.runtime.sockets import StreamSocket, read_buffer
@@ -1487,6 +1487,7 @@ def run(args) -> int:
               "file)", file=sys.stderr)
         return 2
     why_not = raise_agent_priority()    # before any thread starts (nice is per thread)
+    batch_scheduling()                  # ... as is the policy
     raise_fd_limit()
     try:
         cfg = config_mod.load(args.config)

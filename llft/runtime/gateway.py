@@ -113,7 +113,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from llft.runtime.application import raise_fd_limit
+from llft.runtime.application import batch_scheduling, raise_fd_limit
 from llft.runtime import config as cluster_config
 from llft.runtime import logs, profiling, stalls
 from llft.runtime import status as status_files
@@ -665,6 +665,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     logs.setup(f"gw:{args.group}", logging.INFO if args.verbose else logging.WARNING)
     raise_fd_limit()                    # a connection per client, thousands at once
+    batch_scheduling()                  # before any thread starts (application.py says why)
     try:
         cfg = cluster_config.load(args.config)
         cfg.group(args.group)

@@ -149,6 +149,21 @@ def test_agents_outrank_their_applications_sessions(tmp_path):
         assert agent[1] < app[1], (agent, app)
 
 
+def test_agents_run_batch_and_their_applications_keep_their_policy(tmp_path):
+    """The agent's threads run SCHED_BATCH (a wake-up does not preempt: application.py
+    AGENT_POLICY); the application keeps the policy it would have had (SCHED_OTHER here),
+    its threads too."""
+    from llft.runtime.application import AGENT_POLICY
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    with LocalCluster(str(tmp_path)) as lc:
+        lc.start_replica("r1", COUNTER)
+        m = lc.wait_members(1)["members"][0]
+        for pid, want in ((m["agent_pid"], AGENT_POLICY), (m["app_pid"], os.SCHED_OTHER)):
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            assert len(tids) > 1 or pid == m["app_pid"]
+            assert {os.sched_getscheduler(t) for t in tids} == {want}, (pid, want)
+
+
 def test_a_command_that_cannot_start_is_one_clear_line(tmp_path):
     """A command not found is refused before the replica joins (one line, status 2); one
     that exists but cannot be executed (no interpreter line, wrong format) founds, fails to
