@@ -156,7 +156,6 @@ def test_the_drain_watcher_wakes_the_loop_for_undrained_entries_and_commit_reque
     again), so does an external send that waits for output commit; stopped and joined,
     its thread is gone before the block is unmapped."""
     import select
-    import socket
     from determinizer.runner import shim_env, spawn
     from determinizer.shm import Shm
     from llft.runtime.application import DRAIN_COALESCE_US, DRAIN_WAIT_MS
@@ -180,34 +179,46 @@ def test_the_drain_watcher_wakes_the_loop_for_undrained_entries_and_commit_reque
         proc.kill()
         proc.wait()
     # an external send of the primary's app waits for output commit: the watcher says so
+    try:
+        with _external_client(shm):
+            deadline = time.monotonic() + DEADLINE_S
+            while True:
+                order_info, commit = signalled(w)
+                if order_info:
+                    shm.drain(0)
+                    w.drained()
+                if commit:
+                    break
+                assert time.monotonic() < deadline, "no commit request signalled"
+            assert shm.commit_req >= 1
+            shm.set_commit(False)           # every waiting send goes on
+    finally:
+        w.stop()
+        w.join()
+        shm.close()
+
+
+@contextlib.contextmanager
+def _external_client(shm):
+    """tests/programs/ext_client.py under the shim of `shm` with output commit on,
+    connected to a server of ours (an external connection: its sends wait for commit)."""
+    import socket
+    from determinizer.runner import shim_env, spawn
     srv = socket.create_server(("127.0.0.1", 0))
-    port = srv.getsockname()[1]
     shm.set_commit(True)
     client = os.path.join(os.path.dirname(__file__), "..", "programs", "ext_client.py")
-    proc = spawn([sys.executable, client, str(port)], shim_env(dict(os.environ), shm.env()))
+    proc = spawn([sys.executable, client, str(srv.getsockname()[1])],
+                 shim_env(dict(os.environ), shm.env()))
     conn = None
     try:
         conn, _ = srv.accept()              # its connect (kept open while it sends)
-        deadline = time.monotonic() + DEADLINE_S
-        while True:
-            order_info, commit = signalled(w)
-            if order_info:
-                shm.drain(0)
-                w.drained()
-            if commit:
-                break
-            assert time.monotonic() < deadline, "no commit request signalled"
-        assert shm.commit_req >= 1
-        shm.set_commit(False)               # every waiting send goes on
+        yield
     finally:
         proc.kill()
         proc.wait()
         if conn is not None:
             conn.close()
         srv.close()
-        w.stop()
-        w.join()
-        shm.close()
 
 
 COMMIT_DEADLINE_S = 15.0
@@ -219,31 +230,18 @@ def test_a_commit_request_cuts_the_drain_watchers_coalescing_short():
     wakes): here the coalescing interval is far longer than the deadline, so a watcher
     that sat it out (as it did: ~1.5 ms of each external round trip) fails."""
     import select
-    import socket
-    from determinizer.runner import shim_env, spawn
     from determinizer.shm import Shm
 
     shm = Shm.create(Shm.PRIMARY)
     w = shm.drain_watcher(2 * COMMIT_DEADLINE_S * 1_000_000, 100)
-    srv = socket.create_server(("127.0.0.1", 0))
-    shm.set_commit(True)
-    client = os.path.join(os.path.dirname(__file__), "..", "programs", "ext_client.py")
-    proc = spawn([sys.executable, client, str(srv.getsockname()[1])],
-                 shim_env(dict(os.environ), shm.env()))
-    conn = None
     try:
-        conn, _ = srv.accept()              # its connect is recorded: the watcher naps
-        ready, _, _ = select.select([w.fd], [], [], COMMIT_DEADLINE_S)
-        assert ready, "the commit request waited for the coalescing interval"
-        order_info, commit = w.take()
-        assert commit and shm.commit_req >= 1
-        shm.set_commit(False)
+        with _external_client(shm):         # its connect is recorded: the watcher naps
+            ready, _, _ = select.select([w.fd], [], [], COMMIT_DEADLINE_S)
+            assert ready, "the commit request waited for the coalescing interval"
+            order_info, commit = w.take()
+            assert commit and shm.commit_req >= 1
+            shm.set_commit(False)
     finally:
-        proc.kill()
-        proc.wait()
-        if conn is not None:
-            conn.close()
-        srv.close()
         w.stop()
         w.join()
         shm.close()
