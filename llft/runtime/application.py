@@ -89,9 +89,9 @@ _app_nice = APP_NICE                 # increment from the agent's nice to the ap
 # scheduling point, within a tick). They wake each other and the apps for every datagram
 # and every write: preempting on each one cost a context switch per hop and cut each
 # loop turn into pieces (cProfile put a third of the gateway's time in `sendto`, woken
-# agents running in its place). Same-run pairs at 3 replicas (docs/BENCHMARKS.md
-# "Batch scheduling"): p50 -7..-28 %, 16 clients +9..+32 %. The app keeps the policy it
-# would have had (`app_policy`): its own threads' wake-ups are its business.
+# agents running in its place). Six same-run pairs at 3 replicas (docs/BENCHMARKS.md,
+# "Batch scheduling"): at the medians p50 -24 %, 16 clients +9 %. The app keeps the
+# policy it would have had (`_app_policy`): its own threads' wake-ups are its business.
 AGENT_POLICY = os.SCHED_BATCH
 _app_policy: int | None = None       # the app's policy when it differs from the agent's
 
