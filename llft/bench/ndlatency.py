@@ -186,6 +186,7 @@ def run(args) -> int:
             setup.stop()
             if echo is not None:
                 echo.close()
+                os.environ.pop("NDOPS_EXTERNAL_PORT", None)
         table, slope = tables(setup, points, samples, args)
     table.print()
     slope.print()

@@ -1190,13 +1190,11 @@ class Agent:
             if ticket == self._commit_answered:
                 return
             asked = time.monotonic()
-            self._take_order_info()
-            self._want_order_info()
+            self._commit_order_info()
             while ((self._oi_pending or not self.node.order_info_held())
                    and app is self.app and self.mode is AppMode.PRIMARY):
                 await self._wait_progress()
-                self._take_order_info()
-                self._want_order_info()
+                self._commit_order_info()
             if app is not self.app or app.closed:
                 return
             app.shm.commit_done(ticket)
@@ -1204,8 +1202,10 @@ class Agent:
             self._count("external_commits")
             self._count("external_commit_wait_us", int((time.monotonic() - asked) * 1e6))
 
-    def _want_order_info(self) -> None:
-        """The commit waits on every entry handed to messaging: it sends them now."""
+    def _commit_order_info(self) -> None:
+        """The commit waits on every entry recorded so far: drained into messaging, which
+        sends them to the backups now."""
+        self._take_order_info()
         self.node.want_order_info(self.driver.clock_us())
         self.driver.pump()
 
