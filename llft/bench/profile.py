@@ -11,7 +11,8 @@ connection or (`--mode conn`) a connection per request. Per request, for every p
   drain watcher, the feeder, an app's connection threads);
 - for the agents and the gateway, from their status files: datagrams sent and
   received, messages sent and accepted by type, an agent's loop wake-ups;
-- with `--cprofile`, the functions of each agent's and the gateway's loop thread:
+- with `--cprofile`, the functions of each agent's and the gateway's loop thread (the
+  `.prof` files are kept in the results folder):
   cProfile switched on for the middle half of the run (`LLFT_PROFILE_DIR`, SIGUSR1 and
   SIGUSR2: llft/runtime/profiling.py); the top `--top` by own time, µs and calls per
   request (cProfile's own cost makes every µs about twice what it is without it: read
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import pstats
+import shutil
 import signal
 import tempfile
 import threading
@@ -261,6 +263,8 @@ def run(args) -> int:
             if args.cprofile and window:
                 n_win = rps * (window["t1"] - window["t0"])     # requests in the window
                 for f in sorted(os.listdir(prof_dir)):
+                    # kept beside the report, for `python -m pstats` on the whole tree
+                    shutil.copy(os.path.join(prof_dir, f), args.results)
                     tops = _top(os.path.join(prof_dir, f), n_win, args.top)
                     tb = report.Table("profile_top", f"{f}: top {args.top} functions of "
                                       "the loop thread by own time, per request "
