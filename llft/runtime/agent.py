@@ -648,8 +648,16 @@ class Agent:
         if gc is None:
             gc = self.group_conns[cid] = GroupConn(cid, Outbox(
                 self.driver, lambda view: self._send_out(cid, view), ready=self._output_ready,
-                spawn=self.tasks.spawn, in_flight=lambda: self.node.in_flight(cid)))
+                spawn=self.tasks.spawn, in_flight=lambda: self._output_in_flight(cid)))
         return gc
+
+    def _output_in_flight(self, cid: mg.ConnId) -> int:
+        """The outbox's Nagle rule asks this. A backup's output only goes to its log
+        (nothing waits for it): it always takes the end of the loop turn, so what its app
+        wrote on all streams in one turn is logged in one step."""
+        if self.mode is not AppMode.PRIMARY:
+            return 1
+        return self.node.in_flight(cid)
 
     def _send_out(self, cid: mg.ConnId, view: memoryview) -> int:
         try:
