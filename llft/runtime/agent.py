@@ -1051,6 +1051,11 @@ class Agent:
         before app output is handed to messaging."""
         if self.app.shm is None or self.mode is not AppMode.PRIMARY:
             return
+        self._drain_order_info()
+        self._push_order_info()
+
+    def _drain_order_info(self) -> None:
+        """The shim's entries so far onto the pending list (into messaging later)."""
         data = self.app.drain()
         if data:
             self._lag_work.set()
@@ -1059,7 +1064,6 @@ class Agent:
             self._oi_pending.extend(
                 [TAG_SHIM + data] if len(data) <= MAX_OI_PIECE
                 else (TAG_SHIM + p for p in orderinfo.pieces(data, MAX_OI_PIECE)))
-        self._push_order_info()
 
     def _push_order_info(self) -> None:
         """Entries drained or framed so far go to messaging, as far as it takes them."""
@@ -1142,15 +1146,21 @@ class Agent:
         go to the order information first, after the shim's entries this output depends
         on (output commit: the outbox gives a frame to messaging only once everything
         before it is there and the unprotected order info fits a piggyback); then each
-        frame goes to its connection's outbox, and an end ends our side of the stream."""
+        frame goes to its connection's outbox, and an end ends our side of the stream.
+        The entries go to messaging when the outbox pushes (`_output_ready`), which
+        under load is once per loop turn: the F entries of the outputs read in one turn
+        then make one piece (messaging took each read's apart: ~1 add_order_info and a
+        pump per read at 16 clients)."""
         if records:
-            self._take_order_info()
+            if self.app.shm is not None and self.mode is AppMode.PRIMARY:
+                self._drain_order_info()
             last = self._oi_pending[-1] if self._oi_pending else b""
             if last[:1] == TAG_FRAME and len(last) < MAX_OI_PIECE:
                 self._oi_pending[-1] = last + records
             else:
                 self._oi_pending.append(TAG_FRAME + records)
-            self._push_order_info()
+            if not made or self.mode is not AppMode.PRIMARY:
+                self._push_order_info()     # no outbox push will take them
             self._count("frames_out", len(records) // FRAME_ENTRY.size)
         for m in made:
             gc = self.group_conns.get(m.conn)
