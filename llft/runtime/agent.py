@@ -1049,13 +1049,14 @@ class Agent:
     def _take_order_info(self) -> None:
         """Move drained entries into messaging (loop thread). Output commit: called
         before app output is handed to messaging."""
-        if self.app.shm is None or self.mode is not AppMode.PRIMARY:
-            return
-        self._drain_order_info()
-        self._push_order_info()
+        if self._drain_order_info():
+            self._push_order_info()
 
-    def _drain_order_info(self) -> None:
-        """The shim's entries so far onto the pending list (into messaging later)."""
+    def _drain_order_info(self) -> bool:
+        """The shim's entries so far onto the pending list (into messaging later);
+        False where nothing is drained (no shim, or not the primary)."""
+        if self.app.shm is None or self.mode is not AppMode.PRIMARY:
+            return False
         data = self.app.drain()
         if data:
             self._lag_work.set()
@@ -1064,6 +1065,7 @@ class Agent:
             self._oi_pending.extend(
                 [TAG_SHIM + data] if len(data) <= MAX_OI_PIECE
                 else (TAG_SHIM + p for p in orderinfo.pieces(data, MAX_OI_PIECE)))
+        return True
 
     def _push_order_info(self) -> None:
         """Entries drained or framed so far go to messaging, as far as it takes them."""
@@ -1152,8 +1154,7 @@ class Agent:
         then make one piece (messaging took each read's apart: ~1 add_order_info and a
         pump per read at 16 clients)."""
         if records:
-            if self.app.shm is not None and self.mode is AppMode.PRIMARY:
-                self._drain_order_info()
+            self._drain_order_info()
             last = self._oi_pending[-1] if self._oi_pending else b""
             if last[:1] == TAG_FRAME and len(last) < MAX_OI_PIECE:
                 self._oi_pending[-1] = last + records

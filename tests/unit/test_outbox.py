@@ -36,10 +36,24 @@ def run(coro):
     return asyncio.run(coro)
 
 
+def outbox(room: int = 1 << 30, **kw) -> tuple[Messaging, Driver, ob.Outbox]:
+    m, d = Messaging(room), Driver()
+    return m, d, ob.Outbox(d, m.send, **kw)
+
+
+async def progress(d: Driver, m: Messaging, room: int) -> None:
+    """Messaging has room for `room` bytes again and the driver pumped (after the
+    outbox's waiter began waiting), then the waiter's turns."""
+    await asyncio.sleep(0)                      # the waiter starts waiting
+    m.room = room
+    d.progress.set()
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
 def test_an_idle_connection_pushes_each_put_at_once():
     async def main():
-        m = Messaging()
-        box = ob.Outbox(Driver(), m.send)
+        m, _, box = outbox()
         box.put(b"a")
         assert m.calls == [b"a"]
         box.put(b"b")
@@ -49,8 +63,7 @@ def test_an_idle_connection_pushes_each_put_at_once():
 
 def test_output_while_in_flight_goes_in_one_call_at_the_end_of_the_turn():
     async def main():
-        m = Messaging()
-        box = ob.Outbox(Driver(), m.send, in_flight=lambda: 1)   # a backup's rule
+        m, _, box = outbox(in_flight=lambda: 1)     # a backup's rule
         for part in (b"a", b"b", b"c"):
             box.put(part)
         assert m.calls == []                    # nothing within the turn
@@ -61,30 +74,20 @@ def test_output_while_in_flight_goes_in_one_call_at_the_end_of_the_turn():
 
 def test_output_messaging_does_not_take_waits_for_progress():
     async def main():
-        m = Messaging(room=2)
-        d = Driver()
-        box = ob.Outbox(d, m.send)
+        m, d, box = outbox(room=2)
         box.put(b"abcd")
         assert m.calls == [b"ab"] and not box.empty
-        await asyncio.sleep(0)                  # the waiter starts waiting
-        m.room = 10
-        d.progress.set()                        # the driver pumped: try again
-        for _ in range(3):
-            await asyncio.sleep(0)
+        await progress(d, m, 10)
         assert m.calls == [b"ab", b"cd"] and box.empty and box.waits == 1
     run(main())
 
 
 def test_producers_wait_above_the_high_water_mark_until_below_the_low():
     async def main():
-        m = Messaging(room=0)
-        d = Driver()
-        box = ob.Outbox(d, m.send)
+        m, d, box = outbox(room=0)
         box.put(b"x" * ob.HIGH_BYTES)
         assert not box.has_room
-        await asyncio.sleep(0)
-        m.room = ob.HIGH_BYTES - ob.LOW_BYTES + 1   # leaves LOW_BYTES - 1 queued
-        d.progress.set()
+        await progress(d, m, ob.HIGH_BYTES - ob.LOW_BYTES + 1)  # leaves LOW_BYTES - 1
         await asyncio.wait_for(box.room(), 1)
         assert box.has_room and len(box.buf) == ob.LOW_BYTES - 1
         box.close()
@@ -93,18 +96,12 @@ def test_producers_wait_above_the_high_water_mark_until_below_the_low():
 
 def test_finish_calls_back_once_every_byte_went_out():
     async def main():
-        m = Messaging(room=1)
-        d = Driver()
-        box = ob.Outbox(d, m.send)
+        m, d, box = outbox(room=1)
         done = []
         box.put(b"ab")
         box.finish(lambda: done.append(True))
         assert done == []
-        await asyncio.sleep(0)
-        m.room = 10
-        d.progress.set()
-        for _ in range(3):
-            await asyncio.sleep(0)
+        await progress(d, m, 10)
         assert done == [True] and m.calls == [b"a", b"b"]
     run(main())
 
