@@ -117,6 +117,10 @@ class Status(enum.Enum):
     PRIMARY_PHASE2 = "primary_phase2"
     PRIMARY = "primary"
 
+    # members are singletons: identity hashing, in C (Enum's own hashes the name in
+    # Python, and statuses and timers are looked up after every event)
+    __hash__ = object.__hash__
+
 
 MEMBER_STATUSES = frozenset(Status) - {Status.JOINING}
 PRIMARY_STATUSES = frozenset({Status.PRIMARY_PHASE2, Status.PRIMARY})

@@ -79,6 +79,9 @@ class Role(enum.IntEnum):
     SERVER = 1
 
 
+ROLES = (Role.CLIENT, Role.SERVER)  # by value: an index, not Enum's call (Python code)
+
+
 # Body schema per message type: field name -> accepted Python type(s) after msgpack
 # decoding. `list` fields hold msgpack arrays whose elements the owning core validates.
 BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {

@@ -72,6 +72,7 @@ class Kind(enum.IntEnum):
 
 
 END_KINDS = (Kind.FIN, Kind.RST)
+KINDS = tuple(Kind)     # by value: an index, not Enum's call (Python code) per frame
 
 
 class FrameError(ValueError):
@@ -143,7 +144,7 @@ class FrameDecoder:
             if n - pos - HEADER_BYTES < length:
                 break
             start = pos + HEADER_BYTES
-            out.append(Frame(Kind(kind), stream, bytes(buf[start:start + length])))
+            out.append(Frame(KINDS[kind], stream, bytes(buf[start:start + length])))
             pos = start + length
         if pos:
             del buf[:pos]

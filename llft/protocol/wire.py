@@ -64,7 +64,7 @@ from typing import Any, Callable, Iterable
 import msgpack
 
 from llft.protocol.messages import (BODY_FIELDS, DATA_TYPES, MEMBERSHIP_TYPES, WIRE_VERSION,
-                                    Message, MsgType, Role)
+                                    Message, MsgType, ROLES, Role)
 
 try:
     from native._llft_wire import ffi as _ffi, lib as _lib
@@ -339,7 +339,6 @@ _V_OK, _V_FALLBACK, _V_FRAGMENT = ((-1, -1, -1) if _lib is None else
                                     _lib.LLFT_WIRE_FRAGMENT))
 _SPAN = 0xFFFFFFFF
 _TYPES = {int(t): t for t in MsgType}
-_ROLES = (Role.CLIENT, Role.SERVER)
 
 
 def native_available() -> bool:
@@ -422,7 +421,7 @@ class NativeCodec:
                 body[names[j]] = buf[x >> 32:(x >> 32) + (x & _SPAN)] if is_bytes[j] else x
             s, d, o = v[12], v[13], v[14]
             return Message(_TYPES[t], buf[s >> 32:(s >> 32) + (s & _SPAN)].decode(),
-                           buf[d >> 32:(d >> 32) + (d & _SPAN)].decode(), v[3], _ROLES[v[4]],
+                           buf[d >> 32:(d >> 32) + (d & _SPAN)].decode(), v[3], ROLES[v[4]],
                            v[5], v[6], v[7], v[8], v[9], v[10], v[11], body,
                            buf[o >> 32:(o >> 32) + (o & _SPAN)], version)
         if verdict == _V_FALLBACK:

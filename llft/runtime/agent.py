@@ -168,7 +168,7 @@ from llft.runtime.application import (AppMode, Application, batch_scheduling,
                                       raise_agent_priority, raise_fd_limit)
 from llft.runtime.driver import Driver
 from llft.runtime.outbox import Outbox
-from llft.runtime.sockets import StreamSocket, read_buffer
+from llft.runtime.sockets import StreamSocket, connect_at_once, read_buffer
 from llft.runtime.tasks import TaskSet
 from llft.runtime.transport import Endpoint
 from membership import core as mb
@@ -1093,11 +1093,16 @@ class Agent:
                 where = app.group_address
                 if where is None:
                     await asyncio.sleep(0.005)     # the app has not listened yet
+            loop = asyncio.get_running_loop()
             while True:
                 try:
                     # AppSocket.connection_made hands it its input (`_app_connected`)
-                    await asyncio.get_running_loop().create_connection(
-                        lambda: AppSocket(self, app, c), *where)
+                    sock = connect_at_once(where)
+                    if sock is not None:
+                        await loop.connect_accepted_socket(
+                            lambda: AppSocket(self, app, c), sock)
+                    else:
+                        await loop.create_connection(lambda: AppSocket(self, app, c), *where)
                     break
                 except OSError as e:
                     if e.errno not in (errno.EMFILE, errno.ENFILE):

@@ -27,11 +27,37 @@ would take any exception for the end of this one connection.
 from __future__ import annotations
 
 import asyncio
+import errno
+import select
 import socket
 import struct
 from typing import Awaitable, Callable
 
 READ_BYTES = 64 << 10           # what one read takes at most (the owner's buffer)
+
+
+def connect_at_once(where: tuple[str, int]) -> socket.socket | None:
+    """A non-blocking TCP socket connected to `where`, if the handshake completed within
+    the connect call, else None (the caller connects the usual way and gets its error).
+    On loopback the kernel runs the whole handshake inside connect() while the listener's
+    backlog has room: the socket is writable at once, and asyncio's `create_connection`
+    (a writer registered, a loop turn, the writer removed, a future) is not needed for it
+    -- a tenth of an agent's time with a connection per request."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)   # EMFILE: the caller's
+    try:
+        sock.setblocking(False)
+        err = sock.connect_ex(where)
+        if err == errno.EINPROGRESS:
+            poll = select.poll()
+            poll.register(sock, select.POLLOUT)
+            err = (sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) if poll.poll(0)
+                   else errno.EINPROGRESS)
+        if err == 0:
+            return sock
+    except OSError:
+        pass
+    sock.close()
+    return None
 
 
 def read_buffer() -> bytearray:

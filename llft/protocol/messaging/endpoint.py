@@ -147,7 +147,7 @@ import msgpack
 
 from llft.protocol.messages import (DATA_TYPES, MEMBERSHIP_CORE_TYPES, MEMBERSHIP_TYPES,
                                     STREAM_END, STREAM_FIN, STREAM_OPEN, STREAM_RST, Message,
-                                    MsgType, Pulse, Role, Send, probe, pulse_lease_us,
+                                    MsgType, Pulse, ROLES, Role, Send, probe, pulse_lease_us,
                                     pulse_until_us)
 from llft.protocol.messaging.actions import (Closed, Deliver, DeliverOrderInfo, Freed, Opened,
                                              Phase2Done, RecoveredOrderInfo, Resynced)
@@ -755,7 +755,7 @@ class MessagingEndpoint:
             if heard is None or msg.pvn >= heard[0]:
                 _remember(self.primary_heard, msg.src_group,
                           (msg.pvn, msg.sender, self._now), MAX_PROBED_BY)
-        cid = (msg.src_group, msg.conn_seq, Role(1 - msg.role))
+        cid = (msg.src_group, msg.conn_seq, ROLES[1 - msg.role])
         c = self.conns.get(cid)
         if c is None and cid in self.closed:
             # freed here: a late, duplicated or retransmitted message. A remote primary
@@ -933,7 +933,7 @@ class MessagingEndpoint:
             if msg.type not in DATA_TYPES:
                 self._declared(c, rx, sent_upto, msg.ts)
             for seq, role, upto in others:
-                cid2 = (msg.src_group, seq, Role(1 - role))
+                cid2 = (msg.src_group, seq, ROLES[1 - role])   # role: 0 or 1 (trailer.py)
                 c2 = self.conns.get(cid2)
                 if c2 is None and self.is_primary and cid2 in self.closed:
                     # the remote still holds a connection we freed: stating it is a

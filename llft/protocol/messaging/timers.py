@@ -38,6 +38,8 @@ class Timer(enum.Enum):
     SOLICIT = "solicit"                     # primary: ask an idle remote primary for news
     REMOTE_SILENCE = "remote_silence"       # primary: the remote group silent too long?
 
+    __hash__ = object.__hash__      # a singleton: identity, in C (membership's Status too)
+
 
 ENDPOINT_TIMERS = (Timer.HEARTBEAT, Timer.WATERMARK_REPORT, Timer.ORDER_INFO_INTRA,
                    Timer.ORDER_INFO_ACK)
