@@ -900,9 +900,10 @@ class Agent:
             self._mark(pvn, pos)
         elif tag == TAG_CONN:
             k, remote, seq, role, stream = msgpack.unpackb(body)
-            gc = self._group_conn((remote, seq, Role(role)))
+            role = Role(role)
+            gc = self._group_conn((remote, seq, role))
             gc.streams.learn(stream)    # registered before its first frame reached us?
-            c = self.conns.get((remote, seq, Role(role), stream))
+            c = self.conns.get((remote, seq, role, stream))
             if c is None:
                 c = self._stream_in(gc, stream)
             if c.index < 0:

@@ -732,7 +732,7 @@ class MessagingEndpoint:
             return
         if msg.ts > self.clock:
             self.clock = msg.ts
-        self._count("rx_" + msg.type.name)
+        self._count(_RX_COUNTERS[msg.type])
         if self._hb_quiet and msg.type is not MsgType.HEARTBEAT:
             self._hb_soon()
         if msg.src_group == self.group:
@@ -2152,6 +2152,7 @@ DIGEST_MASK = 0x7FFFFFFF
 CLOSED_ANSWERS_KEPT = 256
 FREES_PER_HEARTBEAT = 256
 MAX_PROBED_BY = 64                  # remote groups whose primaries and probes we track
+_RX_COUNTERS = {t: "rx_" + t.name for t in MsgType}   # (an Enum's .name is Python code)
 MAX_HEARD = 4096                    # remote groups whose last message we remember
 
 
