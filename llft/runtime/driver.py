@@ -194,8 +194,12 @@ class Driver:
         if at_us is None or self._loop is None:
             return
         if self._timer is not None:
-            if self._timer_at_us is not None and self._timer_at_us <= at_us:
+            if self._timer_at_us == at_us:
                 return
+            # earlier or later than the core's deadline now: a timer left armed for a
+            # deadline since moved later (an ack came, a keep-alive was sent) woke the
+            # loop to find nothing due -- 40-60 % of the primary's and the gateway's
+            # timer turns at one client; cancelling one is a flag, re-arming a heap push
             self._timer.cancel()
         delay_s = max(0.0, (at_us - self.clock_us()) / 1e6)
         self._timer_at_us = at_us
