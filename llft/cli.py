@@ -47,6 +47,7 @@ BENCHMARKS: dict[str, str] = {
     "gateway-loss": "llft.bench.gateway_loss",
     "bulk": "llft.bench.bulk",
     "profile": "llft.bench.profile",
+    "ab": "llft.bench.ab",
     "all": "llft.bench.all",
 }
 

@@ -58,6 +58,7 @@ class LocalCluster:
         self.cfg = config_mod.load(self.config_path)
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, str] = {}
+        self.replicas: list[str] = []       # names start_replica started
 
     # ---- processes ----------------------------------------------------------------------
     def _start(self, name: str, argv: list[str], stdout=subprocess.DEVNULL) -> subprocess.Popen:
@@ -84,6 +85,8 @@ class LocalCluster:
     def start_replica(self, name: str, cmd: list[str], config_path: str | None = None,
                       wrap=lambda argv: argv) -> subprocess.Popen:
         """`wrap`: the command line around `llft run` (e.g. `ip netns exec NS ...`)."""
+        if name not in self.replicas:
+            self.replicas.append(name)
         return self._start(name, wrap(self.llft_argv(
             "run", "--config", config_path or self.config_path,
             "--group", self.group, "--", *cmd)))
@@ -179,12 +182,23 @@ class LocalCluster:
     def status(self) -> dict:
         return group_status(self.cfg, self.group)
 
-    def wait_status(self, predicate, timeout_s: float, what: str) -> dict:
+    def wait_status(self, predicate, timeout_s: float, what: str,
+                    replicas_needed: int = 0) -> dict:
+        """`replicas_needed`: fail at once, not at the deadline, when fewer of the
+        replicas started are running (an agent that exited at start, a wrong command)."""
         deadline = time.monotonic() + timeout_s
         while True:
             st = self.status()
             if predicate(st):
                 return st
+            gone = [n for n in self.replicas if not self.alive(n)]
+            if len(self.replicas) - len(gone) < replicas_needed:
+                raise ClusterError(
+                    f"waiting for {what}: only {len(self.replicas) - len(gone)} of the "
+                    f"replicas started run; " + "; ".join(
+                        f"{n} exited {self.procs[n].returncode}: "
+                        + (self.log_tail(n, 400).strip().splitlines() or ["(no log)"])[-1]
+                        for n in gone))
             if time.monotonic() > deadline:
                 raise ClusterError(f"timed out after {timeout_s} s waiting for {what}; "
                                    f"status: {json.dumps(st)[:2000]}")
@@ -196,7 +210,7 @@ class LocalCluster:
             lambda st: len(st["members"]) == n and all(
                 m["app_pid"] and m["app_mode"] in ("primary", "backup")
                 for m in st["members"]),
-            timeout_s, f"{n} members with running applications")
+            timeout_s, f"{n} members with running applications", replicas_needed=n)
 
     def wait_ready(self, n: int, timeout_s: float = 60) -> dict:
         """n members, every backup caught up with the history it joined with
@@ -205,7 +219,7 @@ class LocalCluster:
         return self.wait_status(
             lambda st: len(st["members"]) == n and all(
                 m["app_pid"] and m["sync"] in ("primary", "ready") for m in st["members"]),
-            timeout_s, f"{n} members, every backup ready")
+            timeout_s, f"{n} members, every backup ready", replicas_needed=n)
 
     def primary(self) -> dict | None:
         st = self.status()
