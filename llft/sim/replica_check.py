@@ -1074,7 +1074,10 @@ class Schedule:
         takes over; membership/core.py "Takeover needs evidence")."""
         core = self.sim.core
         live = [n for n in self._live(g) if core(n).live and not self.sim.paused(n)]
-        prim = [n for n in self._live(g) if core(n).is_primary]
+        # the newest primary, crashed or not: with it just crashed and no successor yet,
+        # a replica cut off from it is as stale as while it lived (a backup cut off, the
+        # primary crashed, then the other backup: a double fault, not a lost reply)
+        prim = [n for n in sorted(self.started) if n[0] == g and core(n).is_primary]
         if not prim:
             return live
         top = max(prim, key=lambda n: (core(n).pvn, core(n).membership.change))
