@@ -61,24 +61,14 @@ def _tree(path: str) -> str:
 def compare(trees: dict[str, str], order: list[str], replicas: int, rounds: int,
             blocks: int, duration_s: float, tmp: str) -> tuple[dict, dict]:
     """One comparison: {name: row} for the forwarder and each tree, and {name: error}."""
-    setups: list[Setup] = []
-    targets = []
+    setup = Setup(tmp, proxy=True, group_prefix="ab")
     saved = os.environ.get("PYTHONPATH")
     try:
-        for i, name in enumerate(order):
-            os.environ["PYTHONPATH"] = trees[name]     # what its processes import
-            d = os.path.join(tmp, f"{len(os.listdir(tmp))}-{name}")
-            os.makedirs(d)
-            st = Setup(d, proxy=(i == 0), group_prefix=f"ab{i}r")
-            setups.append(st)
-            t = st.add_cluster(replicas)
-            t.name = name
-            targets.append(t)
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
-        proxy = setups[0].baselines[1]
+        targets = []
+        for name in order:
+            os.environ["PYTHONPATH"] = trees[name]     # what its group's processes import
+            targets.append(setup.add_cluster(replicas, name))
+        proxy = next(t for t in setup.baselines if t.name == "proxy")
         proxy.name = "forwarder"
         every = [proxy] + [t for t in targets if t.error is None]
         rows = {t.name: {"config": t.name} for t in every}
@@ -99,8 +89,11 @@ def compare(trees: dict[str, str], order: list[str], replicas: int, rounds: int,
                     rows[t.name][col] = a["replies"] / a["elapsed_s"]
         return rows, {t.name: t.error for t in targets if t.error is not None}
     finally:
-        for st in setups:
-            st.stop()
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+        setup.stop()
 
 
 def run(args) -> int:
@@ -117,25 +110,25 @@ def run(args) -> int:
                          "in interleaved blocks; ratios to the forwarder and to base of "
                          "the same repeat", cols)
     failed = []
-    with tempfile.TemporaryDirectory(prefix="llft-bench-ab-") as tmp:
-        for rep in range(args.repeat):
-            order = ["base", "new"] if rep % 2 == 0 else ["new", "base"]
+    for rep in range(args.repeat):
+        order = ["base", "new"] if rep % 2 == 0 else ["new", "base"]
+        with tempfile.TemporaryDirectory(prefix="llft-bench-ab-") as tmp:
             rows, errors = compare(trees, order, args.replicas, args.rounds, args.blocks,
                                    args.duration, tmp)
-            failed += [f"repeat {rep + 1}, {n}: {e}" for n, e in errors.items()]
-            fw, base = rows["forwarder"], rows.get("base", {})
-            for name in ("forwarder", "base", "new"):
-                row = rows.get(name)
-                if row is None:
-                    continue
-                for k in ("p50_us", f"rps_{CLIENTS}", f"conn_{CLIENTS}"):
-                    short = k.replace("_us", "")
-                    if row.get(k) and fw.get(k):
-                        row[f"{short}_vs_forwarder"] = row[k] / fw[k]
-                    if name != "forwarder" and row.get(k) and base.get(k):
-                        row[f"{short}_vs_base"] = row[k] / base[k]
-                table.add(repeat=rep + 1, **row)
-            table.print()
+        failed += [f"repeat {rep + 1}, {n}: {e}" for n, e in errors.items()]
+        fw, base = rows["forwarder"], rows.get("base", {})
+        for name in ("forwarder", "base", "new"):
+            row = rows.get(name)
+            if row is None:
+                continue
+            for k in ("p50_us", f"rps_{CLIENTS}", f"conn_{CLIENTS}"):
+                short = k.replace("_us", "")
+                if row.get(k) and fw.get(k):
+                    row[f"{short}_vs_forwarder"] = row[k] / fw[k]
+                if name != "forwarder" and row.get(k) and base.get(k):
+                    row[f"{short}_vs_base"] = row[k] / base[k]
+            table.add(repeat=rep + 1, **row)
+        table.print()
     table.write_csv(args.results)
     notes = ("Each tree's group runs its own code (PYTHONPATH); the forwarder and both "
              "groups are measured in the same interleaved blocks. p50_vs_base below 1 and "

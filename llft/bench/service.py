@@ -172,11 +172,13 @@ class Setup:
     def targets(self) -> list[Target]:
         return self.baselines + self.llft
 
-    def add_cluster(self, r: int) -> Target:
-        t = Target(f"llft_{r}r", r)
+    def add_cluster(self, r: int, name: str | None = None) -> Target:
+        """A group of `r` replicas; `name` tells apart groups of the same size (its
+        target's name, and part of its group id and folder)."""
+        t = Target(name or f"llft_{r}r", r)
         self.llft.append(t)
         try:
-            t.host, t.port = self._cluster(r, t)
+            t.host, t.port = self._cluster(r, t, name or "")
         except Exception as e:              # noqa: BLE001 -- reported per configuration
             t.fail(f"setup: {type(e).__name__}: {e}")
         return t
@@ -192,9 +194,10 @@ class Setup:
         self.procs.append(p)
         return p
 
-    def _cluster(self, n: int, t: Target) -> tuple[str, int]:
+    def _cluster(self, n: int, t: Target, tag: str) -> tuple[str, int]:
         from llft.tools.cluster import LocalCluster
-        lc = LocalCluster(os.path.join(self.tmp, f"llft{n}"), group=f"{self.group_prefix}{n}",
+        lc = LocalCluster(os.path.join(self.tmp, f"llft{n}{tag}"),
+                          group=f"{self.group_prefix}{n}{tag}",
                           service_port=SERVICE_PORT,
                           extra_cluster=cluster_settings(fault_timeout_ms=self.fault_timeout_ms,
                                                          heartbeat_ms=self.heartbeat_ms))

@@ -1095,15 +1095,15 @@ class Agent:
                 if where is None:
                     await asyncio.sleep(0.005)     # the app has not listened yet
             loop = asyncio.get_running_loop()
+            # AppSocket.connection_made hands it its input (`_app_connected`)
+            made = lambda: AppSocket(self, app, c)      # noqa: E731
             while True:
                 try:
-                    # AppSocket.connection_made hands it its input (`_app_connected`)
                     sock = connect_at_once(where)
                     if sock is not None:
-                        await loop.connect_accepted_socket(
-                            lambda: AppSocket(self, app, c), sock)
+                        await loop.connect_accepted_socket(made, sock)
                     else:
-                        await loop.create_connection(lambda: AppSocket(self, app, c), *where)
+                        await loop.create_connection(made, *where)
                     break
                 except OSError as e:
                     if e.errno not in (errno.EMFILE, errno.ENFILE):
