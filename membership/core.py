@@ -304,6 +304,7 @@ class _Proposal:                 # phase 1 at the self-appointed new primary
     acked: set[int] = field(default_factory=set)
     sent_us: int = 0
     why: str = ""                # the suspicion that started it (MembershipChanged.reason)
+    evidenced: bool = False      # taken on a remote group's word (`_awaiting_evidence`)
 
 
 @dataclass
@@ -1070,7 +1071,7 @@ class Membership:
                f"{(now_us - heard) // 1000} ms (timeout "
                f"{(self._fd_deadline_us() - heard) // 1000} ms)")
         self._proposal = _Proposal(target, 0, members, (self.pvn, self.primary.birth),
-                                   version_us=now_us,
+                                   version_us=now_us, evidenced=bool(self.remote_groups_of()),
                                    drop_check_us=now_us + self._ack_timeout_us(
                                        k.birth for k in members[1:]), why=why)
         self.status = Status.PROPOSING
@@ -1170,6 +1171,14 @@ class Membership:
             return      # we denounced that view ourselves: its proposals are stale to us
         if target == self.pvn + 1:
             ours = parent == (self.pvn, self.primary.birth)
+            if ours and not any(k.birth == proposer.birth for k in self.members):
+                # a member our view's primary removed since (a committed change): its
+                # proposal comes from a membership the group left, and its state lacks
+                # what was served since. Beyond the paper: neither reset by it (line 25)
+                # nor follow it; the primary tells it its membership, and an evidenced
+                # proposer that learns it went on without it resets (`_on_membership`).
+                self._resend_membership(now_us)
+                return
         elif target == self.pvn:
             ours = parent == self._view_parent
         else:
@@ -1269,9 +1278,18 @@ class Membership:
                 self._emit(ViewEntered(self.birth, self.pvn, msg.sender))
                 self._send(ack, {"change": body["change"]})
             return
-        if self.status in PRIMARY_STATUSES or self.status is Status.PROPOSING:
+        if self.status in PRIMARY_STATUSES:
             return
         if msg.sender != self.primary.birth or msg.pvn != self.pvn:
+            return
+        if self.status is Status.PROPOSING:
+            # the primary we are replacing committed a change we never got: one that
+            # removed us (the group left us: a member no more cannot take it over), or,
+            # for a proposal taken on a remote group's word, any (`_on_heartbeat`)
+            if body["change"] > self.change and (not included or self._proposal.evidenced):
+                self._reset(now_us, f"primary {short_id(msg.sender)} of view {self.pvn} "
+                                    f"went on at change {body['change']} while we proposed"
+                                    f"{'' if included else ', without us'}")
             return
         if body["change"] <= self.change:
             if included:
@@ -1307,14 +1325,35 @@ class Membership:
             self._send(MsgType.STATE_ACK, {"chunk": chunk})
 
     def _on_heartbeat(self, msg: Message, now_us: int) -> None:
+        if (self.status is Status.PROPOSING and self._proposal.evidenced
+                and msg.sender == self.members[0].birth
+                and msg.pvn == self.pvn and msg.body.get("change", 0) > self.change):
+            # The primary we are replacing speaks in its view at a membership change we
+            # never got: it and its other backups went on without us (it may have removed
+            # us) after our evidence was taken, and the remote groups, still in its view,
+            # hear it again. Our proposal is a branch the group left; its ProposePrimary
+            # would reset a primary that serves again (the paper's line 25) and roll back
+            # what it served since. A proposer paused through the heal did that
+            # (replica_paused_backup_acts_on_stale_evidence). Without remote groups
+            # nobody can have seen its output: the paper's takeover stands.
+            self._reset(now_us, f"primary {short_id(msg.sender)} of view {self.pvn} went on "
+                                f"at change {msg.body.get('change')} while we proposed "
+                                f"(ours: {self.change})")
+            return
         # liveness was noted in _note_sender; a senior backup's detector wait is ours too
         if msg.pvn == self.pvn and self.status is Status.BACKUP:
             if 2 <= self._rank_of(msg.sender) < self.rank:
                 self._senior_wait_us[msg.sender] = 1000 * msg.body["wait"]
         # the primary tells a replica that believes it is a member of this view, but is
         # not, its current membership
-        if (self.status is Status.PRIMARY and msg.pvn == self.pvn and msg.precedence > 0
-                and not any(k.birth == msg.sender for k in self.members)
+        if (msg.pvn == self.pvn and msg.precedence > 0
+                and not any(k.birth == msg.sender for k in self.members)):
+            self._resend_membership(now_us)
+
+    def _resend_membership(self, now_us: int) -> None:
+        """As the primary, tell a replica that believes it is a member of this view, but
+        is not, our current membership (once per retransmit interval)."""
+        if (self.status is Status.PRIMARY
                 and now_us >= self._resent_membership_us + self.cfg.retransmit_us):
             self._resent_membership_us = now_us
             mtype = self._pending.mtype if self._pending else MsgType.REMOVE_BACKUP

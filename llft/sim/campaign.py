@@ -44,10 +44,12 @@ Each kind documents its own lines (`set`, `seed` and event words) in its module 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
 import hashlib
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -63,6 +65,7 @@ class ScenarioError(ValueError):
 
 # a campaign of this many schedules or more runs in worker processes (`_each`)
 PARALLEL_FROM = 100
+PR_SET_PDEATHSIG = 1                 # <linux/prctl.h>
 
 
 def sim_jobs() -> int:
@@ -74,7 +77,13 @@ def sim_jobs() -> int:
     return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
-def _worker_start(check_watermark: bool) -> None:
+def _worker_start(check_watermark: bool, parent_pid: int) -> None:
+    # a worker dies with the campaign (SIGKILL on its parent's death): a campaign killed
+    # with SIGTERM left its workers running out their chunks (~100 schedules) as orphans
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:       # it died before the prctl
+        os._exit(1)
     # a spawned worker imports the checks afresh: the parent's switches are set again
     from llft.protocol.messaging import endpoint
     endpoint.CHECK_WATERMARK = check_watermark
@@ -106,7 +115,7 @@ def _each(check: Callable[[int], Any], seeds: list[int]) -> Iterator[Any]:
     from llft.protocol.messaging import endpoint
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_worker_start,
-                             initargs=(endpoint.CHECK_WATERMARK,)) as pool:
+                             initargs=(endpoint.CHECK_WATERMARK, os.getpid())) as pool:
         yield from pool.map(check, seeds, chunksize=max(1, len(seeds) // (8 * jobs)))
 
 

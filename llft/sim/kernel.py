@@ -35,7 +35,8 @@ Partitions cut node pairs (checked at send and at arrival); crashes stop a node 
 dropped); a restart installs a new core under the same node id (a new incarnation).
 A pause stops a node without killing it (a SIGSTOP, a long GC or swap stall): until the pause
 ends nothing of it runs and nothing reaches it; its datagrams, timers and calls wait (in
-their order) and all run when it resumes, with the clock of the resumption. The node
+their order, its timers after the rest, as the runtime's driver reads every socket before
+a late timer) and all run when it resumes, with the clock of the resumption. The node
 neither sends nor notices time passing meanwhile, so the others may suspect and replace it
 while it still holds its old view: the false suspicion of a live process.
 `inject()` puts arbitrary bytes (forged or corrupted datagrams) on the network.
@@ -81,6 +82,7 @@ _TIMER = 0
 _DGRAM = 1
 _CALL = 2
 _PULSE = 3
+LATE_TIMER_SEQ = 1 << 48       # a resumed node's timers sort after its waiting datagrams
 PULSE_REFS = 8                 # a receiver absorbs copies of its source's last 8 datagrams
 
 
@@ -357,11 +359,16 @@ class Sim:
             if events > MAX_EVENTS_PER_RUN:
                 raise SimError(f"more than {MAX_EVENTS_PER_RUN} events before {end_us} us")
             if node is not None and node.paused_until > at_us and node.incarnation == inc:
-                # stopped: its events wait, in their order, for the resumption
+                # stopped: its events wait, in their order, for the resumption; a timer
+                # after every datagram that waited with it (the runtime's driver reads
+                # every socket before a late timer: a proposer paused through a heal
+                # hears the primary that went on before its proposal's timer resends)
+                self._seq += 1
+                seq = self._seq
                 if kind == _TIMER:
                     node.armed_us = node.paused_until
-                self._seq += 1
-                heapq.heappush(heap, (node.paused_until, self._seq, kind, node, inc, payload))
+                    seq += LATE_TIMER_SEQ
+                heapq.heappush(heap, (node.paused_until, seq, kind, node, inc, payload))
                 continue
             if kind == _CALL:
                 fn, node_id = payload

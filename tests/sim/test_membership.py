@@ -298,6 +298,31 @@ def test_silent_backup_is_removed_and_a_wrongly_removed_one_rejoins_with_a_new_b
     assert g.core(2).precedence > 3
 
 
+def test_a_proposal_by_a_removed_backup_neither_resets_the_primary_nor_takes_its_backup():
+    # the rank-2 backup is cut off alone: its detector fires (25 ms) and, with no remote
+    # group to ask, it proposes itself and the rank-3 backup, which cannot hear it; the
+    # primary removes it (50 ms). Its ProposePrimary, retransmitted across the heal, comes
+    # from a membership the group left: the primary neither resets by it (the paper's
+    # line 25) nor does the other backup follow it; the primary tells the proposer its
+    # membership, and it rejoins.
+    g = formed(3)
+    primary, cut, backup = (g.core(i).birth for i in range(3))
+    g.sim.partition([0, 2], [1])
+    g.run(CFG.backup_timeout_us // 1000 + 10)
+    assert CFG.backup_timeout_us + 10_000 < CFG.fault_timeout_us(2) + CFG.ack_timeout_us
+    assert cut not in {k.birth for k in g.core(0).members}
+    assert g.core(1).status is Status.PROPOSING
+    g.sim.heal()
+    g.run(400)
+    assert g.core(0).status is Status.PRIMARY and g.core(0).birth == primary
+    assert g.core(2).status is Status.BACKUP and g.core(2).birth == backup
+    assert not g.of(0, Reset) and not g.of(2, Reset)
+    resets = [a for _, a in g.of(1, Reset)]
+    assert resets and resets[0].old_birth == cut and "without us" in resets[0].reason
+    assert g.core(1).status is Status.BACKUP
+    assert {k.birth for k in g.core(0).members} == {g.core(i).birth for i in range(3)}
+
+
 def test_after_a_partition_heals_the_branch_with_the_lower_primary_is_pruned():
     g = formed(3)
     g.sim.partition([0], [1, 2])          # 1 takes over on its side
