@@ -807,6 +807,8 @@ class Membership:
         self._primary_served = False                # our primary's last HEARTBEAT says
         self._primary_spoke_us = -1                 # its last message of any kind
         self._behind_since_us: int | None = None    # its heartbeats name a later change
+        self._primary_change_seen = 0               # the latest change they named (a
+                                                    # repeated old copy does not undo it)
         self._evidence_us = -1                      # a remote group's last "silent too"
         self._probe_due_us = 0
         self._probe_groups: tuple[str, ...] = ()
@@ -844,6 +846,17 @@ class Membership:
                  now_us: int, reason: str = "") -> None:
         self.pvn, self.change, self.members = pvn, change, list(members)
         self._behind_since_us = None
+        self._primary_change_seen = change
+        # what our heartbeat says changed: another core's that stood for ours may still be
+        # repeated (a Pulse, for up to a refresh: ~1 s) with the old change; ours goes at
+        # once, and as a newer Pulse (a primary alone) it replaces that repetition (with
+        # backups, messaging's own goes at once too, and stands for ours again). A
+        # primary that had just removed its last backup was otherwise heard for a second
+        # naming the change before, by the removed backup across a short heal, which took
+        # itself for current and later took over with its stale state (`llft simulate
+        # replica --replay 4759044745088779136 --random-cuts --partition 0.5`)
+        if self._hb_due_us > now_us + self.cfg.heartbeat_interval_us:    # (carried)
+            self._hb_due_us = now_us
         me = next(k for k in members if k.birth == self.birth)
         self.precedence = me.precedence
         self.max_precedence = max(self.max_precedence, max_prec, members[-1].precedence)
@@ -888,7 +901,9 @@ class Membership:
                 self._takeover_held_us = None       # the primary speaks: no suspicion
                 if msg.type is MsgType.HEARTBEAT and msg.pvn == self.pvn:
                     self._primary_served = msg.body.get("served") == 1
-                    if msg.body.get("change", 0) <= self.change:
+                    named = msg.body.get("change", 0)
+                    self._primary_change_seen = max(self._primary_change_seen, named)
+                    if self._primary_change_seen <= self.change:
                         self._behind_since_us = None
                     elif self._behind_since_us is None:
                         # a membership we never got (we may have been removed): our
