@@ -179,6 +179,10 @@ class Config:
     ack_timeout_us: int = 50_000          # unacknowledged change -> remove the member
     join_retry_us: int = 10_000           # ProposeBackup period
     found_timeout_us: int = 100_000       # joiner hears no member this long -> founds the group
+    # ... a replica reset from the group waits this long instead (default 10 x the above):
+    # it knows the group lived a moment ago, so hearing nobody is likelier a cut than the
+    # group's end (`_found_deadline_us`)
+    refound_timeout_us: int | None = None
     state_chunk_bytes: int = 16_384
     state_window_chunks: int = 8          # State chunks in flight, unacknowledged
     # A joiner restores the state it was given in one piece (unpacks it, rebuilds the
@@ -201,6 +205,11 @@ class Config:
     pulse_intervals: int = 50
     host: str = ""
     pid: int = 0
+
+    @property
+    def refound_us(self) -> int:
+        return 10 * self.found_timeout_us if self.refound_timeout_us is None \
+            else self.refound_timeout_us
 
     @property
     def extension_cap_us(self) -> int:
@@ -967,10 +976,22 @@ class Membership:
 
     def _found_deadline_us(self) -> int:
         """A joiner founds the group once it has heard no member, and no joiner with a
-        higher birth id (which founds first), for `found_timeout_us`."""
+        higher birth id (which founds first), for `found_timeout_us`; a replica that was
+        reset from the group (removed, outranked, excluded, its primary gone before its
+        state came) for `refound_timeout_us`. The group it left lived a moment ago: it
+        hears nobody more likely because it is cut off from it than because the group
+        ended. Founded quickly while cut off, its lineage (empty state, younger) loses
+        every heal, but the remote groups it talked to meanwhile follow its higher view
+        number, and the serving branch's messages were then stale there: the clients
+        stalled (docs/ARCHITECTURE.md open item 9, the refounded-view stall; every
+        instance the partition soaks found was a reset replica founding while cut off).
+        If the group did end, a reset replica's state was not the group's anyway."""
         quiet = max([self._group_heard_us, self._join_start_us]
                     + [t for b, t in self._other_joiners.items() if b > self.birth])
-        return quiet + self.cfg.found_timeout_us
+        return quiet + self._found_wait_us()
+
+    def _found_wait_us(self) -> int:
+        return self.cfg.refound_us if self.resets else self.cfg.found_timeout_us
 
     def _joiner_tick(self, now_us: int) -> None:
         if now_us >= self._found_deadline_us() and self.founding_held is None:
@@ -986,7 +1007,7 @@ class Membership:
         self.lineage = self.max_seen_pvn + 1
         self._install(self.max_seen_pvn + 1, 0, [Key(prec, self.birth)], prec, now_us,
                       f"founded the group: no member heard for "
-                      f"{self.cfg.found_timeout_us // 1000} ms")
+                      f"{self._found_wait_us() // 1000} ms")
         self._emit(ViewEntered(self.birth, self.pvn, self.birth))
         self._emit(BeginPhase2(self.pvn, tuple(self.members)))
 

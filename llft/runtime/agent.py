@@ -301,11 +301,13 @@ class Agent:
         # every timeout is a floor that membership extends per peer by what its timing
         # showed (membership/detector.py), by at most 3 x base; a replica reset again
         # soon after a reset waits base/2 (50 ms by default), doubling up to 20 x base
-        # (2 s), before it applies; 100 x base (10 s) as a member forgets the resets
+        # (2 s), before it applies; 100 x base (10 s) as a member forgets the resets; a
+        # joiner founds the group after 4 x base (400 ms) of silence, one that was reset
+        # from the group after 40 x base (4 s: it is likelier cut off than alone)
         self.membership_config = mb.Config(
             group=group, heartbeat_interval_us=hb, timeout_base_us=base,
             backup_timeout_us=2 * base, ack_timeout_us=2 * base, retransmit_us=resend,
-            join_retry_us=2 * resend, found_timeout_us=4 * base,
+            join_retry_us=2 * resend, found_timeout_us=4 * base, refound_timeout_us=40 * base,
             adaptive_cap_us=3 * base, rejoin_backoff_min_us=base // 2,
             rejoin_backoff_max_us=20 * base, rejoin_stable_us=100 * base,
             host=socket.gethostname(), pid=os.getpid())

@@ -64,12 +64,13 @@ def bound_us(cfg: Config, n: int) -> int:
     """Time from "faults stop" to a full primary view, worst case, no faults:
     a primary view change whose proposals lose every dead member (the last rank's
     detector, then two proposal ack timeouts), phase 2, the pruning of a side branch
-    (one heartbeat interval), a joiner that may have to found the group
-    (found_timeout) and n admissions, each at most a ProposeBackup retry period, a
-    backup-removal round and a state transfer (a few retransmit periods)."""
+    (one heartbeat interval), a joiner that may have to found the group (the
+    refound timeout: every member may have been reset, say the primary crashed before
+    its backups had their state) and n admissions, each at most a ProposeBackup retry
+    period, a backup-removal round and a state transfer (a few retransmit periods)."""
     detect = cfg.fault_timeout_us(n) + 2 * cfg.ack_timeout_us
     admit = cfg.join_retry_us + cfg.ack_timeout_us + cfg.backup_timeout_us + 4 * cfg.retransmit_us
-    return detect + cfg.found_timeout_us + cfg.heartbeat_interval_us + n * admit + PHASE2_MAX_US
+    return detect + cfg.refound_us + cfg.heartbeat_interval_us + n * admit + PHASE2_MAX_US
 
 
 PHASE2_MAX_US = 10_000            # the NewPrimaryView round of the messaging layer
