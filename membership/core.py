@@ -314,6 +314,7 @@ class _Proposal:                 # phase 1 at the self-appointed new primary
     sent_us: int = 0
     why: str = ""                # the suspicion that started it (MembershipChanged.reason)
     evidenced: bool = False      # taken on a remote group's word (`_awaiting_evidence`)
+    primary_went_on_us: int | None = None   # the old primary last named a later change
 
 
 @dataclass
@@ -486,7 +487,7 @@ class Membership:
         elif self.status is Status.PROPOSING:
             p = self._proposal
             t.append(p.sent_us + c.retransmit_us)
-            t.append(p.drop_check_us)
+            t.append(self._drop_due_us(p))
         else:
             heard = self._last_heard
             for k in self.members[1:]:
@@ -1166,10 +1167,18 @@ class Membership:
             "max_precedence": self.max_precedence})
         p.sent_us = now_us
 
+    def _drop_due_us(self, p: _Proposal) -> int:
+        """When members that did not acknowledge may next be dropped: not while the
+        primary we replace names a later change than ours (`_on_heartbeat`)."""
+        went_on = p.primary_went_on_us
+        if went_on is None:
+            return p.drop_check_us
+        return max(p.drop_check_us, went_on + self.cfg.timeout_base_us)
+
     def _proposal_tick(self, now_us: int) -> None:
         p, c = self._proposal, self.cfg
         ack_us = self._ack_timeout_us(k.birth for k in p.members[1:])
-        if now_us >= p.drop_check_us:
+        if now_us >= self._drop_due_us(p):
             # drop members that neither acknowledged nor spoke since this version began;
             # after a second timeout drop every non-acknowledging member
             final = now_us >= p.version_us + 2 * ack_us
@@ -1320,12 +1329,16 @@ class Membership:
             return
         if self.status is Status.PROPOSING:
             # the primary we are replacing committed a change we never got: one that
-            # removed us (the group left us: a member no more cannot take it over), or,
-            # for a proposal taken on a remote group's word, any (`_on_heartbeat`)
-            if body["change"] > self.change and (not included or self._proposal.evidenced):
-                self._reset(now_us, f"primary {short_id(msg.sender)} of view {self.pvn} "
-                                    f"went on at change {body['change']} while we proposed"
-                                    f"{'' if included else ', without us'}")
+            # removed us (the group left us: a member no more cannot take it over), or
+            # one that kept us (our ProposePrimary still resets it: we go on, without
+            # dropping members meanwhile: `_on_heartbeat`)
+            if body["change"] > self.change:
+                if not included:
+                    self._reset(now_us, f"primary {short_id(msg.sender)} of view {self.pvn} "
+                                        f"went on at change {body['change']} without us "
+                                        f"while we proposed")
+                elif self._proposal.evidenced:
+                    self._proposal.primary_went_on_us = now_us
             return
         if body["change"] <= self.change:
             if included:
@@ -1365,16 +1378,17 @@ class Membership:
                 and msg.sender == self.members[0].birth
                 and msg.pvn == self.pvn and msg.body.get("change", 0) > self.change):
             # The primary we are replacing speaks in its view at a membership change we
-            # never got: it and its other backups went on without us (it may have removed
-            # us) after our evidence was taken, and the remote groups, still in its view,
-            # hear it again. Our proposal is a branch the group left; its ProposePrimary
-            # would reset a primary that serves again (the paper's line 25) and roll back
-            # what it served since. A proposer paused through the heal did that
-            # (replica_paused_backup_acts_on_stale_evidence). Without remote groups
-            # nobody can have seen its output: the paper's takeover stands.
-            self._reset(now_us, f"primary {short_id(msg.sender)} of view {self.pvn} went on "
-                                f"at change {msg.body.get('change')} while we proposed "
-                                f"(ours: {self.change})")
+            # never got: it went on after our evidence was taken, and the remote groups,
+            # still in its view, may hear it again. Our proposal must not complete by
+            # dropping the members that do not answer (`_proposal_tick`): alone, our
+            # stale state would become the group's and roll back what it served since
+            # (a proposer paused through the heal did that:
+            # replica_paused_backup_acts_on_stale_evidence). We wait for the word that
+            # decides: its membership, if that change removed us (`_on_membership`:
+            # reset), or its reset by our ProposePrimary (the paper's line 25), after
+            # which it falls silent. Resetting ourselves at once instead lost the group
+            # when our ProposePrimary, already on its way, reset the primary too.
+            self._proposal.primary_went_on_us = now_us
             return
         # liveness was noted in _note_sender; a senior backup's detector wait is ours too
         if msg.pvn == self.pvn and self.status is Status.BACKUP:
