@@ -283,7 +283,7 @@ class App:
             self.s.violation(f"{self.node_id}/{self.birth} {cid}: delivery at {offset}, "
                              f"expected {len(buf)} (not exactly once / in order)")
             return
-        if not self.s.written_by_remote(self.group, cid, offset, data) \
+        if not self.s.written_by_remote(self.group, cid, buf, data) \
                 and not self.s.framed_by_remote(self.group, buf, data):
             self.s.violation(f"{self.node_id}/{self.birth} {cid}: wrong bytes at {offset} "
                              f"(no application of the remote group wrote them there)")
@@ -838,8 +838,13 @@ class Schedule:
         req = self.requests.get(cid[1], b"")
         return req if group == "s" else req.translate(XFORM)
 
-    def written_by_remote(self, group: str, cid, offset: int, data: bytes) -> bool:
-        """Did an application of the remote group write `data` at `offset` of `cid`?"""
+    def written_by_remote(self, group: str, cid, before: bytes, data: bytes) -> bool:
+        """Did ONE application of the remote group write `before` + `data` on `cid`? The
+        whole prefix, not the chunk alone: a stream spliced from two server histories
+        (each chunk written by some server application, no application writing both)
+        is one no replica of the server group can answer for
+        (replica_joiner_restores_unwritten_bytes)."""
+        offset = len(before)
         if group == "s":
             return self.expected_input(group, cid)[offset:offset + len(data)] == data
         if not data:
@@ -847,7 +852,8 @@ class Schedule:
         end = offset + len(data)
         for app in self.server_apps:
             for scid, out in app.out.items():
-                if scid[1] == cid[1] and len(out) >= end and out[offset:end] == data:
+                if scid[1] == cid[1] and len(out) >= end and out[offset:end] == data \
+                        and out[:offset] == before:
                     return True
         return False
 

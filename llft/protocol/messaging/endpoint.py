@@ -480,14 +480,23 @@ class MessagingEndpoint:
         recv_ts), the stream offset delivered, our own stream's end and the unacknowledged
         tail of it (sent list and queue: what a backup would hold in its log, numbered as
         this primary numbered it), and how far the remote primary delivered our stream;
-        plus the order-info position `oi_upto` this primary reached in view `pvn`."""
+        plus the order-info position `oi_upto` this primary reached in view `pvn`.
+
+        And the old remote view's messages this primary holds undelivered (`held`: it
+        waits for the current remote primary's resume point). The watermark the joiner
+        takes over (`rx`'s ts) counts them as received, so no member keeps them for it:
+        without them the joiner would lack bytes its primary delivers later, below the
+        resume point, which nobody re-sends (llft simulate replica --random-cuts
+        --partition 0.5 --replay 16347246534468173044 stalled on it)."""
         conns = []
         for (remote, seq, role), c in self.conns.items():
             rx = c.recv.view
             log = [[m.msn, m.body["offset"], m.body["data"]] for m in c.send.sent]
             log += [[c.send.next_msn + i, off, d] for i, (off, d) in enumerate(c.send.queue)]
+            held = [[int(m.type), m.pvn, m.msn, m.ts, m.body] for m in c.recv.held]
             conns.append({"remote": remote, "seq": seq, "role": int(role),
                           "rx": [rx.pvn, rx.upto, rx.ts] if rx is not None else None,
+                          "held": held,
                           "delivered": c.recv.delivered, "out_offset": c.send.out_offset,
                           "next_msn": c.send.next_msn + len(c.send.queue), "log": log,
                           "remote_delivered": c.remote_view.delivered,
@@ -511,6 +520,11 @@ class MessagingEndpoint:
                 c.recv.view = ReceiveSequence(pvn)
                 c.recv.view.upto, c.recv.view.ts = upto, ts
             c.recv.delivered = s["delivered"]
+            for mtype, pvn, msn, ts, body in s.get("held", ()):
+                c.recv.held.append(Message(
+                    type=MsgType(mtype), src_group=cid[0], dst_group=self.group,
+                    conn_seq=cid[1], role=ROLES[1 - int(cid[2])], pvn=pvn, precedence=0,
+                    sender=0, msn=msn, ts=ts, body=body))
             c.send.out_offset = s["out_offset"]
             c.send.next_msn = s["next_msn"]
             c.send.log = deque((msn, off, data) for msn, off, data in s["log"])
@@ -951,11 +965,15 @@ class MessagingEndpoint:
                 if c2 is not None and msg.back > c2.remote_view.group_watermark:
                     c2.remote_view.group_watermark = msg.back
                     self._gc_sent(c2)
-            if own is not None and self.is_primary:
+            if own is not None:
+                # kept at a backup too: promoted before the remote primary's successor
+                # asks (a double failover), it is what our group holds of the old remote
+                # primary's unprotected choices, which the output we took depends on
                 last = section_end(own)
                 lr = c.remote_view.last_order_info
                 if lr is None or last >= section_end(lr):
                     c.remote_view.last_order_info = own
+            if own is not None and self.is_primary:
                 refl_now = c.remote_view.to_reflect
                 if ((refl_now is None or last > section_end(refl_now))
                         and last > self._reflected.get(c.remote, (0, 0))):
