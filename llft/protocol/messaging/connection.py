@@ -227,9 +227,9 @@ class SendSide:
 class ReceiveSide:
     """The remote primary's stream on one connection.
     Invariant: bytes held ahead of a gap start beyond `delivered`."""
-    __slots__ = ("view", "old_view", "delivered", "received", "held", "ahead", "declared",
-                 "max_data_ts", "old_ts", "fa_pending", "fa_tries", "end", "abort",
-                 "told_delivered", "end_pvn")
+    __slots__ = ("view", "old_view", "delivered", "received", "held", "ahead", "beyond",
+                 "declared", "max_data_ts", "old_ts", "fa_pending", "fa_tries", "end",
+                 "abort", "told_delivered", "end_pvn")
 
     def __init__(self) -> None:
         self.view: ReceiveSequence | None = None      # the remote primary's current view
@@ -240,6 +240,11 @@ class ReceiveSide:
         # once its primary has it too (see MessagingEndpoint._release_held)
         self.held: deque[Message] = deque()
         self.ahead: dict[int, bytes] = {}   # offset -> data beyond `delivered` (view change)
+        # backup: an old remote view's bytes beyond the current view's resume point, not
+        # delivered (the new remote primary re-sends them) but kept until it has: if the
+        # remote group dies first they are the only copy of what our primary delivered
+        # (`MessagingEndpoint._deliver_upto`). At most a window of messages.
+        self.beyond: dict[int, bytes] = {}  # offset -> data
         self.declared: tuple[int, int] = (0, 0)   # remote primary's (sent_upto, ts)
         self.max_data_ts = 0                # highest ts of data received on this conn
         self.old_ts: int | None = None      # recv_ts frozen at a remote change of primary
@@ -326,6 +331,16 @@ class ReceiveSide:
             first = self.view.first_offset
             if not old.slots or (first is not None and self.delivered >= first):
                 self.old_view = None
+
+    def keep_beyond(self, offset: int, data: bytes) -> None:
+        if offset + len(data) > self.delivered and data:
+            self.beyond[offset] = data
+
+    def drop_beyond_delivered(self) -> None:
+        """What the current remote view re-sent has replaced the old view's copies."""
+        if self.beyond:
+            for off in [o for o, d in self.beyond.items() if o + len(d) <= self.delivered]:
+                del self.beyond[off]
 
     def drop_received(self, group_watermark: int) -> None:
         """Received messages every member of our group has (ts <= our group watermark)."""

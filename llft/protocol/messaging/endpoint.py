@@ -1093,6 +1093,9 @@ class MessagingEndpoint:
                     break               # where the current remote primary resumed: unknown
                 held.popleft()
                 part = m if force else self._below_resume_point(c, m)
+                n = 0 if part is None else len(part.body["data"])
+                if n < len(m.body["data"]):
+                    c.recv.keep_beyond(m.body["offset"] + n, m.body["data"][n:])
                 if part is not None:
                     self._deliver(c, part.body["offset"], part.body["data"])
                 continue
@@ -1134,6 +1137,7 @@ class MessagingEndpoint:
         else:
             self._actions.append(Deliver(c.cid, start, data))
         c.recv.delivered = end
+        c.recv.drop_beyond_delivered()
         while c.recv.ahead:
             ready = [o for o in c.recv.ahead if o <= c.recv.delivered]
             if not ready:
@@ -1552,12 +1556,25 @@ class MessagingEndpoint:
         have = sorted(((m.body["offset"], m.body["data"]) for m in (*rx.received, *rx.held)),
                       key=lambda od: od[0])
         have += sorted(rx.ahead.items())
-        rx.held, rx.ahead = deque(), {}
+        cur = rx.view.pvn if rx.view is not None else 0
+        newer = [m.body["offset"] for m in (*rx.received, *rx.held) if m.pvn == cur]
+        newer += list(rx.ahead)
+        beyond = sorted(rx.beyond.items())
+        rx.held, rx.ahead, rx.beyond = deque(), {}, {}
         while rx.delivered < cut:
             before = rx.delivered
             for off, data in have:
                 if off <= rx.delivered < off + len(data):
                     self._deliver(c, rx.delivered, data[rx.delivered - off:cut - off])
+            if rx.delivered == before and beyond and all(
+                    off < rx.delivered or off >= cut for off in newer):
+                # the current remote view re-sent no further than here: the rest up to
+                # the cut is what our primary took from the old view before it answered
+                # NEW_PRIMARY_VIEW (old-view bytes there are one stream with ours). With
+                # newer data of the current view beyond a gap, its bytes may differ from
+                # the old view's (an excluded primary's later output): not taken.
+                have, beyond = beyond, []
+                continue
             if rx.delivered == before:
                 break                           # nothing more here (or the stream ended)
         if rx.delivered < cut:
