@@ -16,7 +16,6 @@ with that process (PR_SET_PDEATHSIG), so it never outlives its agent.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import select
 import signal
@@ -28,6 +27,7 @@ from typing import Callable
 import grpc
 
 from determinizer.grpcrelay import frames
+from llft.lifetime import die_with
 
 
 def _log(msg: str) -> None:
@@ -169,20 +169,13 @@ def _cancel_on_close(conn: socket.socket, call) -> "Callable[[], None]":
     return stop
 
 
-def _die_with(parent: int) -> None:
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:                      # it died before the prctl
-        os._exit(0)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m determinizer.grpcrelay.relay")
     p.add_argument("--fd", type=int, required=True, help="an inherited listening socket")
     p.add_argument("--parent", type=int, default=0)
     a = p.parse_args(argv)
     if a.parent:
-        _die_with(a.parent)
+        die_with(a.parent)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     Relay(socket.socket(fileno=a.fd)).serve_forever()
     return 0

@@ -44,12 +44,10 @@ Each kind documents its own lines (`set`, `seed` and event words) in its module 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import functools
 import hashlib
 import multiprocessing
 import os
-import signal
 import sys
 import time
 from collections import Counter
@@ -58,6 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from llft.lifetime import die_with
+
 
 class ScenarioError(ValueError):
     """A scenario file that cannot be read."""
@@ -65,7 +65,6 @@ class ScenarioError(ValueError):
 
 # a campaign of this many schedules or more runs in worker processes (`_each`)
 PARALLEL_FROM = 100
-PR_SET_PDEATHSIG = 1                 # <linux/prctl.h>
 
 
 def sim_jobs() -> int:
@@ -80,10 +79,7 @@ def sim_jobs() -> int:
 def _worker_start(check_watermark: bool, parent_pid: int) -> None:
     # a worker dies with the campaign (SIGKILL on its parent's death): a campaign killed
     # with SIGTERM left its workers running out their chunks (~100 schedules) as orphans
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:       # it died before the prctl
-        os._exit(1)
+    die_with(parent_pid, exit_code=1)
     # a spawned worker imports the checks afresh: the parent's switches are set again
     from llft.protocol.messaging import endpoint
     endpoint.CHECK_WATERMARK = check_watermark

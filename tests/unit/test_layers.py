@@ -23,7 +23,7 @@ LAYERS = [
     ("llft.bench", 7),
     ("llft.cli", 8),
     ("llft.__main__", 9),
-    ("llft", 0),          # llft/__init__.py: constants only (EXAMPLES_DIR)
+    ("llft", 0),          # llft/__init__.py (constants), llft/lifetime.py (prctl)
 ]
 OURS = ("native", "determinizer", "membership", "llft")
 
