@@ -495,7 +495,7 @@ class MessagingEndpoint:
             log += [[c.send.next_msn + i, off, d] for i, (off, d) in enumerate(c.send.queue)]
             held = [[int(m.type), m.pvn, m.msn, m.ts, m.body] for m in c.recv.held]
             conns.append({"remote": remote, "seq": seq, "role": int(role),
-                          "rx": [rx.pvn, rx.upto, rx.ts] if rx is not None else None,
+                          "rx": [rx.pvn, rx.upto, rx.ts, rx.start] if rx is not None else None,
                           "held": held,
                           "delivered": c.recv.delivered, "out_offset": c.send.out_offset,
                           "next_msn": c.send.next_msn + len(c.send.queue), "log": log,
@@ -516,9 +516,11 @@ class MessagingEndpoint:
             cid = (s["remote"], s["seq"], Role(s["role"]))
             c = self._conn(cid)
             if s["rx"] is not None:
-                pvn, upto, ts = s["rx"]
+                pvn, upto, ts, *start = s["rx"]
                 c.recv.view = ReceiveSequence(pvn)
                 c.recv.view.upto, c.recv.view.ts = upto, ts
+                # where that view resumed (the held messages are released below it)
+                c.recv.view.start = start[0] if start else None
             c.recv.delivered = s["delivered"]
             for mtype, pvn, msn, ts, body in s.get("held", ()):
                 c.recv.held.append(Message(
