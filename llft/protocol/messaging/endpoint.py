@@ -191,6 +191,7 @@ class MessagingEndpoint:
         self.members: list[tuple[int, int]] = [(birth_id, 1)]
         self.precedence = 1
         self.backups: list[int] = []
+        self.ever_shared = False            # some membership had another member
         self.clock = 0                      # Lamport clock
         self._last_hb: Message | None = None    # our last HEARTBEAT (repeated while quiet)
         self._hb_quiet = False              # it said nothing new: next one a refresh later
@@ -281,6 +282,8 @@ class MessagingEndpoint:
         was_primary = self.is_primary
         old_pvn = self.pvn
         self.members = [(int(b), int(p)) for b, p in members]
+        if len(self.members) > 1:
+            self.ever_shared = True     # a member since may probe our remote groups
         self.precedence = dict(self.members).get(self.birth_id, 0)
         self.primary_id = primary_birth_id
         self.backups = [b for b, _ in sorted(self.members, key=lambda m: m[1])
@@ -1261,16 +1264,21 @@ class MessagingEndpoint:
         # and each connection still speaks itself every KEEPALIVE_OWN_EVERY intervals,
         # so what only it carries (ack, delivered) is repeated if a datagram was lost
         ka = self.config.keepalive_us
-        if (not self.backups and not c.send.sent and not c.send.queue
+        if (not self.ever_shared and not c.send.sent and not c.send.queue
                 and not c.recv.received and not c.recv.held):
-            # A primary alone in its group (a gateway) on a connection with nothing in
-            # flight either way backs off: no remote backup relies on its keep-alives as
-            # evidence (PROBE answers are about primaries with backups), and a remote
-            # group whose watermark our silence pins asks for a fresh one (SOLICIT).
-            # A gateway's group connection stays open while it runs: its keep-alives
-            # reached every server replica 66 times a second when idle. (A primary WITH
-            # backups keeps its pace: its keep-alives are what the remote group answers a
-            # probing backup of ours with, membership/core.py "Takeover needs evidence".)
+            # A primary that has always been alone in its group (a gateway) on a
+            # connection with nothing in flight either way backs off: no backup of ours
+            # relies on its keep-alives as evidence, and a remote group whose watermark
+            # our silence pins asks for a fresh one (SOLICIT). A gateway's group
+            # connection stays open while it runs: its keep-alives reached every server
+            # replica 66 times a second when idle. A primary that ever had a member
+            # beside it keeps its pace, backups or not: its keep-alives are what the
+            # remote group answers a probing backup of ours with (membership/core.py
+            # "Takeover needs evidence"), and a backup it removed while that backup was
+            # cut off probes after the heal, before it hears it was removed: backed off
+            # to 480 ms, the remote group said our primary was silent there too and the
+            # removed backup took over from a live primary (its stale state won, the
+            # live one reset: replica_removed_backup_probes_a_lone_primary).
             ka <<= min(c.send.ka_idle, LONE_IDLE_BACKOFF)
         spoke = c.send.last_send_us
         if c.recv.told_delivered == c.recv.delivered:
