@@ -96,7 +96,8 @@ NEW_PRIMARY_VIEW_ACK(last_delivered_from, last_sent_to); it then re-sends from i
 exactly the bytes from last_delivered_from on. A remote primary that receives
 NEW_PRIMARY_VIEW flushes what it had not delivered from the old primary and answers,
 reflecting the old primary's last order info it holds (`RecoveredOrderInfo` at the new
-primary). Its resend point is the lowest offset any of its members may lack (its received
+primary; every replica keeps the last piggyback it got, so a backup promoted before the
+question comes answers as its primary would have). Its resend point is the lowest offset any of its members may lack (its received
 list), and it gives the same answer to a repeated NEW_PRIMARY_VIEW. The new primary's msn 1
 is an empty message at the resend point, so receivers behind it see the gap and ask their
 primary for the missing bytes by offset; until a member has delivered up to there its
