@@ -97,8 +97,9 @@ exactly the bytes from last_delivered_from on. A remote primary that receives
 NEW_PRIMARY_VIEW flushes what it had not delivered from the old primary and answers,
 reflecting the old primary's last order info it holds (`RecoveredOrderInfo` at the new
 primary; every replica keeps the last piggyback it got, so a backup promoted before the
-question comes answers as its primary would have). Its resend point is the lowest offset any of its members may lack (its received
-list), and it gives the same answer to a repeated NEW_PRIMARY_VIEW. The new primary's msn 1
+question comes answers as its primary would have). Its resend point is the lowest offset
+any of its members may lack (its received list), and it gives the same answer to a
+repeated NEW_PRIMARY_VIEW. The new primary's msn 1
 is an empty message at the resend point, so receivers behind it see the gap and ask their
 primary for the missing bytes by offset; until a member has delivered up to there its
 watermark stays where the old view left it. The precedence check of lines 18-20 and
@@ -979,10 +980,9 @@ class MessagingEndpoint:
                 lr = c.remote_view.last_order_info
                 if lr is None or last >= section_end(lr):
                     c.remote_view.last_order_info = own
-            if own is not None and self.is_primary:
                 refl_now = c.remote_view.to_reflect
-                if ((refl_now is None or last > section_end(refl_now))
-                        and last > self._reflected.get(c.remote, (0, 0))):
+                if self.is_primary and ((refl_now is None or last > section_end(refl_now))
+                                        and last > self._reflected.get(c.remote, (0, 0))):
                     c.remote_view.to_reflect = own
                     self._want_first_ack(c, self.config.first_ack_delay_us, reflect=True)
         if refl is not None:
