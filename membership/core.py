@@ -95,6 +95,7 @@ from llft.protocol.messages import (Message, MsgType, Pulse, Role, Send, probe, 
                                     pulse_until_us)
 from membership.detector import ArrivalStats, extension_us, window_for
 from membership.rules import (Key, PPDecision, competing_primary_wins, decide_propose_primary,
+                              describe_lineage, lineage_of,
                               fault_timeout_us, may_propose, proposal_members)
 
 MAX_MEMBERS = 16             # members of one group, the primary included
@@ -391,6 +392,9 @@ class Membership:
         # whether we, primary, serve remote groups: connections, or remote data in this
         # view (the runtime's knowledge; our heartbeats say it, `competing_primary_wins`)
         self.served_of: Callable[[], bool] = bool
+        # the wall clock in milliseconds (the runtime's; the simulator's virtual time):
+        # names the lineage this replica founds (`rules.lineage_of`); 0: unknown
+        self.wall_ms_of: Callable[[], int] = int
         self.takeovers_held = 0                 # suspicions held for want of evidence
         self.probes_alive = 0                   # answers: our primary speaks to them
         self._become_joiner(0)
@@ -673,6 +677,8 @@ class Membership:
         if now_us < self._fd_deadline_us():
             return
         mine, c = self.primary.birth, self.cfg
+        if self._outlived_by == mine:
+            return              # it served them long after it fell silent to us (below)
         if now_us - self._primary_spoke_us < c.timeout_base_us:
             self.probes_alive += 1              # its heartbeats are late, but it speaks
             return
@@ -695,7 +701,12 @@ class Membership:
                 # timing): no crash explains that (its messages to us would all have been
                 # lost); we were cut off while it served them,
                 # so our state lacks what they saw. Never take over from it: the branch
-                # that served them (or its successor) prunes ours when we hear it.
+                # that served them (or its successor) prunes ours when we hear it. Never
+                # means never: a later answer that it is silent now (it crashed since;
+                # or a remote member restarted since, that never heard it) is true and
+                # still leaves our state stale; the member that kept up takes over and
+                # its proposal resets us (replica_removed_backup_outranks_the_state)
+                self._outlived_by = mine
                 self.probes_alive += 1
                 return
             if (after_us > 2 * c.heartbeat_interval_us
@@ -779,7 +790,7 @@ class Membership:
         self.precedence = 0
         self.pvn = 0
         self.change = 0
-        self.lineage = 0                 # the view our group's lineage was founded at
+        self.lineage = 0                 # our group's lineage (`rules.lineage_of`; 0: none yet)
         self.members: list[Key] = []
         self.max_precedence = 0
         self._accepted_by_proposal = False
@@ -820,6 +831,9 @@ class Membership:
         self._primary_change_seen = 0               # the latest change they named (a
                                                     # repeated old copy does not undo it)
         self._evidence_us = -1                      # a remote group's last "silent too"
+        self._outlived_by: int | None = None        # a primary heard by remote groups a
+                                                    # detector timeout after it fell
+                                                    # silent to us (`probe_answered`)
         self._probe_due_us = 0
         self._probe_groups: tuple[str, ...] = ()
 
@@ -909,6 +923,7 @@ class Membership:
             self._last_heard[msg.sender] = max(before, now_us)
             if self.members and msg.sender == self.members[0].birth:
                 self._takeover_held_us = None       # the primary speaks: no suspicion
+                self._outlived_by = None            # (and what we missed comes again)
                 if msg.type is MsgType.HEARTBEAT and msg.pvn == self.pvn:
                     self._primary_served = msg.body.get("served") == 1
                     named = msg.body.get("change", 0)
@@ -965,8 +980,9 @@ class Membership:
         # messaging lines 18-20: make sure the rest of our branch hears it too
         self._emit(Send(self.cfg.group, msg))
         self._reset(now_us, f"competing primary {theirs}{' (served)' if served else ''} "
-                            f"of lineage {msg.body.get('lineage', '?')} outranks {mine}"
-                            f"{' (served)' if mine_served else ''} of lineage {self.lineage}")
+                            f"of lineage {describe_lineage(msg.body.get('lineage', 0))} "
+                            f"outranks {mine}{' (served)' if mine_served else ''} "
+                            f"of lineage {describe_lineage(self.lineage)}")
         return True
 
     # ---- joining (backup-change lines 1-14) --------------------------------------------
@@ -1005,7 +1021,7 @@ class Membership:
         prec = self.max_seen_precedence + 1
         self.status = Status.PRIMARY_PHASE2
         self._heartbeat_sent(now_us - self.cfg.heartbeat_interval_us)
-        self.lineage = self.max_seen_pvn + 1
+        self.lineage = lineage_of(self.max_seen_pvn + 1, self.wall_ms_of())
         self._install(self.max_seen_pvn + 1, 0, [Key(prec, self.birth)], prec, now_us,
                       f"founded the group: no member heard for "
                       f"{self._found_wait_us() // 1000} ms")

@@ -119,10 +119,12 @@ def competing_primary_wins(*, mine: Key | None, theirs: Key, mine_served: bool =
     not say (only HEARTBEATs do); then a served branch of ours waits for their
     heartbeat.
 
-    Before both: the older lineage (the lower view number its lineage was founded at;
-    0: unknown) wins. A replica reset while cut off hears no member and founds the group
-    anew, with an empty state, at a view above every view it heard of: a branch that
-    continues the group's lineage must outrank it, served or not."""
+    Before both: the older lineage (`lineage_of`: the lower view number its lineage was
+    founded at, then the earlier founding; 0: unknown) wins. A replica reset while cut
+    off hears no member and founds the group anew, with an empty state, at a view above
+    every view it heard of; a replica restarted while cut off (a new process: it heard
+    nothing) founds it at view 1, like the group's first founder, but later: a branch
+    that continues the group's lineage must outrank either, served or not."""
     if mine is None:
         return True
     if theirs_served is None:
@@ -132,6 +134,29 @@ def competing_primary_wins(*, mine: Key | None, theirs: Key, mine_served: bool =
     if mine_served != theirs_served:
         return theirs_served
     return theirs > mine
+
+
+LINEAGE_TIME_BITS = 44       # founding milliseconds since the epoch: until the year 2527
+
+
+def lineage_of(founded_pvn: int, founded_ms: int) -> int:
+    """A lineage's name: the view number it was founded at and the wall-clock millisecond
+    of its founding, in one non-negative int so that a lower one is an older lineage.
+    The view number orders a lineage founded anew by a reset replica (above every view it
+    heard of) after the one it left; the time orders two founded at the same view number
+    by replicas that heard nothing of each other (a group's first founder, and a replica
+    restarted while cut off from that group: without the time they tied, and the
+    precedences of two founders tie too, so the birth ids' coin decided which group kept
+    its state). Clocks of different hosts need only agree to better than the time between
+    the two foundings."""
+    return (founded_pvn << LINEAGE_TIME_BITS) | (founded_ms & ((1 << LINEAGE_TIME_BITS) - 1))
+
+
+def describe_lineage(lineage: int) -> str:
+    if not lineage:
+        return "unknown"
+    return (f"v{lineage >> LINEAGE_TIME_BITS}"
+            f"@{lineage & ((1 << LINEAGE_TIME_BITS) - 1)}ms")
 
 
 def fault_timeout_us(rank: int, *, timeout_base_us: int, inaction_us: int,

@@ -117,8 +117,9 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
                               "change": int, "max_precedence": int},
     MsgType.PROPOSE_PRIMARY_ACK: {"proposer": int, "change": int, "max_precedence": int},
     MsgType.PROPOSE_BACKUP: {"host": str, "pid": int},
-    # lineage: the view number at which the group's lineage was founded (a joiner takes
-    # it from its primary; membership/rules.py `competing_primary_wins`)
+    # lineage: the view number at which the group's lineage was founded and when, in one
+    # int (membership/rules.py `lineage_of`; a joiner takes it from its primary;
+    # `competing_primary_wins`)
     MsgType.ACCEPT_BACKUP: {"members": list, "old_members": list, "change": int,
                             "max_precedence": int, "lineage": int},
     MsgType.ACCEPT_BACKUP_ACK: {"change": int},

@@ -319,6 +319,7 @@ class Agent:
         self.rng = random.Random(os.getpid() ^ time.monotonic_ns())
         self.node = rp.ReplicaNode(group, self.rng, membership_config=self.membership_config,
                                    messaging_config=self.messaging_config, app_state=self)
+        self.node.membership.wall_ms_of = lambda: time.time_ns() // 1_000_000  # (lineages)
         self.driver = Driver(self.endpoint, self.node, on_action=self._on_action)
         self._handlers = self._action_handlers()
         self.stop_event = asyncio.Event()

@@ -196,6 +196,7 @@ class _Harness:
         core = Membership(Config(**{**cfg.__dict__, "host": "sim", "pid": node}),
                           random.Random(self.sim.rng.getrandbits(64)),
                           StateBlob(random.Random(self.sim.rng.getrandbits(64))))
+        core.wall_ms_of = lambda: self.sim.now_us // 1000      # (names lineages)
         take, rec = core.take_actions, self.rec
 
         def counted():                   # sends go to the kernel: count proposals here

@@ -968,6 +968,7 @@ class Schedule:
                            membership_config=mb.Config(
                                group=g, pulse_intervals=self.mcfg.pulse_intervals, **MCFG),
                            messaging_config=self.mcfg)
+        node.membership.wall_ms_of = lambda: self.sim.now_us // 1000   # one clock for all
         node.start(self.sim.now_us)
         self.nodes_made.append(node)
         self._new_app(node_id, node)

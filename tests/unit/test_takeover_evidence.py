@@ -13,7 +13,7 @@ import random
 from llft.protocol.messages import Message, MsgType, Role
 from llft.protocol.messaging import MessagingEndpoint
 from membership.core import Config, Membership, Send, Status
-from membership.rules import Key, competing_primary_wins
+from membership.rules import Key, competing_primary_wins, describe_lineage, lineage_of
 
 G, R = "g", "clients"
 CFG = Config(group=G)
@@ -85,17 +85,33 @@ def test_an_answer_that_the_primary_is_silent_there_too_lets_it_take_over():
 def test_an_answer_that_the_primary_spoke_to_them_since_keeps_it_waiting():
     core = backup()
     now = fire_detector(core)
-    core.probe_answered(PRIMARY, 4, 1 * MS, now)             # it spoke to them 1 ms ago
+    # it spoke to them 1 ms ago, a whole detector timeout after it fell silent to us
+    # (30 ms > 25): we were cut off while it served them
+    core.probe_answered(PRIMARY, 4, 1 * MS, now)
     assert core.status is Status.BACKUP and core.probes_alive == 1
-    # it spoke to them a whole detector timeout after it fell silent to us: we were cut
-    # off while it served them; even once it is silent there as well, never take over
+    # even once it is silent there as well, never take over (answers count no more)
     heard = core._last_heard[PRIMARY]
     later = advance(core, now + 10 * BASE)
     core.probe_answered(PRIMARY, 4, later - (heard + 2 * BASE), later)
-    assert core.status is Status.BACKUP and core.probes_alive == 2
-    # another primary of our group serves them (a later view): not ours to take over
-    core.probe_answered(999, 5, 0, later + 1)
-    assert core.status is Status.BACKUP and core.probes_alive == 3
+    assert core.status is Status.BACKUP and core.probes_alive == 1
+    # ... nor on the word of a member that never heard it (one restarted since: true,
+    # and our state is still stale; replica_removed_backup_outranks_the_state)
+    core.probe_answered(0, 0, 2 * BASE, later + 1)
+    assert core.status is Status.BACKUP
+    # until it speaks to us again: then a later silence is judged afresh
+    core.handle_message(Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 4, 1, PRIMARY,
+                                body={"rank": 1, "served": 1, "lineage": 0, "change": 0,
+                                      "wait": 0, "done": 0}), later + 2)
+    now = fire_detector(core)
+    core.probe_answered(0, 0, 2 * BASE, now)
+    assert core.status is Status.PRIMARY_PHASE2
+
+
+def test_an_answer_that_another_primary_of_ours_serves_them_keeps_it_waiting():
+    core = backup()
+    now = fire_detector(core)
+    core.probe_answered(999, 5, 0, now)          # a later view of our group: not ours
+    assert core.status is Status.BACKUP and core.probes_alive == 1
 
 
 def test_an_answer_from_a_member_that_never_heard_our_primary_counts_once_it_listened():
@@ -170,17 +186,33 @@ def test_the_older_lineage_outranks_a_group_founded_anew():
 def test_a_founder_starts_a_lineage_and_a_joiner_takes_its_primarys():
     founder = Membership(CFG, random.Random(3))
     founder.max_seen_pvn = 5                       # it heard of view 5 before its reset
+    founder.wall_ms_of = lambda: 1_764_000_000_123          # its wall clock, ms
     founder.start(0)
     while founder.status is Status.JOINING:
         founder.handle_timer(founder.next_timer_us())
-    assert founder.pvn == founder.lineage == 6
+    assert founder.pvn == 6 and founder.lineage == lineage_of(6, 1_764_000_000_123)
     joiner = Membership(CFG, random.Random(4))
     joiner.start(0)
     joiner.handle_message(Message(
         MsgType.ACCEPT_BACKUP, G, G, 0, Role.CLIENT, 6, 1, founder.birth,
         body={"members": [[founder.birth, 1], [joiner.birth, 2]], "old_members": [],
-              "change": 1, "max_precedence": 2, "lineage": 6}), 1_000)
-    assert joiner.status is Status.AWAITING_STATE and joiner.lineage == 6
+              "change": 1, "max_precedence": 2, "lineage": founder.lineage}), 1_000)
+    assert joiner.status is Status.AWAITING_STATE and joiner.lineage == founder.lineage
+
+
+def test_lineages_order_by_founding_view_then_founding_time():
+    # a reset replica refounding above the views it heard of: younger, whatever the time
+    assert lineage_of(1, 9_000) < lineage_of(2, 5)
+    # a replica restarted while cut off founds view 1 too, later: younger
+    first, restarted = lineage_of(1, 1_764_000_000_000), lineage_of(1, 1_764_000_004_500)
+    assert first < restarted
+    assert not competing_primary_wins(mine=Key(1, 10), theirs=Key(1, 99), mine_served=True,
+                                      theirs_served=True, mine_lineage=first,
+                                      theirs_lineage=restarted)
+    assert competing_primary_wins(mine=Key(1, 99), theirs=Key(1, 10), mine_served=True,
+                                  theirs_served=True, mine_lineage=restarted,
+                                  theirs_lineage=first)
+    assert describe_lineage(first) == "v1@1764000000000ms"
 
 
 def test_a_primary_heard_after_it_removed_us_does_not_make_our_state_current():
