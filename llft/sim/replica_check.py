@@ -794,11 +794,12 @@ class Schedule:
         self.nodes_made: list[ReplicaNode] = []
         self.started: set[str] = set()
         self.partition = 0.0                 # the generator's share of partitions
+        self.machine_cuts = 0.0              # ... of which cut one replica of each group
         self.cut_until = 0                   # a partition is on until then (one at a time)
 
     @classmethod
     def generate(cls, seed: int, *, random_cuts: bool = False, partition: float = 0.0,
-                 streams: int = 0, trace=None) -> "Schedule":
+                 machine_cuts: float = 0.0, streams: int = 0, trace=None) -> "Schedule":
         """The schedule of `seed`: its parameters now, its faults as it runs (`run`)."""
         rng = random.Random(seed)
         script = Script(KIND)
@@ -831,6 +832,7 @@ class Schedule:
         s = cls(script, trace=trace)
         s.rng = rng
         s.partition = partition
+        s.machine_cuts = machine_cuts
         return s
 
     # -- expectations -----------------------------------------------------------------------
@@ -1180,9 +1182,12 @@ class Schedule:
                 self._do("nothing", "#", "no", "replica", "of", g, "to", "restart")
         return act
 
-    def _partition(self, g: str, pick: str, duration_us: int, with_remote: bool):
+    def _partition(self, g: str, pick: str, duration_us: int, with_remote: bool,
+                   machine: bool = False):
         """Cut one replica of `g` off its group (alone, or together with the remote group,
-        which then loses its own group's others) for `duration_us`, then heal."""
+        which then loses its own group's others; or, `machine`, together with one replica
+        of the remote group, as the cut of one host running a replica of each group
+        gives) for `duration_us`, then heal."""
         def act(sim):
             live = [n for n in self._live(g) if not sim.paused(n)]
             cand = [n for n in live if sim.core(n).is_primary == (pick == "primary")
@@ -1193,6 +1198,9 @@ class Schedule:
             victim = self.rng.choice(cand)
             side = [victim] + ([n for n in sorted(self.started) if n[0] != g]
                                if with_remote else [])
+            if machine:
+                others = [n for n in sorted(self.started) if n[0] != g]
+                side = [victim] + ([self.rng.choice(others)] if others else [])
             rest = [n for n in sorted(self.started) if n not in side]
             self._do("partition", *side, "|", *rest)
             self.cut_until = sim.now_us + duration_us
@@ -1225,7 +1233,10 @@ class Schedule:
             if self.partition and rng.random() < self.partition:
                 # (drawn only with --partition: the other seeds keep their schedules)
                 sim.at(t, self._partition(g, rng.choice(["primary", "backup", "backup"]),
-                                          rng.randint(20_000, 300_000), rng.random() < 0.3))
+                                          rng.randint(20_000, 300_000), rng.random() < 0.3,
+                                          # (drawn only with --machine-cuts: likewise)
+                                          bool(self.machine_cuts)
+                                          and rng.random() < self.machine_cuts))
             elif kind == "pause":
                 sim.at(t, self._pause(g, rng.choice(["primary", "primary", "backup"]),
                                       rng.randint(5_000, 150_000)))
@@ -1409,9 +1420,9 @@ def request_bytes(seq: int, n: int) -> bytes:
 
 
 def run_seed(seed: int, *, random_cuts: bool = False, partition: float = 0.0,
-             streams: int = 0, trace=None) -> Outcome:
+             machine_cuts: float = 0.0, streams: int = 0, trace=None) -> Outcome:
     return Schedule.generate(seed, random_cuts=random_cuts, partition=partition,
-                             streams=streams, trace=trace).run()
+                             machine_cuts=machine_cuts, streams=streams, trace=trace).run()
 
 
 def run_script(script: Script, *, trace=None) -> Outcome:
@@ -1424,6 +1435,9 @@ CAMPAIGN = Campaign(
                                     "replicas (messaging's map from msn to bytes then differs)"),
         Param("partition", 0.0, "share of faults that cut a replica off its group (alone or "
                                 "with the remote group) for 20-300 ms, then heal"),
+        Param("machine-cuts", 0.0, "with --partition: share of cuts that take one replica "
+                                   "of each group (one host's cut; docs/ARCHITECTURE.md open "
+                                   "item 9: an open issue)"),
         Param("streams", 0, "the client opens this many streams in one group connection "
                             "(some ended with FIN, some reset), the server frames its answers "
                             "with a Framer per replica (0: plain connections)"),))
