@@ -105,6 +105,7 @@ MAX_STATE_CHUNKS = 65_536    # chunks of one checkpoint (x chunk size = largest 
 MAX_TRACKED_VIEWS = 8        # view numbers whose proposals a member remembers
 MAX_ACTIONS = 4_096          # actions not yet taken by the driver
 MAX_PROBED_GROUPS = 64       # remote groups a held backup probes per interval
+LONG_QUIET_US = 3_600_000_000  # "not heard a majority of our group since ever" in a PROBE answer
 STALL_SLACK_INTERVALS = 2    # no event for this many heartbeat intervals: a local stall
 SETTLING_HEARTBEATS = 20     # a member just given our state: heartbeats before normal timeouts
 MAX_BACKOFF_LEVEL = 30       # doublings of the rejoin back-off remembered (then capped anyway)
@@ -197,6 +198,12 @@ class Config:
     # (messaging's 15 ms): a remote group that heard ours less long ago than this, and
     # after it fell silent to us, says it lives (`probe_answered`)
     live_remote_silence_us: int = 45_000
+    # a PROBE answer from a remote member that hears no majority of its own group (it is
+    # cut off as we may be: `probe_state`) counts as evidence at once only where no
+    # majority decides (`_lost_answer_counts`); otherwise once our takeover has been held
+    # this long (default 40 x timeout_base_us: 1 s): three crashes must not stall the
+    # survivors for ever, and a cut longer than this is served on both sides, as before
+    lost_evidence_after_us: int | None = None
     rejoin_backoff_min_us: int = 10_000   # a second reset waits this long before it applies
     rejoin_backoff_max_us: int = 80_000   # the wait doubles up to this
     rejoin_stable_us: int = 1_000_000     # member this long before a reset: back to the min
@@ -211,6 +218,11 @@ class Config:
     def refound_us(self) -> int:
         return 10 * self.found_timeout_us if self.refound_timeout_us is None \
             else self.refound_timeout_us
+
+    @property
+    def lost_evidence_us(self) -> int:
+        return 40 * self.timeout_base_us if self.lost_evidence_after_us is None \
+            else self.lost_evidence_after_us
 
     @property
     def extension_cap_us(self) -> int:
@@ -668,9 +680,12 @@ class Membership:
         answers to our PROBEs: `probe_answered`)."""
         return self._takeover_held_us is not None
 
-    def probe_answered(self, primary: int, pvn: int, ago_us: int, now_us: int) -> None:
+    def probe_answered(self, primary: int, pvn: int, ago_us: int, now_us: int,
+                       quiet_us: int = 0, size: int = 0) -> None:
         """A remote group's member answered our PROBE: it last heard our group's primary
-        `primary` (birth id, 0: never) of view `pvn` `ago_us` before it answered."""
+        `primary` (birth id, 0: never) of view `pvn` `ago_us` before it answered, and a
+        majority of its own group's view of `size` members `quiet_us` before
+        (`probe_state`)."""
         if self._takeover_held_us is None or self.status is not Status.BACKUP:
             return
         self._observe_clock(now_us, tick=False)
@@ -715,8 +730,70 @@ class Membership:
                 return
         elif ago_us < c.timeout_base_us:
             return      # it never heard our primary, nor listened long enough to tell
+        if self._answer_is_lost(quiet_us, now_us) and not self._lost_answer_counts(size,
+                                                                                 now_us):
+            return
         self._evidence_us = now_us
         self._fault_detector_fired(now_us)
+
+    def probe_state(self, now_us: int) -> tuple[int, int]:
+        """What our PROBE answers add about ourselves: (quiet, size): how long ago we
+        last heard a strict majority of our own view of `size` members (counting
+        ourselves; 0 for a group of one). If that is as long as the asker has not heard
+        its primary, our word that its primary is silent may only mean that both of us
+        are on the cut-off side (`_answer_is_lost`). A replica not a member hears no
+        majority."""
+        if not self.is_member():
+            return LONG_QUIET_US, 0
+        return min(LONG_QUIET_US, self._majority_quiet_us(now_us)), self._quorum_base
+
+    def _majority_heard_us(self) -> int:
+        """When we last heard a strict majority of the largest membership of our view
+        (counting ourselves; a group of one: always)."""
+        need = self._quorum_base // 2           # others besides us for a strict majority
+        if need == 0:
+            return 1 << 62
+        heard = sorted((self._last_heard.get(k.birth, -(1 << 62)) for k in self.members
+                        if k.birth != self.birth), reverse=True)
+        now = heard[need - 1] if len(heard) >= need else -(1 << 62)
+        return max(now, self._majority_kept_us)
+
+    def _majority_quiet_us(self, now_us: int) -> int:
+        """How long we have not heard a strict majority of our view (0: we hear one)."""
+        quiet = now_us - self._majority_heard_us()
+        return quiet if quiet >= self._silence_allowed_us() else 0
+
+    def _hears_majority(self, now_us: int) -> bool:
+        """We heard a strict majority of our view lately (our own detector's sense:
+        within two heartbeat intervals of the most we allow our primary)."""
+        return self._majority_quiet_us(now_us) == 0
+
+    def _silence_allowed_us(self) -> int:
+        return self.cfg.fault_timeout_us(2) - 2 * self.cfg.heartbeat_interval_us
+
+    def _answer_is_lost(self, quiet_us: int, now_us: int) -> bool:
+        """The answerer has not heard a majority of its group for about as long as we
+        have not heard our primary (or longer): it is likely cut off with us."""
+        heard = self._last_heard.get(self.primary.birth, self._hb_sent_us)
+        return quiet_us + 2 * self.cfg.heartbeat_interval_us >= now_us - heard
+
+    def _lost_answer_counts(self, size: int, now_us: int) -> bool:
+        """An answer from a remote member that is itself lost (`_answer_is_lost`) is evidence
+        that its side, which may be ours, does not hear our primary. A machine cut takes
+        one replica of each group: the two backups so cut off each said the other's
+        primary was silent, both took over, and the heal kept the minority's branches,
+        or, with a restart among them, branches that had not served each other
+        (replica_machine_cut_serves_a_fresh_lineage). It counts when we hear a majority
+        of our own view (the majority side takes over: a machine that died with both
+        primaries), when neither group has a majority to find (two members or fewer:
+        the paper's availability, as before), or once we have held for
+        `lost_evidence_us` (three crashes leave a survivor that hears no majority)."""
+        if self._hears_majority(now_us):
+            return True
+        if self._quorum_base <= 2 and size <= 2:
+            return True
+        held = self._takeover_held_us
+        return held is not None and now_us - held >= self.cfg.lost_evidence_us
 
     def primary_spoke(self, now_us: int) -> None:
         """The runtime heard a message of any kind from our primary to our group (the
@@ -792,6 +869,8 @@ class Membership:
         self.change = 0
         self.lineage = 0                 # our group's lineage (`rules.lineage_of`; 0: none yet)
         self.members: list[Key] = []
+        self._quorum_base = 0            # the largest membership of our view (`_install`)
+        self._majority_kept_us = now_us  # last heard a majority of it, as of the last change
         self.max_precedence = 0
         self._accepted_by_proposal = False
         self._generated_target: int | None = None
@@ -868,6 +947,15 @@ class Membership:
 
     def _install(self, pvn: int, change: int, members: list[Key], max_prec: int,
                  now_us: int, reason: str = "") -> None:
+        # the majority our PROBE answers speak of is of the largest membership of the view
+        # (a primary that removed the backups it cannot hear has not found a majority),
+        # and when we last heard one survives the removal (`_majority_heard_us`)
+        if pvn == self.pvn and self.members:
+            self._majority_kept_us = min(now_us, self._majority_heard_us())
+            self._quorum_base = max(self._quorum_base, len(members))
+        else:
+            self._majority_kept_us = now_us
+            self._quorum_base = len(members)
         self.pvn, self.change, self.members = pvn, change, list(members)
         self._behind_since_us = None
         self._primary_change_seen = change

@@ -131,8 +131,11 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
     MsgType.NEW_PRIMARY_VIEW: {"old_pvn": int, "last_delivered": int},
     MsgType.NEW_PRIMARY_VIEW_ACK: {"last_delivered_from": int, "last_sent_to": int},
     # answer 1: pvn/primary (birth id, 0: none) of the asking group's primary last heard
-    # (its messages only a primary sends), `ago` microseconds before this answer
-    MsgType.PROBE: {"answer": int, "pvn": int, "primary": int, "ago": int},
+    # (its messages only a primary sends), `ago` microseconds before this answer; quiet:
+    # microseconds since the answerer last heard a majority of its own group's view of
+    # `size` members (membership/core.py `probe_state`, `_answer_is_lost`)
+    MsgType.PROBE: {"answer": int, "pvn": int, "primary": int, "ago": int, "quiet": int,
+                    "size": int},
 }
 
 
@@ -173,7 +176,8 @@ def probe(src_group: str, dst_group: str, *, pvn: int, precedence: int, sender: 
     return Message(type=MsgType.PROBE, src_group=src_group, dst_group=dst_group,
                    conn_seq=0, role=Role.CLIENT, pvn=pvn, precedence=precedence,
                    sender=sender,
-                   body=answer or {"answer": 0, "pvn": 0, "primary": 0, "ago": 0})
+                   body=answer or {"answer": 0, "pvn": 0, "primary": 0, "ago": 0,
+                                   "quiet": 0, "size": 0})
 
 
 @dataclass(frozen=True, slots=True)

@@ -239,6 +239,7 @@ class ReplicaNode:
         self.messaging = mg.MessagingEndpoint(self.group, self.membership.birth,
                                               self.messaging_config)
         self.messaging.wait_of = self.membership.detector_wait_ms   # said in its HEARTBEATs
+        self.messaging.probe_state_of = lambda: self.membership.probe_state(self._now)
         self.live = False                       # messaging fed (member holding state)
         self._leaving = False                   # abandoned: the endpoint's rest is dropped
         self.started_pvn = 0                    # primary view whose marker we logged
@@ -426,7 +427,8 @@ class ReplicaNode:
         if (t is MsgType.PROBE and msg.body["answer"] and msg.src_group != self.group
                 and m.takeover_held):
             b = msg.body                    # evidence (or not) for a held takeover
-            self._touched().probe_answered(b["primary"], b["pvn"], b["ago"], now_us)
+            self._touched().probe_answered(b["primary"], b["pvn"], b["ago"], now_us,
+                                           b["quiet"], b["size"])
         if t in MEMBERSHIP_CORE_TYPES:
             self._touched().handle_message(msg, now_us)
         elif t == MsgType.HEARTBEAT:

@@ -49,8 +49,10 @@ replace a primary that is still running and resumes with its old view). With
 `--partition P` (off by default, so the other seeds keep their schedules) a share P of
 the faults instead cuts one replica (primary or backup) off its group for 20-300 ms,
 alone or together with the remote group, then heals: each side may go on as a branch
-of its own, and the heal must keep the one whose output the other group has seen. A
-crash never leaves a group without a live replica holding its state. Then faults stop
+of its own, and the heal must keep the one whose output the other group has seen. With
+`--machine-cuts M` a share M of those cuts takes one replica of each group together
+instead, as the cut of one host running a replica of each does. A crash never leaves a
+group without a live replica holding its state. Then faults stop
 (and any partition heals).
 
 Checks on every schedule:
@@ -1436,8 +1438,8 @@ CAMPAIGN = Campaign(
         Param("partition", 0.0, "share of faults that cut a replica off its group (alone or "
                                 "with the remote group) for 20-300 ms, then heal"),
         Param("machine-cuts", 0.0, "with --partition: share of cuts that take one replica "
-                                   "of each group (one host's cut; docs/ARCHITECTURE.md open "
-                                   "item 9: an open issue)"),
+                                   "of each group together, as one host's cut does "
+                                   "(docs/ARCHITECTURE.md open item 9)"),
         Param("streams", 0, "the client opens this many streams in one group connection "
                             "(some ended with FIN, some reset), the server frames its answers "
                             "with a Framer per replica (0: plain connections)"),))

@@ -138,17 +138,17 @@ def test_every_member_of_a_remote_group_answers_with_what_it_heard_of_our_primar
     ep.handle_message(keepalive, 1_000)
     ep.take_actions()
     probe = Message(MsgType.PROBE, G, R, 0, Role.CLIENT, 4, 2, ME,
-                    body={"answer": 0, "pvn": 0, "primary": 0, "ago": 0})
+                    body={"answer": 0, "pvn": 0, "primary": 0, "ago": 0, "quiet": 0, "size": 0})
     ep.handle_message(probe, 31_000)
     (a,) = [a for a in ep.take_actions() if getattr(a, "msg", None) is not None
             and a.msg.type is MsgType.PROBE]
     assert a.dst_group == G and a.msg.body == {"answer": 1, "pvn": 4, "primary": PRIMARY,
-                                               "ago": 30_000}
+                                               "ago": 30_000, "quiet": 0, "size": 0}
     ep.handle_message(probe, 31_100)                  # rate-limited: one per nack delay
     assert not [a for a in ep.take_actions() if getattr(a, "msg", None) is not None
                 and a.msg.type is MsgType.PROBE]
     answer = Message(MsgType.PROBE, G, R, 0, Role.CLIENT, 4, 2, ME,
-                     body={"answer": 1, "pvn": 0, "primary": 0, "ago": 0})
+                     body={"answer": 1, "pvn": 0, "primary": 0, "ago": 0, "quiet": 0, "size": 0})
     ep.handle_message(answer, 40_000)                 # an answer is not answered
     assert not [a for a in ep.take_actions() if getattr(a, "msg", None) is not None
                 and a.msg.type is MsgType.PROBE]
@@ -252,3 +252,81 @@ def test_a_primary_whose_heartbeats_came_late_under_load_is_judged_by_its_last_w
     later = advance(core, spoke + BASE + 5 * MS)    # then silent to us and to them
     core.probe_answered(PRIMARY, 4, later - (spoke + 1 * MS), later)
     assert core.status is Status.PRIMARY_PHASE2
+
+
+def _three(remote_groups=(R,)) -> Membership:
+    """A backup of a three-member view: PRIMARY, ME, OTHER (a junior backup)."""
+    core = Membership(CFG, random.Random(1))
+    core.start(0)
+    core.birth = ME
+    core.status = Status.BACKUP
+    core._install(4, 0, [Key(1, PRIMARY), Key(2, ME), Key(3, OTHER)], 3, 0)
+    core.remote_groups_of = lambda: remote_groups
+    core.take_actions()
+    return core
+
+
+OTHER = 107
+
+
+def test_a_lost_answer_is_no_evidence_where_a_majority_decides():
+    """A machine cut takes one replica of each group: a remote member cut off with us
+    (it has not heard a majority of its own three-member group for as long as we have
+    not heard our primary) says our primary is silent: true on our side only. Our own
+    view has three members and we hear none of them: we hold, until the long hold."""
+    core = _three()
+    now = fire_detector(core)
+    quiet = now - core._last_heard[PRIMARY]          # it lost its group when we did
+    core.probe_answered(0, 0, 2 * BASE, now, quiet, 3)
+    assert core.status is Status.BACKUP
+    core.probe_answered(PRIMARY, 4, quiet, now + 1, quiet, 2)   # a group of two: the same
+    assert core.status is Status.BACKUP
+    later = advance(core, now + CFG.lost_evidence_us)
+    core.probe_answered(PRIMARY, 4, quiet + later - now, later, quiet + later - now, 3)
+    assert core.status is not Status.BACKUP          # three crashes: the survivor goes on
+
+
+def test_a_lost_answer_counts_on_the_majority_side():
+    """The machine of both primaries died: we still hear the other backup (a majority
+    of our three), and the remote group's backup, which lost its primary with ours, is
+    the only one left to ask."""
+    core = _three()
+    now = core.next_timer_us()
+    while core.status is Status.BACKUP and not core.takeover_held:
+        core._last_heard[OTHER] = now                # the junior backup speaks on
+        core.handle_timer(now)
+        now = core.next_timer_us()
+    quiet = now - core._last_heard[PRIMARY]
+    core._last_heard[OTHER] = now
+    core.probe_answered(PRIMARY, 4, quiet, now, quiet, 2)
+    assert core.status is not Status.BACKUP
+
+
+def test_a_lost_answer_counts_where_no_group_has_a_majority_to_find():
+    core = backup()                                  # two members
+    now = fire_detector(core)
+    quiet = now - core._last_heard[PRIMARY]
+    core.probe_answered(PRIMARY, 4, quiet, now, quiet, 2)
+    assert core.status is Status.PRIMARY_PHASE2
+
+
+def test_an_answer_from_a_member_in_touch_with_its_group_counts():
+    core = _three()
+    now = fire_detector(core)
+    core.probe_answered(PRIMARY, 4, now - core._last_heard[PRIMARY], now, 0, 3)
+    assert core.status is not Status.BACKUP
+
+
+def test_a_primary_that_removed_its_silent_backups_has_not_found_a_majority():
+    """What a PROBE answer says of us: a primary cut off from both its backups removes
+    them, and is still quiet since it last heard them (the largest membership of the
+    view counts), not a group of one that hears all of itself."""
+    core = Membership(CFG, random.Random(2))
+    core.start(0)
+    core.birth = PRIMARY
+    core.status = Status.PRIMARY
+    core._install(4, 0, [Key(1, PRIMARY), Key(2, ME), Key(3, OTHER)], 3, 0)
+    assert core.probe_state(1_000) == (0, 3)
+    core._install(4, 1, [Key(1, PRIMARY)], 3, 80_000)   # removed both, silent since 0
+    quiet, size = core.probe_state(100_000)
+    assert size == 3 and quiet == 100_000

@@ -259,6 +259,8 @@ class MessagingEndpoint:
         self.change = 0                     # membership's change in this view (likewise)
         # membership's detector wait, in ms (likewise: Membership.detector_wait_ms)
         self.wait_of: Callable[[], int] = int
+        # (quiet, size) said in our PROBE answers (likewise: Membership.probe_state)
+        self.probe_state_of: Callable[[], tuple[int, int]] = lambda: (0, 0)
 
     # ======================================================================== views ===
     @property
@@ -683,7 +685,8 @@ class MessagingEndpoint:
         self._emit(msg.src_group, probe(
             self.group, msg.src_group, pvn=self.pvn, precedence=self.precedence,
             sender=self.birth_id, answer=probe_answer(
-                self.primary_heard.get(msg.src_group), self._since_us, self._now)))
+                self.primary_heard.get(msg.src_group), self._since_us, self._now,
+                *self.probe_state_of())))
 
     def _after_event(self) -> None:
         """Watermark news: a backup reports a risen watermark soon; a primary whose group
@@ -2211,13 +2214,17 @@ def _remember(memory: dict, key, value, limit: int) -> None:
         del memory[next(iter(memory))]
 
 
-def probe_answer(heard: tuple[int, int, int] | None, since_us: int, now_us: int) -> dict:
+def probe_answer(heard: tuple[int, int, int] | None, since_us: int, now_us: int,
+                 quiet_us: int = 0, size: int = 0) -> dict:
     """A PROBE's answer body: what we last heard of the asking group's primary (never:
-    primary 0, and `ago` how long we have been listening)."""
+    primary 0, and `ago` how long we have been listening), and whether we hear a
+    majority of our own group (`quiet_us` ago, of a view of `size`)."""
     if heard is None:
-        return {"answer": 1, "pvn": 0, "primary": 0, "ago": max(0, now_us - since_us)}
+        return {"answer": 1, "pvn": 0, "primary": 0, "ago": max(0, now_us - since_us),
+                "quiet": quiet_us, "size": size}
     pvn, birth, at = heard
-    return {"answer": 1, "pvn": pvn, "primary": birth, "ago": max(0, now_us - at)}
+    return {"answer": 1, "pvn": pvn, "primary": birth, "ago": max(0, now_us - at),
+            "quiet": quiet_us, "size": size}
 
 
 def _item_hash(c: Connection) -> int:
