@@ -697,8 +697,12 @@ class Membership:
         if now_us - self._primary_spoke_us < c.timeout_base_us:
             self.probes_alive += 1              # its heartbeats are late, but it speaks
             return
-        if primary and (pvn > self.pvn or (pvn == self.pvn and primary != mine)):
-            self.probes_alive += 1              # another primary of ours serves them
+        if primary and (pvn > self.pvn or (pvn == self.pvn and primary != mine)
+                        or (primary != mine and ago_us < c.live_remote_silence_us)):
+            # another primary of ours serves them: of a later view, or of the same or an
+            # earlier one lately (the view we are in may be a branch that went nowhere:
+            # the competing-primary rule settles it, a takeover would fork it again)
+            self.probes_alive += 1
             return
         if primary == mine:
             # when it spoke to them, against when it fell silent to us: its last message
@@ -956,6 +960,14 @@ class Membership:
         else:
             self._majority_kept_us = now_us
             self._quorum_base = len(members)
+        if not (self.members and members[0] == self.members[0]):
+            # what the previous primary's heartbeats said is not the new one's: a backup
+            # that had acknowledged a proposer which then reset kept the old primary's
+            # `served` and outranked that live, serving primary (still in the view the
+            # proposer left) for ever, then took over from the proposer's dead view with
+            # the state it had when the cut began (`--random-cuts --partition 0.5 --seed
+            # 282001`, schedule 108)
+            self._primary_served = False
         self.pvn, self.change, self.members = pvn, change, list(members)
         self._behind_since_us = None
         self._primary_change_seen = change
