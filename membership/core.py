@@ -51,7 +51,11 @@ highest is pruned. Beyond the paper, so that the branch kept is the one the clie
 (`rules.competing_primary_wins`; heartbeats carry lineage, served and the membership
 change), and a backup with remote connections takes over only once a remote group
 answers its PROBE that our primary is silent there too (`_awaiting_evidence`,
-`probe_answered`): a backup cut off alone holds instead of founding a branch.
+`probe_answered`): a backup cut off alone holds instead of founding a branch. An
+answer from a remote member cut off as long as we are (it hears no majority of its own
+group: `probe_state`) is evidence only where a majority decides for us, where no group
+has one to find, or after a long hold (`_lost_answer_counts`): the cut of one host
+running a replica of each group otherwise let both cut-off backups take over.
 
 Beyond the paper (it is silent on these; see docs/ARCHITECTURE.md "Membership"):
   * a proposed member that neither acknowledges nor speaks for `ack_timeout_us` is
