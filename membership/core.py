@@ -714,7 +714,7 @@ class Membership:
             # order info still flows), or, if its heartbeats named a membership change
             # we never got, when that began (a primary heard again after it removed us,
             # before we learn that, leaves our state as stale as the removal)
-            silent_us = max(self._last_heard.get(mine, self._hb_sent_us),
+            silent_us = max(self._primary_heard_us(),
                             self._primary_spoke_us)
             if self._behind_since_us is not None:
                 silent_us = min(silent_us, self._behind_since_us)
@@ -763,8 +763,8 @@ class Membership:
             return 1 << 62
         heard = sorted((self._last_heard.get(k.birth, -(1 << 62)) for k in self.members
                         if k.birth != self.birth), reverse=True)
-        now = heard[need - 1] if len(heard) >= need else -(1 << 62)
-        return max(now, self._majority_kept_us)
+        latest = heard[need - 1] if len(heard) >= need else -(1 << 62)
+        return max(latest, self._majority_kept_us)
 
     def _majority_quiet_us(self, now_us: int) -> int:
         """How long we have not heard a strict majority of our view (0: we hear one)."""
@@ -782,8 +782,8 @@ class Membership:
     def _answer_is_lost(self, quiet_us: int, now_us: int) -> bool:
         """The answerer has not heard a majority of its group for about as long as we
         have not heard our primary (or longer): it is likely cut off with us."""
-        heard = self._last_heard.get(self.primary.birth, self._hb_sent_us)
-        return quiet_us + 2 * self.cfg.heartbeat_interval_us >= now_us - heard
+        return (quiet_us + 2 * self.cfg.heartbeat_interval_us
+                >= now_us - self._primary_heard_us())
 
     def _lost_answer_counts(self, size: int, now_us: int) -> bool:
         """An answer from a remote member that is itself lost (`_answer_is_lost`) is evidence
@@ -1163,6 +1163,10 @@ class Membership:
         return (birth in self._needs_state or birth in self._settling
                 or (out is not None and out.to == birth))
 
+    def _primary_heard_us(self) -> int:
+        """When we last heard our primary (before any word: when we last spoke)."""
+        return self._last_heard.get(self.primary.birth, self._hb_sent_us)
+
     def _fd_deadline_us(self) -> int:
         return self._fd_deadline()[0]
 
@@ -1171,7 +1175,7 @@ class Membership:
         heard + floor + extension: `silence_watches`)."""
         # every rank extends by what the rank-2 floor would: the ranks keep their order
         c, p = self.cfg, self.primary.birth
-        heard = self._last_heard.get(p, self._hb_sent_us)
+        heard = self._primary_heard_us()
         floor = c.fault_timeout_us(max(2, self.rank))
         fire = heard + floor
         own = fire + self._extension_us(p, c.timeout_base_us)
@@ -1198,7 +1202,7 @@ class Membership:
         about one run in five under CPU hogs)."""
         if self.status is not Status.BACKUP or self.rank < 2:
             return 0
-        heard = self._last_heard.get(self.primary.birth, self._hb_sent_us)
+        heard = self._primary_heard_us()
         wait_us = self._fd_deadline_us() - heard - self.cfg.fault_timeout_us(self.rank)
         return max(0, -(-wait_us // 1000))
 
@@ -1221,7 +1225,7 @@ class Membership:
             return
         members = proposal_members(self.members, self.primary, self.key)
         self._generated_target = target
-        heard = self._last_heard.get(self.primary.birth, self._hb_sent_us)
+        heard = self._primary_heard_us()
         # the timeout that applied, beside the silence: a takeover from a live primary
         # then says whether the detector had room (an extended timeout) or none
         why = (f"primary {short_id(self.primary.birth)} of view {self.pvn} silent for "

@@ -137,6 +137,7 @@ def competing_primary_wins(*, mine: Key | None, theirs: Key, mine_served: bool =
 
 
 LINEAGE_TIME_BITS = 44       # founding milliseconds since the epoch: until the year 2527
+_LINEAGE_TIME_MASK = (1 << LINEAGE_TIME_BITS) - 1
 
 
 def lineage_of(founded_pvn: int, founded_ms: int) -> int:
@@ -149,14 +150,13 @@ def lineage_of(founded_pvn: int, founded_ms: int) -> int:
     precedences of two founders tie too, so the birth ids' coin decided which group kept
     its state). Clocks of different hosts need only agree to better than the time between
     the two foundings."""
-    return (founded_pvn << LINEAGE_TIME_BITS) | (founded_ms & ((1 << LINEAGE_TIME_BITS) - 1))
+    return (founded_pvn << LINEAGE_TIME_BITS) | (founded_ms & _LINEAGE_TIME_MASK)
 
 
 def describe_lineage(lineage: int) -> str:
     if not lineage:
         return "unknown"
-    return (f"v{lineage >> LINEAGE_TIME_BITS}"
-            f"@{lineage & ((1 << LINEAGE_TIME_BITS) - 1)}ms")
+    return f"v{lineage >> LINEAGE_TIME_BITS}@{lineage & _LINEAGE_TIME_MASK}ms"
 
 
 def fault_timeout_us(rank: int, *, timeout_base_us: int, inaction_us: int,

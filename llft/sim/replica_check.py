@@ -1198,11 +1198,10 @@ class Schedule:
                 self._do("nothing", "#", "no", pick, "of", g, "to", "cut")
                 return
             victim = self.rng.choice(cand)
-            side = [victim] + ([n for n in sorted(self.started) if n[0] != g]
-                               if with_remote else [])
+            others = [n for n in sorted(self.started) if n[0] != g]
             if machine:
-                others = [n for n in sorted(self.started) if n[0] != g]
-                side = [victim] + ([self.rng.choice(others)] if others else [])
+                others = [self.rng.choice(others)] if others else []
+            side = [victim] + (others if with_remote or machine else [])
             rest = [n for n in sorted(self.started) if n not in side]
             self._do("partition", *side, "|", *rest)
             self.cut_until = sim.now_us + duration_us

@@ -2219,10 +2219,7 @@ def probe_answer(heard: tuple[int, int, int] | None, since_us: int, now_us: int,
     """A PROBE's answer body: what we last heard of the asking group's primary (never:
     primary 0, and `ago` how long we have been listening), and whether we hear a
     majority of our own group (`quiet_us` ago, of a view of `size`)."""
-    if heard is None:
-        return {"answer": 1, "pvn": 0, "primary": 0, "ago": max(0, now_us - since_us),
-                "quiet": quiet_us, "size": size}
-    pvn, birth, at = heard
+    pvn, birth, at = heard if heard is not None else (0, 0, since_us)
     return {"answer": 1, "pvn": pvn, "primary": birth, "ago": max(0, now_us - at),
             "quiet": quiet_us, "size": size}
 
