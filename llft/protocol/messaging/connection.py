@@ -369,7 +369,7 @@ class RemoteView:
 
 class Connection:
     __slots__ = ("cid", "remote", "seq", "role", "state", "known", "send", "recv",
-                 "remote_view", "peer_done", "lost_at", "lost_resends")
+                 "remote_view", "peer_done", "lost_at", "lost_resends", "foreign")
 
     def __init__(self, cid: ConnId, rto_us: int, rto_max_us: int | None = None):
         self.cid = cid
@@ -383,6 +383,9 @@ class Connection:
                                             # is gone (silent for remote_timeout_us)
         self.lost_at: int | None = None     # lost or gone: the offset of its reset here
         self.lost_resends = 0               # ... and its bytes re-sent to our backups
+        # taken up by a primary from the middle of the remote's stream, nothing of it
+        # delivered here yet: another branch's connection, heard (MessagingEndpoint.served)
+        self.foreign = False
 
     # ---- transitions (the only writers of `state` and `known`) ----
     def _go(self, to: SendState) -> None:

@@ -271,8 +271,15 @@ class MessagingEndpoint:
     def served(self) -> bool:
         """Primary with a connection to a remote group (open now, or that brought data in
         this view): its branch carries output a client may have seen. A successor that
-        took over its predecessor's connections continues a served branch."""
-        return self.is_primary and (bool(self.conns) or self.served_pvn == self.pvn)
+        took over its predecessor's connections continues a served branch. A connection
+        this primary only heard from the middle of the remote's stream, with nothing of
+        it delivered here (`Connection.foreign`), does not count: after a heal a
+        primary that took over alone, with no connection, hears the clients of the
+        branch that served them, and counting their connection (or the data it could
+        not deliver) made its empty branch "served" and let its precedence roll back
+        what they read (replica_heal_foreign_connection_served)."""
+        return self.is_primary and (any(not c.foreign for c in self.conns.values())
+                                    or self.served_pvn == self.pvn)
 
     def set_view(self, pvn: int, primary_birth_id: int, members: list[tuple[int, int]],
                  my_birth_id: int, now_us: int | None = None) -> None:
@@ -806,6 +813,11 @@ class MessagingEndpoint:
                 self._count("conn_refused")
                 return
             c = self._conn(cid)
+            # a primary that first hears a connection anywhere but at its stream's start
+            # takes up another branch's (or a predecessor's it never knew): not ours to
+            # count as served until something of it is delivered here
+            c.foreign = self.is_primary and not (
+                msg.type in DATA_TYPES and msg.body["offset"] == 0)
             self._actions.append(Opened(cid))
         self._handle_inter(c, msg)
         if self.is_primary:
@@ -862,7 +874,7 @@ class MessagingEndpoint:
                 c.remote_view.delivered = trailer[4]
                 if not self.is_primary:
                     self._trim_log(c)
-        if t in DATA_TYPES and self.is_primary:
+        if t in DATA_TYPES and self.is_primary and not c.foreign:
             self.served_pvn = self.pvn
         handler = _INTER_GROUP_HANDLERS.get((t, self.is_primary))
         if handler is not None:
@@ -1138,6 +1150,10 @@ class MessagingEndpoint:
         if offset < c.recv.delivered:
             data = data[c.recv.delivered - offset:]
         start, e = c.recv.delivered, c.recv.end
+        if c.foreign:
+            c.foreign = False               # its stream continues here: ours from now on
+            if self.is_primary:
+                self.served_pvn = self.pvn
         if e is not None and start <= e < end:
             if e > start:
                 self._actions.append(Deliver(c.cid, start, data[:e - start]))
