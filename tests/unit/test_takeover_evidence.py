@@ -168,6 +168,31 @@ def test_a_served_branch_outranks_an_unserved_one_whatever_the_precedence():
     assert competing_primary_wins(mine=low, theirs=high, mine_served=False)
 
 
+def _request(msn: int, offset: int, data: bytes) -> Message:
+    """The clients' primary's data on their connection 5 to our group G."""
+    return Message(MsgType.REQUEST, R, G, 5, Role.CLIENT, 1, 1, 900, msn=msn,
+                   body={"offset": offset, "data": data, "flags": 0})
+
+
+def test_a_connection_heard_from_its_middle_does_not_make_a_branch_served():
+    """A backup that took over alone with no connection hears, after the heal, the
+    clients of the branch that served them, from the middle of their stream: it cannot
+    deliver any of it, and that does not make its branch "served" (it would then win the
+    heal on precedence: replica_heal_foreign_connection_served). A connection heard from
+    its start, or whose stream reaches it here in order, does."""
+    ep = MessagingEndpoint(G, ME)
+    ep.set_view(2, ME, [(ME, 2)], ME, 0)
+    assert not ep.served
+    ep.handle_message(_request(4, 1962, b"x" * 100), 1_000)
+    assert (R, 5, Role.SERVER) in ep.conns and not ep.served
+    ep.handle_message(_request(1, 0, b"y" * 1962), 2_000)    # its start, in order here
+    assert ep.served
+    fresh = MessagingEndpoint(G, ME)
+    fresh.set_view(2, ME, [(ME, 2)], ME, 0)
+    fresh.handle_message(_request(1, 0, b"y" * 10), 1_000)   # a stream that starts here
+    assert fresh.served
+
+
 def test_the_older_lineage_outranks_a_group_founded_anew():
     # a replica reset while cut off founds the group again at a view above every view it
     # heard of: served and of higher precedence, its branch still yields to the lineage
