@@ -837,6 +837,16 @@ class Membership:
                 "lineage": self.lineage, "change": self.change,
                 "wait": self.detector_wait_ms()}
 
+    def heartbeat_news(self, now_us: int) -> None:
+        """Something our HEARTBEAT says changed outside this core (our branch became
+        served: `served_of`): ours goes at once, as at a membership change (`_install`),
+        instead of a repetition of the last saying otherwise for up to a refresh. A
+        primary heard by a competing one after a heal said "not served" for that long
+        while it served, so the competitor's empty branch kept its place and the clients
+        followed its higher view (replica_heal_stale_served_heartbeat)."""
+        if self._hb_due_us > now_us:
+            self._hb_due_us = now_us
+
     def _heartbeat_sent(self, at_us: int, slack_us: int = 0) -> None:
         self._hb_sent_us = at_us
         self._hb_due_us = at_us + self.cfg.heartbeat_interval_us + slack_us

@@ -224,6 +224,7 @@ class ReplicaNode:
                                         self)
         self.membership.remote_groups_of = self._remote_groups
         self.membership.served_of = lambda: self.live and self.messaging.served
+        self._served_said = False           # `served` when last checked (`_settle`)
         self.stats: dict[str, int] = {}
         self._mb_next: tuple | None = None  # membership's deadlines, cached (`_membership_next`)
         self._actions: deque[NodeAction] = deque()
@@ -617,8 +618,19 @@ class ReplicaNode:
                         # never reaches the application that is about to be replaced
                         self._on_messaging(a)
             if not busy:
+                self._served_news()
                 return
         raise RuntimeError(f"cores kept feeding each other for {MAX_SETTLE_ROUNDS} rounds")
+
+    def _served_news(self) -> None:
+        """Our branch became served (or stopped): both cores' heartbeats say it, and the
+        next ones go now rather than after the repetition of the last (`Pulse`, up to a
+        refresh), which said otherwise (`Membership.heartbeat_news`)."""
+        served = self.live and self.messaging.served
+        if served != self._served_said:
+            self._served_said = served
+            self._touched().heartbeat_news(self._now)
+            self.messaging.heartbeat_soon()
 
     def _emit(self, action: NodeAction) -> None:
         if not isinstance(action, ACTION_TYPES):

@@ -619,6 +619,11 @@ class MessagingEndpoint:
                         self._now + (hb * self.config.pulse_intervals if quiet else hb)
                         if self.backups else None)
 
+    def heartbeat_soon(self) -> None:
+        """What our heartbeat says changed outside messaging's sight (the replica node:
+        `served`): the next one goes an interval from now."""
+        self._hb_soon()
+
     def _hb_soon(self) -> None:
         """Something happened (a message in or out that is not a heartbeat): what our
         heartbeat says may change, so the next one is due an interval from now, not a
