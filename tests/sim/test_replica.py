@@ -231,7 +231,7 @@ def test_a_new_primary_catches_its_backups_up():
     # heartbeat, schedule 74 of --seed 4 until takeovers waited for a remote group's
     # answer, 12 until a membership install sent a carried heartbeat at once, and 152
     # until a branch that became served said so at once: each moved the timing of every
-    # takeover; now schedule 5 of --seed 4)
+    # takeover)
     o = rc.CAMPAIGN.outcome(2449073729503103924, {})
     assert o.violations == []
     assert o.stats["catch_up_sent"] >= 1 and o.stats["caught_up_entries"] >= 1
