@@ -621,8 +621,10 @@ class MessagingEndpoint:
 
     def heartbeat_soon(self) -> None:
         """What our heartbeat says changed outside messaging's sight (the replica node:
-        `served`): the next one goes an interval from now."""
-        self._hb_soon()
+        `served`): the next one goes an interval from now. A primary without backups
+        sends none (`_heartbeat`), so it arms nothing."""
+        if self.backups or not self.is_primary:
+            self._hb_soon()
 
     def _hb_soon(self) -> None:
         """Something happened (a message in or out that is not a heartbeat): what our
