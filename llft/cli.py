@@ -37,6 +37,7 @@ BENCHMARKS: dict[str, str] = {
     "failover": "llft.bench.failover",
     "ndops": "llft.bench.ndops",
     "codec": "llft.bench.codec",
+    "core": "llft.bench.core",
     "latency": "llft.bench.service",
     "throughput": "llft.bench.service",
     "echo": "llft.bench.echo",

@@ -5,7 +5,8 @@ paper-style figures first: latency (vs message size), throughput (vs clients),
 ndlatency (vs nondeterministic operations per request), failover (vs replicas),
 gateway-loss (another gateway of the group dies for good), bulk (a transfer both ways
 with a reader that pauses), then
-ndops (cost per determinized operation), codec (the wire codec's two halves) and
+ndops (cost per determinized operation), codec (the wire codec's two halves), core
+(the messaging core and codec per request, hot and with the caches evicted) and
 messaging (the protocol alone). Each kind
 runs with its own defaults (plus `--quick` if given) and writes its CSV, markdown and
 PNG files into DIR; a kind that fails or raises is reported and the others still run.
@@ -37,6 +38,7 @@ KINDS: dict[str, str] = {
     "bulk": "llft.bench.bulk",
     "ndops": "llft.bench.ndops",
     "codec": "llft.bench.codec",
+    "core": "llft.bench.core",
     "messaging": "llft.bench.messaging",
     "spark": "llft.bench.spark",
 }
