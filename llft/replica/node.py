@@ -795,6 +795,10 @@ class ReplicaNode:
                     f"{view} never had")
         return None
 
+    def views_ended(self) -> dict[int, int]:
+        """The last order-info position this replica holds of each view (logs)."""
+        return dict(sorted(self.oi_upto.items()))
+
     def _catch_up_backups(self, pvn: int) -> tuple[int, int]:
         """A new primary, before its view marker: re-send the previous view's tail to the
         backups (module docstring, "Catch-up"); returns (previous view, its end)."""

@@ -585,9 +585,25 @@ class Gateway:
             pass
 
     async def _status_loop(self) -> None:
+        told = None
         while True:
             self.write_status()
+            told = self._log_takeover(told)
             await asyncio.sleep(STATUS_INTERVAL_S)   # a reporting period, not a sync
+
+    def _log_takeover(self, told):
+        """A new primary of the group asked where its stream resumes (phase 2): one line
+        with our answer, for reading a failover afterwards."""
+        c = self.core.conns.get(self.conn)
+        answer = c.remote_view.npv_answer if c is not None else None
+        if answer is not None and answer != told:
+            pvn, low, sent_to, delivered, held = answer
+            log.warning("new primary of %s in view %d: its stream resumes at %d (we had "
+                        "delivered %d), ours at %d; order info of the old primary we "
+                        "reflected: %s", self.group, pvn, low, delivered, sent_to,
+                        "none" if held is None else
+                        f"view {held[0]} positions {held[1]}-{held[2]}")
+        return answer
 
     def _task_failed(self, name: str, exc: BaseException) -> None:
         self.exit_code = EXIT_TASK_FAILED

@@ -364,7 +364,9 @@ class RemoteView:
         self.delivered = 0                  # remote primary's delivered offset of our stream
         self.to_reflect: list | None = None # its order info, reflected in our next message
         self.last_order_info: list | None = None   # newest order info the remote carried
-        self.npv_answer: tuple[int, int, int] | None = None   # (its pvn, low, sent_to)
+        # (its pvn, low, sent_to, delivered then, the order info reflected: (pvn, first,
+        # last) or None)
+        self.npv_answer: tuple | None = None
 
 
 class Connection:

@@ -1413,8 +1413,10 @@ class MessagingEndpoint:
             sent = c.send.sent
             sent_to = (sent[-1].body["offset"] + len(sent[-1].body["data"]) if sent
                        else (c.send.queue[0][0] if c.send.queue else c.send.out_offset))
-            c.remote_view.npv_answer = (msg.pvn, low, sent_to)
-        _, low, sent_to = c.remote_view.npv_answer
+            sec = c.remote_view.last_order_info
+            c.remote_view.npv_answer = (msg.pvn, low, sent_to, c.recv.delivered, None if sec
+                                        is None else (sec[0], sec[1], section_end(sec)[1]))
+        _, low, sent_to, _, _ = c.remote_view.npv_answer
         self._emit(c.remote, self._msg(c, MsgType.NEW_PRIMARY_VIEW_ACK,
                                        {"last_delivered_from": low,
                                         "last_sent_to": sent_to}))
