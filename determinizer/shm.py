@@ -86,6 +86,18 @@ class Shm:
         n = lib.llft_drain(self._base, self._drain_buf, DRAIN_CHUNK_BYTES, timeout_ms)
         return bytes(ffi.buffer(self._drain_buf, n)) if n else b""
 
+    @property
+    def out_reserved(self) -> int:
+        """Bytes of the primary ring reserved by the app's threads so far (monotonic): a
+        record is reserved, written, then committed, and a drain stops at the first one
+        not committed yet."""
+        return lib.llft_out_reserved(self._base)
+
+    @property
+    def out_drained(self) -> int:
+        """Bytes of the primary ring drained so far (monotonic)."""
+        return lib.llft_out_drained(self._base)
+
     def wait(self, timeout_ms: int = 50, seen_commit_req: int | None = None) -> int:
         """1 as soon as the primary ring holds order information to drain (taken by
         nobody: a drain() follows), 2 as soon as an output commit beyond

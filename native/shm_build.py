@@ -34,6 +34,10 @@ FUNCTIONS = """
     size_t llft_shm_size(void);
     void llft_shm_init(void *base, uint32_t mode, uint32_t stall_ms);
     int64_t llft_drain(void *base, uint8_t *out, size_t cap, int timeout_ms);
+    uint64_t llft_out_reserved(void *base);
+    uint64_t llft_out_drained(void *base);
+    uint64_t llft_out_reserve(void *base, uint32_t dlen);
+    void llft_out_commit(void *base, uint64_t pos, uint32_t dlen);
     int llft_wait(void *base, int timeout_ms, uint32_t seen_commit_req);
     uint64_t llft_div_offset(void *base);
     void *llft_seqtab_new(void);
@@ -59,6 +63,7 @@ FUNCTIONS = """
 
 SOURCE = r"""
 #include <stdlib.h>
+#include <string.h>
 #include <pthread.h>
 #include "llft_shm.h"
 
@@ -103,6 +108,36 @@ int64_t llft_drain(void *base, uint8_t *out, size_t cap, int timeout_ms) {
         n += len;
     }
     return (int64_t)n;
+}
+
+/* The primary ring's producer and consumer positions. A producer reserves a record
+ * (head), writes it, then commits it; a drain stops at the first record not committed,
+ * so records other threads committed after it wait too. Output commit compares the two:
+ * everything reserved before the app's output was read must be drained before that
+ * output goes out (llft/runtime/application.py, `owe_drain`). */
+uint64_t llft_out_reserved(void *base) {
+    return __atomic_load_n(&((struct llft_shm *)base)->out.head, __ATOMIC_ACQUIRE);
+}
+uint64_t llft_out_drained(void *base) {
+    return __atomic_load_n(&((struct llft_shm *)base)->out.tail, __ATOMIC_ACQUIRE);
+}
+
+/* The shim's append in its two steps (native/shim_core.c ring_append), for tests of the
+ * drain and of output commit: reserve a record of `dlen` zero bytes of payload, commit
+ * it later (at most 64 bytes). Returns the reserved position (the ring must have
+ * room: tests only). */
+uint64_t llft_out_reserve(void *base, uint32_t dlen) {
+    struct llft_shm *s = base;
+    if (dlen > 64) dlen = 64;
+    return llft_ring_reserve(&s->out, llft_align8(LLFT_REC_HDR + dlen));
+}
+void llft_out_commit(void *base, uint64_t pos, uint32_t dlen) {
+    struct llft_shm *s = base;
+    struct llft_rec h;
+    uint8_t zero[64] = {0};
+    memset(&h, 0, sizeof h);
+    if (dlen > sizeof zero) dlen = sizeof zero;
+    llft_ring_commit(&s->out, s->out_data, LLFT_OUT_CAP_BYTES, pos, &h, zero, dlen);
 }
 
 /* 2 as soon as an output commit was asked for beyond `seen_commit_req` (ctl.commit_req),

@@ -541,10 +541,15 @@ class Agent:
         (and the app's output must be out) before it goes, so the next primary continues
         exactly where this one stopped."""
         self.app.stop_draining()
+        self.app.owe_drain()
         self._take_order_info()
-        await self.driver.wait_for(
-            lambda: not self._oi_pending and self.node.backups_hold_all_order_info(),
-            TERM_FLUSH_S)
+
+        def flushed() -> bool:
+            if not self.app.owed_drained():
+                self._take_order_info()     # no watcher any more: drain on each progress
+            return (self.app.owed_drained() and not self._oi_pending
+                    and self.node.backups_hold_all_order_info())
+        await self.driver.wait_for(flushed, TERM_FLUSH_S)
 
     def _count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
@@ -674,6 +679,13 @@ class Agent:
         backups do not hold yet fits in the message's piggyback. A backup logs at once."""
         if self.mode is not AppMode.PRIMARY:
             return True
+        if not self.app.owed_drained():
+            self._drain_order_info()
+            if not self.app.owed_drained():
+                # a record reserved before this output is not committed yet: the
+                # entries behind it wait in the ring (`Application.owe_drain`)
+                self._count("output_waits_for_commits")
+                return False
         self._push_order_info()
         return not self._oi_pending and not self.node.output_commit_holds()
 
@@ -969,9 +981,12 @@ class Agent:
             self._grant_in(c)
         ms = (time.monotonic() - t0) * 1000
         replayed = (app.fed_entries or 0) - self._promote_from
+        st = self.node.stats
         _log(f"primary of view {pvn}: application promoted after {ms:.1f} ms "
              f"({replayed} entries replayed since the view change, {app.fed_entries} in "
-             f"all): {self._why_primary(pvn)}")
+             f"all; the views before ended at {self.node.views_ended()}; recovered from "
+             f"remote groups so far: {st.get('recovered_entries', 0)}, catch-up entries "
+             f"sent: {st.get('catch_up_sent', 0)}): {self._why_primary(pvn)}")
         self._marks.clear()
         self._set_sync("none")
         self._event("promoted", pvn=pvn, wait_ms=round(ms, 3), replayed=replayed,
@@ -1061,7 +1076,10 @@ class Agent:
         False where nothing is drained (no shim, or not the primary)."""
         if self.app.shm is None or self.mode is not AppMode.PRIMARY:
             return False
+        owed = not self.app.owed_drained()
         data = self.app.drain()
+        if owed and self.app.owed_drained():
+            self.driver.progress.set()  # output waiting for it may go (`_output_ready`)
         if data:
             self._lag_work.set()
             # the drain copies whole entries only: a drain that fits one piece is not
@@ -1163,6 +1181,8 @@ class Agent:
         then make one piece (messaging took each read's apart: ~1 add_order_info and a
         pump per read at 16 clients)."""
         if records:
+            if self.mode is AppMode.PRIMARY:
+                self.app.owe_drain()    # what the app recorded before it, all of it
             self._drain_order_info()
             last = self._oi_pending[-1] if self._oi_pending else b""
             if last[:1] == TAG_FRAME and len(last) < MAX_OI_PIECE:
@@ -1218,8 +1238,10 @@ class Agent:
             if ticket == self._commit_answered:
                 return
             asked = time.monotonic()
+            app.owe_drain()             # every record reserved before the ticket
             self._commit_order_info()
-            while ((self._oi_pending or not self.node.order_info_held())
+            while ((self._oi_pending or not app.owed_drained()
+                    or not self.node.order_info_held())
                    and app is self.app and self.mode is AppMode.PRIMARY):
                 await self._wait_progress()
                 self._commit_order_info()

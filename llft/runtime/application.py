@@ -254,6 +254,7 @@ class Application:
         self.divergence: dict | None = None
         self._watcher = None                  # the primary's DrainWatcher
         self.drain_wakeups = 0                # times the drain watcher woke the loop
+        self._owed = 0                        # ring bytes to drain before output goes
         self._feed_queue: queue.Queue = queue.Queue()
         self._feeder = None
         self._feed_thread: threading.Thread | None = None
@@ -375,6 +376,20 @@ class Application:
         if w is not None:
             w.stop()
             self.loop.remove_reader(w.fd)
+
+    def owe_drain(self) -> None:
+        """Output of the app was just read (loop thread): every shim entry it may depend
+        on was *reserved* in the ring before the app wrote it, but a record is reserved,
+        written, then committed, and a drain stops at the first one not committed yet: a
+        thread descheduled between the two holds up the entries other threads committed
+        after it, those the output depends on among them. So the output may go only once
+        the ring is drained up to what was reserved now (`owed_drained`)."""
+        if self.shm is not None and not self.closed:
+            self._owed = max(self._owed, self.shm.out_reserved)
+
+    def owed_drained(self) -> bool:
+        """Everything reserved in the ring when output was last read is drained."""
+        return self.shm is None or self.closed or self.shm.out_drained >= self._owed
 
     def drain(self) -> bytes:
         """Whole entries the shim recorded since the last drain (loop thread)."""

@@ -154,3 +154,34 @@ def test_node_emits_only_its_vocabulary():
         assert t in actions.ACTION_TYPES
     snap = node.status_snapshot()
     assert snap["birth"] == node.birth and snap["order_info"]["delivered"] == 0
+
+
+def test_output_waits_for_a_record_reserved_before_it():
+    """Output commit and the ring: thread A reserves a record and is descheduled before
+    committing it; thread B records an entry (committed) and writes its output. A drain
+    stops at A's record, so B's entry is not drained when B's output is read: the output
+    may go only once the ring is drained up to what was reserved when it was read.
+    (Seen in `llft chaos --kinds partition,kill_primary,...`: a primary killed in that
+    window left its successor without the entries of replies the clients had read.)"""
+    from determinizer.shm import Shm, lib
+    app = _app()
+    app.shm = Shm.create(Shm.PRIMARY)
+    try:
+        base = app.shm._base
+        a = lib.llft_out_reserve(base, 8)           # thread A: reserved, not committed
+        b = lib.llft_out_reserve(base, 8)           # thread B: reserved ...
+        lib.llft_out_commit(base, b, 8)             # ... and committed; then B writes
+        app.owe_drain()                             # the agent reads B's output
+        assert app.shm.drain(0) == b""              # B's entry is stuck behind A's
+        assert not app.owed_drained()
+        lib.llft_out_commit(base, a, 8)             # A runs again
+        drained = app.shm.drain(0)
+        assert len(drained) == app.shm.out_reserved - a    # A's and B's records
+        assert app.owed_drained()
+        c = lib.llft_out_reserve(base, 8)           # reserved after the output was read:
+        assert app.owed_drained()                   # not owed
+        lib.llft_out_commit(base, c, 8)
+        assert app.shm.drain(0) and app.owed_drained()
+    finally:
+        app.shm.close()
+        app.shm = None
