@@ -773,7 +773,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run only these fault indexes of the schedule (e.g. 3,7)")
     p.add_argument("--fresh-every", type=int, default=0, metavar="N",
                    help="a fresh cluster for every N faults (default: one cluster)")
-    p.add_argument("--keep", action="store_true", help="keep the work folder (logs, status)")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the work folder (logs, status) also when the campaign "
+                        "passes (a failing one always keeps it)")
     p.add_argument("--json", default="", help="also write the report as JSON to this file")
 
 
@@ -809,12 +811,16 @@ def run(args) -> int:
     if only:
         faults = [f for f in faults if f.index in only]
     work = tempfile.mkdtemp(prefix="llft-chaos-")
+    rep = None
     try:
         rep = campaign(work, wl, faults, replicas, args.clients,
                        args.seed, say=lambda s: print(s, flush=True),
                        fresh_every=args.fresh_every)
     finally:
-        if not args.keep:
+        # a failing campaign keeps its logs whatever was asked: a rare failure may not
+        # come back when re-run with --keep (one took forty runs)
+        keep = args.keep or rep is None or not rep.ok
+        if not keep:
             shutil.rmtree(work, ignore_errors=True)
     print()
     print(table(rep))
@@ -830,7 +836,7 @@ def run(args) -> int:
     if failed:
         print(f"failed faults: {failed}; re-run one: {argv} --only {failed[0]} --keep")
     print("RESULT: " + ("OK" if rep.ok else "FAILED") + f"  ({argv})")
-    if args.keep:
+    if keep:
         print(f"work folder kept: {work}")
     if args.json:
         with open(args.json, "w") as f:

@@ -31,3 +31,24 @@ def test_classify_counts_lost_duplicated_and_wrong():
                    global_repeats=1)
     # the unreadable reply ended client 1: wrong, not also lost; the timeout is lost
     assert chaos.classify(r) == (1, 2, 2)
+
+
+def test_a_failing_campaign_keeps_its_logs_without_being_asked(monkeypatch, tmp_path, capsys):
+    """A failure seen once in forty runs must not need a forty-first with --keep."""
+    import os
+    import re
+
+    from llft.cli import main
+    monkeypatch.setattr(chaos.tempfile, "tempdir", str(tmp_path))
+    for leftovers, kept in (([], False), (["pid 1 (a stray)"], True)):
+        monkeypatch.setattr(chaos, "campaign", lambda work, wl, faults, replicas, clients, seed,
+                            say, fresh_every, lo=leftovers: chaos.Report(
+                                seed, wl.name, replicas, [], list(lo), 0))
+        rc = main(["chaos", "--workload", "kv", "--faults", "1", "--seed", "3",
+                   "--kinds", "kill_backup"])
+        out = capsys.readouterr().out
+        assert rc == (1 if kept else 0)
+        folders = [d for d in os.listdir(tmp_path) if d.startswith("llft-chaos-")]
+        assert bool(folders) == kept
+        if kept:
+            assert re.search(r"work folder kept: \S+llft-chaos-", out)
