@@ -365,8 +365,8 @@ class RemoteView:
         self.to_reflect: list | None = None # its order info, reflected in our next message
         self.last_order_info: list | None = None   # newest order info the remote carried
         # (its pvn, low, sent_to, delivered then, the order info reflected: (pvn, first,
-        # last) or None)
-        self.npv_answer: tuple | None = None
+        # last) or None); the last two only for the gateway's log of a failover
+        self.npv_answer: tuple[int, int, int, int, tuple[int, int, int] | None] | None = None
 
 
 class Connection:
