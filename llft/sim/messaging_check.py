@@ -42,7 +42,9 @@ gateway's host lost for good). Then faults stop, and the checks are:
 The generator (`generate`) decides everything before the schedule runs and writes it as a
 scenario script (format and runner: llft/sim/campaign.py). Its lines: `set faults loss P
 dup P reorder P corrupt P`, `set messaging payload B window N` (optional after them:
-`pulse N`, `direct-ack US`: the cores' timing for scenarios recorded before it changed), `seed sim N` (the kernel),
+`pulse N`, `direct-ack US`: the cores' timing for scenarios recorded before it changed), `set lanes` (every lone primary lends its steady connection to a lane,
+llft/protocol/messaging/lane.py, run in lockstep with a copy of the core: a lane that acts
+or ends up otherwise than the core fails the schedule), `seed sim N` (the kernel),
 `seed app N` (the applications' pacing), `group G BID...` (birth ids in rank order, the
 first is the primary), `conn K CLIENT SERVER seq N`, `writes K c2s|s2c SIZE...` (a stream,
 cut as its primary's application writes it), `end K c2s|s2c fin|rst` (the application
@@ -64,6 +66,7 @@ from llft.protocol import wire
 from llft.protocol.messages import Message, MsgType, Role
 from llft.protocol.messaging import (BufferFull, Closed, Deliver, DeliverOrderInfo, Freed,
                                      MessagingConfig, MessagingEndpoint)
+from llft.protocol.messaging.lane import LanedEndpoint
 from llft.sim.campaign import (Campaign, Outcome, Param, Script, ScenarioError,
                                run_until_done, sides, us)
 from llft.sim.kernel import NetConfig, Sim
@@ -75,6 +78,7 @@ CHECK_EVERY_US = 10_000
 APP_TICK_US = 2_000                 # an app retries a blocked write this often
 DETECT_CRASH_US = 20_000            # "membership" removes a crashed backup after this
 MAX_STREAM_BYTES = 24_000           # per direction per connection
+GATEWAY_STREAM_BYTES = 96_000       # ... of the gateway's shape (--gateway)
 MAX_WRITE_BYTES = 3_000
 MAX_ORDER_INFO_CHUNKS = 40
 CORRUPT_P = 0.01
@@ -100,7 +104,8 @@ def _sizes(rng: random.Random, total: int) -> list[int]:
 
 
 def generate(seed: int, loss: float = 0.0, dup: float = 0.0, reorder: float = 0.0,
-             failover: float = 0.0, die: float = 0.0) -> Script:
+             failover: float = 0.0, die: float = 0.0, lanes: float = 1.0,
+             gateway: float = 0.0) -> Script:
     """The schedule of `seed`, written out (every decision is made here, before it runs)."""
     rng = random.Random(seed)
     sim_seed = rng.getrandbits(64)
@@ -109,22 +114,28 @@ def generate(seed: int, loss: float = 0.0, dup: float = 0.0, reorder: float = 0.
             ("set", "messaging", "payload", rng.choice([256, 700, 1024, 2000]),
              "window", rng.choice([4, 8, 32])),
             ("seed", "sim", sim_seed)]
+    if lanes:       # (no draw: a schedule is the same with and without lanes)
+        head.append(("set", "lanes"))
+    # the gateway's shape (drawn only when asked: other schedules stay as they were):
+    # g0, a lone primary, has one long connection to g1 and no order info of its own
+    shaped = bool(gateway) and rng.random() < gateway
     groups: dict[str, list[str]] = {}
-    for gi in range(rng.choice([2, 3])):
+    for gi in range(2 if shaped else rng.choice([2, 3])):
         g = f"g{gi}"
-        size = rng.randint(1, 3)
+        size = 1 if shaped and gi == 0 else rng.randint(1, 3)
         bids = [rng.getrandbits(62) + 1 for _ in range(size)]
         head.append(("group", g, *bids))
         groups[g] = [f"{g}.{i}" for i in range(size)]
     conns, writes, ends = [], [], []
     seqs: dict[str, int] = {}
-    for k in range(1, rng.randint(1, 4) + 1):
-        a, b = rng.sample(sorted(groups), 2)
+    for k in range(1, (1 if shaped else rng.randint(1, 4)) + 1):
+        a, b = ("g0", "g1") if shaped else rng.sample(sorted(groups), 2)
         seqs[a] = seqs.get(a, 0) + 1
         conns.append((k, a, b))
         head.append(("conn", k, a, b, "seq", seqs[a]))
         for direction in ("c2s", "s2c"):
-            total = rng.randint(0, MAX_STREAM_BYTES) if rng.random() < 0.9 else 0
+            most = GATEWAY_STREAM_BYTES if shaped else MAX_STREAM_BYTES
+            total = rng.randint(0, most) if rng.random() < 0.9 else 0
             rng.randbytes(total)           # the content is stream_bytes(); keeps the draws
             writes.append(("writes", k, direction, *_sizes(rng, total)))
             if rng.random() < END_P or (direction == "c2s" and total == 0):
@@ -133,7 +144,7 @@ def generate(seed: int, loss: float = 0.0, dup: float = 0.0, reorder: float = 0.
     head += writes + ends
     for g in groups:
         sizes = []
-        for _ in range(rng.randint(0, MAX_ORDER_INFO_CHUNKS)):
+        for _ in range(0 if shaped and g == "g0" else rng.randint(0, MAX_ORDER_INFO_CHUNKS)):
             sizes.append(rng.randint(1, 200))
             rng.randbytes(sizes[-1])
         head.append(("order-info", g, *sizes))
@@ -241,6 +252,9 @@ class Schedule:
         self.cfg = MessagingConfig(max_payload_bytes=int(m["payload"]),
                                    window_msgs=int(m["window"]), lone_groups=("g",),
                                    pulse_intervals=pulse, order_info_direct_ack_us=direct_ack)
+        # `set lanes on`: every replica's core lends its steady connection to a lane
+        # (llft/protocol/messaging/lane.py), checked in lockstep against a copy of the core
+        self.lanes = any(tuple(ln[:2]) == ("set", "lanes") for ln in script.lines)
         self.groups: dict[str, list[_Replica]] = {}
         self.conns = []             # (client group, server group, conn_seq, streams)
         conn_index: dict[str, int] = {}
@@ -255,6 +269,8 @@ class Schedule:
                 for i, b in enumerate(bids):
                     core = MessagingEndpoint(g, b, self.cfg)
                     core.set_view(1, bids[0], members, b, now_us=0)
+                    if self.lanes:
+                        core = LanedEndpoint(core, shadow=True)
                     reps.append(_Replica(f"{g}.{i}", g, b, core, i == 0))
                 self.groups[g] = reps
                 self.pvn[g] = 1
@@ -567,14 +583,23 @@ class Schedule:
                                     f"{at}")
 
     def _check_flow(self, rep: _Replica) -> None:
-        cfg = rep.core.config
-        for c in rep.core.conns.values():
-            if len(c.send.sent) > cfg.window_msgs:
-                self._violation(f"{rep.node} {c.cid}: {len(c.send.sent)} messages in flight "
+        cfg = self.cfg
+        core = rep.core
+        if isinstance(core, LanedEndpoint) and core.lane is not None:
+            # (read without taking the loan back: the lane holds its sent list)
+            loan = core.lane.loan
+            rows = [(loan.cid, len(loan.sent), loan.rto[3])]
+            rows += [(c.cid, len(c.send.sent), c.send.rto_us)
+                     for c in core.endpoint.conns.values() if c.cid != loan.cid]
+        else:
+            rows = [(c.cid, len(c.send.sent), c.send.rto_us) for c in core.conns.values()]
+        for cid, sent, rto_us in rows:
+            if sent > cfg.window_msgs:
+                self._violation(f"{rep.node} {cid}: {sent} messages in flight "
                                 f"> window {cfg.window_msgs}")
-            if not cfg.retransmit_us <= c.send.rto_us <= cfg.retransmit_max_us:
-                self._violation(f"{rep.node} {c.cid}: retransmission timeout "
-                                f"{c.send.rto_us} us outside its bounds")
+            if not cfg.retransmit_us <= rto_us <= cfg.retransmit_max_us:
+                self._violation(f"{rep.node} {cid}: retransmission timeout "
+                                f"{rto_us} us outside its bounds")
 
     def _check_invariants(self) -> None:
         """Each live endpoint's own invariants (`MessagingEndpoint.check`: connection state
@@ -641,8 +666,10 @@ def _cut(data: bytes, sizes: list[int]) -> list[bytes]:
 
 
 def run_seed(seed: int, *, loss: float = 0.0, dup: float = 0.0, reorder: float = 0.0,
-             failover: float = 0.0, die: float = 0.0, trace=None) -> Outcome:
-    return run_script(generate(seed, loss, dup, reorder, failover, die), trace=trace)
+             failover: float = 0.0, die: float = 0.0, lanes: float = 1.0,
+             gateway: float = 0.0, trace=None) -> Outcome:
+    return run_script(generate(seed, loss, dup, reorder, failover, die, lanes, gateway),
+                      trace=trace)
 
 
 def run_script(script: Script, *, trace=None) -> Outcome:
@@ -659,5 +686,11 @@ CAMPAIGN = Campaign(
         Param("failover", 0.0, "per group, chance that its primary crashes and this check "
                                "plays membership (new primary view, phase 2 of messaging)"),
         Param("die", 0.0, "chance that one group dies whole (every replica crashes, none "
-                          "replaced: a gateway's host lost for good)")))
+                          "replaced: a gateway's host lost for good)"),
+        Param("lanes", 1.0, "1: lone primaries lend their steady connection to a lane "
+                            "(lane.py), checked in lockstep against a copy of the core; "
+                            "0: the core alone"),
+        Param("gateway", 0.0, "chance that a schedule has the gateway's shape: a lone "
+                              "primary with one long connection and no order info "
+                              "(what a lane owns)")))
 add_arguments, run = CAMPAIGN.add_arguments, CAMPAIGN.run

@@ -12,9 +12,14 @@ from llft.protocol.messaging import MessagingEndpoint
 from llft.sim import messaging_check as mc
 from llft.sim.campaign import schedule_seed
 
-def _campaign(n, seed, loss, dup, reorder, failover=0.0, die=0.0):
+def _campaign(n, seed, loss, dup, reorder, failover=0.0, die=0.0, lanes=1.0):
     return mc.CAMPAIGN.failures(n, seed, loss=loss, dup=dup, reorder=reorder,
-                                failover=failover, die=die)
+                                failover=failover, die=die, lanes=lanes)
+
+
+# The checks that a broken core is caught run the core alone: with lanes, a lone
+# primary's lane (the unbroken model) would differ from it first (LaneDivergence).
+CORE_ALONE = 0.0
 
 
 def test_schedules_with_faults():
@@ -46,7 +51,7 @@ def test_checker_catches_a_dead_group_kept_forever(monkeypatch):
     monkeypatch.setattr(messaging.MessagingEndpoint, "_remote_silence_due",
                         lambda self, c: self.timers.clear(messaging.Timer.REMOTE_SILENCE,
                                                           c.cid))
-    assert _campaign(5, 5, 0.0, 0.0, 0.0, die=1.0)
+    assert _campaign(5, 5, 0.0, 0.0, 0.0, die=1.0, lanes=CORE_ALONE)
 
 
 def test_checker_catches_backups_freeing_beyond_the_primarys_cut(monkeypatch):
@@ -79,7 +84,7 @@ def test_checker_catches_duplicate_delivery(monkeypatch):
         self._actions.append(messaging.Deliver(c.cid, offset, data))
 
     monkeypatch.setattr(messaging.MessagingEndpoint, "_deliver", twice)
-    assert _campaign(3, 1, 0.0, 0.0, 0.0)
+    assert _campaign(3, 1, 0.0, 0.0, 0.0, lanes=CORE_ALONE)
 
 
 def test_checker_catches_missing_retransmission(monkeypatch):
@@ -87,7 +92,7 @@ def test_checker_catches_missing_retransmission(monkeypatch):
                         lambda self, c, missing: None)
     monkeypatch.setattr(messaging.MessagingEndpoint, "_retransmit",
                         lambda self, c: self.timers.clear(messaging.Timer.RETRANSMIT, c.cid))
-    assert _campaign(5, 1, 0.3, 0.0, 0.0)
+    assert _campaign(5, 1, 0.3, 0.0, 0.0, lanes=CORE_ALONE)
 
 
 def test_cli_last_line(capsys):

@@ -158,6 +158,7 @@ from llft.protocol.messaging.config import (INTRA_CONN_SEQ, BufferFull, ConnId,
                                             MessagingConfig, ProtocolError)
 from llft.protocol.messaging.connection import (Connection, ReceiveSequence, RtoEstimator,
                                                 SendState)
+from llft.protocol.messaging.lane import Loan
 from llft.protocol.messaging.orderinfo_log import OrderInfoLog
 from llft.protocol.messaging.rules import PRIMARY_ONLY_TYPES, RESPONDS_TO_FIRST_ACK, Duty
 from llft.protocol.messaging.timers import (BACKUP_TIMERS, CONNECTION_TIMERS, ENDPOINT_TIMERS,
@@ -561,6 +562,91 @@ class MessagingEndpoint:
             self.order_info.delivered = snapshot["oi_upto"]
             self.freed_applied = snapshot["freed"]
         return produced
+
+    # ======================================================= lanes (lane.py) ===
+    def lend(self) -> Loan | None:
+        """Hand the steady state of our one connection to a lane (lane.py), or None if it
+        is not steady. Until `reclaim`, nothing of the core may touch that connection:
+        its timers leave the registry with it (the owner, `LanedEndpoint`, takes the
+        loan back before any other event or call)."""
+        if (not self.is_primary or self.backups or self.phase2_pvn is not None
+                or self._hb_quiet or self._since_us is None or len(self.conns) != 1
+                or self._ending or self.order_info.piggyback(self.pvn) is not None):
+            return None
+        (c,) = self.conns.values()
+        s, r, rx = c.send, c.recv, c.recv.view
+        if (not c.known or c.state is not SendState.STREAMING or c.peer_done or c.foreign
+                or c.lost_at is not None or s.end is not None or r.end is not None
+                or not s.sent_open or s.queue or s.log or rx is None or rx.upto == 0
+                or r.old_view is not None or r.old_ts is not None or rx.slots
+                or rx.nacks or r.held or r.ahead or r.beyond or r.received):
+            return None
+        timers = {}
+        for kind in CONNECTION_TIMERS:
+            d = self.timers.due(kind, c.cid)
+            if d is not None:
+                timers[kind] = d
+                self.timers.clear(kind, c.cid)
+        self._holding.discard(c)        # (its received list is empty)
+        rto, rv = s.rto, c.remote_view
+        return Loan(
+            group=self.group, birth_id=self.birth_id, pvn=self.pvn,
+            precedence=self.precedence, clock=self.clock, now=self._now, gw=self.gw,
+            gw_rose=self._gw_rose, max_data_ts=self.max_data_ts, served_pvn=self.served_pvn,
+            told_us=self._told_us.get(c.remote), reflected=self._reflected.get(c.remote),
+            heard=None, primary_heard=self.primary_heard.get(c.remote),
+            primary_heard_set=False, cid=c.cid, role=c.role, out_offset=s.out_offset,
+            next_msn=s.next_msn, sent=list(s.sent), sent_bytes=s.sent_bytes,
+            sent_at=dict(s.sent_at), remote_ack=s.remote_ack,
+            rto=(rto.srtt_us, rto.rttvar_us, rto.backoff, rto.rto_us),
+            rto_bounds=(rto.floor_us, rto.ceiling_us), fa_count=s.fa_count,
+            fa_msn=s.fa_msn, last_send_us=s.last_send_us, last_back=s.last_back,
+            ka_urgent=s.ka_urgent, first_ts=s.first_ts, ka_idle=s.ka_idle,
+            view_pvn=rx.pvn, upto=rx.upto, view_ts=rx.ts, first_offset=rx.first_offset,
+            delivered=r.delivered, declared=r.declared, recv_max_data_ts=r.max_data_ts,
+            fa_pending=r.fa_pending, fa_tries=r.fa_tries, told_delivered=r.told_delivered,
+            remote_gw=rv.group_watermark, remote_delivered=rv.delivered,
+            to_reflect=rv.to_reflect, last_order_info=rv.last_order_info, timers=timers,
+            first_ack_delay_us=self.config.first_ack_delay_us,
+            keepalive_us=self.config.keepalive_us,
+            max_payload_bytes=self.config.max_payload_bytes,
+            window_msgs=self.config.window_msgs, max_queue_bytes=self.config.max_queue_bytes)
+
+    def reclaim(self, loan: Loan) -> None:
+        """Take back a connection lent with `lend`, in the state its lane left it."""
+        c = self.conns[loan.cid]
+        self.clock, self._now, self.gw = loan.clock, loan.now, loan.gw
+        self._gw_rose, self.max_data_ts = loan.gw_rose, loan.max_data_ts
+        self.served_pvn = loan.served_pvn
+        if loan.told_us is not None:
+            self._told_us[c.remote] = loan.told_us
+        if loan.reflected is not None:
+            self._reflected[c.remote] = loan.reflected
+        if loan.heard is not None:
+            _remember(self.heard, c.remote, loan.heard, MAX_HEARD)
+        if loan.primary_heard_set:
+            _remember(self.primary_heard, c.remote, loan.primary_heard, MAX_PROBED_BY)
+        for k, n in loan.stats.items():
+            self._count(k, n)
+        s, r, rx, rv = c.send, c.recv, c.recv.view, c.remote_view
+        s.out_offset, s.next_msn = loan.out_offset, loan.next_msn
+        s.sent, s.sent_bytes = deque(loan.sent), loan.sent_bytes
+        s.sent_at, s.remote_ack = loan.sent_at, loan.remote_ack
+        rto = s.rto
+        rto.srtt_us, rto.rttvar_us, rto.backoff, rto.rto_us = loan.rto
+        s.fa_count, s.fa_msn, s.last_send_us = loan.fa_count, loan.fa_msn, loan.last_send_us
+        s.last_back, s.ka_urgent, s.first_ts = loan.last_back, loan.ka_urgent, loan.first_ts
+        s.ka_idle = loan.ka_idle
+        rx.upto, rx.ts, rx.first_offset = loan.upto, loan.view_ts, loan.first_offset
+        r.delivered, r.declared, r.max_data_ts = loan.delivered, loan.declared, \
+            loan.recv_max_data_ts
+        r.fa_pending, r.fa_tries, r.told_delivered = loan.fa_pending, loan.fa_tries, \
+            loan.told_delivered
+        rv.group_watermark, rv.delivered = loan.remote_gw, loan.remote_delivered
+        rv.to_reflect, rv.last_order_info = loan.to_reflect, loan.last_order_info
+        for kind in CONNECTION_TIMERS:
+            self.timers.set(kind, c.cid, loan.timers.get(kind))
+        self._wm_dirty.add(c)
 
     # ============================================================ sans-IO surface ===
     def take_actions(self) -> list[Any]:

@@ -1,0 +1,539 @@
+"""Steady lanes: one established connection of a lone primary, owned outside the core.
+
+The plan for the native data path (docs/ARCHITECTURE.md, open item 1, "The plan for item
+4") is ownership transfer: while a connection is *steady* the core lends its state to an
+engine that runs only the steady-state rules, and takes it back for anything else. This
+module is that engine's executable model, in Python: the specification a C engine
+follows, checked in lockstep against the core itself.
+
+What a lane owns. `MessagingEndpoint.lend()` hands over its one connection when the
+endpoint is a primary without backups (a gateway: no order info to carry, no backup to
+wait for; its group watermark is its own timestamp watermark, the connection's recv_ts),
+the connection is known, streaming, not ending, in a current remote view with nothing
+missing, held, ahead or kept (`lendable`). The loan (`Loan`) is the connection's steady
+state as plain fields -- what a C struct of a few hundred bytes would hold -- plus the
+endpoint's few fields its messages touch (the Lamport clock, the group watermark, what
+was last said and heard of the remote group) and the connection's timers.
+
+What a lane does. Two events, each only in its steady form:
+  * `send(data)`: the application's next bytes, when they all fit the window at once:
+    the next data messages (REQUEST or REPLY), with the trailer the core would build
+    (sent-up-to, the reflection of the remote's order info, `delivered`), sent;
+  * `handle_message(msg)`: the next data message in order from the current remote
+    primary view, no stream flag, with a trailer the lane understands (no `others`, no
+    reflection): acks, round-trip sample, remote watermark, delivery, FIRST_ACK timer,
+    the order info to reflect.
+Anything else -- another message type or view, a gap, a flag, a window that would
+queue, a timer coming due, any other call on the core -- returns False or goes through
+the owner (`LanedEndpoint`), which takes the loan back (`MessagingEndpoint.reclaim`)
+and lets the core handle the event as always. The lane's actions and state after each
+event must be exactly the core's: `LanedEndpoint(shadow=True)` (the simulator's
+`llft simulate messaging` runs every lone primary this way) runs a copy of the core on
+the same events and raises `LaneDivergence` at the first differing action, timer or,
+at each reclaim, endpoint state.
+"""
+from __future__ import annotations
+
+import copy
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from llft.protocol.messages import Message, MsgType, ROLES, Role, Send
+from llft.protocol.messaging.actions import Deliver
+from llft.protocol.messaging.timers import CONNECTION_TIMERS, Timer
+from llft.protocol.messaging.trailer import pack_trailer, section_end, unpack_trailer
+
+
+class LaneDivergence(AssertionError):
+    """A lane did or holds something else than the core on the same events."""
+
+
+@dataclass(slots=True)
+class Loan:
+    """A lent connection's steady state (the core's fields of the same names)."""
+    # the endpoint's
+    group: str
+    birth_id: int
+    pvn: int
+    precedence: int
+    clock: int
+    now: int
+    gw: int
+    gw_rose: bool
+    max_data_ts: int
+    served_pvn: int
+    told_us: int | None             # _told_us[remote]
+    reflected: tuple[int, int] | None   # _reflected[remote]
+    heard: int | None               # heard[remote] (None: not changed)
+    primary_heard: tuple[int, int, int] | None
+    primary_heard_set: bool         # ... and it was set while lent
+    # the connection's
+    cid: tuple
+    role: Role
+    out_offset: int
+    next_msn: int
+    sent: list[Message]
+    sent_bytes: int
+    sent_at: dict[int, int]
+    remote_ack: int
+    rto: tuple[int | None, int, int, int]   # RtoEstimator (srtt, rttvar, backoff, rto)
+    rto_bounds: tuple[int, int]             # (floor, ceiling)
+    fa_count: int
+    fa_msn: int
+    last_send_us: int
+    last_back: int
+    ka_urgent: bool
+    first_ts: int
+    ka_idle: int
+    view_pvn: int
+    upto: int
+    view_ts: int
+    first_offset: int | None
+    delivered: int
+    declared: tuple[int, int]
+    recv_max_data_ts: int
+    fa_pending: int
+    fa_tries: int
+    told_delivered: int
+    remote_gw: int
+    remote_delivered: int
+    to_reflect: list | None
+    last_order_info: list | None
+    timers: dict[Timer, int]        # the connection's deadlines
+    # config
+    first_ack_delay_us: int
+    keepalive_us: int
+    max_payload_bytes: int
+    window_msgs: int
+    max_queue_bytes: int
+    stats: dict[str, int] = field(default_factory=dict)    # counted while lent
+
+
+class SteadyLane:
+    """The steady-state rules over a `Loan` (module docstring). Every method mirrors the
+    core's code path of the same event; the comments name the core's functions."""
+
+    def __init__(self, loan: Loan):
+        self.loan = loan
+        self.actions: list[Any] = []
+
+    def take_actions(self) -> list[Any]:
+        a, self.actions = self.actions, []
+        return a
+
+    def next_timer_us(self) -> int | None:
+        t = self.loan.timers
+        return min(t.values()) if t else None
+
+    # ------------------------------------------------------------------ sending ---
+    def send(self, data: bytes, now_us: int | None) -> bool:
+        """`MessagingEndpoint.send` of the lent connection, if every segment goes out
+        at once (else False: nothing changed)."""
+        s = self.loan
+        n = len(data)
+        step = s.max_payload_bytes
+        if not n or n > s.max_queue_bytes or \
+                len(s.sent) + (n + step - 1) // step > s.window_msgs:
+            return False
+        if now_us is not None and now_us > s.now:
+            s.now = now_us
+        for i in range(0, n, step):
+            seg = bytes(data[i:min(n, i + step)])
+            offset = s.out_offset
+            s.out_offset += len(seg)
+            self._send_data(offset, seg)
+        return True
+
+    def _send_data(self, offset: int, data: bytes) -> None:
+        """`_flush` of one queued segment, with `_msg` and `_emit`."""
+        s = self.loan
+        msn = s.next_msn
+        s.clock += 1
+        refl, s.to_reflect = s.to_reflect, None
+        if refl is not None:
+            refl = self._unreflected(refl)
+        if s.told_us is None or s.now - s.told_us >= s.first_ack_delay_us:
+            self._group_watermark()         # (no other connection to list: `others` [])
+            s.told_us = s.now
+        trailer = pack_trailer(msn, None, refl, [], s.delivered)
+        s.told_delivered = s.delivered
+        back = self._group_watermark()
+        if back > s.last_back:
+            s.last_back = back
+        mtype = MsgType.REQUEST if s.role is Role.CLIENT else MsgType.REPLY
+        remote, seq, role = s.cid
+        msg = Message(type=mtype, src_group=s.group, dst_group=remote, conn_seq=seq,
+                      role=role, pvn=s.pvn, precedence=s.precedence, sender=s.birth_id,
+                      msn=msn, ack=s.upto, back=back, ts=s.clock,
+                      body={"offset": offset, "data": data, "flags": 0},
+                      order_info=trailer)
+        if not s.first_ts:
+            s.first_ts = msg.ts
+        s.next_msn += 1
+        s.sent.append(msg)
+        s.sent_at[msn] = s.now
+        s.ka_idle = 0
+        s.sent_bytes += len(data)
+        self.actions.append(Send(remote, msg))
+        s.last_send_us = s.now
+        t = s.timers
+        t[Timer.KEEPALIVE] = s.now + s.keepalive_us
+        if Timer.RETRANSMIT not in t:
+            t[Timer.RETRANSMIT] = s.now + s.rto[3]
+        s.fa_pending = 0
+        t.pop(Timer.FIRST_ACK, None)
+        s.fa_tries = 0
+
+    def _unreflected(self, sec: list) -> list | None:
+        """`MessagingEndpoint._unreflected`."""
+        s = self.loan
+        rpvn, rpos = s.reflected or (0, 0)
+        pvn, first, chunks = sec
+        if pvn == rpvn and first <= rpos:
+            chunks = chunks[rpos - first + 1:]
+            if not chunks:
+                return None
+            sec = [pvn, rpos + 1, chunks]
+        elif pvn < rpvn:
+            return None
+        s.reflected = section_end(sec)
+        return sec
+
+    def _group_watermark(self) -> int:
+        """`group_watermark` of a primary without backups whose one connection has
+        nothing missing: the connection's recv_ts."""
+        s = self.loan
+        w = s.view_ts
+        if w > s.gw:
+            s.gw = w
+            s.gw_rose = True
+        return w
+
+    # ---------------------------------------------------------------- receiving ---
+    def handle_message(self, msg: Message, now_us: int) -> bool:
+        """`MessagingEndpoint.handle_message` of the next data message in order from the
+        current remote view (else False: nothing changed)."""
+        s = self.loan
+        remote, seq, role = s.cid
+        body = msg.body
+        if (msg.type is not (MsgType.REPLY if role is Role.CLIENT else MsgType.REQUEST)
+                or msg.src_group != remote or msg.dst_group != s.group
+                or msg.conn_seq != seq or ROLES[1 - msg.role] is not role
+                or msg.sender == s.birth_id or msg.pvn != s.view_pvn
+                or msg.msn != s.upto + 1 or s.upto == 0 or body["flags"] or not body["data"]
+                or body["offset"] != s.delivered):
+            return False
+        trailer = unpack_trailer(msg.order_info)
+        if trailer is None or trailer[2] is not None or trailer[3]:
+            return False
+        _, own, _, _, delivered = trailer
+        # handle_message
+        if now_us > s.now:
+            s.now = now_us
+        now = s.now
+        if msg.ts > s.clock:
+            s.clock = msg.ts
+        key = "rx_" + msg.type.name
+        s.stats[key] = s.stats.get(key, 0) + 1
+        s.heard = now
+        if s.primary_heard is None or msg.pvn >= s.primary_heard[0]:
+            s.primary_heard = (msg.pvn, msg.sender, now)
+            s.primary_heard_set = True
+        # _handle_inter: _on_remote_ack
+        t = s.timers
+        a = msg.ack
+        last_msn = s.next_msn - 1
+        if a != last_msn:
+            s.fa_count = 0
+        if s.remote_ack < a <= last_msn:
+            s.remote_ack = a
+            self._on_acked(a, now)
+            if a < last_msn:
+                t[Timer.RETRANSMIT] = now + s.rto[3]
+            else:
+                t.pop(Timer.RETRANSMIT, None)
+        if msg.back > s.remote_gw:
+            s.remote_gw = msg.back
+            self._drop_covered()
+        if delivered is not None and delivered > s.remote_delivered:
+            s.remote_delivered = delivered
+        s.served_pvn = s.pvn
+        # _on_data_at_primary: _rx_data, _advance, _release_held, _deliver
+        offset, data = body["offset"], body["data"]
+        if s.first_offset is None or offset < s.first_offset:
+            s.first_offset = offset
+        s.ka_idle = 0
+        s.upto = msg.msn
+        if msg.ts > s.view_ts:
+            s.view_ts = msg.ts
+        if msg.ts > s.recv_max_data_ts:
+            s.recv_max_data_ts = msg.ts
+        if msg.ts > s.max_data_ts:
+            s.max_data_ts = msg.ts
+        self.actions.append(Deliver(s.cid, offset, data))
+        s.delivered = offset + len(data)
+        sent_upto, ts = s.declared                  # ReceiveSide.advance_ts
+        if s.upto >= sent_upto and ts > s.view_ts:
+            s.view_ts = ts
+        self._group_watermark()                     # _gc_received: the message goes
+        self._want_first_ack(False)
+        # _on_trailer: the remote's order info, to reflect
+        if own is not None:
+            last = section_end(own)
+            lr = s.last_order_info
+            if lr is None or last >= section_end(lr):
+                s.last_order_info = own
+            refl_now = s.to_reflect
+            if ((refl_now is None or last > section_end(refl_now))
+                    and last > (s.reflected or (0, 0))):
+                s.to_reflect = own
+                self._want_first_ack(True)
+        # _after_event (nothing held: nothing to solicit)
+        if s.gw_rose:
+            s.gw_rose = False
+            if s.recv_max_data_ts > s.last_back and s.gw > s.last_back:
+                soon = now + s.first_ack_delay_us
+                d = t.get(Timer.KEEPALIVE)
+                if d is None or soon < d:
+                    t[Timer.KEEPALIVE] = soon
+                s.ka_urgent = True
+        return True
+
+    def _want_first_ack(self, reflect: bool) -> None:
+        s = self.loan
+        if reflect or s.upto > s.fa_pending or s.fa_pending == 0:
+            due = s.now + s.first_ack_delay_us
+            d = s.timers.get(Timer.FIRST_ACK)
+            if d is None or due < d:
+                s.timers[Timer.FIRST_ACK] = due
+            s.fa_tries = 0
+
+    def _on_acked(self, upto: int, now: int) -> None:
+        """`SendSide.on_acked` and `RtoEstimator.sample`."""
+        s = self.loan
+        sample = None
+        for msn in [m for m in s.sent_at if m <= upto]:
+            t0 = s.sent_at.pop(msn)
+            if msn == upto:
+                sample = now - t0
+        if sample is None:
+            return
+        srtt, rttvar, _, _ = s.rto
+        rtt = max(0, sample)
+        if srtt is None:
+            srtt, rttvar = rtt, rtt // 2
+        else:
+            rttvar += (abs(srtt - rtt) - rttvar) // 4
+            srtt += (rtt - srtt) // 8
+        floor, ceiling = s.rto_bounds
+        s.rto = (srtt, rttvar, 0, min(ceiling, max(floor, srtt + 4 * rttvar)))
+
+    def _drop_covered(self) -> None:
+        """`_gc_sent`: `SendSide.drop_covered` by the remote group watermark."""
+        s = self.loan
+        freed = False
+        while s.sent and s.sent[0].ts <= s.remote_gw:
+            m = s.sent.pop(0)
+            s.sent_bytes -= len(m.body["data"])
+            s.sent_at.pop(m.msn, None)
+            freed = True
+        if freed:
+            covered = s.sent[0].msn - 1 if s.sent else s.next_msn - 1
+            if s.remote_ack < covered:
+                s.remote_ack = covered
+            if not any(m.msn > s.remote_ack for m in s.sent):
+                s.timers.pop(Timer.RETRANSMIT, None)
+
+
+LANE_TIMERS = CONNECTION_TIMERS     # a lent connection's timers travel with it
+
+
+class LanedEndpoint:
+    """A messaging core whose steady connection a lane owns between events: the driver's
+    side of the ownership transfer. It has the core's sans-IO surface; steady events go
+    to the lane, anything else takes the loan back first. Any other attribute is the
+    endpoint's, read after taking the loan back.
+
+    `shadow`: also run a copy of the core (taken at each loan) on the events the lane
+    handles, and raise LaneDivergence at the first action, timer or (at each reclaim)
+    state that differs."""
+
+    def __init__(self, endpoint, *, shadow: bool = False):
+        self.__dict__.update(endpoint=endpoint, lane=None, shadow=shadow, _copy=None,
+                             lane_events=0, loans=0)
+
+    # -- ownership ---------------------------------------------------------------------
+    def _lend(self) -> SteadyLane | None:
+        if self.lane is None:
+            loan = self.endpoint.lend()
+            if loan is not None:
+                self.lane = SteadyLane(loan)
+                self.loans += 1
+                if self.shadow:
+                    self._copy = copy.deepcopy(self.endpoint)
+                    self._copy.reclaim(copy.deepcopy(loan))
+                    self._copy._actions = []    # (the owner's until taken)
+        return self.lane
+
+    def reclaim(self) -> None:
+        lane = self.lane
+        if lane is None:
+            return
+        self.lane = None
+        pending = lane.take_actions()
+        self.endpoint.reclaim(lane.loan)
+        # (after what the core emitted before the loan and nobody took yet)
+        self.endpoint._actions.extend(pending)
+        if self.shadow:
+            theirs = endpoint_state(self._copy)
+            mine = endpoint_state(self.endpoint)
+            self._copy = None
+            if mine != theirs:
+                raise LaneDivergence("state after reclaim differs from the core's: "
+                                     + _first_difference(mine, theirs))
+
+    def _shadowed(self, since: int, event: str, *args) -> None:
+        """The core's copy takes the same event; its actions and timers must match the
+        lane's (its actions from index `since` on)."""
+        self.lane_events += 1
+        if not self.shadow:
+            return
+        core = self._copy
+        getattr(core, event)(*args)
+        theirs = core.take_actions()
+        mine = self.lane.actions[since:]
+        if mine != theirs:
+            raise LaneDivergence(f"{event}: lane actions {_brief(mine)} != core's "
+                                 f"{_brief(theirs)}")
+        cid = self.lane.loan.cid
+        deadlines = {k: core.timers.due(k, cid) for k in LANE_TIMERS
+                     if core.timers.due(k, cid) is not None}
+        if deadlines != self.lane.loan.timers:
+            raise LaneDivergence(f"{event}: lane timers {self.lane.loan.timers} != "
+                                 f"core's {deadlines}")
+
+    # -- the sans-IO surface -------------------------------------------------------------
+    def handle_message(self, msg: Message, now_us: int) -> None:
+        lane = self._lend()
+        if lane is not None:
+            since = len(lane.actions)
+            if lane.handle_message(msg, now_us):
+                self._shadowed(since, "handle_message", msg, now_us)
+                return
+        self.reclaim()
+        self.endpoint.handle_message(msg, now_us)
+
+    def send(self, conn, data: bytes, now_us: int | None = None) -> int:
+        lane = self._lend()
+        if lane is not None and conn == lane.loan.cid:
+            since = len(lane.actions)
+            if lane.send(data, now_us):
+                self._shadowed(since, "send", conn, data, now_us)
+                return len(data)
+        self.reclaim()
+        return self.endpoint.send(conn, data, now_us)
+
+    def in_flight(self, conn) -> int:
+        lane = self.lane
+        if lane is not None and conn == lane.loan.cid:
+            return len(lane.loan.sent)      # (nothing is queued while lent)
+        return self.endpoint.in_flight(conn)
+
+    def next_timer_us(self) -> int | None:
+        a = self.endpoint.next_timer_us()
+        b = self.lane.next_timer_us() if self.lane is not None else None
+        return b if a is None else a if b is None else min(a, b)
+
+    def handle_timer(self, now_us: int) -> None:
+        self.reclaim()
+        self.endpoint.handle_timer(now_us)
+
+    def take_actions(self) -> list[Any]:
+        mine = self.lane.take_actions() if self.lane is not None else []
+        return self.endpoint.take_actions() + mine
+
+    def heard_again(self, msg: Message, times_us: list[int]) -> None:
+        self.reclaim()
+        self.endpoint.heard_again(msg, times_us)
+
+    def __getattr__(self, name: str):
+        self.reclaim()
+        return getattr(self.endpoint, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in self.__dict__:
+            self.__dict__[name] = value
+            return
+        self.reclaim()
+        setattr(self.endpoint, name, value)
+
+
+def _brief(actions: list) -> list:
+    """Actions as a short line each (a divergence report without the payloads)."""
+    out = []
+    for a in actions:
+        m = getattr(a, "msg", None)
+        if m is not None:
+            d = m.body.get("data", b"")
+            out.append((type(a).__name__, m.type.name, m.msn, m.ack, m.back, m.ts,
+                        m.body.get("offset"), len(d), m.order_info.hex()))
+        else:
+            out.append((type(a).__name__, *(repr(v)[:40] for v in vars(a).values()))
+                       if hasattr(a, "__dict__") else repr(a)[:80])
+    return out
+
+
+# the endpoint's caches: derived from the rest, rebuilt when needed (not compared)
+_CACHES = frozenset({"_wm_terms", "_wm_heap", "_wm_dirty", "_digest", "_actions",
+                     "wait_of", "probe_state_of"})
+
+
+def endpoint_state(ep) -> dict:
+    """An endpoint's state as plain values, caches left out, timers as their deadlines."""
+    out = {}
+    for k, v in vars(ep).items():
+        if k in _CACHES:
+            continue
+        if k == "timers":
+            v = dict(v._due)
+        elif k == "_holding":
+            v = sorted(repr(c.cid) for c in v if c.recv.received)
+        out[k] = _plain(v)
+    return out
+
+
+def _plain(v):
+    if isinstance(v, (str, int, float, bytes, type(None), Message, enum.Enum)):
+        return v
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)) or type(v).__name__ == "deque":
+        return [_plain(x) for x in v]
+    if isinstance(v, (set, frozenset)):
+        return sorted(repr(_plain(x)) for x in v)
+    slots = getattr(type(v), "__slots__", None)
+    if slots:
+        return {type(v).__name__: {s: _plain(getattr(v, s)) for s in slots
+                                   if hasattr(v, s)}}
+    if hasattr(v, "__dict__"):
+        return {type(v).__name__: {k: _plain(x) for k, x in vars(v).items()}}
+    return v
+
+
+def _first_difference(a, b, path: str = "") -> str:
+    if type(a) is not type(b):
+        return f"{path}: {a!r} != {b!r}"
+    if isinstance(a, dict):
+        for k in list(a) + [k for k in b if k not in a]:
+            if k not in a or k not in b:
+                return f"{path}.{k}: only on one side"
+            if a[k] != b[k]:
+                return _first_difference(a[k], b[k], f"{path}.{k}")
+    if isinstance(a, list):
+        if len(a) != len(b):
+            return f"{path}: {len(a)} items != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return _first_difference(x, y, f"{path}[{i}]")
+    return f"{path}: {a!r} != {b!r}"

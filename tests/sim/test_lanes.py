@@ -1,0 +1,95 @@
+"""Steady lanes (llft/protocol/messaging/lane.py) in lockstep with the core: the gateway's
+shape of `llft simulate messaging` (a lone primary with one long connection) under faults,
+every lane event checked against a copy of the core, and checks that the lockstep check
+catches a lane that differs from the core."""
+from __future__ import annotations
+
+import pytest
+
+from llft.protocol.messaging import MessagingEndpoint
+from llft.protocol.messaging.lane import LanedEndpoint, LaneDivergence, SteadyLane
+from llft.protocol.messaging.timers import Timer
+from llft.sim import messaging_check as mc
+
+
+def _run(seeds, **faults) -> tuple[list[str], int, int]:
+    """(violations, lane events, loans) of the gateway-shaped schedules of `seeds`."""
+    violations, events, loans = [], 0, 0
+    for seed in seeds:
+        s = mc.Schedule(mc.generate(seed, gateway=1.0, **faults))
+        try:
+            violations += s.run()
+        except LaneDivergence as e:
+            violations.append(f"seed {seed}: {e}")
+        for rep in s.by_node.values():
+            if isinstance(rep.core, LanedEndpoint):
+                events += rep.core.lane_events
+                loans += rep.core.loans
+    return violations, events, loans
+
+
+def test_lanes_match_the_core_under_faults():
+    violations, events, loans = _run(range(40), loss=0.1, dup=0.05, reorder=0.1)
+    assert violations == []
+    # the lane did carry traffic (sends and in-order data), not only give it back
+    assert events >= 100 and loans >= 50
+
+
+def test_lanes_match_the_core_across_changes_of_primary_and_a_dead_group():
+    violations, events, _ = _run(range(100, 140), failover=0.5, die=0.2, loss=0.05)
+    assert violations == []
+    assert events >= 100
+
+
+def test_the_campaign_runs_lanes_by_default():
+    """Every schedule of `llft simulate messaging` runs lone primaries with lanes (the
+    gateway's shape only gives them more to do)."""
+    assert ("set", "lanes") in [tuple(ln) for ln in mc.generate(1).lines]
+    assert mc.CAMPAIGN.failures(20, 5, loss=0.1, dup=0.05, reorder=0.1,
+                                gateway=1.0) == []
+
+
+def _forgets_first_ack_retries(self, reflect):
+    s = self.loan
+    if reflect or s.upto > s.fa_pending or s.fa_pending == 0:
+        due = s.now + s.first_ack_delay_us
+        d = s.timers.get(Timer.FIRST_ACK)
+        if d is None or due < d:
+            s.timers[Timer.FIRST_ACK] = due
+
+
+def test_lockstep_catches_a_lane_that_forgets_state(monkeypatch):
+    """A lane that leaves out one assignment of the core (the FIRST_ACK retry count) is
+    caught when the loan comes back."""
+    monkeypatch.setattr(SteadyLane, "_want_first_ack", _forgets_first_ack_retries)
+    violations, _, _ = _run(range(40), loss=0.05, reorder=0.1)
+    assert any("fa_tries" in v for v in violations)
+
+
+def test_lockstep_catches_a_lane_that_sends_differently(monkeypatch):
+    """A lane whose data messages differ from the core's by one field is caught at the
+    event itself, before its datagram would leave."""
+    real = SteadyLane._send_data
+
+    def later_ack(self, offset, data):
+        real(self, offset, data)
+        m = self.actions[-1].msg
+        m.ack += 1
+    monkeypatch.setattr(SteadyLane, "_send_data", later_ack)
+    violations, _, _ = _run(range(10))
+    assert any("send: lane actions" in v for v in violations)
+
+
+def test_lockstep_catches_a_reclaim_that_drops_a_field(monkeypatch):
+    """`reclaim` must write back every field of the loan: one that keeps the core's old
+    `delivered` is caught when the loan comes back."""
+    real = MessagingEndpoint.reclaim
+
+    def drops_delivered(self, loan):
+        c = self.conns[loan.cid]
+        before = c.recv.delivered
+        real(self, loan)
+        c.recv.delivered = before
+    monkeypatch.setattr(MessagingEndpoint, "reclaim", drops_delivered)
+    violations, _, _ = _run(range(10))
+    assert any("delivered" in v for v in violations)
