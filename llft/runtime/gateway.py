@@ -123,6 +123,7 @@ from llft.runtime.sockets import StreamSocket, read_buffer
 from llft.runtime.tasks import TaskSet
 from llft.protocol.messages import Role
 from llft.protocol.messaging import Closed, Deliver, Freed, MessagingEndpoint, Opened
+from llft.protocol.messaging.lane import LanedEndpoint
 from llft.protocol.streams import (Credit, FrameDecoder, FrameError, Kind, StreamTable,
                                    data_frames, frame, window_frame, window_value)
 from llft.runtime.transport import Endpoint
@@ -233,6 +234,9 @@ class Gateway:
         # incarnation of this gateway (killed, restarted) is answered CLOSED, not taken up
         self.core = MessagingEndpoint(self.gateway_group, self.birth, dataclasses.replace(
             cfg.messaging_config(self.endpoint.encoder.mtu_bytes), accepts_connections=False))
+        if os.environ.get("LLFT_LANE", "on") != "off":
+            # its steady group connection runs on a lane (llft/protocol/messaging/lane.py)
+            self.core = LanedEndpoint(self.core)
         self.driver = Driver(self.endpoint, self.core, on_action=self._on_action)
         # the group connection: every client is a stream in it (opened by the first
         # client, closed when idle: `_open_conn`, `_close_if_idle`)
@@ -567,6 +571,10 @@ class Gateway:
             "outbox_bytes": len(self.outbox.buf),
             "messaging": self.core.buffer_sizes(), "messaging_stats": dict(self.core.stats),
             "transport": self.endpoint.stats(),
+            # events its lane handled, and the loans it took (none: LLFT_LANE=off)
+            "lane": {"events": getattr(self.core, "lane_events", 0),
+                     "loans": getattr(self.core, "loans", 0),
+                     "reclaimed_for": dict(getattr(self.core, "reclaims", {}))},
         }
 
     def write_status(self) -> None:

@@ -167,6 +167,13 @@ def test_gateway_echo_group_exactly_once(tmp_path, members):
         assert st["bytes_in"] == st["bytes_out"] == 600 * 1024
         assert st["gaps"] == 0 and st["clients_total"] == 4
         assert st["transport"]["accepted_messages"] > 0
+        # the steady group connection ran on the lane (llft/protocol/messaging/lane.py):
+        # the requests' sends and replies, with a loan taken back only now and then (a
+        # keep-alive, a timer, the status); a driver's question about a core attribute
+        # it lacks takes nothing back
+        lane = st["lane"]
+        assert lane["events"] >= 150 and lane["events"] > lane["loans"] > 0, lane
+        assert "takeover_held" not in lane["reclaimed_for"], lane
 
         # a client that leaves abruptly is dropped; the others go on being served
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import enum
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -359,16 +360,19 @@ class LanedEndpoint:
     handles, and raise LaneDivergence at the first action, timer or (at each reclaim)
     state that differs."""
 
-    def __init__(self, endpoint, *, shadow: bool = False):
+    def __init__(self, endpoint, *, shadow: bool = False, engine=None):
+        """`engine`: what runs a loan (a class taking a `Loan`, with SteadyLane's
+        methods); SteadyLane by default."""
         self.__dict__.update(endpoint=endpoint, lane=None, shadow=shadow, _copy=None,
-                             lane_events=0, loans=0)
+                             lane_events=0, loans=0, reclaims=Counter(),
+                             engine=engine or SteadyLane)
 
     # -- ownership ---------------------------------------------------------------------
     def _lend(self) -> SteadyLane | None:
         if self.lane is None:
             loan = self.endpoint.lend()
             if loan is not None:
-                self.lane = SteadyLane(loan)
+                self.lane = self.engine(loan)
                 self.loans += 1
                 if self.shadow:
                     self._copy = copy.deepcopy(self.endpoint)
@@ -376,11 +380,12 @@ class LanedEndpoint:
                     self._copy._actions = []    # (the owner's until taken)
         return self.lane
 
-    def reclaim(self) -> None:
+    def reclaim(self, why: str = "asked") -> None:
         lane = self.lane
         if lane is None:
             return
         self.lane = None
+        self.reclaims[why] += 1
         pending = lane.take_actions()
         self.endpoint.reclaim(lane.loan)
         # (after what the core emitted before the loan and nobody took yet)
@@ -421,7 +426,7 @@ class LanedEndpoint:
             if lane.handle_message(msg, now_us):
                 self._shadowed(since, "handle_message", msg, now_us)
                 return
-        self.reclaim()
+            self.reclaim(msg.type.name)
         self.endpoint.handle_message(msg, now_us)
 
     def send(self, conn, data: bytes, now_us: int | None = None) -> int:
@@ -431,7 +436,7 @@ class LanedEndpoint:
             if lane.send(data, now_us):
                 self._shadowed(since, "send", conn, data, now_us)
                 return len(data)
-        self.reclaim()
+            self.reclaim("send")
         return self.endpoint.send(conn, data, now_us)
 
     def in_flight(self, conn) -> int:
@@ -446,7 +451,7 @@ class LanedEndpoint:
         return b if a is None else a if b is None else min(a, b)
 
     def handle_timer(self, now_us: int) -> None:
-        self.reclaim()
+        self.reclaim("timer")
         self.endpoint.handle_timer(now_us)
 
     def take_actions(self) -> list[Any]:
@@ -454,18 +459,22 @@ class LanedEndpoint:
         return self.endpoint.take_actions() + mine
 
     def heard_again(self, msg: Message, times_us: list[int]) -> None:
-        self.reclaim()
+        self.reclaim("heard_again")
         self.endpoint.heard_again(msg, times_us)
 
     def __getattr__(self, name: str):
-        self.reclaim()
+        ep = self.__dict__["endpoint"]
+        if name not in vars(ep) and not hasattr(type(ep), name):
+            # (a driver asking whether its core has something: no loan to take back)
+            raise AttributeError(name)
+        self.reclaim(name)
         return getattr(self.endpoint, name)
 
     def __setattr__(self, name: str, value) -> None:
         if name in self.__dict__:
             self.__dict__[name] = value
             return
-        self.reclaim()
+        self.reclaim(name)
         setattr(self.endpoint, name, value)
 
 
