@@ -65,6 +65,9 @@ if os.path.exists(os.path.join("native", "pulse_build.py")):
 # the wire codec's per-datagram work (llft/protocol/wire.py's native half); native/wire/
 if os.path.exists(os.path.join("native", "wire_build.py")):
     cffi_modules.append("native/wire_build.py:ffibuilder")
+# a steady lane in C (llft/protocol/messaging/lane.py's SteadyLane); native/lane/
+if os.path.exists(os.path.join("native", "lane_build.py")):
+    cffi_modules.append("native/lane_build.py:ffibuilder")
 
 setup(
     name="llft",

@@ -189,6 +189,15 @@ class Send:
 
 
 @dataclass(frozen=True, slots=True)
+class SendDatagrams:
+    """A `Send` whose message is already encoded and sealed (a native steady lane,
+    llft/protocol/messaging/native_lane.py): the driver multicasts the bytes as they
+    are."""
+    dst_group: str
+    datagrams: list
+
+
+@dataclass(frozen=True, slots=True)
 class Pulse:
     """A `Send` of a HEARTBEAT that the driver goes on repeating, byte for byte, every
     `every_us` while its clock is <= `until_us` (or until the next Pulse replaces it).

@@ -40,7 +40,7 @@ import logging
 import time
 from typing import Any, Callable
 
-from llft.protocol.messages import Message, Pulse, Send
+from llft.protocol.messages import Message, Pulse, Send, SendDatagrams
 from llft.runtime.transport import Endpoint, wait_for_event
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,8 @@ class Driver:
         endpoint.on_message = self._on_message
         endpoint.on_message_at = self._on_message_at
         endpoint.on_watch = self._on_watch
+        if getattr(core, "takes_datagrams", False):
+            endpoint.on_datagram = self._on_datagram
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -102,6 +104,15 @@ class Driver:
         self._absorbed()
         self.core.handle_message(msg, min(at_us, self.clock_us()))
         self.pump(event=True)
+
+    def _on_datagram(self, data: bytes) -> bool:
+        """A whole datagram, offered to a core that handles steady ones raw (a native
+        lane, `LanedEndpoint.handle_datagram`); False: decode it and call as usual."""
+        self._absorbed()                # (heartbeat copies first, as before any event)
+        if not self.core.handle_datagram(data, self.clock_us()):
+            return False
+        self.pump(event=True)
+        return True
 
     def _absorbed(self) -> None:
         """Heartbeat copies the pulse thread absorbed (llft/runtime/pulse.py), to the core
@@ -156,6 +167,8 @@ class Driver:
             for action in actions:
                 if isinstance(action, Send):
                     self.endpoint.send(action.dst_group, action.msg)
+                elif isinstance(action, SendDatagrams):
+                    self.endpoint.send_datagrams(action.dst_group, action.datagrams)
                 elif isinstance(action, Pulse):
                     self.endpoint.pulse(action.dst_group, action.msg, action.every_us,
                                         action.until_us, action.lease_us)

@@ -124,6 +124,7 @@ from llft.runtime.tasks import TaskSet
 from llft.protocol.messages import Role
 from llft.protocol.messaging import Closed, Deliver, Freed, MessagingEndpoint, Opened
 from llft.protocol.messaging.lane import LanedEndpoint
+from llft.protocol.messaging.native_lane import native_available, native_engine
 from llft.protocol.streams import (Credit, FrameDecoder, FrameError, Kind, StreamTable,
                                    data_frames, frame, window_frame, window_value)
 from llft.runtime.transport import Endpoint
@@ -234,9 +235,18 @@ class Gateway:
         # incarnation of this gateway (killed, restarted) is answered CLOSED, not taken up
         self.core = MessagingEndpoint(self.gateway_group, self.birth, dataclasses.replace(
             cfg.messaging_config(self.endpoint.encoder.mtu_bytes), accepts_connections=False))
-        if os.environ.get("LLFT_LANE", "on") != "off":
-            # its steady group connection runs on a lane (llft/protocol/messaging/lane.py)
+        # its steady group connection runs on a lane (llft/protocol/messaging/lane.py):
+        # the C engine on raw datagrams when it is built (LLFT_LANE=python: the model,
+        # off: the core alone)
+        lane = os.environ.get("LLFT_LANE", "native")
+        if lane == "native" and not native_available():
+            lane = "python"
+        if lane == "native":
+            self.core = LanedEndpoint(self.core, engine=native_engine(
+                key, self.endpoint.encoder.mtu_bytes, materialize=False))
+        elif lane != "off":
             self.core = LanedEndpoint(self.core)
+        self.lane_kind = lane
         self.driver = Driver(self.endpoint, self.core, on_action=self._on_action)
         # the group connection: every client is a stream in it (opened by the first
         # client, closed when idle: `_open_conn`, `_close_if_idle`)
@@ -572,7 +582,7 @@ class Gateway:
             "messaging": self.core.buffer_sizes(), "messaging_stats": dict(self.core.stats),
             "transport": self.endpoint.stats(),
             # events its lane handled, and the loans it took (none: LLFT_LANE=off)
-            "lane": {"events": getattr(self.core, "lane_events", 0),
+            "lane": {"kind": self.lane_kind, "events": getattr(self.core, "lane_events", 0),
                      "loans": getattr(self.core, "loans", 0),
                      "reclaimed_for": dict(getattr(self.core, "reclaims", {}))},
         }

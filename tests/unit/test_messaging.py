@@ -842,3 +842,13 @@ def test_an_idle_connection_of_a_lone_primary_backs_off_its_keep_alives():
     sim.at(idle_to, lambda s: a[1].send(CONN_A, b" again", now_us=s.now_us), 1)
     sim.run_until(idle_to + 20_000)        # well within one backed-off interval
     assert bytes(got) == b"hello again"
+
+
+def test_a_section_past_the_position_range_is_malformed():
+    """A remote section whose last position passes 2**63 - 1 is not order info (it was
+    taken, and the reflection of the next one started beyond what msgpack packs: the
+    next message to that group raised OverflowError). Found by the C lane's fuzzing."""
+    top = (1 << 63) - 1
+    assert unpack_trailer(pack_trailer(1, [1, top, [b"a"]], None))[1] == [1, top, [b"a"]]
+    assert unpack_trailer(pack_trailer(1, [1, top, [b"a", b"b"]], None))[1] is None
+    assert unpack_trailer(pack_trailer(1, None, [1, (1 << 64) - 1, [b"a"]]))[2] is None

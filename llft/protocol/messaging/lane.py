@@ -117,6 +117,7 @@ class SteadyLane:
 
     def __init__(self, loan: Loan):
         self.loan = loan
+        self.cid = loan.cid
         self.actions: list[Any] = []
 
     def take_actions(self) -> list[Any]:
@@ -126,6 +127,10 @@ class SteadyLane:
     def next_timer_us(self) -> int | None:
         t = self.loan.timers
         return min(t.values()) if t else None
+
+    def in_flight(self) -> int:
+        """Messages sent and not covered yet (nothing is queued while lent)."""
+        return len(self.loan.sent)
 
     # ------------------------------------------------------------------ sending ---
     def send(self, data: bytes, now_us: int | None) -> bool:
@@ -363,9 +368,11 @@ class LanedEndpoint:
     def __init__(self, endpoint, *, shadow: bool = False, engine=None):
         """`engine`: what runs a loan (a class taking a `Loan`, with SteadyLane's
         methods); SteadyLane by default."""
+        engine = engine or SteadyLane
         self.__dict__.update(endpoint=endpoint, lane=None, shadow=shadow, _copy=None,
-                             lane_events=0, loans=0, reclaims=Counter(),
-                             engine=engine or SteadyLane)
+                             lane_events=0, loans=0, reclaims=Counter(), engine=engine,
+                             # its engine handles whole datagrams (a native lane)
+                             takes_datagrams=hasattr(engine, "handle_datagram"))
 
     # -- ownership ---------------------------------------------------------------------
     def _lend(self) -> SteadyLane | None:
@@ -411,7 +418,7 @@ class LanedEndpoint:
         if mine != theirs:
             raise LaneDivergence(f"{event}: lane actions {_brief(mine)} != core's "
                                  f"{_brief(theirs)}")
-        cid = self.lane.loan.cid
+        cid = self.lane.cid
         deadlines = {k: core.timers.due(k, cid) for k in LANE_TIMERS
                      if core.timers.due(k, cid) is not None}
         if deadlines != self.lane.loan.timers:
@@ -420,18 +427,33 @@ class LanedEndpoint:
 
     # -- the sans-IO surface -------------------------------------------------------------
     def handle_message(self, msg: Message, now_us: int) -> None:
-        lane = self._lend()
+        # (an engine that takes datagrams had this one's raw bytes first, unless it came
+        # another way -- reassembled, from the pulse port --: not a steady one either)
+        lane = self._lend() if self.shadow or not self.takes_datagrams else self.lane
         if lane is not None:
             since = len(lane.actions)
-            if lane.handle_message(msg, now_us):
+            if (self.shadow or not self.takes_datagrams) and \
+                    lane.handle_message(msg, now_us):
                 self._shadowed(since, "handle_message", msg, now_us)
                 return
             self.reclaim(msg.type.name)
         self.endpoint.handle_message(msg, now_us)
 
+    def handle_datagram(self, datagram: bytes, now_us: int) -> bool:
+        """A whole datagram as received, to an engine that verifies and handles steady
+        ones itself (`takes_datagrams`); False: not handled, nothing changed (the caller
+        decodes it and calls `handle_message`)."""
+        # (with a shadow every message goes through handle_message, which it checks;
+        # the engine's handle_message takes the same raw path after encoding it)
+        lane = None if self.shadow else self._lend()
+        if lane is None or not lane.handle_datagram(datagram, now_us):
+            return False
+        self.lane_events += 1
+        return True
+
     def send(self, conn, data: bytes, now_us: int | None = None) -> int:
         lane = self._lend()
-        if lane is not None and conn == lane.loan.cid:
+        if lane is not None and conn == lane.cid:
             since = len(lane.actions)
             if lane.send(data, now_us):
                 self._shadowed(since, "send", conn, data, now_us)
@@ -441,8 +463,8 @@ class LanedEndpoint:
 
     def in_flight(self, conn) -> int:
         lane = self.lane
-        if lane is not None and conn == lane.loan.cid:
-            return len(lane.loan.sent)      # (nothing is queued while lent)
+        if lane is not None and conn == lane.cid:
+            return lane.in_flight()
         return self.endpoint.in_flight(conn)
 
     def next_timer_us(self) -> int | None:

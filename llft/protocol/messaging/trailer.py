@@ -51,10 +51,17 @@ def unpack_trailer(raw: bytes) -> tuple[int, Section | None, Section | None, lis
     return t[0], own, refl, others, delivered
 
 
+# Order-info positions count chunks from 1; a section ending past this is malformed. (A
+# section ending at 2**64 once made the reflection of the next one start beyond what
+# msgpack packs: our next message to that group raised OverflowError.)
+MAX_POSITION = (1 << 63) - 1
+
+
 def checked_section(s: Any) -> Section | None:
     """An order-info section [pvn, first_pos, [chunk, ...]], or None."""
     if (type(s) is list and len(s) == 3 and type(s[0]) is int and type(s[1]) is int
-            and s[1] > 0 and type(s[2]) is list and all(type(c) is bytes for c in s[2])):
+            and 0 < s[1] and type(s[2]) is list and all(type(c) is bytes for c in s[2])
+            and s[1] + len(s[2]) - 1 <= MAX_POSITION):
         return s
     return None
 

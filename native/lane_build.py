@@ -1,0 +1,47 @@
+"""cffi builder for native._llft_lane: a steady lane in C (native/lane/).
+
+Like native/wire_build.py: the C source lives in its own folder (out of the preload
+shim's glob native/*.c), its text is read at build time, and the cdef is the header's
+"cdef begin" .. "cdef end" region. llft_lane.c includes native/wire/llft_wire.c (one
+translation unit: the lane verifies, parses and seals datagrams with the codec's own
+code), so both files are build dependencies; the tag needs OpenSSL's libcrypto as the
+wire module does.
+"""
+import importlib.util
+import os
+
+from cffi import FFI
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LANE = os.path.join(HERE, "lane")
+WIRE = os.path.join(HERE, "wire")
+HEADER = os.path.join(LANE, "llft_lane.h")
+SOURCE = os.path.join(LANE, "llft_lane.c")
+
+
+def _pulse_build():
+    """native/pulse_build.py, loaded by its path: pip runs this file in an isolated build
+    environment where neither `native` nor this folder is importable."""
+    spec = importlib.util.spec_from_file_location("_llft_pulse_build",
+                                                  os.path.join(HERE, "pulse_build.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+header_cdef = _pulse_build().header_cdef
+
+ffibuilder = FFI()
+ffibuilder.cdef(header_cdef(HEADER))
+ffibuilder.set_source(
+    "native._llft_lane",
+    f'#line 1 "{SOURCE}"\n' + open(SOURCE).read(),
+    include_dirs=[LANE, WIRE],
+    libraries=["crypto"],
+    extra_compile_args=["-O2", "-Wall", "-Wextra"],
+    depends=[HEADER, SOURCE, os.path.join(WIRE, "llft_wire.h"),
+             os.path.join(WIRE, "llft_wire.c")],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)
