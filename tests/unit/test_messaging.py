@@ -182,6 +182,37 @@ def test_retransmission_until_acked_with_backoff():
     assert p.timers.due(Timer.RETRANSMIT, CONN_A) is None
 
 
+def test_a_timeout_resends_the_oldest_and_states_the_rest():
+    """A timeout resends the oldest unacked message only, and a KEEP_ALIVE stating our
+    sent-up-to: the remote primary NACKs what it lacks and gets it, while what merely
+    waited for its ack is not sent again (a burst of the whole window per late ack
+    was a fifth of a saturated gateway's REPLYs)."""
+    a, b = pair()
+    p, q = a[1], b[2]
+    p.send(CONN_A, b"w" * 300, now_us=0)
+    m1, m2, m3 = sends(p.take_actions(), MsgType.REQUEST)
+    q.handle_message(m1, 100)               # m2 and m3 are lost on the way
+    q.take_actions()
+    p.take_actions()
+    t = p.timers.due(Timer.RETRANSMIT, CONN_A)
+    p.handle_timer(t)
+    out = p.take_actions()
+    (r1,) = sends(out, MsgType.REQUEST)
+    (ka,) = sends(out, MsgType.KEEP_ALIVE)
+    assert r1.msn == 1 and unpack_trailer(ka.order_info)[0] == 3
+    assert p.stats["retransmit"] == 1
+    q.handle_message(r1, t + 10)            # a duplicate here
+    q.handle_message(ka, t + 20)
+    (nack,) = sends(advance(q, t + 20 + CFG.nack_delay_us), MsgType.NACK)
+    assert nack.body["missing"] == [2, 3]
+    p.handle_message(nack, t + 1_000)
+    resent = sends(p.take_actions(), MsgType.REQUEST)
+    assert [m.msn for m in resent] == [2, 3]
+    for m in resent:
+        q.handle_message(m, t + 1_100)
+    assert delivered(q.take_actions()) == b"w" * 200
+
+
 def test_first_ack_answered_only_by_backup_that_produced_the_message():
     a, b = pair(a_members=(1, 4), b_members=(2,))
     p, pb, q = a[1], a[4], b[2]
