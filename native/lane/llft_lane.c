@@ -96,6 +96,13 @@ llft_lane *llft_lane_new(const llft_lane_codec *codec, uint32_t mtu, uint32_t wi
 
 void llft_lane_free(llft_lane *L) { free(L); }
 
+/* Empty again, for the next loan (its buffers kept: a lane of the MTU of loopback is
+ * megabytes, and allocating them at every loan was most of a loan's cost) */
+void llft_lane_reset(llft_lane *L) {
+    memset(&L->st, 0, sizeof L->st);
+    L->group_len = L->remote_len = 0;
+}
+
 llft_lane_state *llft_lane_state_of(llft_lane *L) { return &L->st; }
 
 /* ---- numbers -------------------------------------------------------------------------- */

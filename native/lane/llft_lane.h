@@ -170,6 +170,7 @@ void llft_lane_codec_free(llft_lane_codec *codec);
  * state zeroed (NULL: bad sizes or no memory). The codec must outlive it. */
 llft_lane *llft_lane_new(const llft_lane_codec *codec, uint32_t mtu, uint32_t window);
 void llft_lane_free(llft_lane *lane);
+void llft_lane_reset(llft_lane *lane);
 /* The scalar state, read and written in place by the loader. */
 llft_lane_state *llft_lane_state_of(llft_lane *lane);
 

@@ -395,6 +395,9 @@ class LanedEndpoint:
         self.reclaims[why] += 1
         pending = lane.take_actions()
         self.endpoint.reclaim(lane.loan)
+        release = getattr(lane, "release", None)
+        if release is not None:
+            release()                   # (a native lane's buffers serve the next loan)
         # (after what the core emitted before the loan and nobody took yet)
         self.endpoint._actions.extend(pending)
         if self.shadow:
