@@ -430,13 +430,14 @@ class LanedEndpoint:
 
     # -- the sans-IO surface -------------------------------------------------------------
     def handle_message(self, msg: Message, now_us: int) -> None:
-        # (an engine that takes datagrams had this one's raw bytes first, unless it came
-        # another way -- reassembled, from the pulse port --: not a steady one either)
-        lane = self._lend() if self.shadow or not self.takes_datagrams else self.lane
+        # An engine that takes datagrams had this message's bytes first and refused them
+        # (or it came another way -- reassembled, from the pulse port --: no steady one
+        # either), unless a shadow checks the lane: then every message comes this way.
+        offer = self.shadow or not self.takes_datagrams
+        lane = self._lend() if offer else self.lane
         if lane is not None:
             since = len(lane.actions)
-            if (self.shadow or not self.takes_datagrams) and \
-                    lane.handle_message(msg, now_us):
+            if offer and lane.handle_message(msg, now_us):
                 self._shadowed(since, "handle_message", msg, now_us)
                 return
             self.reclaim(msg.type.name)
