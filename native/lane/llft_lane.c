@@ -42,6 +42,7 @@ struct llft_lane {
     uint8_t *ring;              /* window * mtu: the datagram of ring position i at i * mtu */
     uint8_t *sec[2];            /* LLFT_LANE_TO_REFLECT, LLFT_LANE_LAST_ORDER_INFO: mtu each */
     uint8_t *scratch;           /* a trailer being built: mtu */
+    uint8_t *ctl;               /* the last receive's SECOND_ACK datagram: mtu */
 };
 
 /* ---- the codec ---------------------------------------------------------------------- */
@@ -58,7 +59,10 @@ llft_lane_codec *llft_lane_codec_new(const uint8_t *key, size_t key_len) {
     static const char names[] = "offset\0data\0flags";
     static const uint8_t masks[] = {LLFT_WIRE_INT, LLFT_WIRE_BYTES, LLFT_WIRE_INT};
     if (llft_wire_schema(c->w, LLFT_LANE_REQUEST, 1, 3, names, masks) != 0
-        || llft_wire_schema(c->w, LLFT_LANE_REPLY, 1, 3, names, masks) != 0) {
+        || llft_wire_schema(c->w, LLFT_LANE_REPLY, 1, 3, names, masks) != 0
+        /* and the two control messages a lane takes: empty bodies */
+        || llft_wire_schema(c->w, LLFT_LANE_KEEP_ALIVE, 0, 0, "", masks) != 0
+        || llft_wire_schema(c->w, LLFT_LANE_FIRST_ACK, 0, 0, "", masks) != 0) {
         llft_wire_free(c->w);
         free(c);
         return NULL;
@@ -78,9 +82,9 @@ llft_lane *llft_lane_new(const llft_lane_codec *codec, uint32_t mtu, uint32_t wi
     if (codec == NULL || mtu < LN_MIN_MTU || mtu > MAX_DATAGRAM_BYTES
         || window == 0 || window > LLFT_LANE_MAX_WINDOW)
         return NULL;
-    /* (sizes: at most 4096 * 65507 + 3 * 65507 bytes, no overflow in size_t) */
+    /* (sizes: at most 4096 * 65507 + 4 * 65507 bytes, no overflow in size_t) */
     size_t slots = sizeof(llft_lane_slot) * window;
-    size_t bytes = (size_t)mtu * window + 3 * (size_t)mtu;
+    size_t bytes = (size_t)mtu * window + 4 * (size_t)mtu;
     llft_lane *L = calloc(1, sizeof *L + slots + bytes);
     if (L == NULL) return NULL;
     L->w = codec->w;
@@ -91,6 +95,7 @@ llft_lane *llft_lane_new(const llft_lane_codec *codec, uint32_t mtu, uint32_t wi
     L->sec[0] = L->ring + (size_t)mtu * window;
     L->sec[1] = L->sec[0] + mtu;
     L->scratch = L->sec[1] + mtu;
+    L->ctl = L->scratch + mtu;
     return L;
 }
 
@@ -393,6 +398,7 @@ static int tr_others(rd_t *r, unsigned depth) {
 }
 
 typedef struct {
+    i128 sent_upto;
     int has_own;
     sec_t own;
     int has_delivered;
@@ -417,6 +423,7 @@ static int tr_parse(const uint8_t *t, size_t n, trailer_t *out) {
     if (!tr_open(r, 0, count, 0)) return 0;
     i128 x;
     if (tr_int(r, 1, &x) != 1) return 0;                    /* sent_upto: an int */
+    out->sent_upto = x;
     int k = tr_section(r, 1, &out->own);
     if (k < 0) return 0;
     out->has_own = k;                                       /* (not a section: None) */
@@ -614,6 +621,8 @@ const char *llft_lane_datagram(const llft_lane *L, uint32_t i) {
     return (const char *)L->ring + (size_t)ring_pos(L, i) * L->mtu;
 }
 
+const char *llft_lane_control(const llft_lane *L) { return (const char *)L->ctl; }
+
 const char *llft_lane_section_bytes(const llft_lane *L, int which) {
     if (which != LLFT_LANE_TO_REFLECT && which != LLFT_LANE_LAST_ORDER_INFO) return NULL;
     return (const char *)L->sec[which];
@@ -725,6 +734,80 @@ static int span_is(const uint8_t *dg, size_t n, uint64_t span, const uint8_t *wa
     return len == want_len && off <= n && len <= n - off && memcmp(dg + off, want, len) == 0;
 }
 
+/* SteadyLane._own: _on_trailer's own section, kept and to reflect if newer */
+static void take_own(llft_lane *L, const sec_t *own, i128 own_last) {
+    llft_lane_state *s = &L->st;
+    i128 pvn_own = own->pvn;
+    const llft_lane_section *lr = &s->last_order_info;
+    int stored = -1;                            /* which buffer holds `own` already */
+    if (!lr->has || end_cmp(pvn_own, own_last, int_get(lr->pvn), held_last(lr)) >= 0) {
+        sec_store(L, LLFT_LANE_LAST_ORDER_INFO, own);   /* (it fits: checked) */
+        stored = LLFT_LANE_LAST_ORDER_INFO;
+    }
+    const llft_lane_section *now_refl = &s->to_reflect;
+    i128 rp = s->has_reflected ? int_get(s->reflected_pvn) : 0;
+    i128 rq = s->has_reflected ? int_get(s->reflected_pos) : 0;
+    if ((!now_refl->has
+         || end_cmp(pvn_own, own_last, int_get(now_refl->pvn), held_last(now_refl)) > 0)
+        && end_cmp(pvn_own, own_last, rp, rq) > 0) {
+        if (stored >= 0) {                      /* the same list: the same bytes */
+            memcpy(L->sec[LLFT_LANE_TO_REFLECT], L->sec[stored], s->last_order_info.len);
+            s->to_reflect = s->last_order_info;
+        } else {
+            sec_store(L, LLFT_LANE_TO_REFLECT, own);
+        }
+        want_first_ack(s, 1);
+    }
+}
+
+/* SteadyLane._after_event (nothing held: nothing to solicit) */
+static void after_event(llft_lane_state *s) {
+    if (s->gw_rose) {
+        s->gw_rose = 0;
+        if (s->recv_max_data_ts > s->last_back && s->gw > s->last_back) {
+            timer_earlier(s, LLFT_LANE_T_KEEPALIVE, s->now + s->first_ack_delay_us);
+            s->ka_urgent = 1;
+        }
+    }
+}
+
+/* the largest SECOND_ACK of this lane: every number in its widest form */
+static size_t second_ack_bound(const llft_lane *L) {
+    return HEADER_BYTES + 1 + 1 + 5 + L->group_len + 5 + L->remote_len + 9 * 9 + 1 + 2;
+}
+
+/* SteadyLane._on_first_ack's SECOND_ACK: `_msg(c, SECOND_ACK, {}, ack=...)` (no
+ * trailer), sealed into the control buffer (it fits: second_ack_bound), and `_emit` */
+static uint32_t second_ack(llft_lane *L, uint64_t ack) {
+    llft_lane_state *s = &L->st;
+    s->clock += 1;
+    uint64_t back = group_watermark(s);             /* _back */
+    if (back > s->last_back) s->last_back = back;
+    uint8_t *dg = L->ctl;
+    wr_t w = {dg + HEADER_BYTES, dg + L->mtu, 1};
+    wr_byte(&w, 0x9e);
+    wr_uint(&w, LLFT_LANE_SECOND_ACK);
+    wr_str(&w, L->group, L->group_len);
+    wr_str(&w, L->remote, L->remote_len);
+    wr_uint(&w, s->seq);
+    wr_uint(&w, s->cid_role);
+    wr_uint(&w, s->pvn);
+    wr_uint(&w, s->precedence);
+    wr_uint(&w, s->birth_id);
+    wr_uint(&w, 0);                                 /* msn */
+    wr_uint(&w, ack);
+    wr_uint(&w, back);
+    wr_uint(&w, s->clock);                          /* ts */
+    wr_byte(&w, 0x80);                              /* body {} */
+    wr_bin_head(&w, 0);                             /* order_info b"" */
+    size_t payload = (size_t)(w.p - (dg + HEADER_BYTES));
+    size_t dg_len = llft_wire_seal(L->w, LLFT_LANE_WIRE_VERSION, 0,
+                                   (const char *)dg + HEADER_BYTES, payload, (char *)dg);
+    s->last_send_us = s->now;
+    timer_set(s, LLFT_LANE_T_KEEPALIVE, s->now + s->keepalive_us);
+    return (uint32_t)dg_len;
+}
+
 int llft_lane_receive(llft_lane *L, const char *dg_chars, size_t n, int64_t now_us,
                       llft_lane_rx *rx) {
     llft_lane_state *s = &L->st;
@@ -737,26 +820,61 @@ int llft_lane_receive(llft_lane *L, const char *dg_chars, size_t n, int64_t now_
     /* the steady conditions, in SteadyLane.handle_message's order */
     uint64_t type = v[2], seq = v[3], role = v[4], pvn = v[5], sender = v[7], msn = v[8];
     uint64_t ack = v[9], back = v[10], ts = v[11];
-    if (type != (s->cid_role == 0 ? LLFT_LANE_REPLY : LLFT_LANE_REQUEST)
-        || !span_is(dg, n, v[12], L->remote, L->remote_len)
+    uint64_t data_type = s->cid_role == 0 ? LLFT_LANE_REPLY : LLFT_LANE_REQUEST;
+    if (!span_is(dg, n, v[12], L->remote, L->remote_len)
         || !span_is(dg, n, v[13], L->group, L->group_len)
         || seq != s->seq || role != 1u - s->cid_role          /* ROLES[1 - role] is ours */
-        || sender == s->birth_id || pvn != s->view_pvn
-        || s->upto == UINT64_MAX || msn != s->upto + 1 || s->upto == 0)
+        || sender == s->birth_id || pvn != s->view_pvn || s->upto == 0)
         return LLFT_LANE_R_HEADER;
-    uint64_t offset, data, flags;
-    if (!body_field(v, 0, &offset) || !body_field(v, 1, &data) || !body_field(v, 2, &flags))
-        return LLFT_LANE_R_WIRE;                            /* (the codec requires all) */
-    uint64_t data_at = data >> 32, data_len = data & 0xffffffffu;
-    if (data_at > n || data_len > n - data_at) return LLFT_LANE_R_WIRE;
-    if (flags != 0 || data_len == 0 || offset != s->delivered) return LLFT_LANE_R_BODY;
+    int kind;
+    uint64_t offset = 0, data = 0, flags = 0, data_at = 0, data_len = 0;
+    if (type == data_type) {
+        if (!body_field(v, 0, &offset) || !body_field(v, 1, &data)
+            || !body_field(v, 2, &flags))
+            return LLFT_LANE_R_WIRE;                        /* (the codec requires all) */
+        data_at = data >> 32;
+        data_len = data & 0xffffffffu;
+        if (data_at > n || data_len > n - data_at) return LLFT_LANE_R_WIRE;
+        if (flags != 0) return LLFT_LANE_R_BODY;
+        if (s->upto != UINT64_MAX && msn == s->upto + 1) {
+            if (data_len == 0 || offset != s->delivered) return LLFT_LANE_R_BODY;
+            kind = LLFT_LANE_RX_DATA;
+        } else if (msn <= s->upto) {
+            kind = LLFT_LANE_RX_DUP;
+        } else {
+            return LLFT_LANE_R_HEADER;
+        }
+    } else if (type == LLFT_LANE_KEEP_ALIVE) {
+        kind = LLFT_LANE_RX_KEEP_ALIVE;
+    } else if (type == LLFT_LANE_FIRST_ACK) {
+        kind = LLFT_LANE_RX_FIRST_ACK;
+    } else {
+        return LLFT_LANE_R_HEADER;
+    }
     trailer_t tr;
     uint64_t oi = v[14], oi_at = oi >> 32, oi_len = oi & 0xffffffffu;
     if (oi_at > n || oi_len > n - oi_at || !tr_parse(dg + oi_at, oi_len, &tr))
         return LLFT_LANE_R_TRAILER;
+    int control = kind >= LLFT_LANE_RX_KEEP_ALIVE;
+    /* (own order info rides on data only; a sent-up-to past ours: placeholders) */
+    if (control && (tr.has_own || tr.sent_upto > (i128)s->upto)) return LLFT_LANE_R_TRAILER;
     /* what Python would hold but this state cannot: refused, the core takes it */
-    if (!time_ok(now_us) || data_len > UINT64_MAX - offset || s->rx == UINT64_MAX)
+    uint64_t counter = kind == LLFT_LANE_RX_KEEP_ALIVE ? s->rx_keep_alive
+                     : kind == LLFT_LANE_RX_FIRST_ACK ? s->rx_first_ack : s->rx;
+    if (!time_ok(now_us) || counter == UINT64_MAX
+        || (kind == LLFT_LANE_RX_DATA && data_len > UINT64_MAX - offset)
+        || (kind == LLFT_LANE_RX_DUP && s->dup_data == UINT64_MAX))
         return LLFT_LANE_R_RANGE;
+    int owes = 0;                   /* a SECOND_ACK (its `delivered` condition: below) */
+    if (kind == LLFT_LANE_RX_FIRST_ACK) {
+        if (s->fa_count == UINT64_MAX) return LLFT_LANE_R_RANGE;
+        uint64_t rd = s->remote_delivered;
+        if (tr.has_delivered && tr.delivered > rd) rd = tr.delivered;
+        owes = ack > 0 && s->out_offset >= rd;
+        if (owes && ((ts > s->clock ? ts : s->clock) == UINT64_MAX
+                     || second_ack_bound(L) > L->mtu))
+            return LLFT_LANE_R_RANGE;
+    }
     i128 own_last = 0;
     if (tr.has_own) {
         if (tr.own.pvn < -((i128)1 << 63)) return LLFT_LANE_R_RANGE;   /* (cannot be) */
@@ -766,11 +884,23 @@ int llft_lane_receive(llft_lane *L, const char *dg_chars, size_t n, int64_t now_
     }
 
     /* handle_message: from here on nothing refuses */
+    rx->kind = (uint8_t)kind;
+    rx->ctl_len = 0;
+    rx->offset = 0;
+    rx->data_at = rx->data_len = 0;
     if (now_us > s->now) s->now = now_us;
     int64_t now = s->now;
     if (ts > s->clock) s->clock = ts;
-    s->has_rx = 1;
-    s->rx++;
+    if (kind == LLFT_LANE_RX_KEEP_ALIVE) {
+        s->has_rx_keep_alive = 1;
+        s->rx_keep_alive++;
+    } else if (kind == LLFT_LANE_RX_FIRST_ACK) {
+        s->has_rx_first_ack = 1;
+        s->rx_first_ack++;
+    } else {
+        s->has_rx = 1;
+        s->rx++;
+    }
     s->has_heard = 1;
     s->heard = now;
     if (!s->has_primary_heard || pvn >= s->primary_heard_pvn) {
@@ -782,7 +912,7 @@ int llft_lane_receive(llft_lane *L, const char *dg_chars, size_t n, int64_t now_
     }
     /* _handle_inter: _on_remote_ack */
     uint64_t last_msn = s->next_msn - 1;
-    if (ack != last_msn) s->fa_count = 0;
+    if (kind != LLFT_LANE_RX_FIRST_ACK && ack != last_msn) s->fa_count = 0;
     if (s->remote_ack < ack && ack <= last_msn) {
         s->remote_ack = ack;
         on_acked(L, ack, now);
@@ -795,57 +925,63 @@ int llft_lane_receive(llft_lane *L, const char *dg_chars, size_t n, int64_t now_
     }
     if (tr.has_delivered && tr.delivered > s->remote_delivered)
         s->remote_delivered = tr.delivered;
-    s->served_pvn = s->pvn;
-    /* _on_data_at_primary: _rx_data, _advance, _release_held, _deliver */
-    if (!s->has_first_offset || offset < s->first_offset) {
-        s->has_first_offset = 1;
-        s->first_offset = offset;
-    }
-    s->ka_idle = 0;
-    s->upto = msn;
-    if (ts > s->view_ts) s->view_ts = ts;
-    if (ts > s->recv_max_data_ts) s->recv_max_data_ts = ts;
-    if (ts > s->max_data_ts) s->max_data_ts = ts;
-    rx->offset = offset;
-    rx->data_at = (uint32_t)data_at;
-    rx->data_len = (uint32_t)data_len;
-    s->delivered = offset + data_len;
-    if (s->upto >= s->declared_upto && s->declared_ts > s->view_ts)   /* advance_ts */
-        s->view_ts = s->declared_ts;
-    group_watermark(s);                             /* _gc_received: the message goes */
-    want_first_ack(s, 0);
-    /* _on_trailer: the remote's order info, to reflect */
-    if (tr.has_own) {
-        i128 pvn_own = tr.own.pvn;
-        const llft_lane_section *lr = &s->last_order_info;
-        int stored = -1;                            /* which buffer holds `own` already */
-        if (!lr->has || end_cmp(pvn_own, own_last, int_get(lr->pvn), held_last(lr)) >= 0) {
-            sec_store(L, LLFT_LANE_LAST_ORDER_INFO, &tr.own);   /* (it fits: checked) */
-            stored = LLFT_LANE_LAST_ORDER_INFO;
+    if (kind == LLFT_LANE_RX_DATA) {
+        s->served_pvn = s->pvn;
+        /* _on_data_at_primary: _rx_data, _advance, _release_held, _deliver */
+        if (!s->has_first_offset || offset < s->first_offset) {
+            s->has_first_offset = 1;
+            s->first_offset = offset;
         }
-        const llft_lane_section *now_refl = &s->to_reflect;
-        i128 rp = s->has_reflected ? int_get(s->reflected_pvn) : 0;
-        i128 rq = s->has_reflected ? int_get(s->reflected_pos) : 0;
-        if ((!now_refl->has
-             || end_cmp(pvn_own, own_last, int_get(now_refl->pvn), held_last(now_refl)) > 0)
-            && end_cmp(pvn_own, own_last, rp, rq) > 0) {
-            if (stored >= 0) {                      /* the same list: the same bytes */
-                memcpy(L->sec[LLFT_LANE_TO_REFLECT], L->sec[stored], s->last_order_info.len);
-                s->to_reflect = s->last_order_info;
-            } else {
-                sec_store(L, LLFT_LANE_TO_REFLECT, &tr.own);
+        s->ka_idle = 0;
+        s->upto = msn;
+        if (ts > s->view_ts) s->view_ts = ts;
+        if (ts > s->recv_max_data_ts) s->recv_max_data_ts = ts;
+        if (ts > s->max_data_ts) s->max_data_ts = ts;
+        rx->offset = offset;
+        rx->data_at = (uint32_t)data_at;
+        rx->data_len = (uint32_t)data_len;
+        s->delivered = offset + data_len;
+        if (s->upto >= s->declared_upto && s->declared_ts > s->view_ts)   /* advance_ts */
+            s->view_ts = s->declared_ts;
+        group_watermark(s);                         /* _gc_received: the message goes */
+        want_first_ack(s, 0);
+        /* _on_trailer: the remote's order info, to reflect */
+        if (tr.has_own) take_own(L, &tr.own, own_last);
+        after_event(s);
+        return LLFT_LANE_OK;
+    }
+    if (kind == LLFT_LANE_RX_DUP) {
+        s->served_pvn = s->pvn;
+        /* _rx_data's duplicate (our ack may be lost: re-ack soon), _on_data_at_primary */
+        s->has_dup_data = 1;
+        s->dup_data++;
+        want_first_ack(s, 1);
+        want_first_ack(s, 0);
+        if (tr.has_own) take_own(L, &tr.own, own_last);
+    } else {
+        if (kind == LLFT_LANE_RX_KEEP_ALIVE) {
+            s->fa_count = 0;                        /* _on_keepalive (STREAMING) */
+        } else {                                    /* _on_first_ack */
+            if (ack > 0 && ack == last_msn) {
+                if (s->fa_msn != ack) {
+                    s->fa_msn = ack;
+                    s->fa_count = 0;
+                }
+                s->fa_count++;
             }
-            want_first_ack(s, 1);
+            if (owes) rx->ctl_len = second_ack(L, ack);
         }
-    }
-    /* _after_event (nothing held: nothing to solicit) */
-    if (s->gw_rose) {
-        s->gw_rose = 0;
-        if (s->recv_max_data_ts > s->last_back && s->gw > s->last_back) {
-            timer_earlier(s, LLFT_LANE_T_KEEPALIVE, now + s->first_ack_delay_us);
-            s->ka_urgent = 1;
+        /* _on_trailer of a non-data message: _declared, _expect (nothing), advance_ts
+         * (sent_upto <= upto: checked; a negative one is below any declared) */
+        if (tr.sent_upto >= (i128)s->declared_upto || ts > s->declared_ts) {
+            if (tr.sent_upto > (i128)s->declared_upto) s->declared_upto = (uint64_t)tr.sent_upto;
+            if (ts > s->declared_ts) s->declared_ts = ts;
         }
+        if (s->upto >= s->declared_upto && s->declared_ts > s->view_ts)
+            s->view_ts = s->declared_ts;
     }
+    group_watermark(s);                             /* _gc_all_received */
+    after_event(s);
     return LLFT_LANE_OK;
 }
 

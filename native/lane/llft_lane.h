@@ -9,7 +9,9 @@
  *   receive   one whole datagram as it came off the socket: verified and parsed by the
  *             wire codec's own C code (native/wire/llft_wire.c, compiled into this
  *             module), then taken if it is the next in-order data message of the current
- *             remote view with a plain trailer (SteadyLane.handle_message's conditions,
+ *             remote view with a plain trailer, or a duplicate of one, a KEEP_ALIVE or
+ *             a FIRST_ACK (its SECOND_ACK sealed into the control buffer)
+ *             (SteadyLane.handle_message's conditions,
  *             the trailer read with trailer.py's unpack_trailer/checked_section rules);
  *             the result names the delivered bytes as a span of the datagram;
  *   send      the application's bytes, when every segment fits the window and every
@@ -61,6 +63,12 @@
 #define LLFT_LANE_R_FRAGMENT 9    /* send: a data message would not fit one datagram */
 #define LLFT_LANE_R_STATE 10      /* loading: the loan is not one this lane can hold */
 
+/* what a receive took (llft_lane_rx.kind) */
+#define LLFT_LANE_RX_DATA 0       /* the next data message: bytes delivered */
+#define LLFT_LANE_RX_DUP 1        /* a duplicate data message (msn <= upto) */
+#define LLFT_LANE_RX_KEEP_ALIVE 2
+#define LLFT_LANE_RX_FIRST_ACK 3  /* ctl_len > 0: a SECOND_ACK sent (llft_lane_control) */
+
 /* the connection timers a loan carries, in lane.py's CONNECTION_TIMERS order */
 #define LLFT_LANE_TIMERS 8
 #define LLFT_LANE_T_RETRANSMIT 2
@@ -75,6 +83,9 @@
 #define LLFT_LANE_WIRE_VERSION 1
 #define LLFT_LANE_REQUEST 1
 #define LLFT_LANE_REPLY 2
+#define LLFT_LANE_FIRST_ACK 3
+#define LLFT_LANE_SECOND_ACK 4
+#define LLFT_LANE_KEEP_ALIVE 5
 #define LLFT_LANE_MAX_GROUP_BYTES 96
 #define LLFT_LANE_MAX_WINDOW 4096
 #define LLFT_LANE_HEADER_BYTES 20
@@ -137,9 +148,12 @@ typedef struct {
     /* config */
     int64_t first_ack_delay_us, keepalive_us;
     uint64_t max_payload_bytes, window_msgs, max_queue_bytes;
-    /* stats counted while lent: rx_REQUEST or rx_REPLY, the one type a lane takes */
+    /* stats counted while lent: rx_REQUEST or rx_REPLY (the data type a lane takes),
+     * rx_KEEP_ALIVE, rx_FIRST_ACK, dup_data */
     uint8_t has_rx;
     uint64_t rx;
+    uint8_t has_rx_keep_alive, has_rx_first_ack, has_dup_data;
+    uint64_t rx_keep_alive, rx_first_ack, dup_data;
     /* the sent list: sent_count slots of the ring, oldest at sent_head */
     uint32_t sent_head, sent_count;
 } llft_lane_state;
@@ -152,10 +166,14 @@ typedef struct {
     int64_t sent_at;
 } llft_lane_slot;
 
-/* what receive delivered: data_len bytes at data_at of the datagram, stream offset */
+/* what receive took: its kind (LLFT_LANE_RX_*); for RX_DATA, what it delivered:
+ * data_len bytes at data_at of the datagram, stream offset; for RX_FIRST_ACK, the
+ * SECOND_ACK datagram it sealed (ctl_len bytes at llft_lane_control; 0: none) */
 typedef struct {
     uint64_t offset;
     uint32_t data_at, data_len;
+    uint8_t kind;
+    uint32_t ctl_len;
 } llft_lane_rx;
 
 typedef struct llft_lane_codec llft_lane_codec;
@@ -190,6 +208,8 @@ int llft_lane_check(const llft_lane *lane);
 const llft_lane_slot *llft_lane_slot_at(const llft_lane *lane, uint32_t i);
 const char *llft_lane_datagram(const llft_lane *lane, uint32_t i);
 const char *llft_lane_section_bytes(const llft_lane *lane, int which);
+/* the control datagram the last receive sealed (a SECOND_ACK; its length in llft_lane_rx) */
+const char *llft_lane_control(const llft_lane *lane);
 
 /* The two events (results above). receive reads n bytes of dg (the datagram as
  * received); on OK, rx names the delivered bytes. send cuts n bytes of data into

@@ -35,6 +35,28 @@ def test_lanes_match_the_core_under_faults():
     assert events >= 100 and loans >= 50
 
 
+def test_lanes_take_keep_alives_duplicates_and_first_acks():
+    """Besides the next data message, the lane takes the server primary's KEEP_ALIVEs,
+    duplicate data messages and FIRST_ACKs (answered with a SECOND_ACK), in lockstep."""
+    kinds = {}
+    real = LanedEndpoint._shadowed
+
+    def counted(self, since, event, *args):
+        if event == "handle_message":
+            m = args[0]
+            k = m.type.name if m.type.name not in ("REQUEST", "REPLY") else (
+                "dup" if m.msn <= self._copy.conns[self.lane.cid].recv.view.upto else "data")
+            kinds[k] = kinds.get(k, 0) + 1
+        return real(self, since, event, *args)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LanedEndpoint, "_shadowed", counted)
+        violations, _, _ = _run(range(40), loss=0.1, dup=0.05, reorder=0.1)
+    assert violations == []
+    # (seen: 79 data, 44 dup, 13 KEEP_ALIVE, 83 FIRST_ACK)
+    assert kinds.get("KEEP_ALIVE", 0) >= 5 and kinds.get("dup", 0) >= 20
+    assert kinds.get("FIRST_ACK", 0) >= 40
+
+
 def test_lanes_match_the_core_across_changes_of_primary_and_a_dead_group():
     violations, events, _ = _run(range(100, 140), failover=0.5, die=0.2, loss=0.05)
     assert violations == []
@@ -93,3 +115,44 @@ def test_lockstep_catches_a_reclaim_that_drops_a_field(monkeypatch):
     monkeypatch.setattr(MessagingEndpoint, "reclaim", drops_delivered)
     violations, _, _ = _run(range(10))
     assert any("delivered" in v for v in violations)
+
+
+def test_lockstep_catches_a_duplicate_left_uncounted(monkeypatch):
+    """A lane that takes a duplicate without counting it (dup_data) is caught at reclaim."""
+    real = SteadyLane._count
+
+    def skips_dup(self, key):
+        if key != "dup_data":
+            real(self, key)
+    monkeypatch.setattr(SteadyLane, "_count", skips_dup)
+    violations, _, _ = _run(range(40), loss=0.1, dup=0.05, reorder=0.1)
+    assert any("dup_data" in v for v in violations)
+
+
+def test_lockstep_catches_a_second_ack_that_differs(monkeypatch):
+    """A SECOND_ACK one field off (its ack) is caught at the FIRST_ACK itself."""
+    real = SteadyLane._on_first_ack
+
+    def later_ack(self, msg):
+        n = len(self.actions)
+        real(self, msg)
+        if len(self.actions) > n:
+            self.actions[-1].msg.ack += 1
+    monkeypatch.setattr(SteadyLane, "_on_first_ack", later_ack)
+    violations, _, _ = _run(range(20), loss=0.1)
+    assert any("handle_message: lane actions" in v for v in violations)
+
+
+def test_lockstep_catches_a_keep_alive_that_skips_the_declared_ts(monkeypatch):
+    """A lane that takes a KEEP_ALIVE without its declared (sent_upto, ts) is caught."""
+    real = SteadyLane.handle_message
+
+    def keeps_declared(self, msg, now_us):
+        d = self.loan.declared
+        took = real(self, msg, now_us)
+        if took and msg.type.name == "KEEP_ALIVE":
+            self.loan.declared = d
+        return took
+    monkeypatch.setattr(SteadyLane, "handle_message", keeps_declared)
+    violations, _, _ = _run(range(40), loss=0.1, dup=0.05, reorder=0.1)
+    assert any("declared" in v for v in violations)

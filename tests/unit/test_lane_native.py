@@ -22,6 +22,7 @@ import pytest
 
 from llft.protocol import wire
 from llft.protocol.messages import Message, MsgType, ROLES, Role
+from llft.protocol.messaging.actions import Deliver
 from llft.protocol.messaging import lane as lane_module
 from llft.protocol.messaging.lane import LanedEndpoint, LaneDivergence, Loan, SteadyLane
 from llft.protocol.messaging.native_lane import (NativeLane, SendDatagrams,
@@ -73,6 +74,11 @@ def _run(seeds, **faults):
 
     def counted(self, since, event, *args):
         events[event] += 1
+        if event == "handle_message":       # (the lane took it already: by its actions)
+            m = args[0]
+            events[m.type.name if m.type not in (MsgType.REQUEST, MsgType.REPLY) else
+                   "data" if any(isinstance(a, Deliver) for a in self.lane.actions[since:])
+                   else "dup"] += 1
         return real(self, since, event, *args)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(LanedEndpoint, "_shadowed", counted)
@@ -90,10 +96,20 @@ def _run(seeds, **faults):
     return violations, events, loans, native
 
 
+def _kind(loan: Loan, msg: Message) -> str:
+    """What a message a lane took was (before it took it): data, dup, KEEP_ALIVE, ..."""
+    if msg.type in (MsgType.REQUEST, MsgType.REPLY):
+        return "dup" if msg.msn <= loan.upto else "data"
+    return msg.type.name
+
+
 def test_native_lanes_match_the_core_under_faults(monkeypatch):
     _use_engine(monkeypatch, _native)
     violations, events, loans, native = _run(range(40), loss=0.1, dup=0.05, reorder=0.1)
     assert violations == []
+    # each steady kind of message was the lane's, in C, in lockstep with the core
+    # (seen: 57 data, 36 dup, 65 FIRST_ACK, 10 KEEP_ALIVE; 447 loans, 308 held in C)
+    assert events["KEEP_ALIVE"] >= 5 and events["dup"] >= 10 and events["FIRST_ACK"] >= 20
     # the C lanes carried traffic both ways (seen: 190 sends, 58 receives, 552 loans of
     # which 410 held in C; SteadyLane takes 254 and 83 here: the rest are messages over
     # the MTU, which C leaves to the core)
@@ -315,8 +331,25 @@ def _next_message(s: Loan, rng: random.Random) -> Message:
              body={"offset": s.delivered, "data": rng.randbytes(rng.randint(1, 300)),
                    "flags": 0},
              order_info=_trailer(s, rng))
+    r = rng.random()
+    if r < 0.15 and s.upto >= 1:                # a duplicate (crossed our ack)
+        f["msn"] = rng.choice([s.upto, rng.randint(1, s.upto)])
+        f["body"] = {**f["body"], "offset": rng.randint(0, s.delivered)}
+    elif r < 0.45:                              # a KEEP_ALIVE or a FIRST_ACK
+        f["type"] = rng.choice([MsgType.KEEP_ALIVE, MsgType.FIRST_ACK])
+        f["msn"], f["body"] = 0, {}
+        f["ack"] = rng.choice([last, last, 0, f["ack"]])
+        sent_upto = rng.choice([s.upto, s.upto, max(0, s.upto - 1), s.upto + 1, -1])
+        own = _section(s, rng) if rng.random() < 0.1 else None
+        t = [sent_upto, own, None, [] if rng.random() < 0.9 else [[seq + 1, 0, 3]],
+             rng.choice([s.delivered, s.delivered, None, s.delivered + 1,
+                         rng.randint(0, 2 ** 40)])]
+        f["order_info"] = (msgpack.packb(t, use_bin_type=True) if rng.random() < 0.95
+                           else rng.choice(HOSTILE_TRAILERS))
     if rng.random() < 0.2:
         k = rng.randrange(12)
+        if not f["body"] and k in (0, 1, 2, 3):     # (no msn or body to change)
+            k = 4
         if k == 0:
             f["msn"] = rng.choice([s.upto, s.upto + 2])
         elif k == 1:
@@ -338,6 +371,8 @@ def _next_message(s: Loan, rng: random.Random) -> Message:
             f["role"] = role
         elif k == 9:
             f["sender"] = s.birth_id
+        elif k == 10 and not f["msn"]:             # a control message the lane leaves
+            f["type"] = MsgType.SECOND_ACK
         elif k == 10:
             f["type"] = MsgType.REQUEST if mtype is MsgType.REPLY else MsgType.REPLY
         else:
@@ -391,7 +426,7 @@ def _differ(loan: Loan, seed: int, steady=SteadyLane, events: int = 80,
         else:
             msg = _next_message(py.loan, rng)
             dgs = wire.encode(msg, KEY, mtu_bytes=MTU)
-            event = f"receive msn {msg.msn} trailer {msg.order_info.hex()}"
+            event = f"receive {_kind(py.loan, msg)} msn {msg.msn} trailer {msg.order_info.hex()}"
             a = py.handle_message(msg, now)
             if len(dgs) > 1:
                 b = nat.handle_message(msg, now)
@@ -407,6 +442,8 @@ def _differ(loan: Loan, seed: int, steady=SteadyLane, events: int = 80,
                     f"({R_NAMES.get(nat.last_refusal)})")
         if tally is not None:
             tally[f"{event.split()[0]} {'taken' if a else 'refused'}"] += 1
+            if event.startswith("receive"):
+                tally[f"{event.split()[1]} {'taken' if a else 'refused'}"] += 1
         mine, theirs = nat.take_actions(), py.take_actions()
         if mine != theirs:
             return f"event {i}, {event}: actions {mine!r:.300} != {theirs!r:.300}"
@@ -425,6 +462,9 @@ def test_same_events_same_loans(loans):
     # taken of 4800 events)
     assert tally["send taken"] >= 500 and tally["receive taken"] >= 500
     assert tally["receive refused"] >= 300
+    # and the other steady messages (seen: 329 dup, 231 KEEP_ALIVE, 232 FIRST_ACK taken)
+    for kind in ("dup", "KEEP_ALIVE", "FIRST_ACK"):
+        assert tally[f"{kind} taken"] >= 100 and tally[f"{kind} refused"] >= 20, tally
 
 
 class _DropsCoveredLate(SteadyLane):
@@ -485,9 +525,52 @@ class _KeepsRefusedTrailers(SteadyLane):
             lane_module.unpack_trailer = real
 
 
+class _KeepAliveKeepsFaCount(SteadyLane):
+    """_on_keepalive without its fa_count reset (when the ack is our last msn)."""
+    def handle_message(self, msg, now_us):
+        n = self.loan.fa_count
+        took = super().handle_message(msg, now_us)
+        if took and msg.type is MsgType.KEEP_ALIVE and msg.ack == self.loan.next_msn - 1:
+            self.loan.fa_count = n
+        return took
+
+
+class _DuplicateNotReAcked(SteadyLane):
+    """_rx_data's duplicate branch without its want_first_ack(reflect=True)."""
+    def handle_message(self, msg, now_us):
+        s = self.loan
+        dup = msg.type in (MsgType.REQUEST, MsgType.REPLY) and msg.msn <= s.upto
+        timers, tries = dict(s.timers), s.fa_tries
+        if not dup:
+            return super().handle_message(msg, now_us)
+        real = self._want_first_ack
+        calls = []
+
+        def once(reflect):
+            calls.append(reflect)
+            if len(calls) > 1:
+                real(reflect)
+        self._want_first_ack = once
+        try:
+            return super().handle_message(msg, now_us)
+        finally:
+            del self._want_first_ack
+
+
+class _SecondAckBeforeTheClock(SteadyLane):
+    """A SECOND_ACK stamped with the clock before its own tick."""
+    def _on_first_ack(self, msg):
+        n = len(self.actions)
+        super()._on_first_ack(msg)
+        if len(self.actions) > n:
+            m = self.actions[-1].msg
+            m.ts -= 1
+
+
 @pytest.mark.parametrize("mutant", [_DropsCoveredLate, _ReflectsOneChunkAgain,
                                     _ForgetsFirstAckRetries, _SmoothsFaster,
-                                    _KeepsRefusedTrailers])
+                                    _KeepsRefusedTrailers, _KeepAliveKeepsFaCount,
+                                    _DuplicateNotReAcked, _SecondAckBeforeTheClock])
 def test_same_events_catch_a_rule_changed(loans, mutant):
     """Each of these one-rule changes to SteadyLane is told apart from C by the random
     events above (so they reach that rule, and C follows the real one)."""
@@ -548,14 +631,20 @@ def test_hostile_datagrams_change_nothing(loans):
                  lib.LLFT_LANE_R_SIZE)
         for frag in wire.encode(big, KEY, mtu_bytes=MTU):           # its fragments
             _refuses(lane, frag, lib.LLFT_LANE_R_WIRE)
-        other_type = Message(**{**vars_of(good), "type": MsgType.KEEP_ALIVE, "msn": 0,
+        other_type = Message(**{**vars_of(good), "type": MsgType.SECOND_ACK, "msn": 0,
                                 "body": {}})
         _refuses(lane, wire.encode(other_type, KEY)[0], lib.LLFT_LANE_R_WIRE)
+        for ctl in (MsgType.KEEP_ALIVE, MsgType.FIRST_ACK):     # own order info, ahead
+            for trailer in (good.order_info, pack_trailer(loan.upto + 1, None, None, [],
+                                                          loan.delivered)):
+                wrong = Message(**{**vars_of(good), "type": ctl, "msn": 0, "body": {},
+                                   "order_info": trailer})
+                _refuses(lane, wire.encode(wrong, KEY)[0], lib.LLFT_LANE_R_TRAILER)
         remote, seq, role = loan.cid
         for change in ({"conn_seq": seq + 1}, {"src_group": remote + "x"},
                        {"dst_group": loan.group + "x"}, {"role": role},
                        {"sender": loan.birth_id}, {"pvn": loan.view_pvn + 1},
-                       {"msn": loan.upto + 2}, {"msn": loan.upto},
+                       {"msn": loan.upto + 2},
                        {"type": MsgType.REQUEST if good.type is MsgType.REPLY
                         else MsgType.REPLY}):
             wrong = Message(**{**vars_of(good), **change})
@@ -563,11 +652,18 @@ def test_hostile_datagrams_change_nothing(loans):
         for body in ({"flags": 1}, {"data": b""}, {"offset": loan.delivered + 1}):
             wrong = Message(**{**vars_of(good), "body": {**good.body, **body}})
             _refuses(lane, wire.encode(wrong, KEY)[0], lib.LLFT_LANE_R_BODY)
+        for flags in (1, 2, 4):                                     # a flagged duplicate
+            wrong = Message(**{**vars_of(good), "msn": loan.upto,
+                               "body": {**good.body, "flags": flags}})
+            _refuses(lane, wire.encode(wrong, KEY)[0], lib.LLFT_LANE_R_BODY)
         for raw in HOSTILE_TRAILERS:                                # sealed, malformed
             t = unpack_trailer(raw)
             if t is None or t[2] is not None or t[3]:
-                wrong = Message(**{**vars_of(good), "order_info": raw})
-                _refuses(lane, wire.encode(wrong, KEY)[0], lib.LLFT_LANE_R_TRAILER)
+                for change in ({}, {"msn": loan.upto},
+                               {"type": MsgType.KEEP_ALIVE, "msn": 0, "body": {}},
+                               {"type": MsgType.FIRST_ACK, "msn": 0, "body": {}}):
+                    wrong = Message(**{**vars_of(good), "order_info": raw, **change})
+                    _refuses(lane, wire.encode(wrong, KEY)[0], lib.LLFT_LANE_R_TRAILER)
         assert lane.handle_datagram(dg, loan.now + 10)              # and still steady
 
 

@@ -22,7 +22,10 @@ What a lane does. Two events, each only in its steady form:
   * `handle_message(msg)`: the next data message in order from the current remote
     primary view, no stream flag, with a trailer the lane understands (no `others`, no
     reflection): acks, round-trip sample, remote watermark, delivery, FIRST_ACK timer,
-    the order info to reflect.
+    the order info to reflect; and, from the same view with such a trailer, a duplicate
+    data message (msn <= upto: counted, FIRST_ACK re-armed), a KEEP_ALIVE (its watermark
+    news) or a FIRST_ACK (answered with the SECOND_ACK a lone primary owes), each when its
+    sent-up-to is not past ours and it carries no order info of its own.
 Anything else -- another message type or view, a gap, a flag, a window that would
 queue, a timer coming due, any other call on the core -- returns False or goes through
 the owner (`LanedEndpoint`), which takes the loan back (`MessagingEndpoint.reclaim`)
@@ -218,54 +221,104 @@ class SteadyLane:
 
     # ---------------------------------------------------------------- receiving ---
     def handle_message(self, msg: Message, now_us: int) -> bool:
-        """`MessagingEndpoint.handle_message` of the next data message in order from the
-        current remote view (else False: nothing changed)."""
+        """`MessagingEndpoint.handle_message` of a steady message of the current remote
+        primary view (else False: nothing changed): the next data message in order, a
+        duplicate data message (msn <= upto), a KEEP_ALIVE or a FIRST_ACK."""
         s = self.loan
         remote, seq, role = s.cid
-        body = msg.body
-        if (msg.type is not (MsgType.REPLY if role is Role.CLIENT else MsgType.REQUEST)
-                or msg.src_group != remote or msg.dst_group != s.group
+        if (msg.src_group != remote or msg.dst_group != s.group
                 or msg.conn_seq != seq or ROLES[1 - msg.role] is not role
-                or msg.sender == s.birth_id or msg.pvn != s.view_pvn
-                or msg.msn != s.upto + 1 or s.upto == 0 or body["flags"] or not body["data"]
-                or body["offset"] != s.delivered):
+                or msg.sender == s.birth_id or msg.pvn != s.view_pvn or s.upto == 0):
+            return False
+        t = msg.type
+        if t is (MsgType.REPLY if role is Role.CLIENT else MsgType.REQUEST):
+            body = msg.body
+            if body["flags"]:
+                return False
+            if msg.msn == s.upto + 1:
+                if not body["data"] or body["offset"] != s.delivered:
+                    return False
+                kind = _NEXT
+            elif msg.msn <= s.upto:
+                kind = _DUP
+            else:
+                return False
+        elif t is MsgType.KEEP_ALIVE:
+            kind = _KEEP_ALIVE
+        elif t is MsgType.FIRST_ACK:
+            kind = _FIRST_ACK
+        else:
             return False
         trailer = unpack_trailer(msg.order_info)
         if trailer is None or trailer[2] is not None or trailer[3]:
             return False
-        _, own, _, _, delivered = trailer
+        sent_upto, own, _, _, delivered = trailer
+        if kind >= _KEEP_ALIVE and (own is not None or sent_upto > s.upto):
+            # (own order info rides on data only; a sent-up-to past ours: placeholders)
+            return False
         # handle_message
         if now_us > s.now:
             s.now = now_us
         now = s.now
         if msg.ts > s.clock:
             s.clock = msg.ts
-        key = "rx_" + msg.type.name
-        s.stats[key] = s.stats.get(key, 0) + 1
+        self._count("rx_" + t.name)
         s.heard = now
         if s.primary_heard is None or msg.pvn >= s.primary_heard[0]:
             s.primary_heard = (msg.pvn, msg.sender, now)
             s.primary_heard_set = True
         # _handle_inter: _on_remote_ack
-        t = s.timers
+        tm = s.timers
         a = msg.ack
         last_msn = s.next_msn - 1
-        if a != last_msn:
+        if kind != _FIRST_ACK and a != last_msn:
             s.fa_count = 0
         if s.remote_ack < a <= last_msn:
             s.remote_ack = a
             self._on_acked(a, now)
             if a < last_msn:
-                t[Timer.RETRANSMIT] = now + s.rto[3]
+                tm[Timer.RETRANSMIT] = now + s.rto[3]
             else:
-                t.pop(Timer.RETRANSMIT, None)
+                tm.pop(Timer.RETRANSMIT, None)
         if msg.back > s.remote_gw:
             s.remote_gw = msg.back
             self._drop_covered()
         if delivered is not None and delivered > s.remote_delivered:
             s.remote_delivered = delivered
+        if kind == _NEXT:
+            self._next_data(msg, own)
+            return True
+        if kind == _DUP:
+            s.served_pvn = s.pvn
+            # _on_data_at_primary: _rx_data's duplicate (our ack may be lost: re-ack soon)
+            self._count("dup_data")
+            self._want_first_ack(True)
+            self._want_first_ack(False)
+            # _on_trailer of a data message: its own order info
+            if own is not None:
+                self._own(own)
+        else:
+            if kind == _KEEP_ALIVE:
+                s.fa_count = 0                      # _on_keepalive (STREAMING)
+            else:
+                self._on_first_ack(msg)
+            # _on_trailer of a non-data message: _declared, _expect (nothing), advance_ts
+            d_upto, d_ts = s.declared
+            if sent_upto >= d_upto or msg.ts > d_ts:
+                s.declared = (max(sent_upto, d_upto), max(msg.ts, d_ts))
+            d_upto, d_ts = s.declared
+            if s.upto >= d_upto and d_ts > s.view_ts:
+                s.view_ts = d_ts
+        self._group_watermark()                     # _gc_all_received
+        self._after_event()
+        return True
+
+    def _next_data(self, msg: Message, own: list | None) -> None:
+        """The rest of the next data message in order (after the common part)."""
+        s = self.loan
         s.served_pvn = s.pvn
         # _on_data_at_primary: _rx_data, _advance, _release_held, _deliver
+        body = msg.body
         offset, data = body["offset"], body["data"]
         if s.first_offset is None or offset < s.first_offset:
             s.first_offset = offset
@@ -286,25 +339,62 @@ class SteadyLane:
         self._want_first_ack(False)
         # _on_trailer: the remote's order info, to reflect
         if own is not None:
-            last = section_end(own)
-            lr = s.last_order_info
-            if lr is None or last >= section_end(lr):
-                s.last_order_info = own
-            refl_now = s.to_reflect
-            if ((refl_now is None or last > section_end(refl_now))
-                    and last > (s.reflected or (0, 0))):
-                s.to_reflect = own
-                self._want_first_ack(True)
-        # _after_event (nothing held: nothing to solicit)
+            self._own(own)
+        self._after_event()
+
+    def _own(self, own: list) -> None:
+        """`_on_trailer`'s own section (a primary's): kept, and to reflect if newer."""
+        s = self.loan
+        last = section_end(own)
+        lr = s.last_order_info
+        if lr is None or last >= section_end(lr):
+            s.last_order_info = own
+        refl_now = s.to_reflect
+        if ((refl_now is None or last > section_end(refl_now))
+                and last > (s.reflected or (0, 0))):
+            s.to_reflect = own
+            self._want_first_ack(True)
+
+    def _after_event(self) -> None:
+        """`_after_event` (nothing held: nothing to solicit)."""
+        s = self.loan
         if s.gw_rose:
             s.gw_rose = False
             if s.recv_max_data_ts > s.last_back and s.gw > s.last_back:
-                soon = now + s.first_ack_delay_us
-                d = t.get(Timer.KEEPALIVE)
+                soon = s.now + s.first_ack_delay_us
+                d = s.timers.get(Timer.KEEPALIVE)
                 if d is None or soon < d:
-                    t[Timer.KEEPALIVE] = soon
+                    s.timers[Timer.KEEPALIVE] = soon
                 s.ka_urgent = True
-        return True
+
+    def _on_first_ack(self, msg: Message) -> None:
+        """`_on_first_ack` of a primary without backups (never throttled: that takes
+        backups) and the SECOND_ACK it owes (`_msg(c, SECOND_ACK, {}, ack=...)`,
+        `_emit`)."""
+        s = self.loan
+        if msg.ack > 0 and msg.ack == s.next_msn - 1:
+            if s.fa_msn != msg.ack:
+                s.fa_msn, s.fa_count = msg.ack, 0
+            s.fa_count += 1
+        # RESPONDS_TO_FIRST_ACK[(True, False)]: SECOND_ACK, if our app produced the acked
+        # message (by offset: the trailer's `delivered`, taken above)
+        if msg.ack <= 0 or s.out_offset < s.remote_delivered:
+            return
+        s.clock += 1
+        back = self._group_watermark()              # _back
+        if back > s.last_back:
+            s.last_back = back
+        remote, seq, role = s.cid
+        self.actions.append(Send(remote, Message(
+            type=MsgType.SECOND_ACK, src_group=s.group, dst_group=remote, conn_seq=seq,
+            role=role, pvn=s.pvn, precedence=s.precedence, sender=s.birth_id, msn=0,
+            ack=msg.ack, back=back, ts=s.clock, body={}, order_info=b"")))
+        s.last_send_us = s.now
+        s.timers[Timer.KEEPALIVE] = s.now + s.keepalive_us
+
+    def _count(self, key: str) -> None:
+        s = self.loan
+        s.stats[key] = s.stats.get(key, 0) + 1
 
     def _want_first_ack(self, reflect: bool) -> None:
         s = self.loan
@@ -351,6 +441,9 @@ class SteadyLane:
             if not any(m.msn > s.remote_ack for m in s.sent):
                 s.timers.pop(Timer.RETRANSMIT, None)
 
+
+# what handle_message takes (in this order: the last two are not data)
+_NEXT, _DUP, _KEEP_ALIVE, _FIRST_ACK = 0, 1, 2, 3
 
 LANE_TIMERS = CONNECTION_TIMERS     # a lent connection's timers travel with it
 

@@ -82,8 +82,12 @@ def _check_agreement() -> None:
         name for name, ok in (
             ("wire version", lib.LLFT_LANE_WIRE_VERSION == WIRE_VERSION
              and wire.SUPPORTED_VERSIONS == frozenset({WIRE_VERSION})),
-            ("types", (lib.LLFT_LANE_REQUEST, lib.LLFT_LANE_REPLY)
-             == (MsgType.REQUEST, MsgType.REPLY)),
+            ("types", (lib.LLFT_LANE_REQUEST, lib.LLFT_LANE_REPLY, lib.LLFT_LANE_FIRST_ACK,
+                       lib.LLFT_LANE_SECOND_ACK, lib.LLFT_LANE_KEEP_ALIVE)
+             == (MsgType.REQUEST, MsgType.REPLY, MsgType.FIRST_ACK, MsgType.SECOND_ACK,
+                 MsgType.KEEP_ALIVE)),
+            ("control bodies", all(BODY_FIELDS[t] == {} for t in (
+                MsgType.FIRST_ACK, MsgType.SECOND_ACK, MsgType.KEEP_ALIVE))),
             ("data body", body == [("offset", int), ("data", bytes), ("flags", int)]
              and BODY_FIELDS[MsgType.REPLY] == BODY_FIELDS[MsgType.REQUEST]),
             ("header", lib.LLFT_LANE_HEADER_BYTES == wire.HEADER_BYTES
@@ -224,8 +228,20 @@ class NativeLane:
             self.last_refusal = r
             return False
         rx = self._rx
-        at = rx.data_at
-        self.actions.append(Deliver(self._cid, rx.offset, datagram[at:at + rx.data_len]))
+        if rx.kind == _lib.LLFT_LANE_RX_DATA:
+            at = rx.data_at
+            self.actions.append(Deliver(self._cid, rx.offset, datagram[at:at + rx.data_len]))
+        elif rx.ctl_len:                    # the SECOND_ACK a FIRST_ACK drew
+            dg = _ffi.unpack(_lib.llft_lane_control(c), rx.ctl_len)
+            if not self._eng.materialize:
+                self.actions.append(SendDatagrams(self._remote, [dg]))
+                return True
+            msg = self._read(dg)
+            mine = wire.encode(msg, self._eng.key, mtu_bytes=self._eng.mtu_bytes)
+            if mine != [dg]:
+                raise LaneDivergence(f"receive: C sealed {dg.hex()}, wire.encode of its "
+                                     f"message gives {[d.hex() for d in mine]}")
+            self.actions.append(Send(self._remote, msg))
         return True
 
     def send(self, data: bytes, now_us: int | None) -> bool:
@@ -293,6 +309,9 @@ class NativeLane:
         stats = dict(self._stats)
         if st.has_rx:
             stats[self._rx_key] = st.rx
+        for key, name in _COUNTERS:
+            if getattr(st, "has_" + name):
+                stats[key] = getattr(st, name)
         return Loan(
             group=self._loan0.group, birth_id=st.birth_id, pvn=st.pvn,
             precedence=st.precedence, clock=st.clock, now=st.now, gw=st.gw,
@@ -399,9 +418,14 @@ class NativeLane:
             st.timer_set[k], st.timer_at[k] = 1, at
         self._rx_key = "rx_" + (MsgType.REPLY if cid_role is Role.CLIENT
                                 else MsgType.REQUEST).name
-        self._stats = {k: n for k, n in loan.stats.items() if k != self._rx_key}
+        own = {self._rx_key} | {key for key, _ in _COUNTERS}
+        self._stats = {k: n for k, n in loan.stats.items() if k not in own}
         if self._rx_key in loan.stats:
             st.has_rx, st.rx = 1, loan.stats[self._rx_key]
+        for key, name in _COUNTERS:
+            if key in loan.stats:
+                setattr(st, "has_" + name, 1)
+                setattr(st, name, loan.stats[key])
         # the sent list, as the sealed datagrams the core's messages are on the wire
         if not set(loan.sent_at) <= {m.msn for m in loan.sent}:
             raise _Unfit("sent_at of a message not on the sent list")
@@ -428,6 +452,11 @@ class NativeLane:
         if lib.llft_lane_check(c):
             raise _Unfit("state")
         return c
+
+
+# the other stats a lane counts: (Loan.stats key, C state field)
+_COUNTERS = (("rx_KEEP_ALIVE", "rx_keep_alive"), ("rx_FIRST_ACK", "rx_first_ack"),
+             ("dup_data", "dup_data"))
 
 
 def _set_int(field, v: int) -> None:
