@@ -239,6 +239,8 @@ class Gateway:
         # the C engine on raw datagrams when it is built (LLFT_LANE=python: the model,
         # off: the core alone)
         lane = os.environ.get("LLFT_LANE", "native")
+        if lane not in ("native", "python", "off"):
+            raise GatewayError(f"LLFT_LANE={lane!r}: use native, python or off")
         if lane == "native" and not native_available():
             lane = "python"
         if lane == "native":

@@ -201,9 +201,10 @@ def test_gateway_echo_group_exactly_once(tmp_path, members):
 
 
 # -- errors: one line, exit 2 -------------------------------------------------------------
-def gateway_cli(*args: str) -> subprocess.CompletedProcess:
+def gateway_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "llft", "gateway", *args],
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=30,
+                          env={**os.environ, **(env or {})})
 
 
 def assert_one_line_error(p: subprocess.CompletedProcess, *words: str) -> None:
@@ -238,6 +239,10 @@ def test_gateway_errors_exit_2_with_one_line(tmp_path):
                               "cannot listen")
     finally:
         taken.close()
+    # what runs the group connection's lane: a value it does not know
+    assert_one_line_error(gateway_cli("--config", cfg, "--group", "echo", "--listen",
+                                      "127.0.0.1:0", env={"LLFT_LANE": "fast"}),
+                          "LLFT_LANE")
     # the key: unsafe mode, then missing
     os.chmod(tmp_path / "cluster.key", 0o644)
     assert_one_line_error(gateway_cli("--config", cfg, "--group", "echo",
