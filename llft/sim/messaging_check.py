@@ -66,7 +66,7 @@ from llft.protocol import wire
 from llft.protocol.messages import Message, MsgType, Role
 from llft.protocol.messaging import (BufferFull, Closed, Deliver, DeliverOrderInfo, Freed,
                                      MessagingConfig, MessagingEndpoint)
-from llft.protocol.messaging.lane import LanedEndpoint
+from llft.protocol.messaging.lane import LanedEndpoint, LaneDivergence
 from llft.sim.campaign import (Campaign, Outcome, Param, Script, ScenarioError,
                                run_until_done, sides, us)
 from llft.sim.kernel import NetConfig, Sim
@@ -670,6 +670,19 @@ def run_seed(seed: int, *, loss: float = 0.0, dup: float = 0.0, reorder: float =
              gateway: float = 0.0, trace=None) -> Outcome:
     return run_script(generate(seed, loss, dup, reorder, failover, die, lanes, gateway),
                       trace=trace)
+
+
+def gateway_schedules(seeds, **faults):
+    """Each gateway-shaped schedule of `seeds` (`--gateway 1`) run, with its violations
+    (a lane that diverged from the core is one): (schedule, violations) for tests that
+    count what the lanes did."""
+    for seed in seeds:
+        s = Schedule(generate(seed, gateway=1.0, **faults))
+        try:
+            violations = s.run()
+        except LaneDivergence as e:
+            violations = [f"seed {seed}: {e}"]
+        yield s, violations
 
 
 def run_script(script: Script, *, trace=None) -> Outcome:

@@ -771,6 +771,35 @@ static void after_event(llft_lane_state *s) {
     }
 }
 
+/* The Message `_msg` makes on the lent connection (the clock already ticked for it),
+ * as wire.pack_message packs it: a 14-array and its first 12 fields, up to the ts; the
+ * body and order_info follow. `back` is `_back`'s group watermark. */
+static void wr_message_head(wr_t *w, llft_lane *L, uint64_t type, uint64_t msn,
+                            uint64_t ack) {
+    llft_lane_state *s = &L->st;
+    uint64_t back = group_watermark(s);             /* _back */
+    if (back > s->last_back) s->last_back = back;
+    wr_byte(w, 0x9e);
+    wr_uint(w, type);
+    wr_str(w, L->group, L->group_len);
+    wr_str(w, L->remote, L->remote_len);
+    wr_uint(w, s->seq);
+    wr_uint(w, s->cid_role);
+    wr_uint(w, s->pvn);
+    wr_uint(w, s->precedence);
+    wr_uint(w, s->birth_id);
+    wr_uint(w, msn);
+    wr_uint(w, ack);
+    wr_uint(w, back);
+    wr_uint(w, s->clock);                           /* ts */
+}
+
+/* `MessagingEndpoint._emit` on the lent connection (known: its KEEPALIVE moves) */
+static void emitted(llft_lane_state *s) {
+    s->last_send_us = s->now;
+    timer_set(s, LLFT_LANE_T_KEEPALIVE, s->now + s->keepalive_us);
+}
+
 /* the largest SECOND_ACK of this lane: every number in its widest form */
 static size_t second_ack_bound(const llft_lane *L) {
     return HEADER_BYTES + 1 + 1 + 5 + L->group_len + 5 + L->remote_len + 9 * 9 + 1 + 2;
@@ -781,30 +810,15 @@ static size_t second_ack_bound(const llft_lane *L) {
 static uint32_t second_ack(llft_lane *L, uint64_t ack) {
     llft_lane_state *s = &L->st;
     s->clock += 1;
-    uint64_t back = group_watermark(s);             /* _back */
-    if (back > s->last_back) s->last_back = back;
     uint8_t *dg = L->ctl;
     wr_t w = {dg + HEADER_BYTES, dg + L->mtu, 1};
-    wr_byte(&w, 0x9e);
-    wr_uint(&w, LLFT_LANE_SECOND_ACK);
-    wr_str(&w, L->group, L->group_len);
-    wr_str(&w, L->remote, L->remote_len);
-    wr_uint(&w, s->seq);
-    wr_uint(&w, s->cid_role);
-    wr_uint(&w, s->pvn);
-    wr_uint(&w, s->precedence);
-    wr_uint(&w, s->birth_id);
-    wr_uint(&w, 0);                                 /* msn */
-    wr_uint(&w, ack);
-    wr_uint(&w, back);
-    wr_uint(&w, s->clock);                          /* ts */
+    wr_message_head(&w, L, LLFT_LANE_SECOND_ACK, 0, ack);
     wr_byte(&w, 0x80);                              /* body {} */
     wr_bin_head(&w, 0);                             /* order_info b"" */
     size_t payload = (size_t)(w.p - (dg + HEADER_BYTES));
     size_t dg_len = llft_wire_seal(L->w, LLFT_LANE_WIRE_VERSION, 0,
                                    (const char *)dg + HEADER_BYTES, payload, (char *)dg);
-    s->last_send_us = s->now;
-    timer_set(s, LLFT_LANE_T_KEEPALIVE, s->now + s->keepalive_us);
+    emitted(s);
     return (uint32_t)dg_len;
 }
 
@@ -1056,25 +1070,11 @@ static int send_data(llft_lane *L, uint64_t offset, const uint8_t *data, size_t 
     wr_uint(&tw, s->delivered);
     if (!tw.ok) return LLFT_LANE_R_FRAGMENT;
     s->told_delivered = s->delivered;
-    uint64_t back = group_watermark(s);
-    if (back > s->last_back) s->last_back = back;
     /* the Message, as wire.pack_message packs it: 14 fields, body in its key order */
     uint32_t pos = ring_pos(L, s->sent_count);      /* (a free slot: the window checked) */
     uint8_t *dg = L->ring + (size_t)pos * L->mtu;
     wr_t w = {dg + HEADER_BYTES, dg + L->mtu, 1};
-    wr_byte(&w, 0x9e);
-    wr_uint(&w, s->role == 0 ? LLFT_LANE_REQUEST : LLFT_LANE_REPLY);
-    wr_str(&w, L->group, L->group_len);
-    wr_str(&w, L->remote, L->remote_len);
-    wr_uint(&w, s->seq);
-    wr_uint(&w, s->cid_role);
-    wr_uint(&w, s->pvn);
-    wr_uint(&w, s->precedence);
-    wr_uint(&w, s->birth_id);
-    wr_uint(&w, msn);
-    wr_uint(&w, s->upto);                           /* ack */
-    wr_uint(&w, back);
-    wr_uint(&w, s->clock);                          /* ts */
+    wr_message_head(&w, L, s->role == 0 ? LLFT_LANE_REQUEST : LLFT_LANE_REPLY, msn, s->upto);
     wr_byte(&w, 0x83);
     wr_str(&w, "offset", 6);
     wr_uint(&w, offset);
@@ -1103,8 +1103,7 @@ static int send_data(llft_lane *L, uint64_t offset, const uint8_t *data, size_t 
     s->sent_count++;
     s->ka_idle = 0;
     s->sent_bytes += (int64_t)len;
-    s->last_send_us = s->now;
-    timer_set(s, LLFT_LANE_T_KEEPALIVE, s->now + s->keepalive_us);
+    emitted(s);
     if (!s->timer_set[LLFT_LANE_T_RETRANSMIT])
         timer_set(s, LLFT_LANE_T_RETRANSMIT, s->now + s->rto);
     s->fa_pending = 0;

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from llft.protocol.messaging import MessagingEndpoint
-from llft.protocol.messaging.lane import LanedEndpoint, LaneDivergence, SteadyLane
+from llft.protocol.messaging.lane import LanedEndpoint, SteadyLane
 from llft.protocol.messaging.timers import Timer
 from llft.sim import messaging_check as mc
 
@@ -15,12 +15,8 @@ from llft.sim import messaging_check as mc
 def _run(seeds, **faults) -> tuple[list[str], int, int]:
     """(violations, lane events, loans) of the gateway-shaped schedules of `seeds`."""
     violations, events, loans = [], 0, 0
-    for seed in seeds:
-        s = mc.Schedule(mc.generate(seed, gateway=1.0, **faults))
-        try:
-            violations += s.run()
-        except LaneDivergence as e:
-            violations.append(f"seed {seed}: {e}")
+    for s, found in mc.gateway_schedules(seeds, **faults):
+        violations += found
         for rep in s.by_node.values():
             if isinstance(rep.core, LanedEndpoint):
                 events += rep.core.lane_events

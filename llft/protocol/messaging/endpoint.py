@@ -165,7 +165,7 @@ from llft.protocol.messaging.rules import PRIMARY_ONLY_TYPES, RESPONDS_TO_FIRST_
 from llft.protocol.messaging.timers import (BACKUP_TIMERS, CONNECTION_TIMERS, ENDPOINT_TIMERS,
                                             PRIMARY_TIMERS, Timer, Timers)
 from llft.protocol.messaging.trailer import (Section, pack_trailer, section_end,
-                                             unpack_trailer)
+                                             unpack_trailer, unreflected)
 
 
 # compare the incremental timestamp watermark with its definition on every call (the
@@ -2233,16 +2233,9 @@ class MessagingEndpoint:
         it, so with many connections each chunk is reflected once, not once per
         connection (a lost one reaches them as their primary's ORDER_INFO). The answer
         to NEW_PRIMARY_VIEW is not trimmed: it is the phase-2 recovery itself."""
-        rpvn, rpos = self._reflected.get(remote, (0, 0))
-        pvn, first, chunks = sec
-        if pvn == rpvn and first <= rpos:
-            chunks = chunks[rpos - first + 1:]
-            if not chunks:
-                return None
-            sec = [pvn, rpos + 1, chunks]
-        elif pvn < rpvn:
-            return None
-        self._reflected[remote] = section_end(sec)
+        sec = unreflected(sec, self._reflected.get(remote))
+        if sec is not None:
+            self._reflected[remote] = section_end(sec)
         return sec
 
     def _back(self, c: Connection) -> int:

@@ -46,7 +46,9 @@ from typing import Any
 from llft.protocol.messages import Message, MsgType, ROLES, Role, Send
 from llft.protocol.messaging.actions import Deliver
 from llft.protocol.messaging.timers import CONNECTION_TIMERS, Timer
-from llft.protocol.messaging.trailer import pack_trailer, section_end, unpack_trailer
+from llft.protocol.messaging.connection import RtoEstimator
+from llft.protocol.messaging.trailer import (pack_trailer, section_end, unpack_trailer,
+                                             unreflected)
 
 
 class LaneDivergence(AssertionError):
@@ -167,16 +169,9 @@ class SteadyLane:
             s.told_us = s.now
         trailer = pack_trailer(msn, None, refl, [], s.delivered)
         s.told_delivered = s.delivered
-        back = self._group_watermark()
-        if back > s.last_back:
-            s.last_back = back
-        mtype = MsgType.REQUEST if s.role is Role.CLIENT else MsgType.REPLY
-        remote, seq, role = s.cid
-        msg = Message(type=mtype, src_group=s.group, dst_group=remote, conn_seq=seq,
-                      role=role, pvn=s.pvn, precedence=s.precedence, sender=s.birth_id,
-                      msn=msn, ack=s.upto, back=back, ts=s.clock,
-                      body={"offset": offset, "data": data, "flags": 0},
-                      order_info=trailer)
+        msg = self._message(MsgType.REQUEST if s.role is Role.CLIENT else MsgType.REPLY,
+                            msn, s.upto, {"offset": offset, "data": data, "flags": 0},
+                            trailer)
         if not s.first_ts:
             s.first_ts = msg.ts
         s.next_msn += 1
@@ -184,10 +179,8 @@ class SteadyLane:
         s.sent_at[msn] = s.now
         s.ka_idle = 0
         s.sent_bytes += len(data)
-        self.actions.append(Send(remote, msg))
-        s.last_send_us = s.now
+        self._emit(msg)
         t = s.timers
-        t[Timer.KEEPALIVE] = s.now + s.keepalive_us
         if Timer.RETRANSMIT not in t:
             t[Timer.RETRANSMIT] = s.now + s.rto[3]
         s.fa_pending = 0
@@ -196,17 +189,9 @@ class SteadyLane:
 
     def _unreflected(self, sec: list) -> list | None:
         """`MessagingEndpoint._unreflected`."""
-        s = self.loan
-        rpvn, rpos = s.reflected or (0, 0)
-        pvn, first, chunks = sec
-        if pvn == rpvn and first <= rpos:
-            chunks = chunks[rpos - first + 1:]
-            if not chunks:
-                return None
-            sec = [pvn, rpos + 1, chunks]
-        elif pvn < rpvn:
-            return None
-        s.reflected = section_end(sec)
+        sec = unreflected(sec, self.loan.reflected)
+        if sec is not None:
+            self.loan.reflected = section_end(sec)
         return sec
 
     def _group_watermark(self) -> int:
@@ -381,14 +366,26 @@ class SteadyLane:
         if msg.ack <= 0 or s.out_offset < s.remote_delivered:
             return
         s.clock += 1
-        back = self._group_watermark()              # _back
+        self._emit(self._message(MsgType.SECOND_ACK, 0, msg.ack, {}, b""))
+
+    def _message(self, mtype: MsgType, msn: int, ack: int, body: dict,
+                 order_info: bytes) -> Message:
+        """The Message `_msg` makes on the lent connection (the clock already ticked for
+        it), with `_back`'s group watermark."""
+        s = self.loan
+        back = self._group_watermark()
         if back > s.last_back:
             s.last_back = back
         remote, seq, role = s.cid
-        self.actions.append(Send(remote, Message(
-            type=MsgType.SECOND_ACK, src_group=s.group, dst_group=remote, conn_seq=seq,
-            role=role, pvn=s.pvn, precedence=s.precedence, sender=s.birth_id, msn=0,
-            ack=msg.ack, back=back, ts=s.clock, body={}, order_info=b"")))
+        return Message(type=mtype, src_group=s.group, dst_group=remote, conn_seq=seq,
+                       role=role, pvn=s.pvn, precedence=s.precedence, sender=s.birth_id,
+                       msn=msn, ack=ack, back=back, ts=s.clock, body=body,
+                       order_info=order_info)
+
+    def _emit(self, msg: Message) -> None:
+        """`MessagingEndpoint._emit` on the lent connection (known: KEEPALIVE moves)."""
+        s = self.loan
+        self.actions.append(Send(msg.dst_group, msg))
         s.last_send_us = s.now
         s.timers[Timer.KEEPALIVE] = s.now + s.keepalive_us
 
@@ -415,15 +412,10 @@ class SteadyLane:
                 sample = now - t0
         if sample is None:
             return
-        srtt, rttvar, _, _ = s.rto
-        rtt = max(0, sample)
-        if srtt is None:
-            srtt, rttvar = rtt, rtt // 2
-        else:
-            rttvar += (abs(srtt - rtt) - rttvar) // 4
-            srtt += (rtt - srtt) // 8
-        floor, ceiling = s.rto_bounds
-        s.rto = (srtt, rttvar, 0, min(ceiling, max(floor, srtt + 4 * rttvar)))
+        est = RtoEstimator(*s.rto_bounds)           # the core's rule on the loan's values
+        est.srtt_us, est.rttvar_us, est.backoff, est.rto_us = s.rto
+        est.sample(sample)
+        s.rto = (est.srtt_us, est.rttvar_us, est.backoff, est.rto_us)
 
     def _drop_covered(self) -> None:
         """`_gc_sent`: `SendSide.drop_covered` by the remote group watermark."""

@@ -376,7 +376,7 @@ class NativeLane:
 
     def _load(self, loan: Loan):
         """The loan, written into a new C lane (raises _Unfit, OverflowError, ...)."""
-        lib, ffi, eng = _lib, _ffi, self._eng
+        lib, eng = _lib, self._eng
         if not 1 <= loan.window_msgs <= lib.LLFT_LANE_MAX_WINDOW:
             raise _Unfit("window")
         c = eng.lane(loan.window_msgs)

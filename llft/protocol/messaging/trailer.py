@@ -66,6 +66,21 @@ def checked_section(s: Any) -> Section | None:
     return None
 
 
+def unreflected(sec: Section, reflected: tuple[int, int] | None) -> Section | None:
+    """The part of a remote primary's section `sec` past `reflected` (the section_end
+    of what was reflected to its group already), or None if nothing is new."""
+    rpvn, rpos = reflected or (0, 0)
+    pvn, first, chunks = sec
+    if pvn == rpvn and first <= rpos:
+        chunks = chunks[rpos - first + 1:]
+        if not chunks:
+            return None
+        return [pvn, rpos + 1, chunks]
+    if pvn < rpvn:
+        return None
+    return sec
+
+
 def section_end(s: Section) -> tuple[int, int]:
     """(pvn, last position) of a section: newer sections compare greater."""
     return s[0], s[1] + len(s[2]) - 1
