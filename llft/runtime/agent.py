@@ -508,7 +508,7 @@ class Agent:
             _log(f"application pid {app.proc.pid} started ({app.mode.value})")
         self._sessions.add(app.session)
         if self.watchdog is not None:
-            self.watchdog.track_session(app.session)
+            self.watchdog.track_session(app.session, app.tmp)
 
     def _app_tree_gone(self, sid: int | None) -> None:
         """An app's tree is gone (a helper thread calls this): its session needs no

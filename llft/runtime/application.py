@@ -55,19 +55,28 @@ exec, and on a busy machine that took 100-500 ms, heartbeats unsent, long enough
 group to remove the replica being started. `start_*` return at once; `proc` and `pid`
 are None until the spawner is done; `stop()` meanwhile waits for it before it reads the
 tree. A command that cannot be started is an exit (`spawn_error`, status 127).
+
+Temporary files. Each run has a folder of its own (`private_tmp`: TMPDIR, Spark's local
+dirs, the JVM's java.io.tmpdir), removed once its tree is dead, or by the watchdog if
+the agent is killed: what a killed app leaves there does not pile up in /tmp.
 """
 from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import os
 import resource
 import queue
+import shutil
 import signal
+import tempfile
 import threading
 from typing import Callable
 
 from llft.runtime import proctree
+
+log = logging.getLogger("llft.run")
 
 # No stall detection: a backup whose app waits for order info that has not come is
 # normal (an idle primary produces none); lag shows in `llft status`.
@@ -94,6 +103,41 @@ _app_nice = APP_NICE                 # increment from the agent's nice to the ap
 # policy it would have had (`_app_policy`): its own threads' wake-ups are its business.
 AGENT_POLICY = os.SCHED_BATCH
 _app_policy: int | None = None       # the app's policy when it differs from the agent's
+
+
+# Each run of the app gets a temporary folder of its own (`private_tmp`), removed once its
+# process tree is gone. A killed app removes nothing: SIGKILL runs no shutdown hook, and a
+# Spark driver's JVM left `blockmgr-*` and `artifacts-*` folders (tens of MB a day of test
+# runs) and PySpark empty `tmpXXXXXXXX` folders in /tmp at every kill.
+PRIVATE_TMP_PREFIX = "llft-app-"
+
+
+def private_tmp(env: dict[str, str]) -> tuple[str | None, dict[str, str]]:
+    """A new folder for one run of the app, under the app's TMPDIR (or /tmp), and `env`
+    pointing the app and the JVMs it starts there: TMPDIR (Python's tempfile, most C
+    programs), SPARK_LOCAL_DIRS (Spark's block manager; an app's own value is kept) and
+    `-Djava.io.tmpdir` first in SPARK_SUBMIT_OPTS (Spark's other temporary folders, which
+    follow the JVM's tmpdir, not TMPDIR; an app's own -D, later on the line, wins).
+    The names have one length on every replica (mkdtemp's), so a path the app passes
+    around (PySpark asks its JVM for a folder under the local dirs) reads the same byte
+    counts at every replica. (None, env) when the folder cannot be made."""
+    base = env.get("TMPDIR") or "/tmp"
+    try:
+        folder = tempfile.mkdtemp(prefix=PRIVATE_TMP_PREFIX, dir=base)
+    except OSError as e:
+        log.warning(f"no private temporary folder for the app under {base} ({e}): it "
+                    "uses that folder, and what a killed app leaves there stays")
+        return None, env
+    env = dict(env, TMPDIR=folder)
+    env.setdefault("SPARK_LOCAL_DIRS", folder)
+    opts = env.get("SPARK_SUBMIT_OPTS")
+    env["SPARK_SUBMIT_OPTS"] = f"-Djava.io.tmpdir={folder}" + (f" {opts}" if opts else "")
+    return folder, env
+
+
+def remove_private_tmp(folder: str | None) -> None:
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def raise_agent_priority() -> str | None:
@@ -209,14 +253,18 @@ class _Spawner:
 _spawner = _Spawner()
 
 
-def _finish(read_tree, shm, threads, done: Callable[[int | None], None]) -> None:
+def _finish(read_tree, shm, threads, tmp: str | None,
+            done: Callable[[int | None], None]) -> None:
     """Helper thread of `stop()`: read the tree (`read_tree()`: victims and the app's
-    session, once a spawn under way is done), kill it, then unmap the block once the
-    threads that wait on it are gone."""
+    session, once a spawn under way is done), kill it, remove its temporary folder once
+    nothing of it runs (else the watchdog does, when the agent ends), then unmap the block
+    once the threads that wait on it are gone."""
     victims, sid = read_tree()
     left = victims
     try:
         left = proctree.kill_tree(victims, [sid] if sid else [])
+        if not left:
+            remove_private_tmp(tmp)
     finally:
         try:
             for t in threads:
@@ -247,6 +295,7 @@ class Application:
         self.closed = False                   # stop() was called (see the docstring)
         self.stopped: threading.Event = threading.Event()   # the tree is gone
         self.shm = None
+        self.tmp: str | None = None           # its private temporary folder
         self.proc = None                      # set by the spawner thread
         self.spawn_error: Exception | None = None   # why the spawner could not start it
         self._spawn_done = threading.Event()  # no spawn under way
@@ -291,6 +340,7 @@ class Application:
         self.loop = asyncio.get_running_loop()
         self.shm = Shm.create(shm_mode, stall_ms=NO_STALL_MS)
         senv = self.shm.env(service_port=self.service_port)
+        self.tmp, env = private_tmp(env)
         self._spawn_done.clear()
         full_env = shim_env(env, senv)
         _spawner.submit(lambda: self._spawn_now(full_env))
@@ -521,6 +571,6 @@ class Application:
                 self._on_stopped(sid)
             finally:
                 stopped.set()
-        threading.Thread(target=_finish, args=(read_tree, self.shm, threads, done),
+        threading.Thread(target=_finish, args=(read_tree, self.shm, threads, self.tmp, done),
                          daemon=True).start()
         return stopped

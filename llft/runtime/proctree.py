@@ -24,7 +24,9 @@ them must go, and none may outlive `llft run`. Four Linux facts make that work:
                 the agent; when the pipe closes (the agent is gone, however) it kills
                 every process of the sessions it was told about, and the processes it
                 was told about one by one (escapees: descendants in other sessions,
-                identified by pid and start time so a reused pid is never killed)
+                identified by pid and start time so a reused pid is never killed);
+                then it removes the private temporary folder of each session it
+                killed (llft/runtime/application.py `private_tmp`)
 
 Killing a tree (`kill_tree`): SIGTERM to every process of it, a grace of up to
 KILL_GRACE_S for them to exit (a JVM runs its shutdown hooks), then SIGKILL to what is
@@ -48,6 +50,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import threading
@@ -285,8 +288,10 @@ class Watchdog:
             except (OSError, ValueError):
                 pass                       # the watchdog is gone: nothing to tell
 
-    def track_session(self, sid: int) -> None:
-        self._send(f"s {sid}")
+    def track_session(self, sid: int, folder: str | None = None) -> None:
+        """Kill session `sid` if the agent dies, then remove `folder` (the app's private
+        temporary folder: the rest of the line, so any path but one with a newline)."""
+        self._send(f"s {sid}" + (f" {folder}" if folder and "\n" not in folder else ""))
 
     def untrack_session(self, sid: int) -> None:
         self._send(f"u {sid}")
@@ -331,16 +336,17 @@ class Watchdog:
 
 
 def watch(stream) -> None:
-    """The watchdog process: read commands until EOF, then kill what it was told about."""
-    sids: set[int] = set()
+    """The watchdog process: read commands until EOF, then kill what it was told about and
+    remove the folders of the sessions it killed."""
+    sids: dict[int, bytes | None] = {}      # session -> its folder
     pids: dict[int, float] = {}
     for raw in stream:
-        parts = raw.split()
+        parts = raw.rstrip(b"\n").split(b" ", 2)
         try:
             if parts[0] == b"s":
-                sids.add(int(parts[1]))
+                sids[int(parts[1])] = parts[2] if len(parts) > 2 else None
             elif parts[0] == b"u":
-                sids.discard(int(parts[1]))
+                sids.pop(int(parts[1]), None)
             elif parts[0] == b"p":
                 pids[int(parts[1])] = float(parts[2])
         except (IndexError, ValueError):
@@ -355,7 +361,10 @@ def watch(stream) -> None:
             pass
     procs += session_members(sids)
     _signal(procs, signal.SIGKILL)
-    kill_tree([], sids, grace_s=0)
+    kill_tree(procs, list(sids), grace_s=0)    # (waits until they are gone)
+    for folder in sids.values():
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def main() -> None:

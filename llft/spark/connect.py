@@ -14,7 +14,10 @@ scripts do, with what a test or an operator needs on top:
 - several servers coexist, one per port (the pid file is named after the port);
 - no Java: one line saying what to install, exit 2.
 
-State (pid and log files) lives under `--dir` (default `~/.llft/spark-connect`).
+State (pid and log files) lives under `--dir` (default `~/.llft/spark-connect`), and so
+do the server's temporary folders (`tmp/llft-PORT`: the JVM's java.io.tmpdir and Spark's
+local dirs, emptied at start and removed at stop: a server killed outright leaves its
+`blockmgr-*` and `artifacts-*` there, not in /tmp).
 
 A Connect driver under `llft run` is replicated through its agent's gRPC relay
 (determinizer/grpcrelay/): the replicas share this server, only the primary's calls
@@ -81,11 +84,19 @@ class Server:
         return os.path.join(self.state_dir, "logs",
                             f"spark-{self.ident}-{SERVER_CLASS}-1-{socket.gethostname()}.out")
 
+    @property
+    def tmp_dir(self) -> str:
+        return os.path.join(self.state_dir, "tmp", self.ident)
+
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
+        opts = env.get("SPARK_SUBMIT_OPTS")
         env.update(SPARK_HOME=spark_home(), SPARK_IDENT_STRING=self.ident,
                    SPARK_PID_DIR=os.path.join(self.state_dir, "pids"),
                    SPARK_LOG_DIR=os.path.join(self.state_dir, "logs"),
+                   SPARK_LOCAL_DIRS=self.tmp_dir,
+                   SPARK_SUBMIT_OPTS=f"-Djava.io.tmpdir={self.tmp_dir}"
+                   + (f" {opts}" if opts else ""),
                    PYSPARK_PYTHON=env.get("PYSPARK_PYTHON", sys.executable))
         return env
 
@@ -126,6 +137,8 @@ class Server:
             return running
         os.makedirs(env["SPARK_PID_DIR"], exist_ok=True)
         os.makedirs(env["SPARK_LOG_DIR"], exist_ok=True)
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)   # a killed server's leftovers
+        os.makedirs(self.tmp_dir)
         args = ["bash", os.path.join(env["SPARK_HOME"], "sbin", "start-connect-server.sh"),
                 "--master", master,
                 "--conf", f"spark.connect.grpc.binding.address={self.host}",
@@ -184,6 +197,7 @@ class Server:
             os.unlink(self.pid_file)
         except OSError:
             pass
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
         return True
 
 

@@ -40,8 +40,10 @@ class ClusterError(RuntimeError):
 
 class LocalCluster:
     def __init__(self, workdir: str, group: str = "counter", service_port: int = 9000,
-                 extra_cluster: str = ""):
+                 extra_cluster: str = "", env: dict[str, str] | None = None):
+        """`env`: the environment of every process it starts (default: this one's)."""
         self.workdir = os.path.abspath(workdir)
+        self.env = env
         os.makedirs(self.workdir, exist_ok=True)
         self.group = group
         rng = random.Random(os.getpid() ^ time.monotonic_ns())
@@ -66,7 +68,7 @@ class LocalCluster:
         self.logs[name] = log
         err = open(log, "ab")
         p = subprocess.Popen(argv, stdout=stdout, stderr=err, stdin=subprocess.DEVNULL,
-                             cwd=self.workdir)
+                             cwd=self.workdir, env=self.env)
         err.close()
         self.procs[name] = p
         return p

@@ -16,6 +16,12 @@ runs):
                             thawed: it learns it was removed, resets, and the old app's
                             tree dies while the replica rejoins with a new one
 
+and that no temporary file is left either: each run of the app has a private temporary
+folder (its TMPDIR, Spark's local dirs, the JVM's java.io.tmpdir), where the app leaves a
+`blockmgr-*` folder as a killed Spark driver's JVM does; it is removed with the tree (by
+the watchdog when the agent was SIGKILLed). The agents run with a TMPDIR of the test's
+own, so the count is exact.
+
 Default configuration; every wait is on a condition with a deadline.
 """
 from __future__ import annotations
@@ -27,6 +33,7 @@ import time
 
 import psutil
 
+from llft.runtime.application import PRIVATE_TMP_PREFIX
 from llft.tools.cluster import LocalCluster
 from polling import wait_for
 
@@ -69,6 +76,37 @@ def full_tree(agent_pid: int, timeout_s: float = 60) -> list[psutil.Process]:
     return wait_for(ready, f"the app's tree under agent {agent_pid}", timeout_s, POLL_S)
 
 
+def cluster(tmp_path) -> LocalCluster:
+    """A cluster whose processes have the test's own TMPDIR (`tmp_path/tmp`)."""
+    (tmp_path / "tmp").mkdir()
+    return LocalCluster(str(tmp_path), env=dict(os.environ, TMPDIR=str(tmp_path / "tmp")))
+
+
+def app_tmp_folders(tmp_path) -> list[str]:
+    """The private temporary folders of app runs, each with what the app left in it."""
+    base = tmp_path / "tmp"
+    return sorted(f"{d.name}/{'+'.join(sorted(x.name.split('-')[0] for x in d.iterdir()))}"
+                  for d in base.iterdir() if d.name.startswith(PRIVATE_TMP_PREFIX))
+
+
+def wait_app_tmp(tmp_path, n: int) -> None:
+    """`n` runs' folders, each holding the app's `blockmgr-*` (the app used its own)."""
+    wait_for(lambda: len(app_tmp_folders(tmp_path)) == n and all(
+        f.endswith("/blockmgr") for f in app_tmp_folders(tmp_path)),
+        f"{n} private temporary folders with the app's files", 30, POLL_S)
+
+
+def assert_no_tmp_left(tmp_path, timeout_s: float = 15) -> None:
+    """Nothing of any app run is left in the test's TMPDIR (the watchdog removes the
+    folders after its kill: a bounded wait)."""
+    base = tmp_path / "tmp"
+    deadline = time.monotonic() + timeout_s
+    while any(base.iterdir()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"left in TMPDIR: {sorted(x.name for x in base.iterdir())}")
+        time.sleep(POLL_S)
+
+
 def assert_all_gone(procs: list[psutil.Process], timeout_s: float = 15) -> None:
     def gone():
         return not any(_running(p) for p in procs)
@@ -86,44 +124,52 @@ def assert_all_gone(procs: list[psutil.Process], timeout_s: float = 15) -> None:
 
 
 def test_sigterm_of_the_agent_leaves_no_process(tmp_path):
-    with LocalCluster(str(tmp_path)) as lc:
+    with cluster(tmp_path) as lc:
         agent = lc.start_replica("r1", app_cmd())
         lc.wait_members(1)
         procs = full_tree(agent.pid)
+        wait_app_tmp(tmp_path, 1)
         lc.kill("r1", signal.SIGTERM)
         assert agent.returncode == 0, lc.log_tail("r1")
         assert_all_gone(procs)
+        assert_no_tmp_left(tmp_path)
 
 
 def test_sigkill_of_the_agent_leaves_no_process(tmp_path):
-    with LocalCluster(str(tmp_path)) as lc:
+    with cluster(tmp_path) as lc:
         agent = lc.start_replica("r1", app_cmd())
         lc.wait_members(1)
         procs = full_tree(agent.pid)
+        wait_app_tmp(tmp_path, 1)
         # the daemon left the app's session: the watchdog kills it by pid once told
         lc.wait_status(lambda st: st["members"] and st["members"][0]["counters"].get(
             "escapees_watched", 0) >= 1, 30, "the escaped daemon named to the watchdog")
         lc.kill("r1", signal.SIGKILL)
         assert_all_gone(procs)
+        assert_no_tmp_left(tmp_path)
 
 
 def test_app_exit_leaves_no_process(tmp_path):
     trigger = tmp_path / "exit-now"
-    with LocalCluster(str(tmp_path)) as lc:
+    with cluster(tmp_path) as lc:
         agent = lc.start_replica("r1", app_cmd(str(trigger)))
         lc.wait_members(1)
         procs = full_tree(agent.pid)
+        wait_app_tmp(tmp_path, 1)
         trigger.write_text("")
         assert agent.wait(timeout=30) == 0, lc.log_tail("r1")
         assert_all_gone(procs)
+        assert_no_tmp_left(tmp_path)
 
 
 def test_reset_kills_the_old_tree(tmp_path):
-    with LocalCluster(str(tmp_path)) as lc:
-        lc.start_replica("r1", app_cmd())
+    with cluster(tmp_path) as lc:
+        r1 = lc.start_replica("r1", app_cmd())
         lc.wait_members(1)
         r2 = lc.start_replica("r2", app_cmd())
         st = lc.wait_members(2)
+        wait_app_tmp(tmp_path, 2)
+        old_tmp = set(app_tmp_folders(tmp_path))
         old_birth = next(m["birth"] for m in st["members"] if m["agent_pid"] == r2.pid)
         old = [p for p in full_tree(r2.pid) if "llft.runtime.proctree" not in cmdline(p)]
         watchdog = [p for p in tree(r2.pid) if "llft.runtime.proctree" in cmdline(p)]
@@ -136,15 +182,20 @@ def test_reset_kills_the_old_tree(tmp_path):
             os.kill(r2.pid, signal.SIGCONT)
         # thawed, r2 learns it was removed: a reset kills its app's tree ...
         assert_all_gone(old)
-        # ... and it rejoins under a new birth id with a new application
+        # ... and it rejoins under a new birth id with a new application, in a new
+        # temporary folder (the old run's is gone, r1's stays)
         st = lc.wait_status(lambda st: len(st["members"]) == 2 and all(
             m["app_pid"] and m["app_mode"] in ("primary", "backup") for m in st["members"]),
             60, "the reset replica rejoined with a running application")
+        wait_app_tmp(tmp_path, 2)
+        assert len(old_tmp & set(app_tmp_folders(tmp_path))) == 1
         new = next(m for m in st["members"] if m["agent_pid"] == r2.pid)
         assert new["birth"] != old_birth
         assert psutil.pid_exists(new["app_pid"])
         assert all(_running(p) for p in watchdog)  # one watchdog per agent, for its life
         assert "reset (" in lc.log_tail("r2", 100_000)
-        procs = full_tree(r2.pid)
+        procs = full_tree(r2.pid) + full_tree(r1.pid)
         lc.kill("r2", signal.SIGTERM)
+        lc.kill("r1", signal.SIGTERM)
         assert_all_gone(procs)
+        assert_no_tmp_left(tmp_path)
