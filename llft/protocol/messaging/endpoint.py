@@ -940,6 +940,8 @@ class MessagingEndpoint:
             if rx is not None and msg.pvn < rx.pvn:
                 old = c.recv.old_view
                 part = self._below_resume_point(c, msg) if t in DATA_TYPES else None
+                if t in DATA_TYPES and not self.is_primary:
+                    self._keep_beyond_resume_point(c, msg)
                 if part is None:
                     self._count("stale_view")
                 elif old is not None and msg.pvn == old.pvn:
@@ -996,6 +998,27 @@ class MessagingEndpoint:
             return msg
         self._count("old_view_clipped")
         return dataclasses.replace(msg, body={**msg.body, "data": data[:start - off]})
+
+    def _keep_beyond_resume_point(self, c: Connection, msg: Message) -> None:
+        """A backup, an older remote view's data message: its bytes past where the
+        current remote primary resumed are not delivered (`_below_resume_point`), but
+        our primary may have delivered them, from that view, before it answered
+        NEW_PRIMARY_VIEW (it held them as a backup and took them when it became
+        primary). If the remote group is then gone, our primary frees the connection at
+        a cut that includes them, and this backup must deliver up to the same cut
+        (`_deliver_upto`, from `beyond`). Its only way to get them, if it lost the
+        original, is the copy our primary re-sends when the remote is gone
+        (`_resend_received`), which comes after the view change: kept here as for a
+        message held across it (`_release_held`). Bounded: `max_placeholders` pieces
+        (what our primary delivered past the resume point was at most a window)."""
+        start = c.recv.view.start
+        off, data = msg.body["offset"], msg.body["data"]
+        lo = off if start is None else max(off, start)
+        if start is None or off + len(data) <= lo:
+            return
+        if len(c.recv.beyond) < self.config.max_placeholders or lo in c.recv.beyond:
+            self._count("old_view_kept_beyond")
+            c.recv.keep_beyond(lo, data[lo - off:])
 
     # ---- inter-group handlers, by (type, role): the table at the end of this module ----
     def _on_data(self, c: Connection, msg: Message) -> None:
