@@ -685,7 +685,12 @@ class Endpoint:
         self.counters["processed_datagrams"] += 1
         rejected = self.decoder.rejected_total()
         msg = self._decode(data)
-        if self.decoder.rejected_total() == rejected:
+        last = self._pulse_msgs.get(src)
+        if self.decoder.rejected_total() == rejected and (
+                msg is None or last is None or msg.ts >= last.ts):
+            # (not an older heartbeat delayed past a newer one: the copies the thread
+            # absorbs are handed to the core as the source's last message, and an older
+            # one would stand for the newer one's copies; llft/sim/kernel.py `_not_older`)
             self._pulse.accept(src, data)
             if msg is not None:
                 self._pulse_msgs.pop(src, None)

@@ -102,6 +102,16 @@ class NetConfig:
     mtu_bytes: int = wire.DEFAULT_MTU_BYTES
 
 
+def _not_older(msg: Any, last: Any) -> bool:
+    """Whether an accepted pulse datagram may stand for its source's copies from now on: not
+    an older heartbeat delayed past a newer one (a sender's messages rise in Lamport ts; a
+    repeated one keeps its ts). An older one stood for the newer one's copies, which were
+    then handed to the core as the older message again and again (the primary re-applied
+    a backup's stale report for ever: scenario messaging_reordered_heartbeat_stale_report).
+    The runtime's transport keeps the same rule (`Endpoint._on_pulse_datagram`)."""
+    return msg is None or last is None or getattr(msg, "ts", 0) >= getattr(last, "ts", 0)
+
+
 class _Node:
     __slots__ = ("node_id", "core", "groups", "on_action", "incarnation", "alive",
                  "armed_us", "encoder", "decoder", "paused_until", "pulse", "pulse_gen",
@@ -410,7 +420,8 @@ class Sim:
                 self._feed_absorbed(node)
                 rejected = node.decoder.rejected_total()
                 msg = node.decoder.decode(data, at_us)
-                if pulse and node.decoder.rejected_total() == rejected:
+                if pulse and node.decoder.rejected_total() == rejected \
+                        and _not_older(msg, node.pulse_msg.get(pulse)):
                     node.pulse_ref.setdefault(pulse, deque(maxlen=PULSE_REFS)).append(data)
                     if msg is not None:
                         node.pulse_msg[pulse] = msg

@@ -228,8 +228,8 @@ class ReceiveSide:
     """The remote primary's stream on one connection.
     Invariant: bytes held ahead of a gap start beyond `delivered`."""
     __slots__ = ("view", "old_view", "delivered", "received", "held", "ahead", "beyond",
-                 "declared", "max_data_ts", "old_ts", "old_next", "fa_pending", "fa_tries",
-                 "end", "abort", "told_delivered", "end_pvn")
+                 "declared", "max_data_ts", "old_ts", "fa_pending", "fa_tries", "end",
+                 "abort", "told_delivered", "end_pvn")
 
     def __init__(self) -> None:
         self.view: ReceiveSequence | None = None      # the remote primary's current view
@@ -248,10 +248,6 @@ class ReceiveSide:
         self.declared: tuple[int, int] = (0, 0)   # remote primary's (sent_upto, ts)
         self.max_data_ts = 0                # highest ts of data received on this conn
         self.old_ts: int | None = None      # recv_ts frozen at a remote change of primary
-        # backup: (pvn, msn) of the old remote view's next message after what it holds of
-        # it in order: taken later (our primary re-sends what it received when the remote
-        # is gone), it raises `old_ts` (MessagingEndpoint._old_view_next)
-        self.old_next: tuple[int, int] | None = None
         self.fa_pending = 0                 # FIRST_ACK ack value awaiting SECOND_ACK
         self.fa_tries = 0
         self.end: int | None = None         # offset of the remote stream's end marker
@@ -309,7 +305,6 @@ class ReceiveSide:
             # we cannot vouch for old-view messages we never heard of: our watermark
             # contribution stays where the old view left it.
             self.old_ts = old.ts if self.old_ts is None else min(self.old_ts, old.ts)
-            self.old_next = (old.pvn, old.upto + 1)
         elif pvn > 1:
             # first contact in a later view: earlier primaries may have sent bytes we
             # never heard of (the new primary's msn-1 marker tells where it resumed)
@@ -336,8 +331,6 @@ class ReceiveSide:
             first = self.view.first_offset
             if not old.slots or (first is not None and self.delivered >= first):
                 self.old_view = None
-                # its gaps filled: the backup holds it in order up to here
-                self.old_next = (old.pvn, old.upto + 1)
 
     def keep_beyond(self, offset: int, data: bytes) -> None:
         if offset + len(data) > self.delivered and data:

@@ -142,7 +142,6 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import itertools
 import zlib
 from collections import deque
 from typing import Any, Callable
@@ -224,7 +223,6 @@ class MessagingEndpoint:
         # re-sends the old view's tail from the lowest of them (ReplicaNode, "catch-up")
         self.peer_oi_acks: dict[int, dict[int, int]] = {}
         self._digest: int | None = None
-        self._lost_view_digests: dict = {}
         self._actions: list[Any] = []
         self._now = 0
         self.timers = Timers()
@@ -942,9 +940,8 @@ class MessagingEndpoint:
             if rx is not None and msg.pvn < rx.pvn:
                 old = c.recv.old_view
                 part = self._below_resume_point(c, msg) if t in DATA_TYPES else None
-                if t in DATA_TYPES and not self.is_primary \
-                        and self._keep_beyond_resume_point(c, msg):
-                    self._old_view_next(c, msg)
+                if t in DATA_TYPES and not self.is_primary:
+                    self._keep_beyond_resume_point(c, msg)
                 if part is None:
                     self._count("stale_view")
                 elif old is not None and msg.pvn == old.pvn:
@@ -1002,7 +999,7 @@ class MessagingEndpoint:
         self._count("old_view_clipped")
         return dataclasses.replace(msg, body={**msg.body, "data": data[:start - off]})
 
-    def _keep_beyond_resume_point(self, c: Connection, msg: Message) -> bool:
+    def _keep_beyond_resume_point(self, c: Connection, msg: Message) -> None:
         """A backup, an older remote view's data message: its bytes past where the
         current remote primary resumed are not delivered (`_below_resume_point`), but
         our primary may have delivered them, from that view, before it answered
@@ -1013,41 +1010,15 @@ class MessagingEndpoint:
         original, is the copy our primary re-sends when the remote is gone
         (`_resend_received`), which comes after the view change: kept here as for a
         message held across it (`_release_held`). Bounded: `max_placeholders` pieces
-        (what our primary delivered past the resume point was at most a window).
-        True if the backup holds those bytes now (kept, or delivered already)."""
+        (what our primary delivered past the resume point was at most a window)."""
         start = c.recv.view.start
         off, data = msg.body["offset"], msg.body["data"]
-        # (the resume point not known yet: all of it may lie beyond)
         lo = off if start is None else max(off, start)
-        if off + len(data) <= lo:
-            return False
+        if start is None or off + len(data) <= lo:
+            return
         if len(c.recv.beyond) < self.config.max_placeholders or lo in c.recv.beyond:
             self._count("old_view_kept_beyond")
             c.recv.keep_beyond(lo, data[lo - off:])
-            return True
-        return off + len(data) <= c.recv.delivered
-
-    def _old_view_next(self, c: Connection, msg: Message) -> None:
-        """A backup, an older remote view's data message after the change, whose bytes it
-        now holds: the next one of that view in order (`old_next`: after what it held of
-        the view in order, gaps filled or not) is one more, so its watermark term may cover
-        it (`old_ts` rises). Without it, a backup that heard the new remote view but none
-        of its data before the remote group died kept its term at the old view's ts for
-        ever: our primary, which lost the connection, waited for the group watermark to
-        cover its last received message, re-sending it, and never freed the connection
-        (scenario messaging_dead_group_new_view_without_data_stalls). The bytes serve the
-        cut (`_keep_beyond_resume_point`), never delivery here."""
-        rx = c.recv
-        if rx.old_next != (msg.pvn, msg.msn) or rx.old_view is not None or rx.old_ts is None:
-            return
-        start = rx.view.start
-        if start is not None and msg.body["offset"] < start:
-            return      # (bytes below the resume point: kept only if they touch `delivered`)
-        rx.old_next = (msg.pvn, msg.msn + 1)
-        if msg.ts > rx.old_ts:
-            rx.old_ts = msg.ts
-            self._wm_dirty.add(c)
-            self._count("old_view_next")
 
     # ---- inter-group handlers, by (type, role): the table at the end of this module ----
     def _on_data(self, c: Connection, msg: Message) -> None:
@@ -2150,8 +2121,7 @@ class MessagingEndpoint:
         if self.backups:
             for b in self.backups:
                 rep = self.reports.get(b)
-                if rep is None or (rep[1] != self._digest_at(rep[2])
-                                   and not self._digest_with_newer_lost_views(rep)):
+                if rep is None or rep[1] != self._digest_at(rep[2]):
                     return 0
                 if rep[0] < w:
                     w = rep[0]
@@ -2180,33 +2150,6 @@ class MessagingEndpoint:
         extra = sum(h for i, (_, h, _) in enumerate(self.freed_log)
                     if self.freed_base + i >= applied)
         return (self.digest() + extra) & DIGEST_MASK
-
-    def _digest_with_newer_lost_views(self, rep: tuple[int, int, int]) -> bool:
-        """A backup's report whose digest is ours with the remote view of some connection
-        we lost one or two primary views newer (LOST_VIEW_STEPS): it heard the remote
-        group's new primary, we did not, and the remote group is gone, so we never
-        will. Its watermark still counts: a backup on a newer remote view vouches for the
-        old view's messages only up to what it holds of them in order (`old_ts`), as
-        conservative as ours. (The other way round it would not: a backup on an older
-        view knows nothing of the newer one's messages, whose timestamps may lie below
-        its own; only ours can be behind here.) Without it the primary waited for that
-        report for ever, its group watermark pinned (scenario
-        messaging_dead_group_new_view_without_data_stalls)."""
-        lost = [c for c in self.conns.values()
-                if c.known and c.lost_at is not None][:LOST_VIEWS_TRIED]
-        if not lost:
-            return False
-        key = (rep, self._digest_at(rep[2]), tuple(c.recv.view.pvn if c.recv.view else -1
-                                                   for c in lost))
-        hit = self._lost_view_digests.get(key)
-        if hit is None:
-            base = self._digest_at(rep[2]) - sum(_item_hash(c) for c in lost)
-            hit = any((base + sum(_item_hash(c, step) for c, step in zip(lost, steps)))
-                      & DIGEST_MASK == rep[1]
-                      for steps in itertools.product(range(LOST_VIEW_STEPS + 1),
-                                                     repeat=len(lost)) if any(steps))
-            self._lost_view_digests = {key: hit}     # (the last question only)
-        return hit
 
     def _gc_sent(self, c: Connection) -> None:
         if c.send.drop_covered(c.remote_view.group_watermark):
@@ -2391,8 +2334,6 @@ class MessagingEndpoint:
 
 
 DIGEST_MASK = 0x7FFFFFFF
-LOST_VIEW_STEPS = 2         # a lost connection's remote view this many views newer at a backup
-LOST_VIEWS_TRIED = 3        # lost connections combined at most (3^3 digests)
 CLOSED_ANSWERS_KEPT = 256
 FREES_PER_HEARTBEAT = 256
 MAX_PROBED_BY = 64                  # remote groups whose primaries and probes we track
@@ -2419,11 +2360,9 @@ def probe_answer(heard: tuple[int, int, int] | None, since_us: int, now_us: int,
             "quiet": quiet_us, "size": size}
 
 
-def _item_hash(c: Connection, newer: int = 0) -> int:
-    """A connection's part of the digest; `newer`: as if its remote view were that many
-    primary views newer (`_digest_with_newer_lost_views`)."""
-    pvn = c.recv.view.pvn + newer if c.recv.view else (newer or -1)
-    return zlib.crc32(repr((c.remote, c.seq, int(c.role), pvn)).encode())
+def _item_hash(c: Connection) -> int:
+    return zlib.crc32(repr((c.remote, c.seq, int(c.role),
+                            c.recv.view.pvn if c.recv.view else -1)).encode())
 
 
 # Primary and backup duties, as data: method names (looked up at call time), by
