@@ -6,6 +6,7 @@ delivered or absorbed. Waiting is on conditions with deadlines; the one fixed wa
 the observation window of "no more copies are sent" after a stop.
 """
 import asyncio
+import contextlib
 import os
 import random
 import time
@@ -49,13 +50,21 @@ async def until(predicate, timeout_s: float = 10.0) -> bool:
     return True
 
 
+@contextlib.asynccontextmanager
+async def sender_and_receiver(got: list[Message]):
+    """Members 1 (the sender) and 2 (its loop appends what it gets to `got`) of a new group
+    on loopback multicast, each with the native pulse thread: (groups, 1, 2)."""
+    gm = group_map()
+    async with Endpoint(KEY, "g", lambda m: None, groups=gm, pulse=True, birth_id=1) as a, \
+            Endpoint(KEY, "g", got.append, groups=gm, pulse=True, birth_id=2) as b:
+        yield gm, a, b
+
+
 @pytest.mark.skipif(not native_available(), reason="native pulse module not built")
 def test_copies_are_absorbed_with_their_times_and_forgeries_never_count():
     async def main():
-        gm = group_map()
         got: list[Message] = []
-        async with Endpoint(KEY, "g", lambda m: None, groups=gm, pulse=True, birth_id=1) as a, \
-                Endpoint(KEY, "g", got.append, groups=gm, pulse=True, birth_id=2) as b:
+        async with sender_and_receiver(got) as (gm, a, b):
             t0 = now_us()
             hb = heartbeat(1, 5)
             a.pulse("g", hb, 5 * MS, t0 + 60_000_000)
@@ -100,10 +109,8 @@ def test_an_older_heartbeat_delayed_past_a_newer_one_never_stands_for_its_copies
     # the newer one reached the core as the older (a primary re-applied a backup's stale
     # watermark report for ever: scenario messaging_reordered_heartbeat_stale_report)
     async def main():
-        gm = group_map()
         got: list[Message] = []
-        async with Endpoint(KEY, "g", lambda m: None, groups=gm, pulse=True, birth_id=1) as a, \
-                Endpoint(KEY, "g", got.append, groups=gm, pulse=True, birth_id=2) as b:
+        async with sender_and_receiver(got) as (gm, a, b):
             hb = heartbeat(1, 7)
             a.pulse("g", hb, 5 * MS, now_us() + 60_000_000)
             assert await until(lambda: hb in got)
