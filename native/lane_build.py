@@ -7,8 +7,8 @@ translation unit: the lane verifies, parses and seals datagrams with the codec's
 code), so both files are build dependencies; the tag needs OpenSSL's libcrypto as the
 wire module does.
 """
-import importlib.util
 import os
+import runpy
 
 from cffi import FFI
 
@@ -19,17 +19,9 @@ HEADER = os.path.join(LANE, "llft_lane.h")
 SOURCE = os.path.join(LANE, "llft_lane.c")
 
 
-def _pulse_build():
-    """native/pulse_build.py, loaded by its path: pip runs this file in an isolated build
-    environment where neither `native` nor this folder is importable."""
-    spec = importlib.util.spec_from_file_location("_llft_pulse_build",
-                                                  os.path.join(HERE, "pulse_build.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-header_cdef = _pulse_build().header_cdef
+# native/pulse_build.py's, run by its path: pip runs this file in an isolated build
+# environment where neither `native` nor this folder is importable
+header_cdef = runpy.run_path(os.path.join(HERE, "pulse_build.py"))["header_cdef"]
 
 ffibuilder = FFI()
 ffibuilder.cdef(header_cdef(HEADER))

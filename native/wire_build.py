@@ -6,8 +6,8 @@ shim's glob), its text is read at build time, and the cdef is the header's "cdef
 already loads; the headers come with Debian's libssl-dev, which scripts/setup.sh installs
 if they are missing).
 """
-import importlib.util
 import os
+import runpy
 
 from cffi import FFI
 
@@ -17,17 +17,9 @@ HEADER = os.path.join(WIRE, "llft_wire.h")
 SOURCE = os.path.join(WIRE, "llft_wire.c")
 
 
-def _pulse_build():
-    """native/pulse_build.py, loaded by its path: pip runs this file in an isolated build
-    environment where neither `native` nor this folder is importable."""
-    spec = importlib.util.spec_from_file_location("_llft_pulse_build",
-                                                  os.path.join(HERE, "pulse_build.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-header_cdef = _pulse_build().header_cdef
+# native/pulse_build.py's, run by its path: pip runs this file in an isolated build
+# environment where neither `native` nor this folder is importable
+header_cdef = runpy.run_path(os.path.join(HERE, "pulse_build.py"))["header_cdef"]
 
 ffibuilder = FFI()
 ffibuilder.cdef(header_cdef(HEADER))
