@@ -168,7 +168,7 @@ from llft.runtime.application import (AppMode, Application, batch_scheduling,
                                       raise_agent_priority, raise_fd_limit)
 from llft.runtime.driver import Driver
 from llft.runtime.outbox import Outbox
-from llft.runtime.sockets import StreamSocket, connect_at_once, read_buffer
+from llft.runtime.sockets import StreamSocket, connect_lean, read_buffer
 from llft.runtime.tasks import TaskSet
 from llft.runtime.transport import Endpoint
 from membership import core as mb
@@ -1120,11 +1120,7 @@ class Agent:
             made = lambda: AppSocket(self, app, c)      # noqa: E731
             while True:
                 try:
-                    sock = connect_at_once(where)
-                    if sock is not None:
-                        await loop.connect_accepted_socket(made, sock)
-                    else:
-                        await loop.create_connection(made, *where)
+                    await connect_lean(loop, where, made)
                     break
                 except OSError as e:
                     if e.errno not in (errno.EMFILE, errno.ENFILE):
@@ -1142,8 +1138,6 @@ class Agent:
         if app is not self.app or app.closed:
             transport.close()               # a reset app: nothing goes to it
             return
-        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP,
-                                                      socket.TCP_NODELAY, 1)
         transport.set_write_buffer_limits(high=APP_WRITE_HIGH_BYTES, low=APP_WRITE_LOW_BYTES)
         c.transport = transport
         self._feed_app(c)

@@ -119,7 +119,7 @@ from llft.runtime import logs, profiling, stalls
 from llft.runtime import status as status_files
 from llft.runtime.driver import Driver
 from llft.runtime.outbox import Outbox
-from llft.runtime.sockets import StreamSocket, read_buffer
+from llft.runtime.sockets import LeanServer, StreamSocket, read_buffer
 from llft.runtime.tasks import TaskSet
 from llft.protocol.messages import Role
 from llft.protocol.messaging import Closed, Deliver, Freed, MessagingEndpoint, Opened
@@ -264,7 +264,7 @@ class Gateway:
         self.counters: Counter[str] = Counter()
         self.tasks: set[asyncio.Task] = set()
         self.read_buf = read_buffer()       # every ClientSocket's reads (copied out at once)
-        self.server: asyncio.AbstractServer | None = None
+        self.server: LeanServer | None = None
         self.bound: tuple[str, int] | None = None
         self.status_path = os.path.join(cfg.status_dir(group), f"gateway-{os.getpid()}.json")
         self.status_file = status_files.StatusFile()
@@ -496,6 +496,13 @@ class Gateway:
         self._free_if_done(cl.stream)
 
     # -- clients -> group ---------------------------------------------------------------
+    def _accept_failed(self, exc: OSError) -> None:
+        """Out of descriptors (or memory): accepting pauses a second (LeanServer)."""
+        if not self.counters["accept_waits"]:
+            log.warning("clients wait: cannot accept (%s); raise the open-files limit",
+                        exc.strerror or exc)
+        self.counters["accept_waits"] += 1
+
     def _client_connected(self, sock: ClientSocket) -> None:
         transport = sock.transport
         peer = transport.get_extra_info("peername")
@@ -650,8 +657,8 @@ class Gateway:
                                now_us=self.driver.clock_us())
             self.driver.start()
             try:
-                self.server = await loop.create_server(lambda: ClientSocket(self), host,
-                                                       port, reuse_address=True)
+                self.server = LeanServer(loop, lambda: ClientSocket(self), host, port,
+                                         on_error=self._accept_failed)
             except OSError as e:
                 raise GatewayError(f"cannot listen on {host}:{port}: "
                                    f"{e.strerror or e}") from None

@@ -20,6 +20,11 @@ writer's `drain()`. Here the loop's callbacks do the work directly:
   when the connection goes otherwise; `reset_after_flush()` sends a RST after every byte
   written so far.
 
+The transports under them are not asyncio's but `LeanTransport`s (accepted by a
+`LeanServer` at the gateway, made by `connect_lean` at an agent): the same calls in the
+same order (tests/unit/test_lean_transport.py runs each scenario on both and compares),
+at about two thirds of the CPU per short connection.
+
 Every call into the owner goes through `_call` (the subclass's: the agent stops on a
 failure as on a failed task; the gateway drops that client), not through asyncio, which
 would take any exception for the end of this one connection.
@@ -58,6 +63,294 @@ def connect_at_once(where: tuple[str, int]) -> socket.socket | None:
         pass
     sock.close()
     return None
+
+
+class LeanTransport(asyncio.Transport):
+    """A connected TCP socket on the loop's selector, for a StreamSocket: the part of
+    asyncio's socket transport the agent and the gateway use (write with high/low-water
+    marks, write_eof after the buffer, close, abort, pause/resume reading), with the
+    same rules and order of calls, and nothing else.
+
+    Why not asyncio's: with a connection per request every stream makes and ends a TCP
+    connection at the gateway and at each replica's agent, and asyncio spends per
+    connection a task (accepted) or a coroutine and future (connected), three scheduled
+    callbacks and a loop turn before the first read, and `getsockname`/`getpeername`
+    calls nobody reads: ~40-55 µs of CPU of a ~110-180 µs connection here (connect,
+    write 1 KB, half-close, read to EOF, close; docs/BENCHMARKS.md "Lean transports").
+    Here the protocol's `connection_made` runs at once and reading starts after it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
+                 protocol: asyncio.BaseProtocol, peername=None):
+        super().__init__()
+        self._loop, self._sock, self._fd, self._protocol = loop, sock, sock.fileno(), protocol
+        self._peername = peername
+        self._buffer = bytearray()
+        self._closing = False           # close() or abort() called, or a fatal error
+        self._lost = False              # connection_lost is scheduled
+        self._eof = False               # write_eof called
+        self._read_eof = False          # the peer's FIN was read
+        self._paused = False            # pause_reading called
+        self._protocol_paused = False   # pause_writing called
+        self._high, self._low = 64 << 10, 16 << 10     # asyncio's defaults
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)   # as asyncio's does
+        protocol.connection_made(self)
+        if not self._closing and not self._paused:
+            loop.add_reader(self._fd, self._read_ready)
+
+    # -- reading -----------------------------------------------------------------------
+    def _read_ready(self) -> None:
+        if self._lost:
+            return
+        try:
+            nbytes = self._sock.recv_into(self._protocol.get_buffer(-1))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._force_close(exc)
+            return
+        if nbytes:
+            self._protocol.buffer_updated(nbytes)
+            return
+        self._read_eof = True
+        self._loop.remove_reader(self._fd)
+        if not self._protocol.eof_received():
+            self.close()
+
+    def is_reading(self) -> bool:
+        return not self._closing and not self._paused
+
+    def pause_reading(self) -> None:
+        if self.is_reading():
+            self._paused = True
+            self._loop.remove_reader(self._fd)
+
+    def resume_reading(self) -> None:
+        if self._closing or not self._paused:
+            return
+        self._paused = False
+        if not self._read_eof:
+            self._loop.add_reader(self._fd, self._read_ready)
+
+    # -- writing -----------------------------------------------------------------------
+    def write(self, data) -> None:
+        if self._eof:
+            raise RuntimeError("Cannot call write() after write_eof()")
+        if not data or self._lost:
+            return
+        if not self._buffer:
+            try:
+                n = self._sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError as exc:
+                self._force_close(exc)
+                return
+            if n == len(data):
+                return
+            data = memoryview(data)[n:]
+            self._loop.add_writer(self._fd, self._write_ready)
+        self._buffer += data
+        self._maybe_pause_protocol()
+
+    def _write_ready(self) -> None:
+        if self._lost:
+            return
+        try:
+            n = self._sock.send(self._buffer)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._loop.remove_writer(self._fd)
+            self._buffer.clear()
+            self._force_close(exc)
+            return
+        del self._buffer[:n]
+        self._maybe_resume_protocol()
+        if not self._buffer:
+            self._loop.remove_writer(self._fd)
+            if self._closing:
+                self._call_connection_lost(None)
+            elif self._eof:
+                self._shutdown_write()
+
+    def write_eof(self) -> None:
+        if self._closing or self._eof:
+            return
+        self._eof = True
+        if not self._buffer:
+            self._shutdown_write()
+
+    def _shutdown_write(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError as exc:          # the peer reset it meanwhile
+            self._force_close(exc)
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def get_write_buffer_size(self) -> int:
+        return len(self._buffer)
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._low, self._high
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        if high is None:
+            high = 64 << 10 if low is None else 4 * low
+        if low is None:
+            low = high // 4
+        if not high >= low >= 0:
+            raise ValueError(f"high ({high!r}) must be >= low ({low!r}) must be >= 0")
+        self._high, self._low = high, low
+        self._maybe_pause_protocol()
+
+    def _maybe_pause_protocol(self) -> None:
+        if len(self._buffer) > self._high and not self._protocol_paused:
+            self._protocol_paused = True
+            self._protocol.pause_writing()
+
+    def _maybe_resume_protocol(self) -> None:
+        if self._protocol_paused and len(self._buffer) <= self._low:
+            self._protocol_paused = False
+            self._protocol.resume_writing()
+
+    # -- ending ------------------------------------------------------------------------
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        """Stop reading; connection_lost(None) once the buffer is written."""
+        if self._closing:
+            return
+        self._closing = True
+        self._loop.remove_reader(self._fd)
+        if not self._buffer:
+            self._lost = True
+            self._loop.remove_writer(self._fd)
+            self._loop.call_soon(self._call_connection_lost, None)
+
+    def abort(self) -> None:
+        self._force_close(None)
+
+    def _force_close(self, exc: BaseException | None) -> None:
+        if self._lost:
+            return
+        if self._buffer:
+            self._buffer.clear()
+            self._loop.remove_writer(self._fd)
+        if not self._closing:
+            self._closing = True
+            self._loop.remove_reader(self._fd)
+        self._lost = True
+        self._loop.call_soon(self._call_connection_lost, exc)
+
+    def _call_connection_lost(self, exc: BaseException | None) -> None:
+        self._lost = True
+        try:
+            self._protocol.connection_lost(exc)
+        finally:
+            self._sock.close()
+
+    # -- the rest of the Transport interface -------------------------------------------
+    def get_extra_info(self, name: str, default=None):
+        if name == "socket":
+            return self._sock
+        if name == "peername":
+            if self._peername is None:
+                try:
+                    self._peername = self._sock.getpeername()
+                except OSError:
+                    return default
+            return self._peername
+        if name == "sockname":
+            try:
+                return self._sock.getsockname()
+            except OSError:
+                return default
+        return default
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._protocol
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._protocol = protocol
+
+
+async def connect_lean(loop: asyncio.AbstractEventLoop, where: tuple[str, int],
+                       protocol_factory: Callable[[], asyncio.BaseProtocol]) -> LeanTransport:
+    """A LeanTransport connected to `where` (OSError if it cannot be)."""
+    sock = connect_at_once(where)
+    if sock is None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, where)
+        except BaseException:
+            sock.close()
+            raise
+    return LeanTransport(loop, sock, protocol_factory())
+
+
+class LeanServer:
+    """Listening sockets whose accepted connections become LeanTransports (asyncio's
+    server spends a task per accepted connection). Like asyncio's: every address `host`
+    resolves to, SO_REUSEADDR, up to `backlog` accepts per wake-up, and a pause of a
+    second when the process is out of descriptors (Linux keeps reporting the socket)."""
+
+    ACCEPT_RETRY_S = 1.0
+
+    def __init__(self, loop: asyncio.AbstractEventLoop,
+                 protocol_factory: Callable[[], asyncio.BaseProtocol], host: str, port: int,
+                 backlog: int = 100, on_error: Callable[[OSError], None] | None = None):
+        self._loop, self._factory, self._backlog = loop, protocol_factory, backlog
+        self._on_error = on_error
+        self.sockets: list[socket.socket] = []
+        try:
+            for family, type_, proto, _, addr in socket.getaddrinfo(
+                    host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
+                sock = socket.socket(family, type_, proto)
+                self.sockets.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(addr)
+                sock.listen(backlog)
+                sock.setblocking(False)
+        except BaseException:
+            self.close()
+            raise
+        for sock in self.sockets:
+            loop.add_reader(sock.fileno(), self._accept, sock)
+
+    def _accept(self, sock: socket.socket) -> None:
+        for _ in range(self._backlog):
+            try:
+                conn, addr = sock.accept()
+                conn.setblocking(False)
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    raise
+                if self._on_error is not None:
+                    self._on_error(exc)
+                self._loop.remove_reader(sock.fileno())
+                self._loop.call_later(self.ACCEPT_RETRY_S, self._resume, sock)
+                return
+            LeanTransport(self._loop, conn, self._factory(), peername=addr)
+
+    def _resume(self, sock: socket.socket) -> None:
+        if sock in self.sockets:
+            self._loop.add_reader(sock.fileno(), self._accept, sock)
+
+    def close(self) -> None:
+        """Stop accepting (the accepted connections stay, as with asyncio's)."""
+        for sock in self.sockets:
+            if sock.fileno() >= 0:
+                self._loop.remove_reader(sock.fileno())
+            sock.close()
+        self.sockets = []
 
 
 def read_buffer() -> bytearray:
