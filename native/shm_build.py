@@ -45,6 +45,8 @@ FUNCTIONS = """
     uint64_t llft_seqtab_fed(void *t);
     int64_t llft_feed(void *base, const uint8_t *buf, size_t len, void *seqtab, int timeout_ms);
     void llft_feed_done(void *base);
+    int64_t llft_oi_walk(const uint8_t *buf, size_t len, size_t start, uint64_t max_entries,
+                         uint64_t max_bytes, uint64_t *end);
     uint32_t llft_get(void *base, int what);
     void llft_set_mode(void *base, uint32_t mode);
     void llft_set_hold(void *base, uint32_t on);
@@ -233,6 +235,31 @@ int64_t llft_feed(void *base, const uint8_t *buf, size_t len, void *seqtab, int 
         off += rec_len;
     }
     return (int64_t)off;
+}
+
+/* The entry framing of determinizer/orderinfo.py's `_spans` (its reference), for the
+ * hot callers: whole entries from buf[start], while fewer than max_entries and, past
+ * the first, ending within max_bytes of start. Returns how many and sets *end to the
+ * byte after the last (relative to start); -1 on an entry length below the header or
+ * not a multiple of 8, with *end at that entry (relative to start). */
+int64_t llft_oi_walk(const uint8_t *buf, size_t len, size_t start, uint64_t max_entries,
+                     uint64_t max_bytes, uint64_t *end) {
+    size_t off = 0;
+    int64_t count = 0;
+    if (start > len) start = len;
+    buf += start;
+    len -= start;
+    while (len - off >= LLFT_REC_HDR && (uint64_t)count < max_entries) {
+        uint32_t n;
+        memcpy(&n, buf + off, sizeof n);        /* little-endian hosts only, as the rings */
+        if (n < LLFT_REC_HDR || (n & 7)) { *end = off; return -1; }
+        if (n > len - off) break;
+        if (count > 0 && off + n > max_bytes) break;
+        off += n;
+        count++;
+    }
+    *end = off;
+    return count;
 }
 
 void llft_feed_done(void *base) {

@@ -92,10 +92,29 @@ class LeanTransport(asyncio.Transport):
         self._paused = False            # pause_reading called
         self._protocol_paused = False   # pause_writing called
         self._high, self._low = 64 << 10, 16 << 10     # asyncio's defaults
+        self._reader = self._writer = False     # registered with the loop's selector
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)   # as asyncio's does
         protocol.connection_made(self)
         if not self._closing and not self._paused:
-            loop.add_reader(self._fd, self._read_ready)
+            self._watch_read(True)
+
+    def _watch_read(self, on: bool) -> None:
+        """Only changes are passed on: the selector's lookup of an fd it does not hold
+        raises a KeyError with a formatted message (3 a connection, ~10 µs)."""
+        if on != self._reader:
+            self._reader = on
+            if on:
+                self._loop.add_reader(self._fd, self._read_ready)
+            else:
+                self._loop.remove_reader(self._fd)
+
+    def _watch_write(self, on: bool) -> None:
+        if on != self._writer:
+            self._writer = on
+            if on:
+                self._loop.add_writer(self._fd, self._write_ready)
+            else:
+                self._loop.remove_writer(self._fd)
 
     # -- reading -----------------------------------------------------------------------
     def _read_ready(self) -> None:
@@ -112,7 +131,7 @@ class LeanTransport(asyncio.Transport):
             self._protocol.buffer_updated(nbytes)
             return
         self._read_eof = True
-        self._loop.remove_reader(self._fd)
+        self._watch_read(False)
         if not self._protocol.eof_received():
             self.close()
 
@@ -122,14 +141,14 @@ class LeanTransport(asyncio.Transport):
     def pause_reading(self) -> None:
         if self.is_reading():
             self._paused = True
-            self._loop.remove_reader(self._fd)
+            self._watch_read(False)
 
     def resume_reading(self) -> None:
         if self._closing or not self._paused:
             return
         self._paused = False
         if not self._read_eof:
-            self._loop.add_reader(self._fd, self._read_ready)
+            self._watch_read(True)
 
     # -- writing -----------------------------------------------------------------------
     def write(self, data) -> None:
@@ -148,7 +167,7 @@ class LeanTransport(asyncio.Transport):
             if n == len(data):
                 return
             data = memoryview(data)[n:]
-            self._loop.add_writer(self._fd, self._write_ready)
+            self._watch_write(True)
         self._buffer += data
         self._maybe_pause_protocol()
 
@@ -160,14 +179,14 @@ class LeanTransport(asyncio.Transport):
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
-            self._loop.remove_writer(self._fd)
+            self._watch_write(False)
             self._buffer.clear()
             self._force_close(exc)
             return
         del self._buffer[:n]
         self._maybe_resume_protocol()
         if not self._buffer:
-            self._loop.remove_writer(self._fd)
+            self._watch_write(False)
             if self._closing:
                 self._call_connection_lost(None)
             elif self._eof:
@@ -224,10 +243,10 @@ class LeanTransport(asyncio.Transport):
         if self._closing:
             return
         self._closing = True
-        self._loop.remove_reader(self._fd)
+        self._watch_read(False)
         if not self._buffer:
             self._lost = True
-            self._loop.remove_writer(self._fd)
+            self._watch_write(False)
             self._loop.call_soon(self._call_connection_lost, None)
 
     def abort(self) -> None:
@@ -238,10 +257,10 @@ class LeanTransport(asyncio.Transport):
             return
         if self._buffer:
             self._buffer.clear()
-            self._loop.remove_writer(self._fd)
+            self._watch_write(False)
         if not self._closing:
             self._closing = True
-            self._loop.remove_reader(self._fd)
+            self._watch_read(False)
         self._lost = True
         self._loop.call_soon(self._call_connection_lost, exc)
 

@@ -1,8 +1,11 @@
 """Order-information codec and the shared-memory Feeder/drain API (no app process)."""
+import random
+import struct
+
 import pytest
 
-from determinizer.orderinfo import (CALL_IDS, HEADER, Call, CodecError, Entry, decode, encode,
-                                   op_name, pieces, split)
+from determinizer.orderinfo import (CALL_IDS, HEADER, Call, CodecError, Entry, _spans, decode,
+                                   encode, op_name, pieces, split)
 from determinizer.shm import CtlWord, Shm, Stat
 
 
@@ -38,6 +41,66 @@ def test_pieces_keep_entries_whole_within_the_limit():
     with pytest.raises(CodecError):
         pieces(buf[:-8], 1 << 20)                    # ends inside an entry
     assert split(buf, max_entries=2) == (2, len(encode(es[:2])))
+
+
+def _reference_split(buf, max_entries=None):
+    count = end = 0
+    for off, length in _spans(buf, max_entries):
+        count, end = count + 1, off + length
+    return count, end
+
+
+def _reference_pieces(buf, limit):
+    out, start, end = [], 0, 0
+    for off, length in _spans(buf):
+        if off + length - start > limit and off > start:
+            out.append(buf[start:off])
+            start = off
+        end = off + length
+    if end != len(buf):
+        raise CodecError(f"order information ends inside an entry (offset {end} of {len(buf)})")
+    if end > start:
+        out.append(buf[start:end])
+    return out
+
+
+def _outcome(fn, *args):
+    try:
+        return fn(*args)
+    except CodecError as e:
+        return ("CodecError", str(e))
+
+
+def test_the_native_walk_matches_the_python_framing():
+    """split and pieces walk entries in C (`llft_oi_walk`); `_spans` is the reference:
+    the same results and the same errors on whole, cut, corrupted and random buffers."""
+    rng = random.Random(7)
+    tried = 0
+    for _ in range(3000):
+        es = [Entry(tid=rng.randrange(4), call=CALL_IDS["clock_gettime"], op=rng.randrange(1 << 60),
+                    n=rng.randrange(100), ret=rng.randrange(1 << 30),
+                    data=rng.randbytes(rng.choice([0, 0, 1, 7, 8, 100, 300])))
+              for _ in range(rng.randrange(0, 8))]
+        buf = bytearray(encode(es))
+        shape = rng.randrange(5)
+        if shape == 1 and buf:
+            del buf[rng.randrange(len(buf)):]                    # cut anywhere
+        elif shape == 2 and buf:
+            at = rng.randrange(0, len(buf) - 3, 8) if len(buf) > 8 else 0
+            struct.pack_into("<I", buf, at, rng.choice([0, 3, 55, 57, 64, 1 << 31, 2**32 - 8]))
+        elif shape == 3:
+            buf = bytearray(rng.randbytes(rng.randrange(0, 200)))
+        elif shape == 4 and buf:
+            buf[rng.randrange(len(buf))] ^= 1 << rng.randrange(8)
+        b = bytes(buf)
+        for m in (None, 0, 1, 2, 5):
+            assert _outcome(split, b, m) == _outcome(_reference_split, b, m)
+        assert _outcome(split, buf) == _outcome(_reference_split, b)        # a bytearray
+        assert _outcome(split, memoryview(b)) == _outcome(_reference_split, b)
+        for limit in (0, 56, 100, 200, 1 << 20):
+            assert _outcome(pieces, b, limit) == _outcome(_reference_pieces, b, limit)
+        tried += 1
+    assert tried == 3000
 
 
 def test_names_come_from_the_header():
