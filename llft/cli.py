@@ -38,6 +38,7 @@ BENCHMARKS: dict[str, str] = {
     "ndops": "llft.bench.ndops",
     "codec": "llft.bench.codec",
     "core": "llft.bench.core",
+    "transport": "llft.bench.transport",
     "latency": "llft.bench.service",
     "throughput": "llft.bench.service",
     "echo": "llft.bench.echo",

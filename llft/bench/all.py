@@ -5,7 +5,8 @@ paper-style figures first: latency (vs message size), throughput (vs clients),
 ndlatency (vs nondeterministic operations per request), failover (vs replicas),
 gateway-loss (another gateway of the group dies for good), bulk (a transfer both ways
 with a reader that pauses), then
-ndops (cost per determinized operation), codec (the wire codec's two halves), core
+ndops (cost per determinized operation), codec (the wire codec's two halves), transport
+(a short TCP connection on asyncio's transport and on the lean one), core
 (the messaging core and codec per request, hot and with the caches evicted) and
 messaging (the protocol alone). Each kind
 runs with its own defaults (plus `--quick` if given) and writes its CSV, markdown and
@@ -38,6 +39,7 @@ KINDS: dict[str, str] = {
     "bulk": "llft.bench.bulk",
     "ndops": "llft.bench.ndops",
     "codec": "llft.bench.codec",
+    "transport": "llft.bench.transport",
     "core": "llft.bench.core",
     "messaging": "llft.bench.messaging",
     "spark": "llft.bench.spark",
