@@ -195,6 +195,7 @@ LOOP_HANG_S = 20.0               # the event loop silent this long: stacks to th
 SLOW_ACTION_MS = 30             # one node action handled this long is logged (heartbeats wait)
 CONNECT_FD_RETRY_S = 0.05       # out of descriptors: retry a connection to the app this often
 HISTORY_SLICE = 1000             # restored log entries handed to the app per loop turn
+CONNECTS_PER_TURN = 8            # app connections made at once in one loop turn, at most
 FOUNDING_GUARD_S = 0.02         # a joiner re-reads this host's status files (founding)
 LAG_CHECK_S = 0.02               # backups report execution / the primary checks the bound
 LAG_IDLE_S = 1.0                 # ... and this often while no entry is outstanding
@@ -373,6 +374,7 @@ class Agent:
         self.streams_freed = 0
         self._connect_queue: asyncio.Queue = asyncio.Queue()
         self._connector_busy = False          # it took a connection it has not made yet
+        self._connects_this_turn = 0          # made by _connect_soon in this loop turn
         self._oi_pending: list[bytes] = []    # drained, not yet accepted by messaging
         # backup: (pvn, pos, shim entries fed up to it, monotonic time it came) per
         # position not yet executed; positions executed are reported to the node
@@ -1110,25 +1112,41 @@ class Agent:
     def _connect_app(self, c: AppConn) -> None:
         """Connect `c` to the app after every connection registered before it. When
         the connector has none waiting and the loopback handshake completes inside
-        connect(), that is done in a callback of this loop turn (the connector's queue
-        and task step cost ~15 µs a connection at each replica); otherwise, and once any
-        is waiting, the connector takes it, in order."""
+        connect(), that is done in a callback of the next loop turn (the connector's
+        queue and task step cost ~15 µs a connection at each replica), a few a turn;
+        otherwise, and once any is waiting, the connector takes it, in order, as many
+        a turn. A joiner registers its history's thousands of connections at once: all
+        connected in one turn, they kept its loop from its heartbeats for ~300 ms and
+        the primary removed it (`llft chaos --workload http --seed 2101`)."""
         asyncio.get_running_loop().call_soon(self._connect_soon, self.app, c)
 
     def _connect_soon(self, app: Application, c: AppConn) -> None:
         if app is not self.app:
             return                          # reset meanwhile: nothing goes to the new app
         where = app.group_address
-        if where is not None and not self._connector_busy and self._connect_queue.empty():
+        if (where is not None and not self._connector_busy and self._connect_queue.empty()
+                and self._connects_this_turn < CONNECTS_PER_TURN):
             try:
                 sock = connect_at_once(where)
             except OSError:                 # out of descriptors: the connector waits
                 sock = None
             if sock is not None:
                 LeanTransport(asyncio.get_running_loop(), sock, AppSocket(self, app, c))
-                self._count("connections")
+                self._connected()
                 return
         self._connect_queue.put_nowait(c)
+
+    def _connected(self) -> None:
+        """Count a connection made in this loop turn."""
+        if not self._connects_this_turn:
+            asyncio.get_running_loop().call_soon(self._next_turn)
+        self._connects_this_turn += 1
+        self._count("connections")
+        if self._connects_this_turn > self.counters.get("connects_in_a_turn_max", 0):
+            self.counters["connects_in_a_turn_max"] = self._connects_this_turn
+
+    def _next_turn(self) -> None:
+        self._connects_this_turn = 0
 
     async def _connector(self, app: Application, queue: asyncio.Queue) -> None:
         """Connects registered connections to `app`, one at a time, in index order
@@ -1137,6 +1155,8 @@ class Agent:
             self._connector_busy = False
             c: AppConn = await queue.get()
             self._connector_busy = True
+            if self._connects_this_turn >= CONNECTS_PER_TURN:
+                await asyncio.sleep(0)      # the next turn: heartbeats, datagrams
             where = None
             while where is None:
                 where = app.group_address
@@ -1158,7 +1178,7 @@ class Agent:
                              f"({e.strerror}; raise the open-files limit)")
                     self._count("connect_fd_waits")
                     await asyncio.sleep(CONNECT_FD_RETRY_S)
-            self._count("connections")
+            self._connected()
 
     def _app_connected(self, sock: AppSocket) -> None:
         app, c, transport = sock.app, sock.c, sock.transport

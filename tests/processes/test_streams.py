@@ -23,6 +23,7 @@ import threading
 import pytest
 
 from llft import EXAMPLES_DIR
+from llft.runtime.agent import CONNECTS_PER_TURN
 from llft.tools.cluster import LocalCluster
 
 ECHO = [sys.executable, os.path.join(EXAMPLES_DIR, "echo.py"), "9000"]
@@ -212,6 +213,9 @@ def test_a_joiner_replays_a_history_of_short_connections(tmp_path, fd_limit):
             CLIENT_TIMEOUT_S, "the joiner caught up (ready)")
         j = next(m for m in st["members"] if m["agent_pid"] == joiner.pid)
         assert j["connections"] >= history
+        # registered at once, connected a few a loop turn: thousands in one turn kept a
+        # joiner's loop from its heartbeats for ~300 ms and the primary removed it
+        assert 1 <= j["counters"]["connects_in_a_turn_max"] <= CONNECTS_PER_TURN
         no_divergence(st)
         if fd_limit:
             # whether the limit is reached depends on how fast the app works the queue
