@@ -374,7 +374,7 @@ class Agent:
         self.streams_freed = 0
         self._connect_queue: asyncio.Queue = asyncio.Queue()
         self._connector_busy = False          # it took a connection it has not made yet
-        self._connects_this_turn = 0          # made by _connect_soon in this loop turn
+        self._connects_this_turn = 0          # app connections made in this loop turn
         self._oi_pending: list[bytes] = []    # drained, not yet accepted by messaging
         # backup: (pvn, pos, shim entries fed up to it, monotonic time it came) per
         # position not yet executed; positions executed are reported to the node
