@@ -27,8 +27,18 @@ def snapshot(cwd: str, files: list[str]) -> dict[str, bytes]:
     return out
 
 
+def private_tmp(env: dict | None, folder: str) -> dict:
+    """The environment with TMPDIR in `folder` (made if missing): a test program's
+    mkdtemp() (a Unix socket's folder) lands in the test's tmp_path, not in /tmp, where
+    every run left its empty folders. Record and replays of one trace share the folder
+    (next to the trace), so a path a program binds is the same in each."""
+    os.makedirs(folder, exist_ok=True)
+    return {**(os.environ if env is None else env), "TMPDIR": folder}
+
+
 def run_plain(cmd: list[str], cwd: str, files=(), timeout=120) -> tuple[bytes, dict]:
-    p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+    p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+                       env=private_tmp(None, os.path.join(cwd, "tmp")))
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     return p.stdout, snapshot(cwd, list(files))
 
@@ -38,7 +48,8 @@ def record(cmd: list[str], trace: str, cwd: str, files=(), external_ports=(), ti
     for port in external_ports:
         args += ["--external-port", str(port)]
     p = subprocess.run(args + ["--"] + cmd, cwd=cwd, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, timeout=timeout, env=env)
+                       stderr=subprocess.PIPE, timeout=timeout,
+                       env=private_tmp(env, trace.rstrip("/") + ".tmp"))
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     return p.stdout, snapshot(cwd, list(files))
 
@@ -51,7 +62,8 @@ def replay(trace: str, cwd: str, files=(), cmd=None, stall_ms=None, timeout=120,
     if cmd:
         args += ["--"] + cmd
     t0 = time.monotonic()
-    p = subprocess.run(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+    p = subprocess.run(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+                       env=private_tmp(None, trace.rstrip("/") + ".tmp"))
     p.elapsed = time.monotonic() - t0
     if check:
         assert p.returncode == 0, p.stderr.decode()[-2000:]
