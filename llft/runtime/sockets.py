@@ -328,7 +328,10 @@ class LeanServer:
         try:
             for family, type_, proto, _, addr in socket.getaddrinfo(
                     host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
-                sock = socket.socket(family, type_, proto)
+                try:
+                    sock = socket.socket(family, type_, proto)
+                except OSError:
+                    continue        # a family this host lacks (asyncio skips it too)
                 self.sockets.append(sock)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 if family == socket.AF_INET6:
@@ -336,6 +339,8 @@ class LeanServer:
                 sock.bind(addr)
                 sock.listen(backlog)
                 sock.setblocking(False)
+            if not self.sockets:
+                raise OSError(f"no socket can be made for {host!r}")
         except BaseException:
             self.close()
             raise
