@@ -10,8 +10,9 @@ Nothing about the record is written here: its layout (`HEADER`, `FIELDS`) is der
 from the struct cffi read out of the header, and the names of calls (`Call`, the kinds
 of entry) and socket kinds (`SocketKind`) are the header's enums; operations are named
 by the shim's own `llft_op_name`. The entry framing (a u32 length first, whole entries
-only) is walked in one place, `_spans`; `split`, `pieces` and `decode` are built on
-it. Decoding into `Entry` objects is for tools, reports and tests.
+only) is walked by `_spans`, which `decode` is built on and which is the reference for
+`llft_oi_walk`, the same walk in C that `split` and `pieces` (the agents' hot path) use.
+Decoding into `Entry` objects is for tools, reports and tests.
 
 Operation identifiers `o` carry their class in the top byte (clock, lock, mutex,
 per-thread, socket); see `op_name`.
@@ -126,7 +127,8 @@ class CodecError(ValueError):
 
 def _spans(buf: bytes, max_entries: int | None = None) -> Iterator[tuple[int, int]]:
     """(offset, length) of each whole entry at the start of buf, in order; stops at a
-    partial trailing entry (or after max_entries). The one walker of the framing."""
+    partial trailing entry (or after max_entries). The reference walk of the framing
+    (`_walk` is its C twin)."""
     off = count = 0
     while off + HEADER.size <= len(buf) and (max_entries is None or count < max_entries):
         length = _LEN.unpack_from(buf, off)[0]
@@ -157,7 +159,6 @@ def _walk(buf, start: int = 0, max_entries: int | None = None,
         off = start + end[0]
         raise CodecError(f"bad entry length {_LEN.unpack_from(buf, off)[0]} at offset {off}")
     return n, end[0]
-
 
 
 def split(buf: bytes, max_entries: int | None = None) -> tuple[int, int]:

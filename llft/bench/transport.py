@@ -136,10 +136,9 @@ async def _accept_block(impl: str, n: int) -> float:
         return Peer(True, f)
     if impl == "lean":
         server = LeanServer(loop, factory, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
     else:
         server = await loop.create_server(factory, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
+    port = server.sockets[0].getsockname()[1]
     child = _fork(_client_child, port)
     try:
         await wanted.wait()

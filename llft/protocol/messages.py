@@ -241,3 +241,14 @@ def pulse_until_us(refresh_intervals: int, interval_us: int) -> int:
     running (it only moves the end: no extra copy, no gap). A hung loop is announced
     this long at most."""
     return (refresh_intervals + 1) * interval_us + interval_us // 2
+
+
+def stands_for_copies(msg: "Message | None", last: "Message | None") -> bool:
+    """Whether an accepted pulse datagram (decoded as `msg`, None for a fragment) may
+    stand for its source's absorbed copies from now on, in place of `last`: not an older
+    heartbeat delayed past a newer one (a sender's messages rise in Lamport ts; a
+    repeated one keeps its ts). An older one stood for the newer one's copies, which were
+    then handed to the core as the older message again and again (the primary re-applied
+    a backup's stale report for ever: scenario messaging_reordered_heartbeat_stale_report).
+    The runtime's transport and the simulator's kernel both ask it."""
+    return msg is None or last is None or msg.ts >= last.ts

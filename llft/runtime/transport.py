@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from llft.protocol import wire
-from llft.protocol.messages import Message, MsgType
+from llft.protocol.messages import Message, MsgType, stands_for_copies
 from llft.runtime.pulse import MAX_WATCHES, LoopRepeater, PulseChannel
 
 log = logging.getLogger(__name__)
@@ -685,12 +685,8 @@ class Endpoint:
         self.counters["processed_datagrams"] += 1
         rejected = self.decoder.rejected_total()
         msg = self._decode(data)
-        last = self._pulse_msgs.get(src)
-        if self.decoder.rejected_total() == rejected and (
-                msg is None or last is None or msg.ts >= last.ts):
-            # (not an older heartbeat delayed past a newer one: the copies the thread
-            # absorbs are handed to the core as the source's last message, and an older
-            # one would stand for the newer one's copies; llft/sim/kernel.py `_not_older`)
+        if self.decoder.rejected_total() == rejected and stands_for_copies(
+                msg, self._pulse_msgs.get(src)):
             self._pulse.accept(src, data)
             if msg is not None:
                 self._pulse_msgs.pop(src, None)

@@ -73,7 +73,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable
 
 from llft.protocol import wire
-from llft.protocol.messages import MsgType, Pulse
+from llft.protocol.messages import MsgType, Pulse, stands_for_copies
 
 MAX_EVENTS_PER_RUN = 5_000_000
 TIMER_MIN_STEP_US = 1          # a timer asked for "now or earlier" after firing runs 1 us later
@@ -100,16 +100,6 @@ class NetConfig:
     delay_us_max: int = 300
     reorder_us_max: int = 3_000
     mtu_bytes: int = wire.DEFAULT_MTU_BYTES
-
-
-def _not_older(msg: Any, last: Any) -> bool:
-    """Whether an accepted pulse datagram may stand for its source's copies from now on: not
-    an older heartbeat delayed past a newer one (a sender's messages rise in Lamport ts; a
-    repeated one keeps its ts). An older one stood for the newer one's copies, which were
-    then handed to the core as the older message again and again (the primary re-applied
-    a backup's stale report for ever: scenario messaging_reordered_heartbeat_stale_report).
-    The runtime's transport keeps the same rule (`Endpoint._on_pulse_datagram`)."""
-    return msg is None or last is None or getattr(msg, "ts", 0) >= getattr(last, "ts", 0)
 
 
 class _Node:
@@ -421,7 +411,7 @@ class Sim:
                 rejected = node.decoder.rejected_total()
                 msg = node.decoder.decode(data, at_us)
                 if pulse and node.decoder.rejected_total() == rejected \
-                        and _not_older(msg, node.pulse_msg.get(pulse)):
+                        and stands_for_copies(msg, node.pulse_msg.get(pulse)):
                     node.pulse_ref.setdefault(pulse, deque(maxlen=PULSE_REFS)).append(data)
                     if msg is not None:
                         node.pulse_msg[pulse] = msg
