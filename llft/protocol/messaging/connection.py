@@ -229,7 +229,7 @@ class ReceiveSide:
     Invariant: bytes held ahead of a gap start beyond `delivered`."""
     __slots__ = ("view", "old_view", "delivered", "received", "held", "ahead", "beyond",
                  "declared", "max_data_ts", "old_ts", "fa_pending", "fa_tries", "end",
-                 "abort", "told_delivered", "end_pvn")
+                 "abort", "told_delivered", "end_pvn", "covered")
 
     def __init__(self) -> None:
         self.view: ReceiveSequence | None = None      # the remote primary's current view
@@ -254,6 +254,9 @@ class ReceiveSide:
         self.end_pvn = 0                    # the latest remote view we have it from in order
         self.abort = False
         self.told_delivered = 0             # `delivered` in our last trailer on this conn
+        # the end offset of the current remote view's messages collected from `received`
+        # (every member of our group has the stream up to there from that view)
+        self.covered = 0
 
     def gap_before(self) -> int | None:
         """The lowest offset we hold beyond a gap (bytes ahead of `delivered`, or a held
@@ -342,10 +345,43 @@ class ReceiveSide:
             for off in [o for o, d in self.beyond.items() if o + len(d) <= self.delivered]:
                 del self.beyond[off]
 
-    def drop_received(self, group_watermark: int) -> None:
-        """Received messages every member of our group has (ts <= our group watermark)."""
-        while self.received and self.received[0].ts <= group_watermark:
-            self.received.popleft()
+    def drop_received(self, group_watermark: int, keep_old: bool = True) -> None:
+        """Received messages every member of our group has (ts <= our group watermark).
+
+        Except an older remote view's message with bytes past where the current remote
+        view resumed (or while that point is unknown): a backup's watermark term vouches
+        for the messages of the view it follows, and it drops an old view's bytes past
+        the resume point (they may be an excluded primary's), so a member may lack them
+        even when the watermark covers their ts. Our primary may have delivered them
+        (taken at its promotion, before it answered NEW_PRIMARY_VIEW). They are kept
+        until the current view's own copies of those offsets are collected (`covered`),
+        or, if the remote group dies first, re-sent to the backups and kept until each
+        says it holds the cut (`MessagingEndpoint._resend_received`, `_cut_held`).
+        `keep_old` False: a primary without backups (nobody else needs them)."""
+        rx, view = self.received, self.view
+        pvn = 0 if view is None else view.pvn
+        while rx and rx[0].ts <= group_watermark:
+            m = rx[0]
+            if m.pvn < pvn and keep_old:
+                self._drop_received_past_old(group_watermark)
+                return
+            end = m.body["offset"] + len(m.body["data"])
+            if end > self.covered:
+                self.covered = end
+            rx.popleft()
+
+    def _drop_received_past_old(self, group_watermark: int) -> None:
+        """`drop_received` with an older view's message among the covered ones: the
+        current view's first (they raise `covered`), then the old view's it covers."""
+        view = self.view
+        for m in self.received:
+            if m.ts <= group_watermark and m.pvn == view.pvn:
+                self.covered = max(self.covered, m.body["offset"] + len(m.body["data"]))
+        reach = max(self.covered, -1 if view.start is None else view.start)
+        self.received = deque(
+            m for m in self.received
+            if m.ts > group_watermark
+            or (m.pvn < view.pvn and m.body["offset"] + len(m.body["data"]) > reach))
 
     def check(self) -> None:
         assert all(o > self.delivered for o in self.ahead), "ahead at or below delivered"

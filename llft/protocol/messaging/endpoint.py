@@ -120,7 +120,11 @@ once the remote primary answered CLOSED. A remote that LOST the connection (CLOS
 stream whose end we never delivered) or is gone (a group of one, `lone_groups`, silent
 for remote_timeout_us) is taken as its reset after what the primary delivered
 (`_peer_lost`): the primary re-multicasts to its backups what they may lack, frees once
-its group watermark covers it, and the free carries the cut. A primary answers any message on a connection
+its group watermark covers it or every backup said it holds the bytes up to the cut (its
+HEARTBEATs announce the cuts of such waiting connections, `_waiting_cuts`, and each
+backup's HEARTBEAT says how far it reaches toward each, `_reach`: a backup following
+another remote view than its primary's may never have a watermark term that covers them),
+and the free carries the cut. A primary answers any message on a connection
 it freed with CLOSED (at most once per retransmit_us per connection): "both streams are
 complete on my side"; a remote primary listing that connection in a trailer's `others`
 counts as such a message (the freeing side no longer states the connection, and the
@@ -247,6 +251,17 @@ class MessagingEndpoint:
         # its recent frees gives it again (a backup that has not applied it delivers
         # exactly up to it, as the others did)
         self._recent_cuts: dict[ConnId, int] = {}
+        # a connection whose remote is done or gone, waiting for its received list: the
+        # primary announces its cut (`_waiting_cuts`), each backup says how far the bytes
+        # it holds reach toward it (`_reach`), and the primary frees once every backup
+        # holds the cut (`_cut_held`), whatever the group watermark says.
+        # backup: cid -> cut, from its primary's last HEARTBEAT, and every cut it
+        # announced in this view (promoted, we deliver up to them first: the old primary
+        # may have freed there, and a backup applied that free, before it died)
+        self.cuts_asked: dict[ConnId, int] = {}
+        self.cuts_announced: dict[ConnId, int] = {}
+        # primary: backup -> {cid: reach} from its last HEARTBEAT of this view
+        self.cut_reports: dict[int, dict[ConnId, int]] = {}
         # CLOSED answers sent lately (cid -> time): a retransmitted window gets one answer
         self._closed_answered: dict[ConnId, int] = {}
         self._probe_answered: dict[str, int] = {}   # remote group -> our last PROBE answer
@@ -303,6 +318,8 @@ class MessagingEndpoint:
                         if b != primary_birth_id]
         for gone in set(self.reports) - set(self.backups):
             del self.reports[gone]
+        for gone in set(self.cut_reports) - set(self.backups):
+            del self.cut_reports[gone]
         self._trim_freed_log()
         self.order_info.set_backups(self.backups, self._now)
         self._digest_changed()
@@ -313,7 +330,10 @@ class MessagingEndpoint:
             self.timers.clear(Timer.ORDER_INFO_ACK)
             # like order-info positions, the positions of frees restart in a new view
             self._reconcile_frees()
+            announced = self.cuts_announced
+            self.cuts_asked, self.cuts_announced, self.cut_reports = {}, {}, {}
             if self.is_primary and not was_primary and old_pvn > 0:
+                self._reach_announced_cuts(announced)
                 self._release_all_held()        # ours to decide now
                 self._become_primary(old_pvn)
         self._gc_order_info()
@@ -639,6 +659,10 @@ class MessagingEndpoint:
         s.last_back, s.ka_urgent, s.first_ts = loan.last_back, loan.ka_urgent, loan.first_ts
         s.ka_idle = loan.ka_idle
         rx.upto, rx.ts, rx.first_offset = loan.upto, loan.view_ts, loan.first_offset
+        if loan.delivered > r.delivered:
+            # the lane took the current view's data in order, each message collected at
+            # once (a lone primary's received list stays empty): covered to its end
+            r.covered = max(r.covered, loan.delivered)
         r.delivered, r.declared, r.max_data_ts = loan.delivered, loan.declared, \
             loan.recv_max_data_ts
         r.fa_pending, r.fa_tries, r.told_delivered = loan.fa_pending, loan.fa_tries, \
@@ -1014,7 +1038,14 @@ class MessagingEndpoint:
         start = c.recv.view.start
         off, data = msg.body["offset"], msg.body["data"]
         lo = off if start is None else max(off, start)
-        if start is None or off + len(data) <= lo:
+        if start is None and c.cid in self.cuts_asked:
+            # the resume point never came and our primary says the remote is done or
+            # gone: what it re-sends is all there is (`_deliver_upto` takes it only
+            # where no newer view's bytes lie)
+            lo = max(off, c.recv.delivered)
+        elif start is None or off + len(data) <= lo:
+            return
+        if off + len(data) <= lo:
             return
         if len(c.recv.beyond) < self.config.max_placeholders or lo in c.recv.beyond:
             self._count("old_view_kept_beyond")
@@ -1592,6 +1623,17 @@ class MessagingEndpoint:
         list empty: our group watermark covers it), then at the backups by our word.
         So every replica's application sees the reset after the same bytes, and the
         connection no longer pins our group watermark on a stream that never moves."""
+        if c.recv.held:
+            # an older remote view's messages we took in order as a backup and could not
+            # deliver at our promotion (where the remote's new primary resumed is
+            # unknown, and will stay so): our predecessor delivered them, and a backup
+            # may have too. With the remote gone they are the stream's last bytes.
+            self._count("lost_held_released")
+            self._release_held(c, force=True)
+            if c.recv.finished:             # they ended the stream: done, not lost
+                self._peer_done(c)
+                self._resend_received(c)
+                return
         c.lost_at = c.recv.end = c.recv.delivered
         c.recv.abort = True
         c.recv.delivered += 1               # the end takes one unit of the offsets
@@ -1614,9 +1656,11 @@ class MessagingEndpoint:
         went with it), so we multicast to our group the remote's messages our group
         watermark does not cover yet (as for a backup's NACK), again with back-off until
         it does; then `_reap` frees the connection."""
-        gw = self.group_watermark()
-        pending = [m for m in c.recv.received if m.ts > gw]
-        if not pending or not self.backups:
+        # every message still received: those past the group watermark, and an old
+        # remote view's that a backup's watermark may cover without its having them
+        # (ReceiveSide.drop_received)
+        pending = list(c.recv.received)
+        if not pending or not self.backups or self._cut_held(c):
             self.timers.clear(Timer.REMOTE_SILENCE, c.cid)
             return
         for m in pending:
@@ -1672,6 +1716,10 @@ class MessagingEndpoint:
                         self._count("freed_unfinished")     # the sim flags the missing end
                     self._free(c)
                     progress = True
+                elif c.peer_done and self._cut_held(c):
+                    self._count("freed_at_held_cut")
+                    self._free(c, self._cut_of(c))
+                    progress = True
 
     def _free(self, c: Connection, cut: int | None = None) -> None:
         cid = c.cid
@@ -1702,6 +1750,73 @@ class MessagingEndpoint:
         if c.resyncing:
             self._phase2_check()
 
+    @staticmethod
+    def _cut_of(c: Connection) -> int:
+        """Where the stream of a connection whose remote is done or gone stops for our
+        group: the reset's offset if it was lost, else all we delivered (its end)."""
+        return c.lost_at if c.lost_at is not None else c.recv.delivered
+
+    def _waiting_cuts(self) -> list[tuple[ConnId, int]]:
+        """Primary: the connections whose remote is done or gone that still wait for
+        their received list (a backup's watermark term may never cover it: it follows a
+        newer remote view than ours, or an old one frozen at a gap, and the remote will
+        send nothing more), with their cuts."""
+        out = []
+        for cid in self._ending:
+            c = self.conns.get(cid)
+            if c is not None and c.peer_done and c.recv.received:
+                out.append((cid, self._cut_of(c)))
+        out.sort(key=lambda e: self._conn_order.get(e[0], 0))
+        return out[:CUTS_PER_HEARTBEAT]
+
+    def _cut_held(self, c: Connection) -> bool:
+        """Primary: every backup said (its last HEARTBEAT of this view) that the bytes it
+        holds reach the cut of `c`: freeing it there loses nothing at any of them."""
+        if not self.backups:
+            return True                         # nobody else to hold it
+        cut = self._cut_of(c)
+        return all(self.cut_reports.get(b, {}).get(c.cid, -1) >= cut for b in self.backups)
+
+    def _reach(self, c: Connection, cut: int) -> int:
+        """Backup: how far toward `cut` `_deliver_upto` would deliver now, from every
+        message it holds (a dry run of it: the same pieces in the same order)."""
+        rx = c.recv
+        if rx.finished:
+            return cut                          # the whole stream is delivered
+        have = sorted(((m.body["offset"], m.body["data"]) for m in (*rx.received, *rx.held)),
+                      key=lambda od: od[0])
+        have += sorted(rx.ahead.items())
+        cur = rx.view.pvn if rx.view is not None else 0
+        newer = [m.body["offset"] for m in (*rx.received, *rx.held) if m.pvn == cur]
+        newer += list(rx.ahead)
+        beyond = sorted(rx.beyond.items())
+        pos = rx.delivered
+        while pos < cut:
+            before = pos
+            for off, data in have:
+                if off <= pos < off + len(data):
+                    pos = min(off + len(data), cut)
+                    if rx.end is not None and pos > rx.end:
+                        return cut              # the end delivered: nothing more comes
+            if pos == before and beyond and all(off < pos or off >= cut for off in newer):
+                have, beyond = beyond, []
+                continue
+            if pos == before:
+                break
+        return pos
+
+    def _reach_announced_cuts(self, announced: dict[ConnId, int]) -> None:
+        """A backup promoted: the old primary announced these cuts (its remote done or
+        gone), and freed a connection at its cut once every backup, we included, held the
+        bytes up to it; a backup that applied that free delivered exactly up to it. We
+        deliver up to each cut we hold, so that our own reset of the connection (or its
+        end) falls where theirs did."""
+        for cid, cut in announced.items():
+            c = self.conns.get(cid)
+            if c is not None and c.recv.delivered < cut and self._reach(c, cut) >= cut:
+                self._count("announced_cut_reached")
+                self._deliver_upto(c, cut)
+
     def _deliver_upto(self, c: Connection, cut: int) -> None:
         """A backup freeing a connection its primary lost, reset after `cut` bytes: it
         delivers exactly the stream's bytes up to there, from every message it has of
@@ -1710,6 +1825,7 @@ class MessagingEndpoint:
         the remote gone it is the only copy); what lies beyond `cut` (the primary never
         had it) is not the group's."""
         rx = c.recv
+        reach = self._reach(c, cut) if CHECK_WATERMARK else None
         have = sorted(((m.body["offset"], m.body["data"]) for m in (*rx.received, *rx.held)),
                       key=lambda od: od[0])
         have += sorted(rx.ahead.items())
@@ -1734,6 +1850,9 @@ class MessagingEndpoint:
                 continue
             if rx.delivered == before:
                 break                           # nothing more here (or the stream ended)
+        if reach is not None:
+            assert (rx.delivered >= cut) == (reach >= cut), \
+                f"{c.cid}: _reach said {reach}, _deliver_upto reached {rx.delivered} of {cut}"
         if rx.delivered < cut:
             self._count("lost_bytes_missing")   # the simulator flags the difference
 
@@ -1744,10 +1863,13 @@ class MessagingEndpoint:
         A connection the primary lost comes with its cut (`_peer_lost`): we deliver
         exactly up to it."""
         try:
-            first, entries = msgpack.unpackb(data)
+            first, entries, *more = msgpack.unpackb(data)
             cids = [(g, int(seq), Role(role)) for g, seq, role, *_ in entries]
             cuts = [int(e[3]) if len(e) > 3 else None for e in entries]
             first = int(first)
+            self.cuts_asked = {(g, int(seq), Role(role)): int(cut)
+                               for g, seq, role, cut in (more[0] if more else ())}
+            self.cuts_announced.update(self.cuts_asked)
         except (ValueError, TypeError, KeyError, IndexError, msgpack.UnpackException):
             self._count("bad_frees")
             return
@@ -1824,6 +1946,9 @@ class MessagingEndpoint:
                 applied = int(report[0])
                 carried = [(g, int(seq), Role(role)) for g, seq, role in report[1]] \
                     if len(report) > 1 else []
+                self.cut_reports[msg.sender] = {
+                    (g, int(seq), Role(role)): int(reach)
+                    for g, seq, role, reach in (report[2] if len(report) > 2 else ())}
             except (ValueError, TypeError, IndexError, KeyError, msgpack.UnpackException):
                 self._count("bad_freed_report")
                 carried = []
@@ -1834,6 +1959,8 @@ class MessagingEndpoint:
                     self._free(c)
                 else:
                     self.closed.add(cid)
+        if msg.type == MsgType.HEARTBEAT and msg.pvn == self.pvn and not msg.order_info:
+            self.cut_reports.pop(msg.sender, None)
         if msg.type == MsgType.HEARTBEAT and msg.pvn == self.pvn:
             # its lag report again: the ORDER_INFO that carried it may have been lost
             self.order_info.on_done(msg.sender, msg.body["done"])
@@ -1862,6 +1989,8 @@ class MessagingEndpoint:
         # only a watermark over our own set of connections counts
         if msg.order_info:
             self._apply_frees(msg.order_info)
+        else:
+            self.cuts_asked = {}
         if msg.ack == self.digest():
             self.carry = []             # our set of connections is the primary's
         if msg.ack == self.digest() and msg.back > self.gw:
@@ -1915,15 +2044,24 @@ class MessagingEndpoint:
         apply in order; a backup's count of frees applied and the recent frees it carries
         (see _apply_frees, _reconcile_frees)."""
         if self.is_primary:
-            if not self.freed_log:
+            waiting = self._waiting_cuts() if self.backups else []
+            if not (self.freed_log or waiting):
                 return b""
-            return msgpack.packb([self.freed_base, [
+            frees = [self.freed_base, [
                 [g, seq, int(role)] + ([] if cut is None else [cut])
-                for (g, seq, role), _, cut in list(self.freed_log)[:FREES_PER_HEARTBEAT]]])
-        if not (self.freed_applied or self.carry):
+                for (g, seq, role), _, cut in list(self.freed_log)[:FREES_PER_HEARTBEAT]]]
+            if waiting:
+                frees.append([[g, seq, int(role), cut] for (g, seq, role), cut in waiting])
+            return msgpack.packb(frees)
+        reaches = [[g, seq, int(role),
+                    self._reach(self.conns[cid], cut) if cid in self.conns else cut]
+                   for cid, cut in self.cuts_asked.items() for g, seq, role in (cid,)]
+        if not (self.freed_applied or self.carry or reaches):
             return b""
-        return msgpack.packb([self.freed_applied,
-                              [[g, seq, int(role)] for g, seq, role in self.carry]])
+        report = [self.freed_applied, [[g, seq, int(role)] for g, seq, role in self.carry]]
+        if reaches:
+            report.append(reaches)
+        return msgpack.packb(report)
 
     def _heartbeat_back(self) -> int:
         """A heartbeat's `back`: the primary's group watermark, a backup's report."""
@@ -2158,13 +2296,15 @@ class MessagingEndpoint:
             self._flush(c)
 
     def _gc_received(self, c: Connection) -> None:
-        c.recv.drop_received(self.gw if not self.is_primary else self.group_watermark())
+        c.recv.drop_received(self.gw if not self.is_primary else self.group_watermark(),
+                             keep_old=bool(self.backups) or not self.is_primary)
 
     def _gc_all_received(self) -> None:
         gw = self.group_watermark()
+        keep_old = bool(self.backups) or not self.is_primary
         emptied = []
         for c in self._holding:
-            c.recv.drop_received(gw)
+            c.recv.drop_received(gw, keep_old)
             if not c.recv.received:
                 emptied.append(c)
         self._holding.difference_update(emptied)
@@ -2336,6 +2476,8 @@ class MessagingEndpoint:
 DIGEST_MASK = 0x7FFFFFFF
 CLOSED_ANSWERS_KEPT = 256
 FREES_PER_HEARTBEAT = 256
+# cuts announced per HEARTBEAT (`_waiting_cuts`): the rest go once these are freed
+CUTS_PER_HEARTBEAT = 64
 MAX_PROBED_BY = 64                  # remote groups whose primaries and probes we track
 _RX_COUNTERS = {t: "rx_" + t.name for t in MsgType}   # (an Enum's .name is Python code)
 MAX_HEARD = 4096                    # remote groups whose last message we remember
