@@ -121,6 +121,15 @@ def test_soak_dead_group(soak):
     assert _campaign(n, 9, 0.1, 0.05, 0.1, failover=0.3, die=1.0) == []
 
 
+@pytest.mark.slow
+def test_soak_dead_group_failing_over(soak):
+    """A remote group that changes primary and then dies whole, with both groups failing
+    over (docs/ARCHITECTURE.md item 12: 3 to 4 of 3,000 schedules failed before the cut
+    announcements)."""
+    n = 300 if soak == "small" else 3000
+    assert _campaign(n, 12, 0.2, 0.05, 0.2, failover=0.7, die=1.0) == []
+
+
 # -- the kernel itself (membership reuses it) ---------------------------------------------
 from dataclasses import dataclass as _dc   # noqa: E402
 
