@@ -1778,11 +1778,23 @@ class MessagingEndpoint:
         return all(self.cut_reports.get(b, {}).get(c.cid, -1) >= cut for b in self.backups)
 
     def _reach(self, c: Connection, cut: int) -> int:
-        """Backup: how far toward `cut` `_deliver_upto` would deliver now, from every
-        message it holds (a dry run of it: the same pieces in the same order)."""
+        """Backup: how far toward `cut` `_deliver_upto` would deliver now."""
+        rx = c.recv
+        pieces = self._cut_pieces(c, cut)
+        pos = pieces[-1][0] + len(pieces[-1][1]) if pieces else rx.delivered
+        if rx.finished or (rx.end is not None and pos > rx.end):
+            return cut                          # the end delivered: nothing more comes
+        return pos
+
+    def _cut_pieces(self, c: Connection, cut: int) -> list[tuple[int, bytes]]:
+        """The pieces (offset, bytes) that deliver the stream from `delivered` toward
+        `cut`, in order, from every message held of any remote view (offsets are one
+        stream: an old remote view's message beyond the new view's resume point is not
+        delivered while that view may resend it, but with the remote gone it is the only
+        copy); nothing past the stream's end."""
         rx = c.recv
         if rx.finished:
-            return cut                          # the whole stream is delivered
+            return []
         have = sorted(((m.body["offset"], m.body["data"]) for m in (*rx.received, *rx.held)),
                       key=lambda od: od[0])
         have += sorted(rx.ahead.items())
@@ -1790,20 +1802,27 @@ class MessagingEndpoint:
         newer = [m.body["offset"] for m in (*rx.received, *rx.held) if m.pvn == cur]
         newer += list(rx.ahead)
         beyond = sorted(rx.beyond.items())
-        pos = rx.delivered
+        pos, pieces = rx.delivered, []
         while pos < cut:
             before = pos
             for off, data in have:
                 if off <= pos < off + len(data):
-                    pos = min(off + len(data), cut)
+                    piece = data[pos - off:cut - off]
+                    pieces.append((pos, piece))
+                    pos += len(piece)
                     if rx.end is not None and pos > rx.end:
-                        return cut              # the end delivered: nothing more comes
+                        return pieces
             if pos == before and beyond and all(off < pos or off >= cut for off in newer):
+                # the current remote view re-sent no further than here: the rest up to
+                # the cut is what our primary took from the old view before it answered
+                # NEW_PRIMARY_VIEW (old-view bytes there are one stream with ours). With
+                # newer data of the current view beyond a gap, its bytes may differ from
+                # the old view's (an excluded primary's later output): not taken.
                 have, beyond = beyond, []
                 continue
             if pos == before:
-                break
-        return pos
+                break                           # nothing more here
+        return pieces
 
     def _reach_announced_cuts(self, announced: dict[ConnId, int]) -> None:
         """A backup promoted: the old primary announced these cuts (its remote done or
@@ -1819,40 +1838,13 @@ class MessagingEndpoint:
 
     def _deliver_upto(self, c: Connection, cut: int) -> None:
         """A backup freeing a connection its primary lost, reset after `cut` bytes: it
-        delivers exactly the stream's bytes up to there, from every message it has of
-        any remote view (offsets are one stream: an old remote view's message beyond the
-        new view's resume point is not delivered while that view may resend it, but with
-        the remote gone it is the only copy); what lies beyond `cut` (the primary never
-        had it) is not the group's."""
+        delivers exactly the stream's bytes up to there (`_cut_pieces`); what lies beyond
+        `cut` (the primary never had it) is not the group's."""
         rx = c.recv
-        reach = self._reach(c, cut) if CHECK_WATERMARK else None
-        have = sorted(((m.body["offset"], m.body["data"]) for m in (*rx.received, *rx.held)),
-                      key=lambda od: od[0])
-        have += sorted(rx.ahead.items())
-        cur = rx.view.pvn if rx.view is not None else 0
-        newer = [m.body["offset"] for m in (*rx.received, *rx.held) if m.pvn == cur]
-        newer += list(rx.ahead)
-        beyond = sorted(rx.beyond.items())
+        pieces = self._cut_pieces(c, cut)
         rx.held, rx.ahead, rx.beyond = deque(), {}, {}
-        while rx.delivered < cut:
-            before = rx.delivered
-            for off, data in have:
-                if off <= rx.delivered < off + len(data):
-                    self._deliver(c, rx.delivered, data[rx.delivered - off:cut - off])
-            if rx.delivered == before and beyond and all(
-                    off < rx.delivered or off >= cut for off in newer):
-                # the current remote view re-sent no further than here: the rest up to
-                # the cut is what our primary took from the old view before it answered
-                # NEW_PRIMARY_VIEW (old-view bytes there are one stream with ours). With
-                # newer data of the current view beyond a gap, its bytes may differ from
-                # the old view's (an excluded primary's later output): not taken.
-                have, beyond = beyond, []
-                continue
-            if rx.delivered == before:
-                break                           # nothing more here (or the stream ended)
-        if reach is not None:
-            assert (rx.delivered >= cut) == (reach >= cut), \
-                f"{c.cid}: _reach said {reach}, _deliver_upto reached {rx.delivered} of {cut}"
+        for off, piece in pieces:
+            self._deliver(c, off, piece)
         if rx.delivered < cut:
             self._count("lost_bytes_missing")   # the simulator flags the difference
 
