@@ -1033,17 +1033,20 @@ class MessagingEndpoint:
         (`_deliver_upto`, from `beyond`). Its only way to get them, if it lost the
         original, is the copy our primary re-sends when the remote is gone
         (`_resend_received`), which comes after the view change: kept here as for a
-        message held across it (`_release_held`). Bounded: `max_placeholders` pieces
-        (what our primary delivered past the resume point was at most a window)."""
+        message held across it (`_release_held`); also while the resume point is still
+        unknown once our primary announced the connection's cut. Bounded:
+        `max_placeholders` pieces (what our primary delivered past the resume point was
+        at most a window)."""
         start = c.recv.view.start
         off, data = msg.body["offset"], msg.body["data"]
-        lo = off if start is None else max(off, start)
-        if start is None and c.cid in self.cuts_asked:
+        if start is not None:
+            lo = max(off, start)
+        elif c.cid in self.cuts_asked:
             # the resume point never came and our primary says the remote is done or
-            # gone: what it re-sends is all there is (`_deliver_upto` takes it only
-            # where no newer view's bytes lie)
+            # gone (it asks us for a cut): what it re-sends is all there is
+            # (`_cut_pieces` takes it only where no newer view's bytes lie)
             lo = max(off, c.recv.delivered)
-        elif start is None or off + len(data) <= lo:
+        else:
             return
         if off + len(data) <= lo:
             return
@@ -1653,9 +1656,10 @@ class MessagingEndpoint:
     def _resend_received(self, c: Connection) -> None:
         """Primary, a connection whose remote is gone: a backup may lack bytes we
         delivered and never learn they exist (the remote's declarations of what it sent
-        went with it), so we multicast to our group the remote's messages our group
-        watermark does not cover yet (as for a backup's NACK), again with back-off until
-        it does; then `_reap` frees the connection."""
+        went with it), so we multicast to our group the remote's messages we still hold
+        (as for a backup's NACK), again with back-off until our group watermark covers
+        them or every backup says it holds the cut (`_cut_held`); then `_reap` frees the
+        connection."""
         # every message still received: those past the group watermark, and an old
         # remote view's that a backup's watermark may cover without its having them
         # (ReceiveSide.drop_received)
@@ -2045,9 +2049,11 @@ class MessagingEndpoint:
             if waiting:
                 frees.append([[g, seq, int(role), cut] for (g, seq, role), cut in waiting])
             return msgpack.packb(frees)
-        reaches = [[g, seq, int(role),
+        # how far we reach toward each cut asked (a connection we no longer hold needs
+        # nothing from us)
+        reaches = [[cid[0], cid[1], int(cid[2]),
                     self._reach(self.conns[cid], cut) if cid in self.conns else cut]
-                   for cid, cut in self.cuts_asked.items() for g, seq, role in (cid,)]
+                   for cid, cut in self.cuts_asked.items()]
         if not (self.freed_applied or self.carry or reaches):
             return b""
         report = [self.freed_applied, [[g, seq, int(role)] for g, seq, role in self.carry]]
