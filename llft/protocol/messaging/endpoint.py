@@ -148,7 +148,7 @@ import dataclasses
 import heapq
 import zlib
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import msgpack
 
@@ -788,6 +788,7 @@ class MessagingEndpoint:
                             heard + self.config.remote_timeout_us)
         else:
             self._count("remote_silent")
+            self._take_held_of_ended_remote(c)
             if not c.recv.finished:     # (an end heard ahead of a gap is not ours)
                 self._peer_lost(c)
             else:
@@ -1596,6 +1597,7 @@ class MessagingEndpoint:
         (a new primary's phase 2 ends here on this connection)."""
         if c.peer_done:
             return
+        self._take_held_of_ended_remote(c)
         # a remote group frees a connection only once our group had its stream's end, so
         # no end delivered here means the remote LOST it: a gateway restarted after a
         # crash answers CLOSED for its predecessor's connections (it accepts none it did
@@ -1618,6 +1620,16 @@ class MessagingEndpoint:
         self._count("peer_freed")
         self._phase2_check()
 
+    def _take_held_of_ended_remote(self, c: Connection) -> None:
+        """Primary, the remote freed, lost or is gone: deliver what we still hold in
+        order. Those are an older remote view's messages we took as a backup and could
+        not deliver at our promotion (where the remote's new primary resumed is unknown,
+        and now stays so): our predecessor delivered them, and a backup may have too, so
+        they are the stream's last bytes (and may end it: then it is done, not lost)."""
+        if c.recv.held:
+            self._count("lost_held_released")
+            self._release_held(c, force=True)
+
     def _peer_lost(self, c: Connection) -> None:
         """Primary: the remote group lost the connection (CLOSED on a stream that never
         ended here) or is gone (silent). To us that is its reset after what we
@@ -1626,17 +1638,6 @@ class MessagingEndpoint:
         list empty: our group watermark covers it), then at the backups by our word.
         So every replica's application sees the reset after the same bytes, and the
         connection no longer pins our group watermark on a stream that never moves."""
-        if c.recv.held:
-            # an older remote view's messages we took in order as a backup and could not
-            # deliver at our promotion (where the remote's new primary resumed is
-            # unknown, and will stay so): our predecessor delivered them, and a backup
-            # may have too. With the remote gone they are the stream's last bytes.
-            self._count("lost_held_released")
-            self._release_held(c, force=True)
-            if c.recv.finished:             # they ended the stream: done, not lost
-                self._peer_done(c)
-                self._resend_received(c)
-                return
         c.lost_at = c.recv.end = c.recv.delivered
         c.recv.abort = True
         c.recv.delivered += 1               # the end takes one unit of the offsets
@@ -1863,8 +1864,7 @@ class MessagingEndpoint:
             cids = [(g, int(seq), Role(role)) for g, seq, role, *_ in entries]
             cuts = [int(e[3]) if len(e) > 3 else None for e in entries]
             first = int(first)
-            self.cuts_asked = {(g, int(seq), Role(role)): int(cut)
-                               for g, seq, role, cut in (more[0] if more else ())}
+            self.cuts_asked = _unpack_conn_values(more[0] if more else ())
             self.cuts_announced.update(self.cuts_asked)
         except (ValueError, TypeError, KeyError, IndexError, msgpack.UnpackException):
             self._count("bad_frees")
@@ -1936,15 +1936,14 @@ class MessagingEndpoint:
         # (an ORDER_INFO report says nothing of frees: the last HEARTBEAT's count stands)
         applied = 0 if msg.type == MsgType.HEARTBEAT else \
             self.reports.get(msg.sender, (0, 0, 0))[2]
+        reaches: dict[ConnId, int] = {}
         if msg.type == MsgType.HEARTBEAT and msg.order_info and msg.pvn == self.pvn:
             try:
                 report = msgpack.unpackb(msg.order_info)
                 applied = int(report[0])
                 carried = [(g, int(seq), Role(role)) for g, seq, role in report[1]] \
                     if len(report) > 1 else []
-                self.cut_reports[msg.sender] = {
-                    (g, int(seq), Role(role)): int(reach)
-                    for g, seq, role, reach in (report[2] if len(report) > 2 else ())}
+                reaches = _unpack_conn_values(report[2] if len(report) > 2 else ())
             except (ValueError, TypeError, IndexError, KeyError, msgpack.UnpackException):
                 self._count("bad_freed_report")
                 carried = []
@@ -1955,9 +1954,8 @@ class MessagingEndpoint:
                     self._free(c)
                 else:
                     self.closed.add(cid)
-        if msg.type == MsgType.HEARTBEAT and msg.pvn == self.pvn and not msg.order_info:
-            self.cut_reports.pop(msg.sender, None)
         if msg.type == MsgType.HEARTBEAT and msg.pvn == self.pvn:
+            self.cut_reports[msg.sender] = reaches
             # its lag report again: the ORDER_INFO that carried it may have been lost
             self.order_info.on_done(msg.sender, msg.body["done"])
         self.reports[msg.sender] = (msg.back, msg.ack, applied)
@@ -2047,13 +2045,13 @@ class MessagingEndpoint:
                 [g, seq, int(role)] + ([] if cut is None else [cut])
                 for (g, seq, role), _, cut in list(self.freed_log)[:FREES_PER_HEARTBEAT]]]
             if waiting:
-                frees.append([[g, seq, int(role), cut] for (g, seq, role), cut in waiting])
+                frees.append(_pack_conn_values(waiting))
             return msgpack.packb(frees)
         # how far we reach toward each cut asked (a connection we no longer hold needs
         # nothing from us)
-        reaches = [[cid[0], cid[1], int(cid[2]),
-                    self._reach(self.conns[cid], cut) if cid in self.conns else cut]
-                   for cid, cut in self.cuts_asked.items()]
+        reaches = _pack_conn_values(
+            (cid, self._reach(self.conns[cid], cut) if cid in self.conns else cut)
+            for cid, cut in self.cuts_asked.items())
         if not (self.freed_applied or self.carry or reaches):
             return b""
         report = [self.freed_applied, [[g, seq, int(role)] for g, seq, role in self.carry]]
@@ -2293,13 +2291,19 @@ class MessagingEndpoint:
                 self.timers.clear(Timer.RETRANSMIT, c.cid)
             self._flush(c)
 
+    def _keeps_old_views(self) -> bool:
+        """Whether collecting the received lists keeps an old remote view's messages past
+        the resume point (`ReceiveSide.drop_received`): not at a primary without backups,
+        which nobody else needs them for."""
+        return bool(self.backups) or not self.is_primary
+
     def _gc_received(self, c: Connection) -> None:
         c.recv.drop_received(self.gw if not self.is_primary else self.group_watermark(),
-                             keep_old=bool(self.backups) or not self.is_primary)
+                             self._keeps_old_views())
 
     def _gc_all_received(self) -> None:
         gw = self.group_watermark()
-        keep_old = bool(self.backups) or not self.is_primary
+        keep_old = self._keeps_old_views()
         emptied = []
         for c in self._holding:
             c.recv.drop_received(gw, keep_old)
@@ -2498,6 +2502,16 @@ def probe_answer(heard: tuple[int, int, int] | None, since_us: int, now_us: int,
     pvn, birth, at = heard if heard is not None else (0, 0, since_us)
     return {"answer": 1, "pvn": pvn, "primary": birth, "ago": max(0, now_us - at),
             "quiet": quiet_us, "size": size}
+
+
+def _pack_conn_values(pairs: Iterable[tuple[ConnId, int]]) -> list[list]:
+    """(connection, number) pairs as a HEARTBEAT's frees carry them (cuts, reaches)."""
+    return [[g, seq, int(role), n] for (g, seq, role), n in pairs]
+
+
+def _unpack_conn_values(entries: Iterable) -> dict[ConnId, int]:
+    """The inverse of `_pack_conn_values` (raises ValueError/TypeError on a bad entry)."""
+    return {(g, int(seq), Role(role)): int(n) for g, seq, role, n in entries}
 
 
 def _item_hash(c: Connection) -> int:
