@@ -142,8 +142,9 @@ class StateProvider(Protocol):
     """The application state a joining backup needs (filled by the determinizer: the
     group's log of inputs and order info). `checkpoint` runs at the primary at the
     virtual synchrony point of an addition; `restore` at the joining backup. A provider
-    may also define `accepts_joiners() -> bool`: False (its log reached its cap,
-    docs/LOG.md) and the primary admits no new backup (applications are ignored)."""
+    may also define `join_refusal() -> str | None`: a reason (its log reached its cap,
+    docs/LOG.md) and the primary admits no new backup: it answers each application with
+    REFUSE_BACKUP, and the applicant's core emits `JoinRefused`."""
 
     def checkpoint(self) -> bytes | None: ...   # None: no whole state (joiner removed)
 
@@ -297,8 +298,16 @@ class Reset:
     rejoin_after_us: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class JoinRefused:
+    """The group's primary will not admit us (`why`, its words): applying again cannot
+    help, so the runtime stops with that line. Emitted once per incarnation."""
+    primary: int
+    why: str
+
+
 Action = (Send | Pulse | MembershipChanged | ViewEntered | BeginPhase2 | ViewStarted | StateRestored
-          | Reset)
+          | Reset | JoinRefused)
 
 
 def short_id(birth: int) -> str:
@@ -886,6 +895,7 @@ class Membership:
         self.pvn = 0
         self.change = 0
         self.lineage = 0                 # our group's lineage (`rules.lineage_of`; 0: none yet)
+        self.join_refused = False        # our primary answered REFUSE_BACKUP (JoinRefused)
         self.members: list[Key] = []
         self._quorum_base = 0            # the largest membership of our view (`_install`)
         self._majority_kept_us = now_us  # last heard a majority of it, as of the last change
@@ -1552,9 +1562,13 @@ class Membership:
         b = msg.sender
         if any(k.birth == b for k in self.members) or b in self._joiners:
             return
-        accepts = getattr(self.state, "accepts_joiners", None)
-        if accepts is not None and not accepts():
-            return              # no state to give it (the provider says why, once)
+        refusal = getattr(self.state, "join_refusal", None)
+        why = refusal() if refusal is not None else None
+        if why is not None:
+            # no state to give it: tell it why, so that it stops with one clear line
+            # instead of applying for ever (it applies every join_retry_us: one answer each)
+            self._send(MsgType.REFUSE_BACKUP, {"to": b, "why": why})
+            return
         if len(self.members) + len(self._joiners) < MAX_MEMBERS:
             self._joiners.append(b)
         if self.status is Status.PRIMARY:
@@ -1722,8 +1736,15 @@ class Membership:
         else:
             self._fill_window()
 
+    def _on_refuse_backup(self, msg: Message, now_us: int) -> None:
+        if (self.status is Status.JOINING and msg.body["to"] == self.birth
+                and msg.precedence > 0 and not self.join_refused):
+            self.join_refused = True
+            self._emit(JoinRefused(msg.sender, msg.body["why"]))
+
     _HANDLERS = {
         MsgType.HEARTBEAT: _on_heartbeat,
+        MsgType.REFUSE_BACKUP: _on_refuse_backup,
         MsgType.PROPOSE_PRIMARY: _on_propose_primary,
         MsgType.PROPOSE_PRIMARY_ACK: _on_pp_ack,
         MsgType.PROPOSE_BACKUP: _on_propose_backup,

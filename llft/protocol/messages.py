@@ -59,6 +59,9 @@ class MsgType(enum.IntEnum):
     # needs an answer that our primary is silent there too (membership/core.py,
     # "Takeover needs evidence"). Between groups, off any connection (conn_seq 0).
     PROBE = 31
+    # a primary's answer to an application it will not admit (its group's log reached its
+    # cap, docs/LOG.md): `to` the applicant's birth id, `why` one line for its operator
+    REFUSE_BACKUP = 32
 
 
 # Kinds of message type, each written once. Membership's types are numbered from 20: they
@@ -123,6 +126,7 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
     MsgType.ACCEPT_BACKUP: {"members": list, "old_members": list, "change": int,
                             "max_precedence": int, "lineage": int},
     MsgType.ACCEPT_BACKUP_ACK: {"change": int},
+    MsgType.REFUSE_BACKUP: {"to": int, "why": str},
     MsgType.REMOVE_BACKUP: {"members": list, "old_members": list, "change": int,
                             "max_precedence": int, "lineage": int},
     MsgType.REMOVE_BACKUP_ACK: {"change": int},

@@ -79,17 +79,17 @@ class RestartApp:
 # vocabulary in this module.
 MembershipChanged, ViewEntered = mb.MembershipChanged, mb.ViewEntered
 BeginPhase2, ViewStarted = mb.BeginPhase2, mb.ViewStarted
-StateRestored, Reset = mb.StateRestored, mb.Reset
+StateRestored, Reset, JoinRefused = mb.StateRestored, mb.Reset, mb.JoinRefused
 Closed, Freed = mg.Closed, mg.Freed
 Opened, Resynced = mg.Opened, mg.Resynced
 Phase2Done, RecoveredOrderInfo = mg.Phase2Done, mg.RecoveredOrderInfo
 
 NODE_OWN = (Deliver, OrderInfo, ViewSwitch, Restored, RestartApp)
 FROM_MEMBERSHIP = (MembershipChanged, ViewEntered, BeginPhase2, ViewStarted, StateRestored,
-                   Reset)
+                   Reset, JoinRefused)
 FROM_MESSAGING = (Closed, Freed, Opened, Resynced, Phase2Done, RecoveredOrderInfo)
 ACTION_TYPES = (Send, Pulse) + NODE_OWN + FROM_MEMBERSHIP + FROM_MESSAGING
 
 NodeAction = (Send | Pulse | Deliver | OrderInfo | ViewSwitch | Restored | RestartApp
               | MembershipChanged | ViewEntered | BeginPhase2 | ViewStarted | StateRestored
-              | Reset | Closed | Freed | Opened | Resynced | Phase2Done | RecoveredOrderInfo)
+              | Reset | JoinRefused | Closed | Freed | Opened | Resynced | Phase2Done | RecoveredOrderInfo)

@@ -104,9 +104,9 @@ The log's cap (docs/LOG.md). The log grows with the group's history (joiners rep
 all) up to `log_cap_bytes` (delivered inputs + order-info bytes) or `log_cap_entries`
 order-info entries. Reaching either is a state, not a crash: the node drops the log
 (`log_full` says why; the runtime logs it once), keeps only stream offsets, and from
-then on admits no new backup (`accepts_joiners` is False: membership ignores their
-applications; a joiner admitted before gets no checkpoint and is removed). The group
-runs on with the members it has.
+then on admits no new backup (`join_refusal` says why: membership answers each
+application with it, and the applicant's runtime stops with that line; a joiner admitted
+before gets no checkpoint and is removed). The group runs on with the members it has.
 
 Backup lag (docs/LOG.md). A backup's runtime tells the node how far its application has
 executed (`set_executed`); messaging reports it to the primary on ORDER_INFO acks. At the
@@ -305,9 +305,13 @@ class ReplicaNode:
         that replay would end (membership)."""
         self.membership.set_catch_up_estimate(us, now_us)
 
-    def accepts_joiners(self) -> bool:
-        """Membership asks before admitting a backup: only with the whole log."""
-        return self.log_full is None
+    def join_refusal(self) -> str | None:
+        """Membership asks before admitting a backup: only with the whole log (None),
+        else why not, as the applicant's operator will read it."""
+        if self.log_full is None:
+            return None
+        return (f"{self.log_full}: it was dropped and the group admits no new replica; "
+                f"restart the whole group to add one (docs/LOG.md)")
 
     def set_executed(self, pvn: int, pos: int, now_us: int | None = None) -> None:
         """A backup: its application executed order info of view `pvn` up to `pos`."""
@@ -683,8 +687,8 @@ class ReplicaNode:
             self._count("resets")
             self._emit(RestartApp(a.old_birth, a.new_birth, a.reason))
             self._emit(a)
-        elif isinstance(a, mb.ViewEntered):
-            self._emit(a)                               # status only
+        elif isinstance(a, (mb.ViewEntered, mb.JoinRefused)):
+            self._emit(a)                               # status only / the runtime stops
         else:
             raise TypeError(f"unknown membership action {a!r}")
 

@@ -191,6 +191,7 @@ FRAMING_WAIT_LOG_S = 5.0         # a promotion waiting this long for the app's o
 PIGGYBACK_BYTES = 16 << 10       # order info a message may carry (output commit, above)
 APP_STATE_VERSION = 1
 EXIT_TASK_FAILED = 70            # a background task of the agent failed (EX_SOFTWARE)
+EXIT_JOIN_REFUSED = 69           # the group admits no new replica (EX_UNAVAILABLE)
 LOOP_HANG_S = 20.0               # the event loop silent this long: stacks to the log
 SLOW_ACTION_MS = 30             # one node action handled this long is logged (heartbeats wait)
 CONNECT_FD_RETRY_S = 0.05       # out of descriptors: retry a connection to the app this often
@@ -320,7 +321,9 @@ class Agent:
                                                      max_piggyback_bytes=PIGGYBACK_BYTES)
         self.rng = random.Random(os.getpid() ^ time.monotonic_ns())
         self.node = rp.ReplicaNode(group, self.rng, membership_config=self.membership_config,
-                                   messaging_config=self.messaging_config, app_state=self)
+                                   messaging_config=self.messaging_config, app_state=self,
+                                   log_cap_bytes=cfg.log_cap_bytes,
+                                   log_cap_entries=cfg.log_cap_entries)
         self.node.membership.wall_ms_of = lambda: time.time_ns() // 1_000_000  # (lineages)
         self.driver = Driver(self.endpoint, self.node, on_action=self._on_action)
         self._handlers = self._action_handlers()
@@ -586,6 +589,7 @@ class Agent:
             actions.BeginPhase2: ignore, actions.ViewStarted: ignore,
             actions.StateRestored: ignore,
             actions.Reset: self._rejoin_backoff,    # after RestartApp
+            actions.JoinRefused: self._join_refused,
         }
         # every action the node emits but Send and Pulse (the driver's) has a handler
         missing = set(actions.ACTION_TYPES) - {actions.Send, actions.Pulse} - set(handlers)
@@ -653,6 +657,16 @@ class Agent:
         if a.rejoin_after_us > 0:
             _log(f"reset again soon after the last one: applying for membership in "
                  f"{a.rejoin_after_us / 1000:.0f} ms (back-off)")
+
+    def _join_refused(self, a: actions.JoinRefused) -> None:
+        """Applying again cannot help (docs/LOG.md, "The log's cap"): one line, and stop."""
+        if self.stop_event.is_set():
+            return
+        log.error(f"the primary {a.primary:x} of group {self.group} refuses this replica: "
+                  f"{a.why}")
+        self.exit_code = EXIT_JOIN_REFUSED
+        self._event("join_refused", why=a.why)
+        self.stop_event.set()
 
     # -- group connections and their streams --
     def _group_conn(self, cid: mg.ConnId) -> GroupConn:

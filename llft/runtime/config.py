@@ -19,6 +19,9 @@ Everything else, with its default:
                                   # fault_timeout_ms / 5)
     remote_timeout_ms = 3000      # a gateway silent this long is gone: its connection
                                   # (its clients' streams) reset at every replica
+    log_cap_mib = 256             # the group's log kept for joiners (inputs + order info)
+    log_cap_entries = 1048576     # ... and its order-info entries; past either, the group
+                                  # admits no new replica (docs/LOG.md, "The log's cap")
     [group.counter]
     gateway_address = "239.255.0.1:47001"   # the group's gateway (default: port + 1)
     grpc_relay_port = 2xxxx       # loopback port of the app's gRPC relay (default: 20000 +
@@ -65,6 +68,7 @@ from dataclasses import dataclass, field
 
 from llft.runtime.transport import GroupAddress, GroupMap
 from llft.protocol.messaging import MessagingConfig
+from llft.replica.node import LOG_CAP_BYTES, LOG_CAP_ENTRIES
 
 HEARTBEATS_PER_TIMEOUT = 5       # default heartbeat_ms = fault_timeout_ms / this
 DEFAULT_FAULT_TIMEOUT_MS = 100.0
@@ -120,6 +124,8 @@ class ClusterConfig:
     heartbeat_ms: float = default_heartbeat_ms(DEFAULT_FAULT_TIMEOUT_MS)
     fault_timeout_ms: float = DEFAULT_FAULT_TIMEOUT_MS
     remote_timeout_ms: float = DEFAULT_REMOTE_TIMEOUT_MS
+    log_cap_bytes: int = LOG_CAP_BYTES
+    log_cap_entries: int = LOG_CAP_ENTRIES
     groups: dict[str, GroupConfig] = field(default_factory=dict)
 
     def group(self, name: str) -> GroupConfig:
@@ -196,7 +202,7 @@ def _known_settings(path: str, where: str, table: dict, known: set[str]) -> None
 
 
 CLUSTER_KEYS = {"key_file", "interface", "ttl", "runtime_dir", "heartbeat_ms",
-                "fault_timeout_ms", "remote_timeout_ms"}
+                "fault_timeout_ms", "remote_timeout_ms", "log_cap_mib", "log_cap_entries"}
 GROUP_KEYS = {"address", "service_port", "gateway_address", "grpc_relay_port"}
 
 
@@ -294,6 +300,12 @@ def parse(raw: dict, path: str = "<config>") -> ClusterConfig:
         remote_timeout_ms=float(_number(path, "[cluster] remote_timeout_ms",
                                         cl.get("remote_timeout_ms", DEFAULT_REMOTE_TIMEOUT_MS),
                                         1000, 3_600_000)),
+        log_cap_bytes=int(_number(path, "[cluster] log_cap_mib",
+                                  cl.get("log_cap_mib", LOG_CAP_BYTES >> 20), 1, 1 << 20,
+                                  True)) << 20,
+        log_cap_entries=int(_number(path, "[cluster] log_cap_entries",
+                                    cl.get("log_cap_entries", LOG_CAP_ENTRIES), 1, 1 << 32,
+                                    True)),
         groups=groups)
 
 

@@ -124,6 +124,28 @@ def _until(predicate, what: str):
         time.sleep(0.01)             # polling the block's counters, with a deadline
 
 
+def test_a_replica_refused_for_a_full_log_stops_with_one_clear_line(tmp_path):
+    """Two replicas started together with a small log cap (docs/LOG.md, "The log's cap"):
+    once the group's log is full, a third replica is refused; it stops by itself with the
+    primary's reason as one line and exit status 69, instead of applying for ever. The
+    group runs on with its two members."""
+    from llft.runtime.agent import EXIT_JOIN_REFUSED
+    with LocalCluster(str(tmp_path), extra_cluster="log_cap_entries = 500") as lc:
+        lc.start_replica("r1", TICKER)
+        lc.start_replica("r2", TICKER)
+        lc.wait_members(2)
+        st = lc.wait_status(lambda st: ((by_rank(st, 1) or {}).get("log") or {}).get("full"),
+                            DEADLINE_S, "the primary's log full")
+        primary = by_rank(st, 1)["birth"]
+        r3 = lc.start_replica("r3", TICKER)
+        assert r3.wait(DEADLINE_S) == EXIT_JOIN_REFUSED, lc.log_tail("r3")
+        refused = [line for line in lc.log_tail("r3").splitlines() if "refuses" in line]
+        assert len(refused) == 1 and "log reached its cap" in refused[0], lc.log_tail("r3")
+        st = lc.status()
+        assert len(st["members"]) == 2 and by_rank(st, 1)["birth"] == primary
+        assert lc.alive("r1") and lc.alive("r2")
+
+
 def test_a_held_primary_application_makes_no_entry_until_released():
     from determinizer.runner import shim_env, spawn
     from determinizer.shm import Shm

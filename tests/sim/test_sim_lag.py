@@ -29,6 +29,7 @@ class Group:
         self.sim.run_for(2_000 * MS)
         assert self.a.status is mb.Status.PRIMARY
         self.b = None
+        self.b_actions: list = []
 
     def _node(self, n: int) -> ReplicaNode:
         return ReplicaNode("g", random.Random(n), **self.node_kw)
@@ -39,6 +40,7 @@ class Group:
         self.sim.add_node("B", self.b, ["g"], on_action=self._b_action)
 
     def _b_action(self, node_id, a, now_us) -> None:
+        self.b_actions.append(a)
         if isinstance(a, actions.RestartApp):
             self.given.clear()
         elif isinstance(a, (actions.OrderInfo, actions.ViewSwitch)):
@@ -130,12 +132,15 @@ def test_a_group_whose_log_reached_its_cap_admits_no_new_replica():
     g = Group(5, log_cap_entries=50)
     g.run(1_000 * MS)                    # ~100 entries: beyond the cap
     assert g.a.log_full and "cap" in g.a.log_full
-    assert not g.a.accepts_joiners() and len(g.a.order_info_log) == 0
+    assert g.a.join_refusal().startswith(g.a.log_full) and len(g.a.order_info_log) == 0
     assert g.a.checkpoint() is None
     g.add_b()
     g.run(3_000 * MS)
     assert [k.birth for k in g.a.membership.members] == [g.a.birth]
     assert g.b.status is not mb.Status.BACKUP
+    # the applicant is told why, once, so that its runtime stops with that line
+    refused = [a for a in g.b_actions if isinstance(a, actions.JoinRefused)]
+    assert [(a.primary, a.why) for a in refused] == [(g.a.birth, g.a.join_refusal())]
     assert g.a.status_snapshot()["log"]["full"] == g.a.log_full
 
 
