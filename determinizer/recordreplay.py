@@ -15,12 +15,22 @@
 
 A trace is one source of order information; the network is another. The only code
 specific to traces here is reading and writing files.
+
+Stopping a recording. The recorder waits for CMD the way `time` does: Ctrl-C (SIGINT, and
+SIGQUIT) reaches CMD from the terminal and CMD decides; the recorder ignores them, so it
+goes on draining until CMD has exited and then completes the trace. SIGTERM and SIGHUP
+sent to the recorder are passed on to CMD, with the same ending. (Until 2026-11-30 Ctrl-C
+stopped the recorder with CMD, exit 130, and the trace had no meta.json: `llft replay`
+failed on it with a traceback.) meta.json is written when CMD starts (`complete`: false)
+and again when it exits: a recorder that was killed leaves a trace that replays up to
+where it was drained (then a stall is reported, or `--promote` continues live).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -58,8 +68,12 @@ def run(args) -> int:
             print("llft record: no command (use: llft record --trace DIR -- CMD...)", file=sys.stderr)
             return 2
         return record(cmd, args.trace, external_ports=args.external_port, quiet=args.quiet)
-    return replay(cmd or None, args.trace, stall_ms=args.stall_ms, promote=args.promote,
-                  quiet=args.quiet)
+    try:
+        return replay(cmd or None, args.trace, stall_ms=args.stall_ms, promote=args.promote,
+                      quiet=args.quiet)
+    except TraceError as e:
+        print(f"llft replay: {e}", file=sys.stderr)
+        return 2
 
 
 def record(cmd: list[str], trace: str, external_ports=(), env=None, cwd=None, quiet=False,
@@ -72,9 +86,14 @@ def record(cmd: list[str], trace: str, external_ports=(), env=None, cwd=None, qu
     env = relay_env(env, relay.address)
     t0 = time.monotonic()
     nbytes = 0
+    meta = {"cmd": cmd, "env": env, "cwd": cwd, "returncode": None, "complete": False,
+            "external_ports": list(external_ports)}
+    write_meta(trace, meta)             # a killed recorder's trace still replays
+    old_handlers = {}
     try:
         with open(os.path.join(trace, TRACE_FILE), "wb") as out:
             proc = spawn(cmd, shim_env(env, shm.env(), external_ports), cwd=cwd, **popen_kw)
+            old_handlers = _wait_like_time(proc)
             # The drainer: the recorder's version of the agent's order-info pump.
             while proc.poll() is None:
                 data = shm.drain(timeout_ms=50)
@@ -84,27 +103,65 @@ def record(cmd: list[str], trace: str, external_ports=(), env=None, cwd=None, qu
             while data := shm.drain(timeout_ms=0):
                 out.write(data)
                 nbytes += len(data)
-        meta = {
-            "cmd": cmd, "env": env, "cwd": cwd, "returncode": proc.returncode,
-            "external_ports": list(external_ports), "bytes": nbytes,
-            "stats": shm.stats(), "active_pid": shm.active_pid,
-            "seconds": round(time.monotonic() - t0, 3),
-        }
-        with open(os.path.join(trace, META_FILE), "w") as f:
-            json.dump(meta, f, indent=1)
+        meta.update(returncode=proc.returncode, complete=True, bytes=nbytes,
+                    stats=shm.stats(), active_pid=shm.active_pid,
+                    seconds=round(time.monotonic() - t0, 3))
+        write_meta(trace, meta)
         if not quiet:
             print(f"llft record: {meta['stats']['records']} entries, {nbytes} bytes, exit "
                   f"{proc.returncode}, shim {'active' if shm.active_pid else 'INACTIVE'}",
                   file=sys.stderr)
         return proc.returncode
     finally:
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
         relay.stop()
         shm.close()
 
 
+def _wait_like_time(proc) -> dict:
+    """While `proc` runs: SIGINT and SIGQUIT ignored (the terminal's reach `proc` too),
+    SIGTERM and SIGHUP passed on to it. The handlers replaced, to restore after."""
+    def pass_on(sig, _frame):
+        try:
+            proc.send_signal(sig)
+        except ProcessLookupError:
+            pass                                    # exited meanwhile
+    if threading.current_thread() is not threading.main_thread():
+        return {}                                   # (a test's thread: signals are not ours)
+    old = {}
+    for sig, handler in ((signal.SIGINT, signal.SIG_IGN), (signal.SIGQUIT, signal.SIG_IGN),
+                         (signal.SIGTERM, pass_on), (signal.SIGHUP, pass_on)):
+        old[sig] = signal.signal(sig, handler)
+    return old
+
+
+def write_meta(trace: str, meta: dict) -> None:
+    path = os.path.join(trace, META_FILE)
+    with open(path + ".new", "w") as f:
+        json.dump(meta, f, indent=1)
+    os.replace(path + ".new", path)
+
+
+class TraceError(Exception):
+    """Not a trace `llft replay` can use (one line: what is wrong, what to do)."""
+
+
 def load_meta(trace: str) -> dict:
-    with open(os.path.join(trace, META_FILE)) as f:
-        return json.load(f)
+    path = os.path.join(trace, META_FILE)
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+        if not isinstance(meta, dict) or not isinstance(meta.get("cmd"), list):
+            raise ValueError("no command in it")
+    except FileNotFoundError:
+        what = "no such folder" if not os.path.isdir(trace) else f"no {META_FILE} in it"
+        raise TraceError(f"{trace} is not a trace of `llft record` ({what})") from None
+    except (OSError, ValueError) as e:
+        raise TraceError(f"{path} is unreadable ({e}): record the trace again") from None
+    if not os.path.exists(os.path.join(trace, TRACE_FILE)):
+        raise TraceError(f"{trace} has no {TRACE_FILE}: record the trace again")
+    return meta
 
 
 def replay(cmd: list[str] | None, trace: str, stall_ms: int = 10000, promote: bool = False,
@@ -165,7 +222,9 @@ def replay(cmd: list[str] | None, trace: str, stall_ms: int = 10000, promote: bo
             st = shm.stats()
             print(f"llft replay: {st['records']} entries replayed ({st['waits']} waits for a turn, "
                   f"{st['gil_drops']} with the GIL released), exit {proc.returncode} "
-                  f"(recorded {meta['returncode']})", file=sys.stderr)
+                  + (f"(recorded {meta['returncode']})" if meta.get("complete", True)
+                     else "(the recording was cut short: its recorder was killed)"),
+                  file=sys.stderr)
         return proc.returncode
     finally:
         shm.close()

@@ -362,3 +362,64 @@ def test_a_native_thread_pool_replays(tmp_path):
     for i in range(2):
         p, _ = replay(trace, str(work))
         assert p.stdout == out, f"replay {i}:\n{p.stdout.decode()}\n---\n{out.decode()}"
+
+
+def _recording_of(cmd: list[str], trace: str, cwd: str):
+    """`llft record` of `cmd` in a session of its own (a terminal's foreground job), once
+    `cmd` has printed its first line: (recorder, that line)."""
+    import subprocess
+    from rr_helpers import LLFT, private_tmp
+    rec = subprocess.Popen(LLFT + ["record", "-q", "--trace", trace, "--"] + cmd, cwd=cwd,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           start_new_session=True,
+                           env=private_tmp(None, trace.rstrip("/") + ".tmp"))
+    return rec, rec.stdout.readline()
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_a_recording_stopped_by_ctrl_c_or_sigterm_is_a_whole_trace(tmp_path, how):
+    """A server is recorded until its user stops it: Ctrl-C (SIGINT to the terminal's
+    process group, recorder and command alike) or SIGTERM to the recorder (passed on).
+    The command decides how to stop; the recorder completes the trace after it, exits
+    with its status, and the trace replays to the same output, the signal included."""
+    import json
+    import os
+    import signal
+    work = tmp_path / "work"
+    work.mkdir()
+    trace = str(tmp_path / "trace")
+    rec, first = _recording_of([PYTHON3, program("until_stopped.py")], trace, str(work))
+    assert first.startswith(b"tick 1 "), rec.stderr.read()
+    if how == "ctrl-c":
+        os.killpg(rec.pid, signal.SIGINT)
+    else:
+        rec.send_signal(signal.SIGTERM)
+    rest, err = rec.communicate(timeout=60)
+    out = first + rest
+    assert rec.returncode == 0, err.decode()[-2000:]
+    want = b"stopped by SIGINT" if how == "ctrl-c" else b"stopped by SIGTERM"
+    assert out.splitlines()[-1].startswith(want), out[-300:]
+    with open(os.path.join(trace, "meta.json")) as f:
+        meta = json.load(f)
+    assert meta["complete"] and meta["returncode"] == 0
+    p, _ = replay(trace, str(work))
+    assert p.stdout == out
+
+
+def test_replay_of_what_is_no_whole_trace_says_so_in_one_line(tmp_path):
+    """A folder without a trace, a trace without its order info, an unreadable meta.json:
+    one line naming what is wrong, exit status 2, nothing started."""
+    import subprocess
+    from rr_helpers import LLFT
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "no_oi").mkdir()
+    (tmp_path / "no_oi" / "meta.json").write_text('{"cmd": ["true"], "env": {}, "cwd": "/"}')
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "meta.json").write_text("{not json")
+    (tmp_path / "bad" / "orderinfo.bin").write_bytes(b"")
+    for name, words in (("missing", "no such folder"), ("empty", "no meta.json"),
+                        ("no_oi", "no orderinfo.bin"), ("bad", "unreadable")):
+        p = subprocess.run(LLFT + ["replay", "--trace", str(tmp_path / name)],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, (name, p.stderr)
+        assert p.stderr.startswith("llft replay: ") and words in p.stderr, (name, p.stderr)
