@@ -40,6 +40,8 @@ class MsgType(enum.IntEnum):
     ORDER_INFO = 8          # intra-group path for order info with no outgoing message to ride on
     CLOSED = 9              # a primary's answer on a connection it freed: both streams ended
                             # and every member of its group has the remote's whole stream
+    JOINER_OI_ACK = 10      # a joiner still receiving its state holds the primary's order
+                            # info from position `from` to `upto` (intra-group; node.py)
     # membership (multicast on the intra-group connection, except NEW_PRIMARY_VIEW*);
     # numbered from FIRST_MEMBERSHIP_TYPE
     PROPOSE_PRIMARY = 20
@@ -111,6 +113,7 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
     # position the backup's application has executed (its lag report; 0 from a primary)
     MsgType.ORDER_INFO: {"upto": int, "done": int},
     MsgType.CLOSED: {},
+    MsgType.JOINER_OI_ACK: {"upto": int, "from": int},
     # membership: "change" numbers the versions of one proposal / the changes inside a view;
     # "max_precedence" is the highest precedence ever assigned, so a new primary continues
     # above it; "old_primary" (birth id) names, with old_pvn, the view a proposal replaces

@@ -60,11 +60,14 @@ class ViewSwitch:
 class Restored:
     """A joining backup got the group's state: the application replays `streams`
     (conn -> bytes delivered so far) and `order_info` ((pvn, pos, chunk) app entries),
-    then runs on ordinary deliveries."""
+    then runs on ordinary deliveries. `log_upto`: per view, the last position the
+    state held, of any kind (markers and catch-ups too); what follows comes as
+    OrderInfo / ViewSwitch actions, possibly in the same batch of actions."""
     streams: tuple[tuple[mg.ConnId, bytes], ...]
     order_info: tuple[tuple[int, int, bytes], ...]
     app_state: bytes
     ends: tuple[tuple[mg.ConnId, bool], ...] = ()   # streams that ended there (abort?)
+    log_upto: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

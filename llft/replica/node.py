@@ -100,6 +100,18 @@ bytes its replaying application writes on each connection (the group already sen
 them), and emits `Restored(streams, order_info, app_state)`: the application replays
 those inputs, then continues with ordinary deliveries.
 
+Order info before the state. A joiner counts among the primary's backups from its
+admission; until its state arrives it has no messaging to acknowledge order info with,
+and the primary's output commit (docs/DESIGN.md, "Output commit") held every reply for
+the whole transfer. Meanwhile it keeps the order info of its view that its primary sends
+the backups (ORDER_INFO), at most MAX_EARLY_OI_*, and answers each with JOINER_OI_ACK
+(from, upto): the run it holds without a hole from its lowest position. The checkpoint
+is taken after the admission and holds every position up to where the joiner joined, so
+a run from at or below the next one means that once restored it holds all up to `upto`
+(the primary checks `from`, messaging `_on_joiner_oi_ack`); before that it cannot take
+over. Restored, it delivers the run past its checkpoint (`_apply_restore`), and
+`Restored.log_upto` says where the state ended.
+
 The log's cap (docs/LOG.md). The log grows with the group's history (joiners replay it
 all) up to `log_cap_bytes` (delivered inputs + order-info bytes) or `log_cap_entries`
 order-info entries. Reaching either is a state, not a crash: the node drops the log
@@ -146,6 +158,9 @@ LOG_CAP_ENTRIES = 1 << 20        # order-info entries in it
 LAG_BOUND_US = 1_000_000         # a ready backup at most ~1 s of execution behind
 LAG_GIVE_UP_US = 10_000_000      # ... or it is released after this long above the bound
 MAX_HELD_ACTIONS = 65_536        # node actions not yet taken by the runtime
+# order info a joiner keeps while its state is on its way ("Order info before the state")
+MAX_EARLY_OI_POSITIONS = 16_384
+MAX_EARLY_OI_BYTES = 16 << 20
 
 APP_TAG = 0x00
 VIEW_MARKER_TAG = 0x01
@@ -259,6 +274,10 @@ class ReplicaNode:
         self.skip_out: dict[mg.ConnId, int] = {}
         self.ends: dict[mg.ConnId, bool] = {}   # remote streams that ended (abort?)
         self._restore_blob: bytes | None = None
+        # a joiner awaiting its state: the primary's order info of view `_early_pvn`
+        self._early_oi: dict[int, bytes] = {}
+        self._early_pvn = 0
+        self._early_bytes = 0
 
     # ==== public API of the runtime =========================================================
     # What an agent reads of its replica. It calls these, the sans-IO surface and the
@@ -442,7 +461,56 @@ class ReplicaNode:
                 self.messaging.handle_message(msg, now_us)
         elif self.live:
             self.messaging.handle_message(msg, now_us)
+        elif t == MsgType.ORDER_INFO:
+            self._order_info_before_state(msg)
         self._settle()
+
+    def _order_info_before_state(self, msg: Message) -> None:
+        """A joiner whose state is on its way keeps the order info its primary sends the
+        backups meanwhile and says how much of it it holds without a hole (JOINER_OI_ACK,
+        at every ORDER_INFO, as a backup re-acks one): the primary's output commit then
+        counts it as it counts its backups (messaging `_on_joiner_oi_ack`) instead of
+        holding every reply until the transfer ends. Restored, it delivers what it kept
+        past its checkpoint (`_apply_restore`). Bounded: beyond MAX_EARLY_OI_* nothing
+        more is kept, the acks stop advancing, and output commit waits as before."""
+        m = self.membership
+        if (m.status is not mb.Status.AWAITING_STATE or not m.members
+                or msg.sender != m.members[0].birth or msg.pvn != m.pvn
+                or msg.src_group != self.group or msg.dst_group != self.group):
+            return
+        tr = mg.unpack_trailer(msg.order_info)
+        sec = tr[1] if tr is not None else None
+        if sec is None or sec[0] != m.pvn:
+            return
+        if self._early_pvn != m.pvn:
+            self._early_oi, self._early_pvn, self._early_bytes = {}, m.pvn, 0
+        early = self._early_oi
+        _, first, chunks = sec
+        for i, ch in enumerate(chunks):
+            pos = first + i
+            if pos in early:
+                continue
+            if (len(early) >= MAX_EARLY_OI_POSITIONS
+                    or self._early_bytes + len(ch) > MAX_EARLY_OI_BYTES):
+                self._count("early_oi_full")
+                break
+            early[pos] = ch
+            self._early_bytes += len(ch)
+        if not early:
+            return
+        lo, hi = self._early_run()
+        self._count("joiner_oi_acks_sent")
+        self._emit(mg.Send(self.group, Message(
+            type=MsgType.JOINER_OI_ACK, src_group=self.group, dst_group=self.group,
+            conn_seq=0, role=Role.CLIENT, pvn=m.pvn, precedence=m.precedence,
+            sender=self.birth, body={"upto": hi, "from": lo})))
+
+    def _early_run(self) -> tuple[int, int]:
+        """The run of kept positions without a hole from the lowest one: (first, last)."""
+        lo = hi = min(self._early_oi)
+        while hi + 1 in self._early_oi:
+            hi += 1
+        return lo, hi
 
     def heard_again(self, msg: Message, times_us: list[int]) -> None:
         """Byte-identical copies of `msg`, a message this node was given, arrived at
@@ -905,11 +973,24 @@ class ReplicaNode:
         self._emit(Restored(tuple(streams.items()),
                             tuple((p, q, e[1:]) for p, q, e in blob["oi"]
                                   if e[:1] == bytes([APP_TAG])),
-                            blob["app"], tuple(self.ends.items())))
+                            blob["app"], tuple(self.ends.items()),
+                            tuple(self.oi_upto.items())))
         for cid in self.streams:
             if cid not in self.messaging.conns:
                 # the group freed it before we joined: the app replays it, no more
                 self._emit(mg.Freed(cid))
+        if self._early_oi and self._early_pvn == self.messaging.pvn:
+            # what we acknowledged while the state came: past the checkpoint, delivered
+            # now (the primary counts on it); its run starts at or below the checkpoint's
+            # end, a slice at a time (a backup holds at most max_order_info_pending ahead)
+            lo, hi = self._early_run()
+            run = [self._early_oi[p] for p in range(lo, hi + 1)]
+            step = self.messaging_config.max_order_info_pending
+            for i in range(0, len(run), step):
+                self.messaging.take_early_order_info([self._early_pvn, lo + i,
+                                                      run[i:i + step]])
+            self._count("early_oi_delivered", hi - lo + 1)
+        self._early_oi, self._early_bytes = {}, 0
 
     def _count(self, key: str, n: int = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + n

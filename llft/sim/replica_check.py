@@ -265,7 +265,11 @@ class App:
             for cid, data in restored.streams:
                 self.seen[cid] = bytearray()
                 self._input(cid, 0, data)
-        for p, q, _ in node.order_info_log:
+        # what the state held (order info delivered after it may already be in the log:
+        # a joiner delivers what came while its state was on its way in the same batch)
+        held = restored.log_upto if restored is not None else \
+            [(p, q) for p, q, _ in node.order_info_log]
+        for p, q in held:
             self.oi_next[p] = max(self.oi_next.get(p, 1), q + 1)
         if restored is not None:          # it replays the history at once
             node.set_executed(node.pvn, self.oi_next.get(node.pvn, 1) - 1)
@@ -1294,8 +1298,12 @@ class Schedule:
                     self.stats[f"streams freed at {g}"] += self.apps[n].table.freed
             self.stats["streams reset by the client"] += len(self.rst_streams)
         for node in self.nodes_made:    # coverage of the catch-up (node.py)
-            for k in ("catch_up_sent", "caught_up_entries", "history_differs", "catch_up_gap"):
+            for k in ("catch_up_sent", "caught_up_entries", "history_differs", "catch_up_gap",
+                      "joiner_oi_acks_sent", "early_oi_delivered"):
                 self.stats[k] += node.stats.get(k, 0)
+            # (the primary's messaging: a joiner's acknowledgments taken or refused)
+            for k in ("joiner_oi_acks", "joiner_oi_ack_ignored"):
+                self.stats[k] += node.messaging.stats.get(k, 0)
             # coverage of "takeover needs evidence" (membership/core.py)
             self.stats["takeovers held"] += node.membership.takeovers_held
             self.stats["probe answers: primary alive"] += node.membership.probes_alive

@@ -883,3 +883,29 @@ def test_a_section_past_the_position_range_is_malformed():
     assert unpack_trailer(pack_trailer(1, [1, top, [b"a"]], None))[1] == [1, top, [b"a"]]
     assert unpack_trailer(pack_trailer(1, [1, top, [b"a", b"b"]], None))[1] is None
     assert unpack_trailer(pack_trailer(1, None, [1, (1 << 64) - 1, [b"a"]]))[2] is None
+
+
+def test_a_joiners_order_info_ack_counts_only_without_a_hole_past_where_it_joined():
+    """JOINER_OI_ACK (a joiner still receiving its state, llft/replica/node.py): its
+    checkpoint holds every position up to where it joined, so a run it kept from at or
+    below the next position makes it hold everything up to `upto`. A run starting later
+    leaves a hole: ignored (output commit then waits for it, as before)."""
+    p = ep("g", 1, [1, 2], primary=1)
+    for i in range(10):
+        p.add_order_info(b"x%d" % i, now_us=i)
+    p.set_view(1, 1, [(1, 1), (2, 2), (3, 3)], 1, now_us=20)      # 3 joins at position 10
+    assert p.order_info.joined_at[3] == 10
+    for i in range(10, 12):
+        p.add_order_info(b"y%d" % i, now_us=30 + i)
+    p.order_info.on_ack(2, 12)
+
+    def joiner_ack(upto, first):
+        p.handle_message(Message(type=MsgType.JOINER_OI_ACK, src_group="g", dst_group="g",
+                                 conn_seq=0, role=Role.CLIENT, pvn=1, precedence=3, sender=3,
+                                 body={"upto": upto, "from": first}), now_us=50)
+
+    joiner_ack(12, 12)              # positions 11 missing: a hole past its checkpoint
+    assert p.order_info.acks.get(3, 0) == 0 and p.stats["joiner_oi_ack_ignored"] == 1
+    joiner_ack(12, 11)              # from the first position past where it joined
+    assert p.order_info.acks[3] == 12 and p.order_info.floor() == 12
+    assert p.order_info_unprotected_bytes() == 0

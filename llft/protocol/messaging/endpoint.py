@@ -1977,6 +1977,33 @@ class MessagingEndpoint:
             if self.order_info.log:
                 self._order_info_urgent()
 
+    def _on_joiner_oi_ack(self, msg: Message) -> None:
+        """A joiner still receiving its state says it holds the order info we sent it from
+        position `from` to `upto` (llft/replica/node.py, "order info before the state").
+        Its checkpoint, taken after it was admitted, holds every position up to where it
+        joined (`joined_at`); so once restored it holds all up to `upto`, and until then it
+        cannot take over. That is an acknowledgment like a backup's, if `from` is at or
+        below the first position past where it joined; otherwise there is a hole and it
+        counts for nothing (the joiner acks normally once restored). Without it output
+        commit waited for the joiner's whole state transfer (an admission under load held
+        every reply for 0.3-1.5 s)."""
+        if msg.pvn != self.pvn:
+            return
+        joined = self.order_info.joined_at.get(msg.sender)
+        if joined is None or msg.body["from"] > joined + 1:
+            self._count("joiner_oi_ack_ignored")
+            return
+        if self.order_info.on_ack(msg.sender, msg.body["upto"]):
+            self._count("joiner_oi_acks")
+            self._gc_order_info()
+            if self.order_info.log:
+                self._order_info_urgent()
+
+    def take_early_order_info(self, sec: list) -> None:
+        """A restored joiner: the order info it was sent while its state was on its way
+        (one contiguous section), delivered now past what the checkpoint held."""
+        self._oi_accept(sec, "oi_before_state")
+
     def _on_primary_heartbeat(self, msg: Message) -> None:
         # the primary's group watermark holds for the connections it knew (its digest in
         # `ack`); a message on a connection we learned of later may have a lower ts, so
@@ -2542,6 +2569,7 @@ _INTRA_GROUP_HANDLERS: dict[tuple[MsgType, bool], str] = {
     (MsgType.HEARTBEAT, True): "_on_backup_heartbeat",
     (MsgType.NACK, True): "_on_local_nack",
     (MsgType.ORDER_INFO, True): "_on_order_info_ack",
+    (MsgType.JOINER_OI_ACK, True): "_on_joiner_oi_ack",
     (MsgType.HEARTBEAT, False): "_on_primary_heartbeat",
     (MsgType.ORDER_INFO, False): "_on_order_info",
 }
