@@ -421,6 +421,7 @@ class Membership:
         # names the lineage this replica founds (`rules.lineage_of`); 0: unknown
         self.wall_ms_of: Callable[[], int] = int
         self.takeovers_held = 0                 # suspicions held for want of evidence
+        self.takeovers_on_leave = 0             # proposals made because the primary left
         self.probes_alive = 0                   # answers: our primary speaks to them
         self._become_joiner(0)
 
@@ -707,7 +708,7 @@ class Membership:
         mine, c = self.primary.birth, self.cfg
         if self._outlived_by == mine:
             return              # it served them long after it fell silent to us (below)
-        if now_us - self._primary_spoke_us < c.timeout_base_us:
+        if now_us - self._primary_spoke_us < c.timeout_base_us and not self._left():
             self.probes_alive += 1              # its heartbeats are late, but it speaks
             return
         if primary and (pvn > self.pvn or (pvn == self.pvn and primary != mine)
@@ -896,6 +897,8 @@ class Membership:
         self.change = 0
         self.lineage = 0                 # our group's lineage (`rules.lineage_of`; 0: none yet)
         self.join_refused = False        # our primary answered REFUSE_BACKUP (JoinRefused)
+        self._primary_left: tuple[int, int] | None = None   # (pvn, primary) that sent LEAVE
+        self._left_at_us = 0                                 # ... when it came
         self.members: list[Key] = []
         self._quorum_base = 0            # the largest membership of our view (`_install`)
         self._majority_kept_us = now_us  # last heard a majority of it, as of the last change
@@ -1195,6 +1198,8 @@ class Membership:
         heard + floor + extension: `silence_watches`)."""
         # every rank extends by what the rank-2 floor would: the ranks keep their order
         c, p = self.cfg, self.primary.birth
+        if self._left() and self.rank == 2:
+            return self._left_at_us, False      # it said so: no silence to wait for
         heard = self._primary_heard_us()
         floor = c.fault_timeout_us(max(2, self.rank))
         fire = heard + floor
@@ -1245,10 +1250,14 @@ class Membership:
             return
         members = proposal_members(self.members, self.primary, self.key)
         self._generated_target = target
+        if self._left():
+            self.takeovers_on_leave += 1
         heard = self._primary_heard_us()
         # the timeout that applied, beside the silence: a takeover from a live primary
         # then says whether the detector had room (an extended timeout) or none
-        why = (f"primary {short_id(self.primary.birth)} of view {self.pvn} silent for "
+        why = (f"primary {short_id(self.primary.birth)} of view {self.pvn} left (it said so "
+               f"as it stopped, {(now_us - heard) // 1000} ms ago)" if self._left() else
+               f"primary {short_id(self.primary.birth)} of view {self.pvn} silent for "
                f"{(now_us - heard) // 1000} ms (timeout "
                f"{(self._fd_deadline_us() - heard) // 1000} ms)")
         self._proposal = _Proposal(target, 0, members, (self.pvn, self.primary.birth),
@@ -1260,6 +1269,10 @@ class Membership:
             self._last_heard.setdefault(k.birth, now_us)
         self._send_proposal(now_us)
         self._check_phase1(now_us)
+
+    def _left(self) -> bool:
+        """Our view's primary said it stopped for good (LEAVE)."""
+        return bool(self.members) and self._primary_left == (self.pvn, self.primary.birth)
 
     def _awaiting_evidence(self, now_us: int) -> bool:
         """Takeover needs evidence (beyond the paper). A backup cannot tell its primary's
@@ -1277,7 +1290,12 @@ class Membership:
         serving primary removes us; on the heal we hear it and rejoin). A remote group
         whose primary died with ours still answers (its backups do), and counts our
         PROBEs as nothing. With no remote connection nobody can have seen output: the
-        takeover proceeds as the paper's."""
+        takeover proceeds as the paper's. A primary that said it left (LEAVE) is asked
+        about too: it serves no more, but a backup cut off from the clients must still
+        not take over on its word while another, with them, takes over after its own
+        detector (two successors, and the heal keeps the one the clients did not see:
+        `llft simulate replica --leave 0.7 --partition 0.3 --replay 11726639226745818027`
+        rolled replies back when the word sufficed)."""
         held = self._takeover_held_us
         if held is None or self._fd_deadline_us() > held:      # a new suspicion
             groups = tuple(self.remote_groups_of())
@@ -1736,6 +1754,28 @@ class Membership:
         else:
             self._fill_window()
 
+    def leave(self, now_us: int) -> bool:
+        """The primary stops for good (its runtime's SIGTERM, once its backups hold its
+        order info): LEAVE tells them, and the senior one takes over as soon as the
+        remote groups confirm (one PROBE round trip) rather than after its detector.
+        Sent twice (a lost one costs only the detector's wait). True if sent."""
+        if self.status is not Status.PRIMARY or len(self.members) < 2:
+            return False
+        for _ in range(2):
+            self._send(MsgType.LEAVE, {})
+        return True
+
+    def _on_leave(self, msg: Message, now_us: int) -> None:
+        if (self.status is not Status.BACKUP or msg.pvn != self.pvn or not self.members
+                or msg.sender != self.primary.birth or self._left()):
+            return
+        self._primary_left, self._left_at_us = (self.pvn, msg.sender), now_us
+        if self.rank == 2:
+            # its detector fires now; the evidence is asked for as after any silence (the
+            # remote groups heard the primary last before its LEAVE); the other backups
+            # follow its proposal as usual
+            self._fault_detector_fired(now_us)
+
     def _on_refuse_backup(self, msg: Message, now_us: int) -> None:
         if (self.status is Status.JOINING and msg.body["to"] == self.birth
                 and msg.precedence > 0 and not self.join_refused):
@@ -1745,6 +1785,7 @@ class Membership:
     _HANDLERS = {
         MsgType.HEARTBEAT: _on_heartbeat,
         MsgType.REFUSE_BACKUP: _on_refuse_backup,
+        MsgType.LEAVE: _on_leave,
         MsgType.PROPOSE_PRIMARY: _on_propose_primary,
         MsgType.PROPOSE_PRIMARY_ACK: _on_pp_ack,
         MsgType.PROPOSE_BACKUP: _on_propose_backup,

@@ -64,6 +64,9 @@ class MsgType(enum.IntEnum):
     # a primary's answer to an application it will not admit (its group's log reached its
     # cap, docs/LOG.md): `to` the applicant's birth id, `why` one line for its operator
     REFUSE_BACKUP = 32
+    # a primary stopping for good (SIGTERM, its backups holding its order info): the
+    # senior backup's detector fires at once (the evidence is still asked for)
+    LEAVE = 33
 
 
 # Kinds of message type, each written once. Membership's types are numbered from 20: they
@@ -130,6 +133,7 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
                             "max_precedence": int, "lineage": int},
     MsgType.ACCEPT_BACKUP_ACK: {"change": int},
     MsgType.REFUSE_BACKUP: {"to": int, "why": str},
+    MsgType.LEAVE: {},
     MsgType.REMOVE_BACKUP: {"members": list, "old_members": list, "change": int,
                             "max_precedence": int, "lineage": int},
     MsgType.REMOVE_BACKUP_ACK: {"change": int},

@@ -258,6 +258,7 @@ class ReplicaNode:
         self.messaging.probe_state_of = lambda: self.membership.probe_state(self._now)
         self.live = False                       # messaging fed (member holding state)
         self._leaving = False                   # abandoned: the endpoint's rest is dropped
+        self._gone = False                      # left the group for good (`leave`)
         self.started_pvn = 0                    # primary view whose marker we logged
         self.streams: dict[mg.ConnId, bytearray] = {}
         self.stream_base: dict[mg.ConnId, int] = {}   # bytes dropped (the log was full)
@@ -603,6 +604,20 @@ class ReplicaNode:
         carries no piggyback and reaches no group that could reflect it."""
         return not self.messaging.is_primary or self.messaging.order_info_unprotected_bytes() == 0
 
+    def leave(self, now_us: int) -> bool:
+        """A primary stopping for good: its senior backup takes over at once (membership
+        `leave`). True if the group was told."""
+        self._now = max(self._now, now_us)
+        told = self._touched().leave(now_us)
+        self._settle()                      # the LEAVE goes out
+        if told:
+            # and nothing of ours after it: the group's next view forms at once, and a
+            # heartbeat of our view's primary still heard then (the pulse repeats it until
+            # the process is gone) was a competing primary to its members (one reset itself)
+            self._gone = True
+            self._actions.append(Pulse(self.group, None, 0, 0))
+        return told
+
     def want_order_info(self, now_us: int) -> None:
         """An external send waits until the backups hold every order-info entry so far
         (`order_info_held`): messaging sends them to the backups now."""
@@ -705,6 +720,8 @@ class ReplicaNode:
             self.messaging.heartbeat_soon()
 
     def _emit(self, action: NodeAction) -> None:
+        if self._gone and isinstance(action, (mg.Send, Pulse)):
+            return                          # left the group: no word of ours any more
         if not isinstance(action, ACTION_TYPES):
             raise TypeError(f"{action!r} is not a node action (llft/replica/actions.py)")
         if len(self._actions) >= MAX_HELD_ACTIONS:

@@ -449,6 +449,9 @@ class Agent:
             await self.stop_event.wait()
             if self.mode is AppMode.PRIMARY and self.exit_code == 0:
                 await self._flush_before_exit()
+                # the senior backup takes over now, not after its detector (membership)
+                if self.driver.call(self.node.leave, self.driver.clock_us()):
+                    self._count("left")
         finally:
             self.tasks.cancel_all()
             faulthandler.cancel_dump_traceback_later()

@@ -51,7 +51,10 @@ the faults instead cuts one replica (primary or backup) off its group for 20-300
 alone or together with the remote group, then heals: each side may go on as a branch
 of its own, and the heal must keep the one whose output the other group has seen. With
 `--machine-cuts M` a share M of those cuts takes one replica of each group together
-instead, as the cut of one host running a replica of each does. A crash never leaves a
+instead, as the cut of one host running a replica of each does. With `--leave L` a
+share L of the primaries' crashes are graceful stops instead: the primary says LEAVE (as
+`llft run` does at SIGTERM) and stops at once, and its senior backup takes over without
+waiting for its detector or for evidence. A crash never leaves a
 group without a live replica holding its state. Then faults stop
 (and any partition heals).
 
@@ -102,7 +105,7 @@ dup P reorder P`, `set messaging payload B window N` (optional after them:
 yes|no`, `request SEQ SIZE...` (the client's writes on connection SEQ), `set streams N`
 (instead of `request` lines: N streams in one connection, planned from the app seed),
 `seed sim N` (the kernel and the nodes), `seed app N` (the applications' pacing); events `start NODE`, `crash
-NODE` (skipped if it held its group's last state), `pause NODE US` (stopped for US
+NODE` (skipped if it held its group's last state), `leave NODE` (a primary's LEAVE, then its crash), `pause NODE US` (stopped for US
 microseconds), `restart NODE` (a new incarnation), `partition A.. | B..` (nodes on
 different sides cannot reach each other), `heal`,
 `quiet [restart NODE...]` (the faults stop) and `nothing` (a fault the generator planned
@@ -801,11 +804,13 @@ class Schedule:
         self.started: set[str] = set()
         self.partition = 0.0                 # the generator's share of partitions
         self.machine_cuts = 0.0              # ... of which cut one replica of each group
+        self.leave = 0.0                     # the generator's share of graceful primary stops
         self.cut_until = 0                   # a partition is on until then (one at a time)
 
     @classmethod
     def generate(cls, seed: int, *, random_cuts: bool = False, partition: float = 0.0,
-                 machine_cuts: float = 0.0, streams: int = 0, trace=None) -> "Schedule":
+                 machine_cuts: float = 0.0, streams: int = 0, leave: float = 0.0,
+                 trace=None) -> "Schedule":
         """The schedule of `seed`: its parameters now, its faults as it runs (`run`)."""
         rng = random.Random(seed)
         script = Script(KIND)
@@ -839,6 +844,7 @@ class Schedule:
         s.rng = rng
         s.partition = partition
         s.machine_cuts = machine_cuts
+        s.leave = leave
         return s
 
     # -- expectations -----------------------------------------------------------------------
@@ -1106,13 +1112,16 @@ class Schedule:
         sim, verb, args = self.sim, words[0], words[1:]
         if verb == "start":
             self._start(args[0], restart=False)
-        elif verb == "crash":
+        elif verb in ("crash", "leave"):
             victim = args[0]
             if victim not in self.started or not sim.alive(victim):
                 return
             if not [n for n in self._stateful(victim[0]) if n != victim]:
                 self._log(f"not crashing {victim}: the group's state would be lost with it")
                 return
+            if verb == "leave" and sim.core(victim).leave(sim.now_us):
+                sim.pump(victim)                # its LEAVE goes out, then it is gone
+                self.stats["left"] += 1
             status = sim.core(victim).status
             if status in (mb.Status.PROPOSING, mb.Status.PRIMARY_PHASE2):
                 self.stats[f"crash while {status.value}"] += 1
@@ -1157,7 +1166,9 @@ class Schedule:
             else:
                 cand = [n for n in live if not sim.core(n).is_primary]
             if cand:
-                self._do("crash", self.rng.choice(cand))
+                # (drawn only with --leave: the other seeds keep their schedules)
+                graceful = pick == "primary" and self.leave and self.rng.random() < self.leave
+                self._do("leave" if graceful else "crash", self.rng.choice(cand))
             else:
                 self._do("nothing", "#", "no", pick, "of", g, "to", "crash")
         return act
@@ -1306,6 +1317,7 @@ class Schedule:
                 self.stats[k] += node.messaging.stats.get(k, 0)
             # coverage of "takeover needs evidence" (membership/core.py)
             self.stats["takeovers held"] += node.membership.takeovers_held
+            self.stats["takeovers on leave"] += node.membership.takeovers_on_leave
             self.stats["probe answers: primary alive"] += node.membership.probes_alive
         return Outcome(self.violations, self.script, self.stats)
 
@@ -1429,9 +1441,11 @@ def request_bytes(seq: int, n: int) -> bytes:
 
 
 def run_seed(seed: int, *, random_cuts: bool = False, partition: float = 0.0,
-             machine_cuts: float = 0.0, streams: int = 0, trace=None) -> Outcome:
+             machine_cuts: float = 0.0, streams: int = 0, leave: float = 0.0,
+             trace=None) -> Outcome:
     return Schedule.generate(seed, random_cuts=random_cuts, partition=partition,
-                             machine_cuts=machine_cuts, streams=streams, trace=trace).run()
+                             machine_cuts=machine_cuts, streams=streams, leave=leave,
+                             trace=trace).run()
 
 
 def run_script(script: Script, *, trace=None) -> Outcome:
@@ -1449,5 +1463,7 @@ CAMPAIGN = Campaign(
                                    "(docs/ARCHITECTURE.md open item 9)"),
         Param("streams", 0, "the client opens this many streams in one group connection "
                             "(some ended with FIN, some reset), the server frames its answers "
-                            "with a Framer per replica (0: plain connections)"),))
+                            "with a Framer per replica (0: plain connections)"),
+        Param("leave", 0.0, "share of the primaries' crashes that are graceful stops (LEAVE, "
+                            "then the crash: the senior backup takes over at once)"),))
 add_arguments, run = CAMPAIGN.add_arguments, CAMPAIGN.run
