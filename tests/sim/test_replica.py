@@ -117,6 +117,15 @@ def test_campaign_with_partitions():
     assert [f"seed {s}: {v}" for s, v in bad] == []
 
 
+def test_campaign_with_graceful_stops_and_partitions():
+    """`llft simulate replica --leave 0.7 --partition 0.3`: most primaries stop with LEAVE
+    (docs/DESIGN.md, "A graceful stop"), the senior backup's detector fires at once, and
+    partitions cut the groups meanwhile; the evidence asked of the remote groups keeps a
+    cut-off backup from forking the group on the leaving primary's word."""
+    bad = rc.CAMPAIGN.failures(40, 3, leave=0.7, partition=0.3)
+    assert [f"seed {s}: {v}" for s, v in bad] == []
+
+
 def test_campaign_with_streams():
     """`llft simulate replica --streams 4`: four streams in one group connection, some
     ended with FIN, some reset; the server frames its answers with a Framer per replica
@@ -266,6 +275,13 @@ def test_cli_output_contract(capsys):
 def test_soak(soak):
     n = 400 if soak == "small" else 3000
     assert _campaign(n, 7) == []
+
+
+@pytest.mark.slow
+def test_soak_graceful_stops(soak):
+    n = 200 if soak == "small" else 1500
+    bad = rc.CAMPAIGN.failures(n, 7, leave=0.7, partition=0.3)
+    assert [f"seed {s}: {v}" for s, v in bad] == []
 
 
 @pytest.mark.slow
