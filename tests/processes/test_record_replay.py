@@ -366,14 +366,25 @@ def test_a_native_thread_pool_replays(tmp_path):
 
 def _recording_of(cmd: list[str], trace: str, cwd: str):
     """`llft record` of `cmd` in a session of its own (a terminal's foreground job), once
-    `cmd` has printed its first line: (recorder, that line)."""
+    `cmd` printed "waiting" and sleeps in the kernel: (recorder, what it printed)."""
     import subprocess
+    import psutil
+    from polling import wait_for
     from rr_helpers import LLFT, private_tmp
     rec = subprocess.Popen(LLFT + ["record", "-q", "--trace", trace, "--"] + cmd, cwd=cwd,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            start_new_session=True,
                            env=private_tmp(None, trace.rstrip("/") + ".tmp"))
-    return rec, rec.stdout.readline()
+    out = b""
+    while not out.endswith(b"waiting\n"):
+        line = rec.stdout.readline()
+        assert line, rec.stderr.read()
+        out += line
+    # the program itself (its launcher may exec it or not), asleep in the kernel
+    app = [p for p in psutil.Process(rec.pid).children(recursive=True)
+           if "until_stopped.py" in " ".join(p.cmdline())][-1]
+    wait_for(lambda: app.status() == psutil.STATUS_SLEEPING, "the program asleep", 30)
+    return rec, out
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
@@ -389,7 +400,7 @@ def test_a_recording_stopped_by_ctrl_c_or_sigterm_is_a_whole_trace(tmp_path, how
     work.mkdir()
     trace = str(tmp_path / "trace")
     rec, first = _recording_of([PYTHON3, program("until_stopped.py")], trace, str(work))
-    assert first.startswith(b"tick 1 "), rec.stderr.read()
+    assert first.startswith(b"tick 1 "), first
     if how == "ctrl-c":
         os.killpg(rec.pid, signal.SIGINT)
     else:
