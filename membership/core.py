@@ -868,7 +868,7 @@ class Membership:
         its loop wakes as a quiet member's does; everyone else every interval."""
         c = self.cfg
         hb, k, g = c.heartbeat_interval_us, c.pulse_intervals, c.group
-        msg = self._message(MsgType.HEARTBEAT, {**self._heartbeat_body(), "done": 0})
+        msg = self.message(MsgType.HEARTBEAT, {**self._heartbeat_body(), "done": 0})
         if k > 1 and self.status is Status.PRIMARY and len(self.members) == 1:
             quiet = msg == self._last_own_hb
             self._last_own_hb = msg
@@ -881,13 +881,15 @@ class Membership:
             self._heartbeat_sent(now_us)
             self._tick_period_us = hb
 
-    def _message(self, mtype: MsgType, body: dict) -> Message:
+    def message(self, mtype: MsgType, body: dict) -> Message:
+        """An intra-group message from us in our view (also the node's, for a joiner
+        that has no live messaging yet)."""
         g = self.cfg.group
         return Message(type=mtype, src_group=g, dst_group=g, conn_seq=0, role=Role.CLIENT,
                        pvn=self.pvn, precedence=self.precedence, sender=self.birth, body=body)
 
     def _send(self, mtype: MsgType, body: dict) -> None:
-        self._emit(Send(self.cfg.group, self._message(mtype, body)))
+        self._emit(Send(self.cfg.group, self.message(mtype, body)))
 
     def _become_joiner(self, now_us: int) -> None:
         self.birth = self.rng.getrandbits(63) or 1

@@ -501,10 +501,8 @@ class ReplicaNode:
             return
         lo, hi = self._early_run()
         self._count("joiner_oi_acks_sent")
-        self._emit(mg.Send(self.group, Message(
-            type=MsgType.JOINER_OI_ACK, src_group=self.group, dst_group=self.group,
-            conn_seq=0, role=Role.CLIENT, pvn=m.pvn, precedence=m.precedence,
-            sender=self.birth, body={"upto": hi, "from": lo})))
+        self._emit(mg.Send(self.group, m.message(MsgType.JOINER_OI_ACK,
+                                                 {"upto": hi, "from": lo})))
 
     def _early_run(self) -> tuple[int, int]:
         """The run of kept positions without a hole from the lowest one: (first, last)."""
@@ -998,14 +996,10 @@ class ReplicaNode:
                 self._emit(mg.Freed(cid))
         if self._early_oi and self._early_pvn == self.messaging.pvn:
             # what we acknowledged while the state came: past the checkpoint, delivered
-            # now (the primary counts on it); its run starts at or below the checkpoint's
-            # end, a slice at a time (a backup holds at most max_order_info_pending ahead)
+            # now (the primary counts on it); its run starts at or below the checkpoint's end
             lo, hi = self._early_run()
-            run = [self._early_oi[p] for p in range(lo, hi + 1)]
-            step = self.messaging_config.max_order_info_pending
-            for i in range(0, len(run), step):
-                self.messaging.take_early_order_info([self._early_pvn, lo + i,
-                                                      run[i:i + step]])
+            self.messaging.take_early_order_info(
+                lo, [self._early_oi[p] for p in range(lo, hi + 1)])
             self._count("early_oi_delivered", hi - lo + 1)
         self._early_oi, self._early_bytes = {}, 0
 

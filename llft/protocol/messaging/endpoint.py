@@ -1972,10 +1972,17 @@ class MessagingEndpoint:
         if msg.pvn != self.pvn:
             return
         self.order_info.on_done(msg.sender, msg.body["done"])
-        if self.order_info.on_ack(msg.sender, msg.body["upto"]):
-            self._gc_order_info()
-            if self.order_info.log:
-                self._order_info_urgent()
+        self._backup_acked(msg.sender, msg.body["upto"])
+
+    def _backup_acked(self, backup: int, upto: int) -> bool:
+        """`backup` holds our order info up to `upto`: what every backup holds goes, and
+        what output waits on is sent on. True if that was news."""
+        if not self.order_info.on_ack(backup, upto):
+            return False
+        self._gc_order_info()
+        if self.order_info.log:
+            self._order_info_urgent()
+        return True
 
     def _on_joiner_oi_ack(self, msg: Message) -> None:
         """A joiner still receiving its state says it holds the order info we sent it from
@@ -1993,16 +2000,17 @@ class MessagingEndpoint:
         if joined is None or msg.body["from"] > joined + 1:
             self._count("joiner_oi_ack_ignored")
             return
-        if self.order_info.on_ack(msg.sender, msg.body["upto"]):
+        if self._backup_acked(msg.sender, msg.body["upto"]):
             self._count("joiner_oi_acks")
-            self._gc_order_info()
-            if self.order_info.log:
-                self._order_info_urgent()
 
-    def take_early_order_info(self, sec: list) -> None:
-        """A restored joiner: the order info it was sent while its state was on its way
-        (one contiguous section), delivered now past what the checkpoint held."""
-        self._oi_accept(sec, "oi_before_state")
+    def take_early_order_info(self, first: int, chunks: list[bytes]) -> None:
+        """A restored joiner: the order info of our view it was sent while its state was
+        on its way (positions `first`.. without a hole, `first` at or below the end of
+        what the checkpoint held), delivered now past that end; a slice at a time, as a
+        backup holds at most max_order_info_pending ahead of what it delivered."""
+        step = self.config.max_order_info_pending
+        for i in range(0, len(chunks), step):
+            self._oi_accept([self.pvn, first + i, chunks[i:i + step]], "oi_before_state")
 
     def _on_primary_heartbeat(self, msg: Message) -> None:
         # the primary's group watermark holds for the connections it knew (its digest in
