@@ -23,9 +23,10 @@ This is the API the replica runtime calls to pump order information:
     shm.hold(True|False)                 # primary: ordered calls wait while held
                                          # (backpressure from a lagging backup)
     shm.diverged, shm.report, shm.stats()
-    # group connections (env LLFT_SERVICE_PORT=<service port>, see native/shim_net.c)
-    shm.group_port                       # real loopback port of the app's group listener, 0 until
-    shm.group_address                    # listen(); ("127.0.0.1"|"::1", port) or None
+    # group connections (env LLFT_SERVICE_PORT=<service port>, see native/shim_group.c)
+    shm.group_id                         # the app's group listener, 0 until its listen()
+    shm.group_address                    # its abstract AF_UNIX address (bytes) or None
+    shm.reset_conn(k) / shm.app_reset(k) # a group connection's reset, each way
     shm.divergence                       # (connection index, stream offset) of a group write
                                          # divergence, or None
 
@@ -38,7 +39,6 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
-import socket
 import time
 
 from determinizer.orderinfo import split
@@ -155,19 +155,35 @@ class Shm:
         return bool(self._get(CtlWord.DIVERGED))
 
     @property
-    def group_port(self) -> int:
-        """Real (ephemeral, loopback) port of the app's group listener; 0 until the app
-        has called listen() on a socket bound to LLFT_SERVICE_PORT."""
-        return self._get(CtlWord.GROUP_PORT)
+    def group_id(self) -> int:
+        """The app's group listener (0 until the app has called listen() on a socket bound
+        to LLFT_SERVICE_PORT, and again once it closed it)."""
+        return self._get(CtlWord.GROUP_ID)
 
     @property
-    def group_address(self) -> tuple[str, int] | None:
-        """Where the agent connects the group connections, or None before listen()."""
-        port = self._get(CtlWord.GROUP_PORT)
-        if not port:
-            return None
-        family = self._get(CtlWord.GROUP_FAMILY)
-        return ("::1" if family == socket.AF_INET6 else "127.0.0.1", port)
+    def group_address(self) -> bytes | None:
+        """Where the agent connects the group connections (an abstract AF_UNIX address),
+        or None before listen()."""
+        buf = ffi.new("char[64]")
+        n = lib.llft_group_name(self._base, buf, 64)
+        return b"\0" + ffi.buffer(buf, n)[:] if n else None
+
+    def reset_conn(self, conn: int) -> bool:
+        """The agent is about to close group connection `conn` (its acceptance index) as
+        a reset: the app's read of its end fails with ECONNRESET, as after a TCP RST.
+        False: no room to say so (the app reads a plain end)."""
+        return bool(lib.llft_conn_reset_mark(self._base, lib.LLFT_RESET_BY_AGENT, conn))
+
+    def app_reset(self, conn: int) -> bool:
+        """Whether the app reset group connection `conn` (it closed it with SO_LINGER 0)
+        rather than closed it; the answer is taken (asked once, at the end it read)."""
+        return bool(lib.llft_conn_reset_take(self._base, lib.LLFT_RESET_BY_APP, conn))
+
+    def forget_resets(self, conn: int) -> None:
+        """`conn` is gone at the agent: a reset it marked that the app never read, or one
+        the app marked that the agent never read, frees its slot."""
+        lib.llft_conn_reset_take(self._base, lib.LLFT_RESET_BY_AGENT, conn)
+        lib.llft_conn_reset_take(self._base, lib.LLFT_RESET_BY_APP, conn)
 
     @property
     def divergence(self) -> tuple[int, int] | None:

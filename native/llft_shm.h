@@ -41,9 +41,11 @@
 #include <sys/syscall.h>
 
 #define LLFT_SHM_MAGIC        0x314654464c4c0000ULL
-#define LLFT_SHM_VERSION      6u   /* 2: group connections (ctl.group_*, ctl.div_*); 3: GIL records; 4: ctl.hold;
+#define LLFT_SHM_VERSION      7u   /* 2: group connections (ctl.group_*, ctl.div_*); 3: GIL records; 4: ctl.hold;
                                       5: thread ids reused (THREAD_EXIT records);
-                                      6: output commit of external sends (ctl.commit_*) */
+                                      6: output commit of external sends (ctl.commit_*);
+                                      7: group connections over AF_UNIX (ctl.group_id,
+                                         ctl.resets) */
 
 /* ==== cdef begin ====================================================================
  * Everything up to cdef end is also read by cffi (native/shm_build.py): the Python
@@ -57,8 +59,12 @@ enum llft_bound {
     LLFT_OUT_CAP_BYTES   = 16 << 20,    /* primary ring */
     LLFT_TRING_CAP_BYTES = 128 << 10,   /* backup ring, per logical thread */
     LLFT_MAX_DATA_BYTES  = 32 << 10,    /* payload of one record (reads are clamped) */
-    LLFT_REPORT_BYTES    = 2048
+    LLFT_REPORT_BYTES    = 2048,
+    LLFT_RESET_SLOTS     = 64           /* group connection resets in flight (ctl.resets) */
 };
+
+/* ctl.resets: who reset a group connection (OR-ed with its index + 1, below 2^30). */
+enum llft_reset { LLFT_RESET_BY_AGENT = 0, LLFT_RESET_BY_APP = 0x40000000, LLFT_RESET_CONN_MASK = 0x3fffffff };
 
 /* The exit status of a process that diverged (or stalled) at a backup. */
 enum llft_exit { LLFT_EXIT_DIVERGED = 86 };
@@ -124,7 +130,7 @@ enum llft_stat {
 /* The ctl words the agent reads (llft_get in native/shm_build.py). */
 enum llft_ctl_word {
     LLFT_CTL_MODE = 0, LLFT_CTL_ACTIVE_PID, LLFT_CTL_FEED_DONE, LLFT_CTL_DIVERGED,
-    LLFT_CTL_NEXT_TID, LLFT_CTL_PROGRESS, LLFT_CTL_GROUP_PORT, LLFT_CTL_GROUP_FAMILY,
+    LLFT_CTL_NEXT_TID, LLFT_CTL_PROGRESS, LLFT_CTL_GROUP_ID,
     LLFT_CTL_DIV_SET, LLFT_CTL_DIV_CONN, LLFT_CTL_HOLD, LLFT_CTL_COMMIT_REQ,
     LLFT_CTL_COMMIT_DONE
 };
@@ -177,13 +183,19 @@ struct llft_ctl {
     uint32_t progress;      /* backup: bumped on every completed record */
     uint64_t stats[8];      /* enum llft_stat */
     char     report[LLFT_REPORT_BYTES];
-    /* group connections (shim_net.c): the group listener's real loopback port, set
-     * by the shim after the app's listen() on LLFT_SERVICE_PORT (0 until then, and
-     * again once that listener is closed: the next one publishes its port), and
-     * its address family (AF_INET: 127.0.0.1, AF_INET6: ::1; a v4-mapped v6 listener
-     * publishes AF_INET, it is reached at 127.0.0.1). */
-    uint32_t group_port;
-    uint32_t group_family;
+    /* group connections (shim_group.c): the group listener is a UNIX stream socket in
+     * the abstract namespace, "\0llft-group-<active_pid>-<group_id>" (LLFT_GROUP_NAME).
+     * group_id is set by the shim after the app's listen() on LLFT_SERVICE_PORT (0 until
+     * then, and again once that listener is closed: the next one publishes its id). */
+    uint32_t group_id;
+    uint32_t pad_group;
+    /* ends of group connections a TCP connection would say and a UNIX one cannot (a
+     * reset: UNIX sockets only close): a slot holds LLFT_RESET_* | (connection index +
+     * 1), claimed by the side that resets before it closes (compare-and-swap from 0) and
+     * taken by the other when it reads the end (llft_reset_mark/llft_reset_take below);
+     * the shim clears its connection's slots when the app closes it, the agent when it
+     * lets the connection go. A full table: the end is a plain close (FIN). */
+    uint32_t resets[LLFT_RESET_SLOTS];
     /* a group write divergence: div_set = 1 once div_conn (0-based acceptance index of
      * the connection) and div_offset (stream offset of the differing write's first
      * byte) are valid; written once, by the thread that wins `diverged`. */
@@ -214,6 +226,36 @@ struct llft_shm {
     uint8_t out_data[LLFT_OUT_CAP_BYTES];
     uint8_t tring_data[LLFT_MAX_THREADS][LLFT_TRING_CAP_BYTES];
 };
+
+/* The group listener's abstract UNIX name (after its leading NUL): active pid, group id. */
+#define LLFT_GROUP_NAME "llft-group-%u-%u"
+
+/* ---- group connection resets (ctl.resets), shared by both sides -------------------- */
+
+static inline uint32_t llft_reset_word(uint32_t by, uint32_t conn) {
+    return by | ((conn + 1u) & LLFT_RESET_CONN_MASK);
+}
+/* The resetting side, before it closes: 1 if the other side will be told. */
+static inline int llft_reset_mark(struct llft_ctl *c, uint32_t by, uint32_t conn) {
+    uint32_t w = llft_reset_word(by, conn);
+    for (int i = 0; i < LLFT_RESET_SLOTS; i++) {
+        uint32_t zero = 0;
+        if (__atomic_compare_exchange_n(&c->resets[i], &zero, w, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return 1;
+    }
+    return 0;
+}
+/* The reading side, at the end of the connection: 1 if it was a reset (taken). */
+static inline int llft_reset_take(struct llft_ctl *c, uint32_t by, uint32_t conn) {
+    uint32_t w = llft_reset_word(by, conn);
+    for (int i = 0; i < LLFT_RESET_SLOTS; i++) {
+        uint32_t x = w;
+        if (__atomic_load_n(&c->resets[i], __ATOMIC_ACQUIRE) == w
+            && __atomic_compare_exchange_n(&c->resets[i], &x, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return 1;
+    }
+    return 0;
+}
 
 /* ---- inline ring code, shared by both sides --------------------------------------- */
 

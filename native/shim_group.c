@@ -4,9 +4,16 @@
  * (bind, accept, reads, writes, names, close: group_* below).
  *
  * LLFT_SERVICE_PORT=<p>: a TCP socket the app binds to port p (any address) is the
- * GROUP LISTENER. It is real at every replica but bound to loopback port 0 (a
- * v4-mapped ::ffff:127.0.0.1 for AF_INET6, ::1 if that fails), so replicas on one
- * host never clash; listen() publishes the real port in ctl.group_port. Its only
+ * GROUP LISTENER. It is real at every replica but it is a UNIX stream socket: bind()
+ * makes one in the abstract namespace (LLFT_GROUP_NAME: the app's pid and a random id,
+ * so replicas on one host never clash) and puts it in the app's descriptor (dup3,
+ * with its descriptor and status flags), and listen() publishes the id in
+ * ctl.group_id. The app keeps seeing TCP: its addresses are the ones a loopback TCP
+ * connection would show, options of the TCP and IP levels are taken and ignored, and a
+ * reset travels through ctl.resets (below). Why not loopback TCP, as until 2026-11-30:
+ * the agent's TCP send to its app was its largest single cost per request (~27 µs of a
+ * backup's ~115 in cProfile at 16 clients), the kernel's TCP path run for every write
+ * on both sides; a UNIX socket moves the same bytes in a fraction of it. Its only
  * peer is the agent, which connects the same group connections in the same order at
  * every replica and writes the same bytes into each. So, unlike external sockets,
  * group sockets are real at a backup too, and the order information carries no data:
@@ -27,14 +34,24 @@
  *           status 86 (the differing bytes are NOT written). A local write failure at
  *           a backup (its agent closed) keeps the primary's result for the app.
  *   names   getsockname: the listener answers the app's requested address (service
- *           port); an accepted connection answers its real loopback address with the
- *           service port (the same at every replica, nothing recorded). getpeername:
- *           the primary's peer address from the accept record.
+ *           port); an accepted connection answers loopback of the listener's family
+ *           with the service port (the same at every replica, nothing recorded).
+ *           getpeername: the primary's peer address from the accept record (made up at
+ *           the primary: loopback, a port from the connection index).
+ *   resets  a TCP RST has no UNIX equivalent: the side that resets marks the connection
+ *           in ctl.resets before it closes, the other takes the mark when it reads the
+ *           end. The agent resets (a client's RST): the primary's read of the end fails
+ *           with ECONNRESET (recorded like any read). The app closes after SO_LINGER 0:
+ *           the agent reads a reset. The app's close clears its connection's marks.
+ *   options setsockopt/getsockopt at the TCP and IP levels: taken, not passed (a UNIX
+ *           socket has none; TCP_NODELAY is what it does anyway); socket-level ones are
+ *           real. Not recorded.
  *   rest    readiness ordered like external sockets (no local enforcement: the read
- *           or accept that follows waits for the real bytes/connection); setsockopt,
- *           getsockopt, shutdown, fcntl, close: real at every replica, not recorded.
+ *           or accept that follows waits for the real bytes/connection); shutdown,
+ *           fcntl, close: real at every replica, not recorded.
  */
 #include "shim_internal.h"
+#include <sys/un.h>
 
 /* LLFT_SERVICE_PORT: the group's service port; 0: none. */
 static uint16_t g_service_port;
@@ -46,7 +63,10 @@ void group_activate(void) {
 
 struct gconn {
     uint32_t conn;                  /* connection: 0-based acceptance index */
+    uint32_t id;                    /* listener: its name's id (LLFT_GROUP_NAME) */
     uint64_t written;               /* connection: bytes the app wrote (stream offset) */
+    int family;                     /* the app's address family (of its listener) */
+    int abort;                      /* connection: SO_LINGER 0 was set (a close resets) */
     socklen_t alen;                 /* listener: app's address; connection: primary's peer */
     struct sockaddr_storage addr;
 };
@@ -65,10 +85,6 @@ int is_service_addr(int fd, const struct sockaddr *a, socklen_t len) {
         return 0;
     return addr_port(a) == g_service_port && sock_is_stream(fd);
 }
-static void set_port(struct sockaddr *a, uint16_t port) {
-    if (a->sa_family == AF_INET) ((struct sockaddr_in *)a)->sin_port = htons(port);
-    else if (a->sa_family == AF_INET6) ((struct sockaddr_in6 *)a)->sin6_port = htons(port);
-}
 static void copy_addr(struct sockaddr *dst, socklen_t *dlen, const void *src, socklen_t slen) {
     if (!dst || !dlen) return;
     socklen_t k = slen < *dlen ? slen : *dlen;
@@ -76,36 +92,43 @@ static void copy_addr(struct sockaddr *dst, socklen_t *dlen, const void *src, so
     *dlen = slen;
 }
 
+/* The listener's abstract UNIX address for `id`. */
+static socklen_t group_name(uint32_t id, struct sockaddr_un *u) {
+    memset(u, 0, sizeof *u);
+    u->sun_family = AF_UNIX;
+    int k = snprintf(u->sun_path + 1, sizeof u->sun_path - 1, LLFT_GROUP_NAME,
+                     __atomic_load_n(&g_ctl->active_pid, __ATOMIC_ACQUIRE), id);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)k);
+}
+
 int group_bind(int fd, const struct sockaddr *a, socklen_t len) {
     struct gconn *g = calloc(1, sizeof *g);
     if (!g) { errno = ENOMEM; return -1; }
     g->alen = len < sizeof g->addr ? len : (socklen_t)sizeof g->addr;
     memcpy(&g->addr, a, g->alen);
-    int r;
-    if (a->sa_family == AF_INET) {
-        struct sockaddr_in lo;
-        memset(&lo, 0, sizeof lo);
-        lo.sin_family = AF_INET;
-        lo.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        r = R(bind)(fd, (struct sockaddr *)&lo, sizeof lo);
-    } else {
-        /* reachable at 127.0.0.1 (where the agent connects from): v4-mapped, dual stack */
-        int off = 0;
-        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
-        struct sockaddr_in6 lo;
-        memset(&lo, 0, sizeof lo);
-        lo.sin6_family = AF_INET6;
-        lo.sin6_addr.s6_addr[10] = 0xff;
-        lo.sin6_addr.s6_addr[11] = 0xff;
-        lo.sin6_addr.s6_addr[12] = 127;
-        lo.sin6_addr.s6_addr[15] = 1;
-        r = R(bind)(fd, (struct sockaddr *)&lo, sizeof lo);
-        if (r != 0) {
-            lo.sin6_addr = in6addr_loopback;
-            r = R(bind)(fd, (struct sockaddr *)&lo, sizeof lo);
-        }
+    g->family = a->sa_family;
+    int u = R(socket)(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (u < 0) { int e = errno; free(g); errno = e; return -1; }
+    int r = -1;
+    for (int tries = 0; tries < 8 && r != 0; tries++) {
+        uint32_t id = 0;
+        while (!id && syscall(SYS_getrandom, &id, sizeof id, 0) == (long)sizeof id) id &= 0x7fffffff;
+        if (!id) id = (uint32_t)mono_ns() | 1u;
+        struct sockaddr_un un;
+        socklen_t ul = group_name(id, &un);
+        r = R(bind)(u, (struct sockaddr *)&un, ul);
+        if (r == 0) g->id = id;
+        else if (errno != EADDRINUSE) break;
     }
-    if (r != 0) { int e = errno; free(g); errno = e; return r; }
+    /* the app's descriptor becomes the UNIX socket, with its flags (a SOCK_NONBLOCK or
+     * SOCK_CLOEXEC socket() stays one) */
+    int fdf = r == 0 ? fcntl(fd, F_GETFD) : -1, flf = r == 0 ? fcntl(fd, F_GETFL) : -1;
+    if (r == 0 && (fdf < 0 || flf < 0 || dup3(u, fd, (fdf & FD_CLOEXEC) ? O_CLOEXEC : 0) < 0
+                   || fcntl(fd, F_SETFL, flf & O_NONBLOCK) < 0))
+        r = -1;
+    int e = errno;
+    R(close)(u);
+    if (r != 0) { free(g); errno = e; return -1; }
     g_fd[fd].kind = FDK_GROUP_LISTEN;
     g_fd[fd].g = g;
     return 0;
@@ -124,43 +147,75 @@ EXPORT int listen(int fd, int backlog) {
     if (active_here() && fd_kind(fd) == FDK_GROUP_LISTEN && backlog < GROUP_LISTEN_BACKLOG)
         backlog = GROUP_LISTEN_BACKLOG;
     int r = R(listen)(fd, backlog);
-    if (r == 0 && active_here() && fd_kind(fd) == FDK_GROUP_LISTEN) {
-        int e = errno;
-        t_guard++;
-        struct sockaddr_storage ss;
-        socklen_t sl = sizeof ss;
-        if (R(getsockname)(fd, (struct sockaddr *)&ss, &sl) == 0 && addr_port((struct sockaddr *)&ss)) {
-            uint32_t fam = AF_INET;
-            if (ss.ss_family == AF_INET6) {
-                const uint8_t *b = ((struct sockaddr_in6 *)&ss)->sin6_addr.s6_addr;
-                if (!(b[10] == 0xff && b[11] == 0xff)) fam = AF_INET6;   /* ::1 */
-            }
-            if (!__atomic_load_n(&g_ctl->group_port, __ATOMIC_ACQUIRE)) {
-                __atomic_store_n(&g_ctl->group_family, fam, __ATOMIC_RELEASE);
-                uint32_t zero = 0;
-                __atomic_compare_exchange_n(&g_ctl->group_port, &zero,
-                                            (uint32_t)addr_port((struct sockaddr *)&ss), 0,
-                                            __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-            }
-        }
-        t_guard--;
-        errno = e;
+    if (r == 0 && active_here() && fd_kind(fd) == FDK_GROUP_LISTEN && g_fd[fd].g) {
+        uint32_t zero = 0;
+        __atomic_compare_exchange_n(&g_ctl->group_id, &zero, g_fd[fd].g->id, 0,
+                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     }
     return r;
 }
 
-/* The published listener is closed: clear ctl.group_port, the next listen() publishes. */
+/* The published listener is closed: clear ctl.group_id, the next listen() publishes. */
 void group_unpublish(int fd) {
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    int e = errno;
-    t_guard++;
-    if (R(getsockname)(fd, (struct sockaddr *)&ss, &sl) == 0) {
-        uint32_t port = addr_port((struct sockaddr *)&ss);
-        if (port) __atomic_compare_exchange_n(&g_ctl->group_port, &port, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    uint32_t id = g_fd[fd].g ? g_fd[fd].g->id : 0;
+    if (id) __atomic_compare_exchange_n(&g_ctl->group_id, &id, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+/* A group connection is closed by the app: a reset after SO_LINGER 0 is marked for the
+ * agent first (shim_net.c's close calls this before the real close), and a reset the
+ * agent marked that the app never read is let go. */
+void group_closing(int fd) {
+    struct gconn *g = g_fd[fd].g;
+    if (!g) return;
+    llft_reset_take(g_ctl, LLFT_RESET_BY_AGENT, g->conn);
+    if (g->abort) llft_reset_mark(g_ctl, LLFT_RESET_BY_APP, g->conn);
+}
+
+/* The address a loopback TCP socket of `family` would have, with `port`. */
+static socklen_t loopback_addr(int family, uint16_t port, struct sockaddr_storage *ss) {
+    memset(ss, 0, sizeof *ss);
+    if (family == AF_INET6) {
+        struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
+        s6->sin6_family = AF_INET6;
+        s6->sin6_addr.s6_addr[10] = s6->sin6_addr.s6_addr[11] = 0xff;   /* ::ffff:127.0.0.1 */
+        s6->sin6_addr.s6_addr[12] = 127;
+        s6->sin6_addr.s6_addr[15] = 1;
+        s6->sin6_port = htons(port);
+        return sizeof *s6;
     }
-    t_guard--;
-    errno = e;
+    struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
+    s4->sin_family = AF_INET;
+    s4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    s4->sin_port = htons(port);
+    return sizeof *s4;
+}
+
+/* Group sockets: TCP- and IP-level options are taken and not passed (see the top). */
+int group_setsockopt(int fd, int lvl, int name, const void *v, socklen_t l) {
+    if (lvl == SOL_SOCKET) {
+        int r = R(setsockopt)(fd, lvl, name, v, l);
+        if (r == 0 && name == SO_LINGER && v && l >= sizeof(struct linger) && g_fd[fd].g) {
+            const struct linger *lg = v;
+            g_fd[fd].g->abort = lg->l_onoff && lg->l_linger == 0;
+        }
+        return r;
+    }
+    return 0;
+}
+int group_getsockopt(int fd, int lvl, int name, void *v, socklen_t *l) {
+    if (lvl == SOL_SOCKET && name == SO_DOMAIN && v && l && *l >= sizeof(int) && g_fd[fd].g) {
+        *(int *)v = g_fd[fd].g->family;
+        *l = sizeof(int);
+        return 0;
+    }
+    if (lvl == SOL_SOCKET && name == SO_PROTOCOL && v && l && *l >= sizeof(int)) {
+        *(int *)v = IPPROTO_TCP;
+        *l = sizeof(int);
+        return 0;
+    }
+    if (lvl == SOL_SOCKET) return R(getsockopt)(fd, lvl, name, v, l);
+    if (v && l && *l >= sizeof(int)) { *(int *)v = 0; *l = sizeof(int); }
+    return 0;
 }
 
 /* The record must be a group one: else the replicas disagree on what this socket is. */
@@ -206,12 +261,15 @@ int group_accept(int fd, struct sockaddr *a, socklen_t *alen, int flags, int fou
         }
         bk_end(&b);
     } else {
-        sl = sizeof ss;
-        r = four ? R(accept4)(fd, (struct sockaddr *)&ss, &sl, flags)
-                 : R(accept)(fd, (struct sockaddr *)&ss, &sl);
+        r = four ? R(accept4)(fd, NULL, NULL, flags) : R(accept)(fd, NULL, NULL);
         e = r < 0 ? errno : 0;
-        if (r >= 0) conn = __atomic_fetch_add(&g_group_accepted, 1, __ATOMIC_ACQ_REL);
-        if (sl > sizeof ss) sl = sizeof ss;
+        if (r >= 0) {
+            conn = __atomic_fetch_add(&g_group_accepted, 1, __ATOMIC_ACQ_REL);
+            /* the peer is the agent's UNIX socket: the app sees a loopback TCP peer, its
+             * port in the ephemeral range, from the connection's index */
+            sl = loopback_addr(g_fd[fd].g ? g_fd[fd].g->family : AF_INET,
+                               (uint16_t)(32768 + conn % 28232), &ss);
+        }
         pr_append(LLFT_C_ACCEPT, op, r, e, conn, LLFT_SK_GROUP, &ss, r >= 0 ? sl : 0);
     }
     if (r >= 0) {
@@ -220,6 +278,7 @@ int group_accept(int fd, struct sockaddr *a, socklen_t *alen, int flags, int fou
         struct gconn *g = calloc(1, sizeof *g);
         if (!g) diverge("out of memory for a group connection");
         g->conn = conn;
+        g->family = g_fd[fd].g ? g_fd[fd].g->family : AF_INET;
         g->alen = sl;
         memcpy(&g->addr, &ss, sizeof ss);
         g_fd[r].g = g;
@@ -344,6 +403,11 @@ ssize_t group_recv(int fd, struct msghdr *m, int flags) {
     } else {
         r = R(recvmsg)(fd, m, flags);
         e = r < 0 ? errno : 0;
+        if (r == 0 && iov_total(m->msg_iov, (int)m->msg_iovlen) > 0 && g_fd[fd].g
+            && llft_reset_take(g_ctl, LLFT_RESET_BY_AGENT, g_fd[fd].g->conn)) {
+            r = -1;                         /* the agent's reset: a TCP RST's read */
+            e = ECONNRESET;
+        }
         pr_append(LLFT_C_RECV, op, r, e, 0, LLFT_SK_GROUP, NULL, 0);
     }
     errno = e ? e : errno;
@@ -438,11 +502,7 @@ int group_sockname(int fd, struct sockaddr *a, socklen_t *l) {
     if (!a || !l) { errno = EFAULT; return -1; }
     if (fd_kind(fd) == FDK_GROUP_LISTEN) { copy_addr(a, l, &g->addr, g->alen); return 0; }
     struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    int r = R(getsockname)(fd, (struct sockaddr *)&ss, &sl);
-    if (r) return r;
-    set_port((struct sockaddr *)&ss, g_service_port);
-    copy_addr(a, l, &ss, sl);
+    copy_addr(a, l, &ss, loopback_addr(g->family, g_service_port, &ss));
     return 0;
 }
 int group_peername(int fd, struct sockaddr *a, socklen_t *l) {

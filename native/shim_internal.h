@@ -134,6 +134,7 @@ static inline void shim_futex_wake_bit(uint32_t *w, uint32_t key) {
     X(int, epoll_wait, (int, struct epoll_event *, int, int)) \
     X(int, epoll_pwait, (int, struct epoll_event *, int, int, const sigset_t *)) \
     X(int, getsockopt, (int, int, int, void *, socklen_t *)) \
+    X(int, setsockopt, (int, int, int, const void *, socklen_t)) \
     X(int, getsockname, (int, struct sockaddr *, socklen_t *)) \
     X(int, getpeername, (int, struct sockaddr *, socklen_t *)) \
     X(int, shutdown, (int, int)) \
@@ -304,6 +305,9 @@ uint32_t fnv1a(const void *p, size_t n, uint32_t h);
 /* group sockets: shim_group.c, called by the socket hooks of shim_net.c */
 int is_service_addr(int fd, const struct sockaddr *a, socklen_t len);
 int group_bind(int fd, const struct sockaddr *a, socklen_t len);
+void group_closing(int fd);
+int group_setsockopt(int fd, int lvl, int name, const void *v, socklen_t l);
+int group_getsockopt(int fd, int lvl, int name, void *v, socklen_t *l);
 void group_unpublish(int fd);
 int group_accept(int fd, struct sockaddr *a, socklen_t *alen, int flags, int four);
 ssize_t group_recv(int fd, struct msghdr *m, int flags);

@@ -19,7 +19,7 @@
  *             and every connection accepted on it; the only peer is the replica's
  *             agent, which connects the same connections in the same order at every
  *             replica and writes the same bytes into them. Real at every replica
- *             (listener rebound to loopback port 0, published in ctl.group_port); the
+ *             (the listener made an abstract UNIX socket, published in ctl.group_id); the
  *             primary records accept outcomes, read COUNTS (never data) and write
  *             counts + hashes; a backup makes each recorded read/accept true locally
  *             (waits for exactly those bytes / that connection, no time cap) and
@@ -536,6 +536,7 @@ EXPORT int close(int fd) {
         /* a vfork child shares our memory: only the process itself forgets its fds */
         if ((pid_t)syscall(SYS_getpid) == g_pid) {
             if (g_fd[fd].kind == FDK_GROUP_LISTEN) group_unpublish(fd);
+            if (g_fd[fd].kind == FDK_GROUP) group_closing(fd);
             if (g_fd[fd].local_peer && g_npend) pend_close(fd);
             if (g_fd[fd].local_peer && g_nahead) ahead_forget(fd);
             fd_forget(fd);
@@ -1092,7 +1093,14 @@ static int do_getsockopt(int fd, void *o, socklen_t *l, int lvl, int name) { ret
 static int do_getsockname(int fd, void *o, socklen_t *l, int lvl, int name) { return R(getsockname)(fd, o, l); }
 static int do_getpeername(int fd, void *o, socklen_t *l, int lvl, int name) { return R(getpeername)(fd, o, l); }
 
+EXPORT int setsockopt(int fd, int lvl, int name, const void *v, socklen_t l) {
+    if (active_here() && (fd_kind(fd) == FDK_GROUP || fd_kind(fd) == FDK_GROUP_LISTEN))
+        return GUARDED(group_setsockopt(fd, lvl, name, v, l));
+    return R(setsockopt)(fd, lvl, name, v, l);
+}
 EXPORT int getsockopt(int fd, int lvl, int name, void *v, socklen_t *l) {
+    if (active_here() && (fd_kind(fd) == FDK_GROUP || fd_kind(fd) == FDK_GROUP_LISTEN))
+        return GUARDED(group_getsockopt(fd, lvl, name, v, l));
     if (!EXT_ENTER(fd)) return R(getsockopt)(fd, lvl, name, v, l);
     return GUARDED(ext_query(LLFT_C_GETSOCKOPT, fd, v, l, do_getsockopt, lvl, name));
 }

@@ -48,6 +48,9 @@ FUNCTIONS = """
     int64_t llft_oi_walk(const uint8_t *buf, size_t len, size_t start, uint64_t max_entries,
                          uint64_t max_bytes, uint64_t *end);
     uint32_t llft_get(void *base, int what);
+    int llft_group_name(void *base, char *buf, size_t n);
+    int llft_conn_reset_mark(void *base, uint32_t by, uint32_t conn);
+    int llft_conn_reset_take(void *base, uint32_t by, uint32_t conn);
     void llft_set_mode(void *base, uint32_t mode);
     void llft_set_hold(void *base, uint32_t on);
     void llft_set_commit(void *base, uint32_t on);
@@ -282,8 +285,7 @@ uint32_t llft_get(void *base, int what) {
     case LLFT_CTL_DIVERGED: return __atomic_load_n(&c->diverged, __ATOMIC_ACQUIRE);
     case LLFT_CTL_NEXT_TID: return __atomic_load_n(&c->next_tid, __ATOMIC_ACQUIRE);
     case LLFT_CTL_PROGRESS: return __atomic_load_n(&c->progress, __ATOMIC_ACQUIRE);
-    case LLFT_CTL_GROUP_PORT: return __atomic_load_n(&c->group_port, __ATOMIC_ACQUIRE);
-    case LLFT_CTL_GROUP_FAMILY: return __atomic_load_n(&c->group_family, __ATOMIC_ACQUIRE);
+    case LLFT_CTL_GROUP_ID: return __atomic_load_n(&c->group_id, __ATOMIC_ACQUIRE);
     case LLFT_CTL_DIV_SET: return __atomic_load_n(&c->div_set, __ATOMIC_ACQUIRE);
     case LLFT_CTL_DIV_CONN: return __atomic_load_n(&c->div_conn, __ATOMIC_ACQUIRE);
     case LLFT_CTL_HOLD: return __atomic_load_n(&c->hold, __ATOMIC_ACQUIRE);
@@ -291,6 +293,21 @@ uint32_t llft_get(void *base, int what) {
     case LLFT_CTL_COMMIT_DONE: return __atomic_load_n(&c->commit_done, __ATOMIC_ACQUIRE);
     }
     return 0;
+}
+/* The group listener's abstract UNIX name without its leading NUL (LLFT_GROUP_NAME), or 0
+ * bytes before the app's listen(). */
+int llft_group_name(void *base, char *buf, size_t n) {
+    struct llft_ctl *c = &((struct llft_shm *)base)->ctl;
+    uint32_t id = __atomic_load_n(&c->group_id, __ATOMIC_ACQUIRE);
+    if (!id) return 0;
+    int k = snprintf(buf, n, LLFT_GROUP_NAME, __atomic_load_n(&c->active_pid, __ATOMIC_ACQUIRE), id);
+    return k < 0 || (size_t)k >= n ? 0 : k;
+}
+int llft_conn_reset_mark(void *base, uint32_t by, uint32_t conn) {
+    return llft_reset_mark(&((struct llft_shm *)base)->ctl, by, conn);
+}
+int llft_conn_reset_take(void *base, uint32_t by, uint32_t conn) {
+    return llft_reset_take(&((struct llft_shm *)base)->ctl, by, conn);
 }
 uint64_t llft_div_offset(void *base) {
     return __atomic_load_n(&((struct llft_shm *)base)->ctl.div_offset, __ATOMIC_ACQUIRE);

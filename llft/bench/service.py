@@ -485,7 +485,7 @@ def run(args) -> int:
              "proxy: the same process through a plain asyncio TCP proxy (one extra hop, no "
              "llft); llft_Nr: N replicas under `llft run`, reached through `llft gateway` "
              "(client -> gateway over TCP, gateway -> group over LLFT multicast, the "
-             "primary's agent -> app over loopback TCP), with fault_timeout_ms = "
+             "primary's agent -> app over a UNIX socket), with fault_timeout_ms = "
              f"{report.detector_ms(args.fault_timeout_ms)} (failure-free path; `llft bench failover` measures "
              "failures). One phase per replica count: that group is started, measured "
              "interleaved in blocks with tcp and proxy, and stopped (no idle group loads the "

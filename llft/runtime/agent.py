@@ -25,9 +25,9 @@ Group connections and their streams (docs/DESIGN.md, "Three kinds of connection"
 "A group connection carries streams"). A remote group (a gateway, another group) opens
 one messaging connection to ours and carries every TCP connection of its side as a
 *stream* inside it (llft/protocol/streams.py: DATA, FIN and RST frames). The app listens
-on the group's `service_port`; the shim binds that listener to an ephemeral loopback port
-and publishes it (`Shm.group_port`). Each stream becomes one real loopback TCP connection
-from the agent to that port (an `AppConn`): the agent writes the stream's bytes and ends
+on the group's `service_port`; the shim makes that listener a UNIX socket of its own name
+and publishes it (`Shm.group_address`; the app still sees TCP). Each stream becomes one
+real connection from the agent to it (an `AppConn`): the agent writes the stream's bytes and ends
 as the frames deliver them, and frames what the app writes back into the group
 connection's outbox (llft/runtime/outbox.py; the primary's output goes out, a backup's
 is logged: semi-active). The shim orders accept/read/write on those sockets: a backup
@@ -239,7 +239,8 @@ class GroupConn:
 
 @dataclass
 class AppConn:
-    """One stream as the app sees it: a loopback TCP connection from us."""
+    """One stream as the app sees it: a connection from us (a UNIX socket the app takes
+    for TCP: native/shim_group.c)."""
     key: StreamKey
     gc: GroupConn
     index: int = -1                  # k of its "C" entry; -1 while unregistered
@@ -849,7 +850,8 @@ class Agent:
     async def _reset_app_conn(self, c: AppConn) -> None:
         """A reset after every byte before it: the app's recv fails with ECONNRESET once
         its socket has them all."""
-        await c.transport.get_protocol().reset_after_flush()
+        sock = c.transport.get_protocol()
+        await sock.reset_after_flush(lambda: sock.app.reset_conn(c.index))
 
     def _stream_progress(self, c: AppConn) -> None:
         """After an end of `c` passed: a stream both of whose ends passed is freed (the
@@ -870,6 +872,8 @@ class Agent:
             return
         del self.conns[c.key]
         gc.conns.pop(c.stream, None)
+        if c.index >= 0:
+            self.app.forget_resets(c.index)
         if self.by_index.get(c.index) is c:
             del self.by_index[c.index]
             self.framer.forget(c.index)
@@ -1272,6 +1276,8 @@ class Agent:
         stopping)."""
         if app is not self.app or app.closed or self.stop_event.is_set():
             return
+        if not abort and c.index >= 0 and app.app_reset(c.index):
+            abort = True                    # it closed after SO_LINGER 0 (native/shim_group.c)
         self._count("app_resets" if abort else "app_closed")
         if c.end is True and abort:
             abort = False                   # our own reset of its socket, not the app's

@@ -174,7 +174,7 @@ def batch_scheduling() -> None:
 
 def raise_fd_limit() -> int:
     """Raise this process's soft limit of open files to its hard limit; the new soft limit.
-    An agent holds a loopback connection to its app per open stream, and a backup catching
+    An agent holds a connection to its app per open stream, and a backup catching
     up opens a whole history's worth at once (the app's accept queue holds them): at the
     common default of 1024 a joiner after ~1,000 short connections failed with EMFILE. The
     app inherits the raised limit (as services started with a raised LimitNOFILE do)."""
@@ -510,9 +510,22 @@ class Application:
         return self._mapped and self.shm.diverged
 
     @property
-    def group_address(self) -> tuple[str, int] | None:
-        """Where its group listener accepts connections; None before it listens."""
+    def group_address(self) -> bytes | None:
+        """Where its group listener accepts connections (an abstract AF_UNIX address);
+        None before it listens."""
         return self.shm.group_address if self._mapped else None
+
+    # a group connection's reset, each way (UNIX sockets have none: native/shim_group.c)
+    def reset_conn(self, conn: int) -> None:
+        if self._mapped:
+            self.shm.reset_conn(conn)
+
+    def app_reset(self, conn: int) -> bool:
+        return self._mapped and self.shm.app_reset(conn)
+
+    def forget_resets(self, conn: int) -> None:
+        if self._mapped:
+            self.shm.forget_resets(conn)
 
     @property
     def fed_entries(self) -> int | None:

@@ -1,7 +1,7 @@
-"""`StreamSocket`: the TCP connection of one stream, as an asyncio protocol.
+"""`StreamSocket`: the connection of one stream, as an asyncio protocol.
 
-A stream of a group connection ends in a real TCP connection at both sides: the
-gateway's accepted client, an agent's loopback connection to its app. Both read what
+A stream of a group connection ends in a real connection at both sides: the gateway's
+accepted TCP client, an agent's connection to its app (a UNIX socket). Both read what
 arrives and frame it into the group connection, write what the group delivered, and
 pass the ends (FIN, reset) on in order. They did so with asyncio's streams: a reader
 task per connection that woke for every read (a future, a task step, a loop turn) and a
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import select
 import socket
 import struct
@@ -41,14 +42,23 @@ from typing import Awaitable, Callable
 READ_BYTES = 64 << 10           # what one read takes at most (the owner's buffer)
 
 
-def connect_at_once(where: tuple[str, int]) -> socket.socket | None:
-    """A non-blocking TCP socket connected to `where`, if the handshake completed within
-    the connect call, else None (the caller connects the usual way and gets its error).
-    On loopback the kernel runs the whole handshake inside connect() while the listener's
-    backlog has room: the socket is writable at once, and asyncio's `create_connection`
-    (a writer registered, a loop turn, the writer removed, a future) is not needed for it
-    -- a tenth of an agent's time with a connection per request."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)   # EMFILE: the caller's
+Address = tuple[str, int] | bytes     # TCP (host, port), or a UNIX socket's address
+
+
+def stream_socket(where: Address) -> socket.socket:
+    """A stream socket of the family `where` is in (bytes: AF_UNIX)."""
+    return socket.socket(socket.AF_UNIX if isinstance(where, bytes) else socket.AF_INET,
+                         socket.SOCK_STREAM)
+
+
+def connect_at_once(where: Address) -> socket.socket | None:
+    """A non-blocking stream socket connected to `where`, if the connection completed
+    within the connect call, else None (the caller connects the usual way and gets its
+    error). On loopback (and on a UNIX socket) the kernel completes it inside connect()
+    while the listener's backlog has room: the socket is writable at once, and asyncio's
+    `create_connection` (a writer registered, a loop turn, the writer removed, a future)
+    is not needed for it -- a tenth of an agent's time with a connection per request."""
+    sock = stream_socket(where)   # EMFILE: the caller's
     try:
         sock.setblocking(False)
         err = sock.connect_ex(where)
@@ -93,7 +103,8 @@ class LeanTransport(asyncio.Transport):
         self._protocol_paused = False   # pause_writing called
         self._high, self._low = 64 << 10, 16 << 10     # asyncio's defaults
         self._reader = self._writer = False     # registered with the loop's selector
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)   # as asyncio's does
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)   # as asyncio's does
         protocol.connection_made(self)
         if not self._closing and not self._paused:
             self._watch_read(True)
@@ -296,12 +307,14 @@ class LeanTransport(asyncio.Transport):
         self._protocol = protocol
 
 
-async def connect_lean(loop: asyncio.AbstractEventLoop, where: tuple[str, int],
+async def connect_lean(loop: asyncio.AbstractEventLoop, where: Address,
                        protocol_factory: Callable[[], asyncio.BaseProtocol]) -> LeanTransport:
     """A LeanTransport connected to `where` (OSError if it cannot be)."""
     sock = connect_at_once(where)
+    if sock is None and isinstance(where, bytes):
+        sock = await _connect_unix(where)
     if sock is None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock = stream_socket(where)
         try:
             sock.setblocking(False)
             await loop.sock_connect(sock, where)
@@ -309,6 +322,30 @@ async def connect_lean(loop: asyncio.AbstractEventLoop, where: tuple[str, int],
             sock.close()
             raise
     return LeanTransport(loop, sock, protocol_factory())
+
+
+UNIX_RETRY_S = (0.001, 0.05)     # first and longest wait for room in a UNIX accept queue
+
+
+async def _connect_unix(where: bytes) -> socket.socket:
+    """A UNIX stream socket connected to `where`. Its listener's accept queue is full
+    (net.core.somaxconn connections the app has not accepted: a joiner's agent connects
+    a history's worth at once): a non-blocking connect fails with EAGAIN and is tried
+    again, waiting a little longer each time, until the app accepts (a loopback TCP
+    connect waited for a SYN retransmission instead: 1 s, then 3 s)."""
+    sock = stream_socket(where)
+    try:
+        sock.setblocking(False)
+        wait = UNIX_RETRY_S[0]
+        while (err := sock.connect_ex(where)) == errno.EAGAIN:
+            await asyncio.sleep(wait)
+            wait = min(2 * wait, UNIX_RETRY_S[1])
+        if err:
+            raise OSError(err, os.strerror(err))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class LeanServer:
@@ -468,15 +505,19 @@ class StreamSocket(asyncio.BufferedProtocol):
             self._writable = asyncio.get_running_loop().create_future()
             await self._writable
 
-    async def reset_after_flush(self) -> None:
+    async def reset_after_flush(self, say: Callable[[], object] | None = None) -> None:
         """A reset after every byte written so far: the peer's recv fails with
-        ECONNRESET only once it has them all (SO_LINGER 0, then abort)."""
+        ECONNRESET only once it has them all (SO_LINGER 0, then abort). A UNIX socket
+        has no reset: `say()` tells the peer another way before the close (the agent's
+        group connections: determinizer.shm `reset_conn`)."""
         t = self.transport
         t.set_write_buffer_limits(high=0)    # paused until the buffer is empty
         await self.writable()
         if t.is_closing():
             return                           # the peer reset it meanwhile
+        if say is not None:
+            say()
         sock = t.get_extra_info("socket")
-        if sock is not None:
+        if sock is not None and sock.family != socket.AF_UNIX:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         t.abort()

@@ -1,6 +1,6 @@
 """Group connections (LLFT_SERVICE_PORT): the shim's side of the agent's virtual
 connections, with real processes under the real shim. The test plays the agent: it
-connects to the published group port, writes the same request bytes at every replica
+connects to the published group listener, writes the same request bytes at every replica
 and reads what the app writes."""
 from __future__ import annotations
 
@@ -72,11 +72,11 @@ class Replica:
         return feeder, t
 
     def connect(self) -> socket.socket:
-        wait_for(lambda: self.shm.group_port or self.proc.poll() is not None, "the group port")
+        wait_for(lambda: self.shm.group_id or self.proc.poll() is not None, "the group listener")
         assert self.proc.poll() is None, self.proc.stderr.read().decode()
-        host, port = self.shm.group_address
-        s = socket.create_connection((host, port), timeout=TIMEOUT)
-        assert s.getpeername()[0] in ("127.0.0.1", "::1")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(TIMEOUT)
+        s.connect(self.shm.group_address)
         return s
 
     def finish(self, timeout=TIMEOUT):
@@ -239,8 +239,7 @@ def test_two_primaries_share_the_service_port_on_one_host(tmp_path):
             for h in ("0.0.0.0", "::")]
     try:
         conns = [r.connect() for r in reps]
-        assert reps[0].shm.group_port != reps[1].shm.group_port
-        assert port not in (reps[0].shm.group_port, reps[1].shm.group_port)
+        assert reps[0].shm.group_address != reps[1].shm.group_address
         for s in conns:
             s.sendall(b"hello\n")
             assert read_line(s).startswith(b"0 hello n=1 ")
@@ -255,7 +254,7 @@ def test_two_primaries_share_the_service_port_on_one_host(tmp_path):
         assert outs[1].splitlines()[0] == f"listening ('::', {port})"
         for out in outs:   # an accepted connection's local name carries the service port
             assert out.splitlines()[1].endswith(f" {port}")
-        assert [r.shm.group_port for r in reps] == [0, 0]   # the listeners are closed
+        assert [r.shm.group_id for r in reps] == [0, 0]   # the listeners are closed
     finally:
         squatter.close()
         for r in reps:
@@ -308,5 +307,51 @@ def test_promoted_backup_serves_new_requests_live(tmp_path):
         assert rc == 0, err
         assert out.splitlines()[-1] == "done 6"
         assert not back.shm.diverged
+    finally:
+        back.close()
+
+
+def _drive_resets(rep: Replica) -> bool:
+    """The agent's side of group_resets.py: reset connection 0 after its bytes, then
+    read connection 1's end; whether the app reset it."""
+    s = rep.connect()
+    s.sendall(b"abc")
+    assert rep.shm.reset_conn(0)
+    s.close()
+    s = rep.connect()
+    s.sendall(b"x\n")
+    assert read_all(s) == b""
+    s.close()
+    return rep.shm.app_reset(1)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::"])
+def test_resets_cross_a_group_connection_both_ways_and_replay(host, tmp_path):
+    """A group connection is a UNIX socket, which has no reset: the agent's reset (a
+    client's RST) reaches the app's read as ECONNRESET after the bytes before it, and the
+    app's close after SO_LINGER 0 reaches the agent as a reset, at the primary and at a
+    backup replaying it (the same output). TCP options are taken; the app sees TCP."""
+    port = free_port()
+    prim = Replica(Shm.PRIMARY, "group_resets.py", [host, port], port, cwd=str(tmp_path))
+    try:
+        assert _drive_resets(prim)
+        rc, out, err = prim.finish()
+        assert rc == 0, err
+        info = prim.orderinfo()
+    finally:
+        prim.close()
+    lines = out.splitlines()
+    assert lines[1] == f"conn 0 True {'127.0.0.1' if host[0] == '1' else '::ffff:127.0.0.1'} {port}"
+    assert lines[2] == "conn 0 read b'abc' then ECONNRESET"
+    assert lines[3:] == ["conn 1 read b'x\\n'", "done"]
+    back = Replica(Shm.BACKUP, "group_resets.py", [host, port], port, cwd=str(tmp_path))
+    try:
+        feeder, pusher = back.feed(info)
+        assert _drive_resets(back)
+        rc, bout, err = back.finish()
+        pusher.join(TIMEOUT)
+        assert rc == 0, err + back.shm.report
+        assert bout == out
+        assert not back.shm.app_reset(1)          # taken once
     finally:
         back.close()

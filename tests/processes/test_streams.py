@@ -168,23 +168,24 @@ def test_http_server_thousands_of_short_connections(tmp_path, soak):
 
 
 def _listen_backlog(pid: int) -> int | None:
-    """The accept-queue limit of `pid`'s listening TCP socket (ss: Send-Q of a LISTEN
-    socket is its backlog), None if it has none."""
-    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+    """The accept-queue limit of `pid`'s group listener (the shim's abstract UNIX socket;
+    ss: Send-Q of a LISTEN socket is its backlog), None if it has none."""
+    out = subprocess.run(["ss", "-lxpH"], capture_output=True, text=True).stdout
     for line in out.splitlines():
-        if f"pid={pid}," in line:
-            return int(line.split()[2])
+        if f"pid={pid}," in line and "@llft-group-" in line:
+            return int(line.split()[3])
     return None
 
 
 @pytest.mark.parametrize("fd_limit", [None, 256])
 def test_a_joiner_replays_a_history_of_short_connections(tmp_path, fd_limit):
     """A backup that joins after many short connections is given them all at once: its
-    agent opens one loopback connection per stream, in order, without waiting for the
-    app's accepts. http.server asks listen() for a backlog of 5; beyond it the kernel drops
-    the SYNs and every connection waited for a SYN retransmission (a joiner replayed a
-    10 s history of 4,127 requests in 467 s). The shim gives a group listener the
-    system's largest accept queue, so the joiner is ready well within the deadline.
+    agent opens one connection per stream, in order, without waiting for the app's
+    accepts. http.server asks listen() for a backlog of 5; beyond it (on loopback TCP,
+    before the group listener became a UNIX socket) the kernel dropped the SYNs and
+    every connection waited for a SYN retransmission (a joiner replayed a 10 s history
+    of 4,127 requests in 467 s). The shim gives a group listener the system's largest
+    accept queue, so the joiner is ready well within the deadline.
     With `fd_limit` the joiner runs under a hard limit of open files below the history's
     connections (an agent raises its soft limit to the hard one): its connector waits for
     the app's closes instead of failing the replica with EMFILE."""

@@ -110,7 +110,7 @@ def test_names_come_from_the_header():
     assert CALL_IDS["recv(private)"] is Call.PRIVATE_RECV
     assert [s.name for s in Stat] == ["RECORDS", "WAITS", "GIL_DROPS", "RING_FULL", "HELD",
                                       "INPUT_WAIT", "COMMITS"]
-    assert CtlWord.DIV_CONN == 9 and CtlWord.HOLD == 10 and CtlWord.COMMIT_DONE == 12
+    assert CtlWord.GROUP_ID == 6 and CtlWord.DIV_CONN == 8 and CtlWord.COMMIT_DONE == 11
 
 
 def test_codec_rejects_malformed():
