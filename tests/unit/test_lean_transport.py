@@ -318,3 +318,43 @@ def test_out_of_descriptors_the_server_waits_and_accepts_later(monkeypatch):
         asyncio.run(main())
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_full_unix_accept_queue_is_waited_out():
+    """The agent's connections to its app are UNIX sockets (native/shim_group.c). Their
+    listener's queue full (a joiner connects a history's worth while its app accepts one
+    at a time), a non-blocking connect fails with EAGAIN: connect_lean tries again until
+    the app accepts, and the connection is then made, not an error."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        name = b"\0llft-test-queue-%d" % id(loop)
+        lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        lst.bind(name)
+        lst.listen(0)                               # one connection waits at most
+        first = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        first.connect(name)
+        made = []
+
+        def factory():
+            p = Recorder()
+            made.append(p)
+            return p
+        task = asyncio.ensure_future(connect_lean(loop, name, factory))
+        done, _ = await asyncio.wait([task], timeout=0.05)
+        assert not done and not made               # still waiting for room
+        conn, _ = lst.accept()                      # the app takes the first one
+        transport = await asyncio.wait_for(task, 5.0)
+        second, _ = lst.accept()
+        second.setblocking(False)
+        transport.write(b"after the wait")
+
+        def arrived():
+            try:
+                return second.recv(100, socket.MSG_PEEK) == b"after the wait"
+            except BlockingIOError:
+                return False
+        await until(arrived)
+        transport.close()
+        for s in (conn, second, first, lst):
+            s.close()
+    asyncio.run(main())
