@@ -201,7 +201,7 @@ class Shm:
 
     def stats(self) -> dict[str, int]:
         """{"records": ..., "waits": ..., "gil_drops": ..., "ring_full": ..., "held": ...,
-        "input_wait": ..., "commits": ...}"""
+        "input_wait": ..., "commits": ..., "stray_conns": ...}"""
         return {st.name.lower(): lib.llft_stat(self._base, st) for st in Stat}
 
     def close(self) -> None:

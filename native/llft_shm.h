@@ -45,7 +45,7 @@
                                       5: thread ids reused (THREAD_EXIT records);
                                       6: output commit of external sends (ctl.commit_*);
                                       7: group connections over AF_UNIX (ctl.group_id,
-                                         ctl.resets) */
+                                         ctl.agent_pid, ctl.resets) */
 
 /* ==== cdef begin ====================================================================
  * Everything up to cdef end is also read by cffi (native/shm_build.py): the Python
@@ -124,7 +124,9 @@ enum llft_stat {
     LLFT_ST_HELD      = 4,   /* primary: appends that waited while ctl.hold was set */
     LLFT_ST_INPUT_WAIT = 5,  /* backup: threads waiting now for the agent's bytes on a group
                                 connection (a gauge: the app can go no further without input) */
-    LLFT_ST_COMMITS   = 6    /* primary: external sends that waited for an output commit */
+    LLFT_ST_COMMITS   = 6,   /* primary: external sends that waited for an output commit */
+    LLFT_ST_STRAY_CONNS = 7  /* connections to the group listener from a process other than
+                                the agent, closed at once (shim_group.c, group_take) */
 };
 
 /* The ctl words the agent reads (llft_get in native/shm_build.py). */
@@ -188,7 +190,9 @@ struct llft_ctl {
      * group_id is set by the shim after the app's listen() on LLFT_SERVICE_PORT (0 until
      * then, and again once that listener is closed: the next one publishes its id). */
     uint32_t group_id;
-    uint32_t pad_group;
+    /* the process that made this block (the agent): the only peer the group listener
+     * takes a connection from (SO_PEERCRED); 0: any */
+    uint32_t agent_pid;
     /* ends of group connections a TCP connection would say and a UNIX one cannot (a
      * reset: UNIX sockets only close): a slot holds LLFT_RESET_* | (connection index +
      * 1), claimed by the side that resets before it closes (compare-and-swap from 0) and

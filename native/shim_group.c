@@ -38,6 +38,8 @@
  *           with the service port (the same at every replica, nothing recorded).
  *           getpeername: the primary's peer address from the accept record (made up at
  *           the primary: loopback, a port from the connection index).
+ *   peers   only the agent (ctl.agent_pid, checked with SO_PEERCRED): a connection from
+ *           any other process is closed at once and counted (LLFT_ST_STRAY_CONNS).
  *   resets  a TCP RST has no UNIX equivalent: the side that resets marks the connection
  *           in ctl.resets before it closes, the other takes the mark when it reads the
  *           end. The agent resets (a client's RST): the primary's read of the end fails
@@ -226,6 +228,29 @@ static void group_check(struct bk *b) {
                 b->h.flags);
 }
 
+/* Whether connection c comes from the agent (ctl.agent_pid; 0: anyone). */
+static int from_agent(int c) {
+    uint32_t agent = __atomic_load_n(&g_ctl->agent_pid, __ATOMIC_ACQUIRE);
+    struct ucred uc;
+    socklen_t ul = sizeof uc;
+    return !agent || (R(getsockopt)(c, SOL_SOCKET, SO_PEERCRED, &uc, &ul) == 0
+                      && (uint32_t)uc.pid == agent);
+}
+/* Accept the next connection from the agent. One from any other process is closed at once
+ * and counted (LLFT_ST_STRAY_CONNS): at the primary it would be input that no replica
+ * agreed on, at a backup it would take the agent's place in the queue (the listener's
+ * abstract name is visible in /proc/net/unix to every process of the host). `once`: after
+ * a stray one, fail with EAGAIN instead of accepting again (a backup's wait polls). */
+static int group_take(int fd, int flags, int four, int once) {
+    for (;;) {
+        int r = four ? R(accept4)(fd, NULL, NULL, flags) : R(accept)(fd, NULL, NULL);
+        if (r < 0 || from_agent(r)) return r;
+        R(close)(r);
+        __atomic_fetch_add(&g_ctl->stats[LLFT_ST_STRAY_CONNS], 1, __ATOMIC_RELAXED);
+        if (once) { errno = EAGAIN; return -1; }
+    }
+}
+
 int group_accept(int fd, struct sockaddr *a, socklen_t *alen, int flags, int four) {
     uint64_t op = fd_op(fd);
     int r, e;
@@ -246,7 +271,7 @@ int group_accept(int fd, struct sockaddr *a, socklen_t *alen, int flags, int fou
             for (;;) {
                 struct pollfd pf = {fd, POLLIN, 0};
                 if (R(poll)(&pf, 1, 0) > 0) {
-                    r = R(accept4)(fd, NULL, NULL, four ? flags : 0);
+                    r = group_take(fd, four ? flags : 0, 1, 1);
                     if (r >= 0) break;
                     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
                         diverge("divergence: thread %d call #%llu accept(group): accepted at the "
@@ -261,7 +286,7 @@ int group_accept(int fd, struct sockaddr *a, socklen_t *alen, int flags, int fou
         }
         bk_end(&b);
     } else {
-        r = four ? R(accept4)(fd, NULL, NULL, flags) : R(accept)(fd, NULL, NULL);
+        r = group_take(fd, flags, four, 0);
         e = r < 0 ? errno : 0;
         if (r >= 0) {
             conn = __atomic_fetch_add(&g_group_accepted, 1, __ATOMIC_ACQ_REL);

@@ -80,6 +80,7 @@ void llft_shm_init(void *base, uint32_t mode, uint32_t stall_ms) {
     s->ctl.version = LLFT_SHM_VERSION;
     s->ctl.mode = mode;
     s->ctl.stall_ms = stall_ms;
+    s->ctl.agent_pid = (uint32_t)getpid();
     __atomic_store_n(&s->ctl.magic, LLFT_SHM_MAGIC, __ATOMIC_RELEASE);
 }
 

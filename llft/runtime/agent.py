@@ -1505,6 +1505,13 @@ class Agent:
             self._write_status()
             if self.app.diverged:
                 self._diverged()
+            strays = self.app.stray_connections
+            if strays > self.counters.get("stray_connections", 0):
+                _log(f"{strays - self.counters.get('stray_connections', 0)} connection(s) to "
+                     "the application's group listener from another process than this agent "
+                     "were closed (native/shim_group.c): clients reach the group through "
+                     "`llft gateway`")
+                self.counters["stray_connections"] = strays
             if self.node.log_full and not self.counters.get("log_full_logged"):
                 self.counters["log_full_logged"] = 1
                 log.warning(f"{self.node.log_full}: it was dropped; this group admits no new "

@@ -515,6 +515,12 @@ class Application:
         None before it listens."""
         return self.shm.group_address if self._mapped else None
 
+    @property
+    def stray_connections(self) -> int:
+        """Connections to its group listener from another process than the agent, which
+        the shim closed (LLFT_ST_STRAY_CONNS)."""
+        return self.shm.stats()["stray_conns"] if self._mapped else 0
+
     # a group connection's reset, each way (UNIX sockets have none: native/shim_group.c)
     def reset_conn(self, conn: int) -> None:
         if self._mapped:

@@ -355,3 +355,70 @@ def test_resets_cross_a_group_connection_both_ways_and_replay(host, tmp_path):
         assert not back.shm.app_reset(1)          # taken once
     finally:
         back.close()
+
+
+STRAY = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(bytes.fromhex(sys.argv[1]))
+print("connected", flush=True)
+s.settimeout(20)
+try:
+    print("ended", repr(s.recv(100)), flush=True)
+except ConnectionResetError:
+    print("ended reset", flush=True)
+"""
+
+
+def _stray_then_agent(rep: Replica, sent: bytes) -> tuple[bytes, str]:
+    """Another process connects to the group listener first; then the agent (this test).
+    Returns what the agent's connection read and how the stray one ended."""
+    wait_for(lambda: rep.shm.group_id or rep.proc.poll() is not None, "the group listener")
+    stray = subprocess.Popen([sys.executable, "-c", STRAY, rep.shm.group_address.hex()],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert stray.stdout.readline() == "connected\n"     # queued ahead of the agent
+        s = rep.connect()
+        s.sendall(sent)
+        s.shutdown(socket.SHUT_WR)
+        got = read_all(s)
+        s.close()
+        out = stray.stdout.readline()        # (communicate would skip what readline buffered)
+        stray.wait(TIMEOUT)
+    finally:
+        if stray.poll() is None:
+            stray.kill()
+            stray.wait()
+    return got, out.strip()
+
+
+def test_only_the_agent_connects_to_the_group_listener(tmp_path):
+    """The listener's abstract name is visible to every process of the host
+    (/proc/net/unix). A connection from another process than the agent is closed at once
+    and counted, at the primary (it would be input no replica agreed on) and at a
+    backup (it would take the agent's place): the app serves the agent's connection
+    only, and the backup replays the primary's run byte for byte."""
+    port = free_port()
+    prim = Replica(Shm.PRIMARY, "group_counter.py", ["127.0.0.1", port, 1], port, cwd=str(tmp_path))
+    try:
+        got, stray = _stray_then_agent(prim, b"one\ntwo\n")
+        assert stray == "ended b''"
+        assert [l.split()[:3] for l in got.splitlines()] == [[b"0", b"one", b"n=1"],
+                                                             [b"0", b"two", b"n=2"]]
+        rc, out, err = prim.finish()
+        assert rc == 0, err
+        assert prim.shm.stats()["stray_conns"] == 1
+        info = prim.orderinfo()
+    finally:
+        prim.close()
+    back = Replica(Shm.BACKUP, "group_counter.py", ["127.0.0.1", port, 1], port, cwd=str(tmp_path))
+    try:
+        feeder, pusher = back.feed(info)
+        bgot, stray = _stray_then_agent(back, b"one\ntwo\n")
+        rc, bout, err = back.finish()
+        pusher.join(TIMEOUT)
+        assert rc == 0, err + back.shm.report
+        assert stray == "ended b''" and bgot == got and bout == out
+        assert back.shm.stats()["stray_conns"] == 1
+    finally:
+        back.close()

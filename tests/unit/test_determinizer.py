@@ -109,7 +109,7 @@ def test_names_come_from_the_header():
     assert CALL_IDS["read(/dev/urandom)"] is Call.READ_RANDOM
     assert CALL_IDS["recv(private)"] is Call.PRIVATE_RECV
     assert [s.name for s in Stat] == ["RECORDS", "WAITS", "GIL_DROPS", "RING_FULL", "HELD",
-                                      "INPUT_WAIT", "COMMITS"]
+                                      "INPUT_WAIT", "COMMITS", "STRAY_CONNS"]
     assert CtlWord.GROUP_ID == 6 and CtlWord.DIV_CONN == 8 and CtlWord.COMMIT_DONE == 11
 
 
