@@ -254,6 +254,7 @@ static int group_take(int fd, int flags, int four, int once) {
 int group_accept(int fd, struct sockaddr *a, socklen_t *alen, int flags, int four) {
     uint64_t op = fd_op(fd);
     int r, e;
+    int family = g_fd[fd].g ? g_fd[fd].g->family : AF_INET;    /* the app's listener's */
     uint32_t conn = 0;
     struct bk b;
     struct sockaddr_storage ss;
@@ -292,8 +293,7 @@ int group_accept(int fd, struct sockaddr *a, socklen_t *alen, int flags, int fou
             conn = __atomic_fetch_add(&g_group_accepted, 1, __ATOMIC_ACQ_REL);
             /* the peer is the agent's UNIX socket: the app sees a loopback TCP peer, its
              * port in the ephemeral range, from the connection's index */
-            sl = loopback_addr(g_fd[fd].g ? g_fd[fd].g->family : AF_INET,
-                               (uint16_t)(32768 + conn % 28232), &ss);
+            sl = loopback_addr(family, (uint16_t)(32768 + conn % 28232), &ss);
         }
         pr_append(LLFT_C_ACCEPT, op, r, e, conn, LLFT_SK_GROUP, &ss, r >= 0 ? sl : 0);
     }
@@ -303,7 +303,7 @@ int group_accept(int fd, struct sockaddr *a, socklen_t *alen, int flags, int fou
         struct gconn *g = calloc(1, sizeof *g);
         if (!g) diverge("out of memory for a group connection");
         g->conn = conn;
-        g->family = g_fd[fd].g ? g_fd[fd].g->family : AF_INET;
+        g->family = family;
         g->alen = sl;
         memcpy(&g->addr, &ss, sizeof ss);
         g_fd[r].g = g;

@@ -1505,9 +1505,9 @@ class Agent:
             self._write_status()
             if self.app.diverged:
                 self._diverged()
-            strays = self.app.stray_connections
-            if strays > self.counters.get("stray_connections", 0):
-                _log(f"{strays - self.counters.get('stray_connections', 0)} connection(s) to "
+            strays, said = self.app.stray_connections, self.counters.get("stray_connections", 0)
+            if strays > said:
+                _log(f"{strays - said} connection(s) to "
                      "the application's group listener from another process than this agent "
                      "were closed (native/shim_group.c): clients reach the group through "
                      "`llft gateway`")
