@@ -184,9 +184,16 @@ MAX_OI_PIECE = 8 << 10           # order-info bytes per node chunk (entries kept
 # GIL) past the peers' fault timeout, and the backup took over from a live primary.
 APP_WRITE_HIGH_BYTES = 256 << 10
 APP_WRITE_LOW_BYTES = 64 << 10
+# A backup delivers its input in batches (all that its primary's latest heartbeat covers:
+# ~20 ms of requests, several per stream under load) and writes each stream's share of a
+# batch to the app in one send of at most this much, once per loop turn (`_feed_later`)
+APP_WRITE_JOIN_BYTES = 64 << 10
 TERM_FLUSH_S = 1.0               # SIGTERM at a primary: wait this long for backups' acks
 PROMOTE_CHECK_S = 0.002          # how often a promoting agent checks the app's progress
 TAG_SHIM, TAG_CONN, TAG_FRAME = b"S", b"C", b"F"
+# said at a takeover (`_heard_since`): did the silent primary's heartbeats reach us?
+HEARD_COUNTERS = ("pulse_received", "pulse_absorbed", "pulse_forwarded", "pulse_queue_full",
+                  "accepted_HEARTBEAT", "received_datagrams")
 FRAMING_WAIT_LOG_S = 5.0         # a promotion waiting this long for the app's output: logged
 PIGGYBACK_BYTES = 16 << 10       # order info a message may carry (output commit, above)
 APP_STATE_VERSION = 1
@@ -249,6 +256,7 @@ class AppConn:
     pending: collections.deque = field(default_factory=collections.deque)
     transport: asyncio.Transport | None = None  # the connected socket (an AppSocket's)
     end_passed: bool = False         # the remote side's end was handed to the socket
+    feed_due: bool = False           # in the agent's list of streams to feed this turn
     # sent: the app's output read; handed: its input given to the app's socket
     credit: Credit = field(default_factory=Credit)
     grant_came: asyncio.Event = field(default_factory=asyncio.Event)  # a blocked reader waits
@@ -348,6 +356,8 @@ class Agent:
         self._sessions: set[int] = set()      # app sessions whose trees are not gone yet
         self._connector_task: asyncio.Task | None = None
         self._view_reason: tuple[int, str] = (0, "")   # the last view formed as primary
+        # what the transport had heard at the last status write (`_heard_since`)
+        self._heard_mark: tuple[float, dict[str, int]] = (time.monotonic(), {})
         self._recovered_gaps = 0              # node's recovered_gap count already logged
         self._reset_app_state()
         self.counters: dict[str, int] = {}
@@ -372,6 +382,7 @@ class Agent:
         self.by_index: dict[int, AppConn] = {}        # ... registered ones, by their k
         self.registered = 0                   # "C" entries so far (the next index)
         self.unregistered: list[AppConn] = []  # primary: delivered on, no "C" yet
+        self._to_feed: list[AppConn] = []     # backup: streams to feed this turn
         # the app's output, framed identically at every replica ("F" entries)
         self.framer = Framer()
         self._framing_wait_since = 0.0        # a promoted primary waits for its app's bytes
@@ -630,7 +641,18 @@ class Agent:
              f"{a.reason or 'membership changed'}")
         if a.my_rank == 1 and a.pvn != self._view_reason[0]:
             self._view_reason = (a.pvn, a.reason)
+            if (a.reason or "").startswith("took over"):
+                _log(self._heard_since())
         self._write_status()
+
+    def _heard_since(self) -> str:
+        """What the transport heard since the last status write, for a takeover's log: a
+        backup that takes over from a live primary (docs/RELIABILITY.md, the thawed
+        backup) says whether its primary's heartbeats reached its sockets meanwhile."""
+        at, before = self._heard_mark
+        now = self.endpoint.stats() if not self.endpoint.closed else {}
+        said = ", ".join(f"{k} +{now.get(k, 0) - before.get(k, 0)}" for k in HEARD_COUNTERS)
+        return f"heard in the {(time.monotonic() - at) * 1000:.0f} ms before: {said}"
 
     def _why_primary(self, pvn: int) -> str:
         """Why this replica became the primary of view `pvn` (what formed the view)."""
@@ -728,7 +750,10 @@ class Agent:
                 elif f.kind is Kind.DATA:
                     if f.payload:
                         c.pending.append(f.payload)
-                        self._feed_app(c)
+                        if self.mode is AppMode.PRIMARY:
+                            self._feed_app(c)       # a client waits for it
+                        else:
+                            self._feed_later(c)
                 else:
                     self._remote_end(c, f.kind is Kind.RST)
         except FrameError as e:
@@ -803,16 +828,46 @@ class Agent:
                 self._group_ended_in(gc)
             self._release_group_conn(gc)
 
+    def _feed_later(self, c: AppConn) -> None:
+        """At a backup: hand `c`'s input to the app at the end of this loop turn, with
+        whatever else of it the turn delivers. A backup's input comes in batches (each
+        rise of its primary's group watermark releases ~20 ms of requests), and a
+        stream's requests of one batch then cost one send and one wake-up of the app's
+        reader instead of one each. Nobody waits on a backup's app for them: the
+        shim replays the primary's reads by their recorded lengths, whatever the sends."""
+        if c.feed_due:
+            return
+        c.feed_due = True
+        self._to_feed.append(c)
+        if len(self._to_feed) == 1:
+            self.loop.call_soon(self._feed_due)
+
+    def _feed_due(self) -> None:
+        todo, self._to_feed = self._to_feed, []
+        for c in todo:
+            c.feed_due = False
+            self._feed_app(c)
+
     def _feed_app(self, c: AppConn) -> None:
         """Hand the stream's pending input to the app's socket, up to the transport's
         high-water mark (refilled as the app reads), then the remote side's end after
-        the last byte."""
+        the last byte. Chunks queued together go in one send (up to
+        APP_WRITE_JOIN_BYTES)."""
         transport = c.transport
         if transport is None or transport.is_closing():
             return
-        while c.pending and transport.get_write_buffer_size() <= APP_WRITE_HIGH_BYTES:
-            chunk = c.pending.popleft()
+        pending = c.pending
+        while pending and transport.get_write_buffer_size() <= APP_WRITE_HIGH_BYTES:
+            chunk = pending.popleft()
+            if pending and len(chunk) < APP_WRITE_JOIN_BYTES:
+                parts, size = [chunk], len(chunk)
+                while pending and size + len(pending[0]) <= APP_WRITE_JOIN_BYTES:
+                    parts.append(pending.popleft())
+                    size += len(parts[-1])
+                chunk = b"".join(parts)
+                self._count("app_chunks_joined", len(parts) - 1)
             transport.write(chunk)
+            self._count("app_writes")
             c.credit.handed += len(chunk)
         self._grant_in(c)
         # what is left waits for the transport's resume_writing (AppSocket): the app
@@ -1546,6 +1601,8 @@ class Agent:
 
     def status(self) -> dict:
         replica = self.node.status_snapshot()
+        transport = self.endpoint.stats() if not self.endpoint.closed else {}
+        self._heard_mark = (time.monotonic(), transport)
         order_info = replica.pop("order_info")
         node_stats = replica.pop("stats")
         app = self.app
@@ -1574,7 +1631,7 @@ class Agent:
             "diverged": app.divergence,
             "counters": {**self.counters, **{f"node_{k}": v for k, v in node_stats.items()},
                          **{f"framer_{k}": v for k, v in self.framer.stats.items()}},
-            "transport": self.endpoint.stats() if not self.endpoint.closed else {},
+            "transport": transport,
             "events": self.events[-20:],
             "written_mono": time.monotonic(),
         }

@@ -164,7 +164,7 @@ class LocalCluster:
                 print(f"(no diagnosis: {e!r})", file=sys.stderr)
         self.stop()
 
-    def diagnosis(self, lines: int = 6, width: int = 2000) -> str:
+    def diagnosis(self, lines: int = 12, width: int = 2000) -> str:
         """Each process's state and log tail, each live status file in one line."""
         out = ["--- LocalCluster diagnosis ---"]
         for name, p in self.procs.items():

@@ -19,6 +19,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -465,3 +466,41 @@ def test_threads_beyond_the_id_table_with_takeover_and_rejoin(tmp_path):
             m["lag"] == 0 and m["app_lag_entries"] == 0 for m in st["members"] if m["role"] != "primary"),
             120, "the rejoined backup has executed everything")
         no_divergence(streams_settled(lc, 2))
+
+
+def test_a_backup_hands_a_batch_of_requests_to_its_app_in_one_send(tmp_path):
+    """A backup delivers what each heartbeat of its primary releases (its group
+    watermark: ~20 ms of requests) and writes a stream's share of that batch to the app
+    in one send (`Agent._feed_later`). A client sending a message every 2 ms makes many
+    frames of one stream per batch: the backup's app gets them in far fewer writes than
+    frames, every byte echoed in order, and the backup's replay agrees."""
+    rng = random.Random(11)
+    msgs = [rng.randbytes(rng.randint(1, 200)) for _ in range(150)]
+    with LocalCluster(str(tmp_path), group="echo") as lc:
+        for name in ("r1", "r2"):
+            lc.start_replica(name, ECHO)
+            lc.wait_members(int(name[1]))
+        addr = lc.start_gateway()
+        got = bytearray()
+        with socket.create_connection(addr, timeout=CLIENT_TIMEOUT_S) as s:
+            for m in msgs:
+                s.sendall(m)
+                time.sleep(0.002)   # the load's pace (a frame each), not a wait
+            s.shutdown(socket.SHUT_WR)
+            got += read_all(s)
+        assert bytes(got) == b"".join(msgs)
+        st = streams_settled(lc, 2, clients=1)
+        no_divergence(st)
+
+        def fed(m) -> tuple[int, int]:     # (writes, chunks) to the app's sockets
+            c = m["counters"]
+            return c.get("app_writes", 0), c.get("app_writes", 0) + c.get("app_chunks_joined", 0)
+
+        # the status files are written periodically: wait until the backup's says it
+        # handed over as many chunks (frames) as the primary's
+        st = lc.wait_status(lambda st: len({fed(m)[1] for m in st["members"]}) == 1,
+                            30, "both replicas' counts of frames handed to the app")
+        backup = next(m for m in st["members"] if m["role"] != "primary")
+        writes, chunks = fed(backup)
+        assert chunks >= 30, (writes, chunks)       # the gateway framed them apart
+        assert 3 * writes <= chunks, (writes, chunks)
