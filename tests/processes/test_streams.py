@@ -498,7 +498,8 @@ def test_a_backup_hands_a_batch_of_requests_to_its_app_in_one_send(tmp_path):
 
         # the status files are written periodically: wait until the backup's says it
         # handed over as many chunks (frames) as the primary's
-        st = lc.wait_status(lambda st: len({fed(m)[1] for m in st["members"]}) == 1,
+        st = lc.wait_status(lambda st: len({fed(m)[1] for m in st["members"]}) == 1
+                            and fed(st["members"][0])[1] > 0,
                             30, "both replicas' counts of frames handed to the app")
         backup = next(m for m in st["members"] if m["role"] != "primary")
         writes, chunks = fed(backup)
