@@ -530,7 +530,8 @@ class Agent:
             _log(f"application pid {app.proc.pid} started ({app.mode.value})")
         self._sessions.add(app.session)
         if self.watchdog is not None:
-            self.watchdog.track_session(app.session, app.tmp)
+            self.watchdog.track_session(app.session, app.tmp,
+                                        app.shm.path if app.shm is not None else None)
 
     def _app_tree_gone(self, sid: int | None) -> None:
         """An app's tree is gone (a helper thread calls this): its session needs no

@@ -26,7 +26,8 @@ them must go, and none may outlive `llft run`. Four Linux facts make that work:
                 was told about one by one (escapees: descendants in other sessions,
                 identified by pid and start time so a reused pid is never killed);
                 then it removes the private temporary folder of each session it
-                killed (llft/runtime/application.py `private_tmp`)
+                killed (llft/runtime/application.py `private_tmp`) and the shim's
+                shared-memory file in /dev/shm (determinizer/shm.py)
 
 Killing a tree (`kill_tree`): SIGTERM to every process of it, a grace of up to
 KILL_GRACE_S for them to exit (a JVM runs its shutdown hooks), then SIGKILL to what is
@@ -288,10 +289,13 @@ class Watchdog:
             except (OSError, ValueError):
                 pass                       # the watchdog is gone: nothing to tell
 
-    def track_session(self, sid: int, folder: str | None = None) -> None:
-        """Kill session `sid` if the agent dies, then remove `folder` (the app's private
-        temporary folder: the rest of the line, so any path but one with a newline)."""
-        self._send(f"s {sid}" + (f" {folder}" if folder and "\n" not in folder else ""))
+    def track_session(self, sid: int, *paths: str | None) -> None:
+        """Kill session `sid` if the agent dies, then remove `paths`: the app's private
+        temporary folder and the shared-memory file of its shim, which a SIGKILLed agent
+        cannot unlink (one per kill, in /dev/shm: memory). The rest of the line, split
+        by tabs: any path but one with a tab or a newline."""
+        said = [p for p in paths if p and "\t" not in p and "\n" not in p]
+        self._send(f"s {sid}" + (" " + "\t".join(said) if said else ""))
 
     def untrack_session(self, sid: int) -> None:
         self._send(f"u {sid}")
@@ -337,14 +341,14 @@ class Watchdog:
 
 def watch(stream) -> None:
     """The watchdog process: read commands until EOF, then kill what it was told about and
-    remove the folders of the sessions it killed."""
-    sids: dict[int, bytes | None] = {}      # session -> its folder
+    remove the folders and files of the sessions it killed."""
+    sids: dict[int, list[bytes]] = {}       # session -> its folder and files
     pids: dict[int, float] = {}
     for raw in stream:
         parts = raw.rstrip(b"\n").split(b" ", 2)
         try:
             if parts[0] == b"s":
-                sids[int(parts[1])] = parts[2] if len(parts) > 2 else None
+                sids[int(parts[1])] = parts[2].split(b"\t") if len(parts) > 2 else []
             elif parts[0] == b"u":
                 sids.pop(int(parts[1]), None)
             elif parts[0] == b"p":
@@ -362,9 +366,14 @@ def watch(stream) -> None:
     procs += session_members(sids)
     _signal(procs, signal.SIGKILL)
     kill_tree(procs, list(sids), grace_s=0)    # (waits until they are gone)
-    for folder in sids.values():
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+    for path in (p for paths in sids.values() for p in paths):
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 def main() -> None:

@@ -123,16 +123,29 @@ def assert_all_gone(procs: list[psutil.Process], timeout_s: float = 15) -> None:
         time.sleep(POLL_S)
 
 
+def shm_files(agent_pid: int) -> list[str]:
+    """The shared-memory files an agent made for its apps' shims (determinizer/shm.py
+    names them after the agent's pid)."""
+    return sorted(f for f in os.listdir("/dev/shm") if f.startswith(f"llft-{agent_pid}-"))
+
+
+def assert_no_shm_left(agent_pid: int, timeout_s: float = 15) -> None:
+    wait_for(lambda: not shm_files(agent_pid), f"no shared-memory file of agent {agent_pid} "
+             f"left (there: {shm_files(agent_pid)})", timeout_s, POLL_S)
+
+
 def test_sigterm_of_the_agent_leaves_no_process(tmp_path):
     with cluster(tmp_path) as lc:
         agent = lc.start_replica("r1", app_cmd())
         lc.wait_members(1)
         procs = full_tree(agent.pid)
         wait_app_tmp(tmp_path, 1)
+        assert len(shm_files(agent.pid)) == 1
         lc.kill("r1", signal.SIGTERM)
         assert agent.returncode == 0, lc.log_tail("r1")
         assert_all_gone(procs)
         assert_no_tmp_left(tmp_path)
+        assert_no_shm_left(agent.pid)
 
 
 def test_sigkill_of_the_agent_leaves_no_process(tmp_path):
@@ -144,9 +157,11 @@ def test_sigkill_of_the_agent_leaves_no_process(tmp_path):
         # the daemon left the app's session: the watchdog kills it by pid once told
         lc.wait_status(lambda st: st["members"] and st["members"][0]["counters"].get(
             "escapees_watched", 0) >= 1, 30, "the escaped daemon named to the watchdog")
+        assert len(shm_files(agent.pid)) == 1
         lc.kill("r1", signal.SIGKILL)
         assert_all_gone(procs)
         assert_no_tmp_left(tmp_path)
+        assert_no_shm_left(agent.pid)       # the watchdog unlinks it too
 
 
 def test_app_exit_leaves_no_process(tmp_path):
