@@ -651,9 +651,12 @@ class Agent:
         backup that takes over from a live primary (docs/RELIABILITY.md, the thawed
         backup) says whether its primary's heartbeats reached its sockets meanwhile."""
         at, before = self._heard_mark
-        now = self.endpoint.stats() if not self.endpoint.closed else {}
+        now = self._transport_stats()
         said = ", ".join(f"{k} +{now.get(k, 0) - before.get(k, 0)}" for k in HEARD_COUNTERS)
         return f"heard in the {(time.monotonic() - at) * 1000:.0f} ms before: {said}"
+
+    def _transport_stats(self) -> dict[str, int]:
+        return self.endpoint.stats() if not self.endpoint.closed else {}
 
     def _why_primary(self, pvn: int) -> str:
         """Why this replica became the primary of view `pvn` (what formed the view)."""
@@ -1602,7 +1605,7 @@ class Agent:
 
     def status(self) -> dict:
         replica = self.node.status_snapshot()
-        transport = self.endpoint.stats() if not self.endpoint.closed else {}
+        transport = self._transport_stats()
         self._heard_mark = (time.monotonic(), transport)
         order_info = replica.pop("order_info")
         node_stats = replica.pop("stats")

@@ -130,8 +130,8 @@ def shm_files(agent_pid: int) -> list[str]:
 
 
 def assert_no_shm_left(agent_pid: int, timeout_s: float = 15) -> None:
-    wait_for(lambda: not shm_files(agent_pid), f"no shared-memory file of agent {agent_pid} "
-             f"left (there: {shm_files(agent_pid)})", timeout_s, POLL_S)
+    wait_for(lambda: not shm_files(agent_pid),
+             f"no /dev/shm/llft-{agent_pid}-* file left", timeout_s, POLL_S)
 
 
 def test_sigterm_of_the_agent_leaves_no_process(tmp_path):
