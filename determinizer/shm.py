@@ -36,6 +36,7 @@ are the header's enums (`Mode`, `CtlWord`, `Stat`), never bare numbers.
 """
 from __future__ import annotations
 
+import collections
 import mmap
 import os
 import secrets
@@ -46,6 +47,9 @@ from native import _llft_shm, c_enum  # built by setup.py from native/shm_build.
 
 ffi, lib = _llft_shm.ffi, _llft_shm.lib
 DRAIN_CHUNK_BYTES = 1 << 20
+# The agent's reset marks still out (ctl.resets) before it lets the oldest go: half the
+# table, so the app's own marks (a close after SO_LINGER 0) always find room.
+AGENT_RESET_MARKS = lib.LLFT_RESET_SLOTS // 2
 
 Mode = c_enum("Mode", "enum llft_mode", "LLFT_MODE_")
 CtlWord = c_enum("CtlWord", "enum llft_ctl_word", "LLFT_CTL_")
@@ -61,6 +65,7 @@ class Shm:
         self._base = ffi.from_buffer(mm)
         self._owner = owner
         self._drain_buf = ffi.new("uint8_t[]", DRAIN_CHUNK_BYTES)
+        self._agent_marks: collections.deque[int] = collections.deque()  # oldest first
 
     @classmethod
     def create(cls, mode: int, stall_ms: int = 10000, directory: str = "/dev/shm") -> "Shm":
@@ -170,8 +175,17 @@ class Shm:
 
     def reset_conn(self, conn: int) -> bool:
         """The agent is about to close group connection `conn` (its acceptance index) as
-        a reset: the app's read of its end fails with ECONNRESET, as after a TCP RST.
-        False: no room to say so (the app reads a plain end)."""
+        a reset: the app's read of its end fails with ECONNRESET, as after a TCP RST,
+        however late it reads. The mark is the app's to take (when it reads the end, or
+        closes the connection): the agent's side of the stream ends at the close, and
+        forgetting the mark there made an app that read after the agent's next loop
+        turn read a plain end. An app that closed before the reset came leaves its mark
+        untaken: the agent lets its oldest mark go once more than AGENT_RESET_MARKS are
+        out. False: no room to say so (the app reads a plain end)."""
+        self._agent_marks.append(conn)
+        if len(self._agent_marks) > AGENT_RESET_MARKS:
+            lib.llft_conn_reset_take(self._base, lib.LLFT_RESET_BY_AGENT,
+                                     self._agent_marks.popleft())
         return bool(lib.llft_conn_reset_mark(self._base, lib.LLFT_RESET_BY_AGENT, conn))
 
     def app_reset(self, conn: int) -> bool:
@@ -179,10 +193,10 @@ class Shm:
         rather than closed it; the answer is taken (asked once, at the end it read)."""
         return bool(lib.llft_conn_reset_take(self._base, lib.LLFT_RESET_BY_APP, conn))
 
-    def forget_resets(self, conn: int) -> None:
-        """`conn` is gone at the agent: a reset it marked that the app never read, or one
-        the app marked that the agent never read, frees its slot."""
-        lib.llft_conn_reset_take(self._base, lib.LLFT_RESET_BY_AGENT, conn)
+    def forget_app_reset(self, conn: int) -> None:
+        """`conn` is gone at the agent: a reset the app marked that the agent never read
+        (it read the end as a reset already) frees its slot. The agent's own marks stay
+        for the app (`reset_conn`)."""
         lib.llft_conn_reset_take(self._base, lib.LLFT_RESET_BY_APP, conn)
 
     @property

@@ -197,8 +197,11 @@ struct llft_ctl {
      * reset: UNIX sockets only close): a slot holds LLFT_RESET_* | (connection index +
      * 1), claimed by the side that resets before it closes (compare-and-swap from 0) and
      * taken by the other when it reads the end (llft_reset_mark/llft_reset_take below);
-     * the shim clears its connection's slots when the app closes it, the agent when it
-     * lets the connection go. A full table: the end is a plain close (FIN). */
+     * the shim clears its connection's slots when the app closes it, the agent the app's
+     * marks when it lets the connection go; its own marks stay for the app's read however
+     * late, and it lets the oldest go once half the table holds them (one of an app that
+     * closed before the reset, determinizer/shm.py). A full table: the end is a plain
+     * close (FIN). */
     uint32_t resets[LLFT_RESET_SLOTS];
     /* a group write divergence: div_set = 1 once div_conn (0-based acceptance index of
      * the connection) and div_offset (stream offset of the differing write's first

@@ -23,8 +23,9 @@
  *           address; recorded failure -> the same errno, nothing accepted.
  *   read    primary: real, recorded (count or errno, never the bytes). backup: waits
  *           until exactly that many bytes are there and reads exactly that many;
- *           EOF waits for EOF; an errno is returned without reading. A commitment,
- *           not a hint: no time cap, only the stall check.
+ *           EOF waits for the end (EOF, or ECONNRESET if the agent closed with the
+ *           app's output unread: timing); an errno is returned without reading. A
+ *           commitment, not a hint: no time cap, only the stall check.
  *   write   real at every replica. primary records the count + FNV-1a of the bytes;
  *           a backup writes exactly the recorded count (looping, blocking without
  *           the GIL) after checking the hash. A different hash is a DIVERGENCE:
@@ -409,7 +410,11 @@ ssize_t group_recv(int fd, struct msghdr *m, int flags) {
                 mm.msg_iovlen = (size_t)iov_window(m->msg_iov, (int)m->msg_iovlen, done, (size_t)r - done, w);
                 ssize_t k = R(recvmsg)(fd, &mm, (flags & ~MSG_WAITALL) | MSG_DONTWAIT);
                 if (k <= 0) {
-                    if (r == 0 && k == 0) break;
+                    /* the recorded end is here: an EOF, or ECONNRESET when the agent
+                     * closed with the app's output unread in its socket (a UNIX socket's
+                     * close resets its peer then). Whether a backup's agent had read it
+                     * all is a matter of timing: the same end. */
+                    if (r == 0 && (k == 0 || errno == ECONNRESET)) break;
                     if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;   /* waits again */
                     diverge("divergence: thread %d call #%llu recv(group): the primary read %zd bytes, "
                             "here the read returned %zd (errno %d)", t_tid, (unsigned long long)t_n,

@@ -932,7 +932,7 @@ class Agent:
         del self.conns[c.key]
         gc.conns.pop(c.stream, None)
         if c.index >= 0:
-            self.app.forget_resets(c.index)
+            self.app.forget_app_reset(c.index)
         if self.by_index.get(c.index) is c:
             del self.by_index[c.index]
             self.framer.forget(c.index)

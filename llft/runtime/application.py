@@ -529,9 +529,9 @@ class Application:
     def app_reset(self, conn: int) -> bool:
         return self._mapped and self.shm.app_reset(conn)
 
-    def forget_resets(self, conn: int) -> None:
+    def forget_app_reset(self, conn: int) -> None:
         if self._mapped:
-            self.shm.forget_resets(conn)
+            self.shm.forget_app_reset(conn)
 
     @property
     def fed_entries(self) -> int | None:

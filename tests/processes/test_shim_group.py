@@ -5,6 +5,7 @@ and reads what the app writes."""
 from __future__ import annotations
 
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -311,9 +312,12 @@ def test_promoted_backup_serves_new_requests_live(tmp_path):
         back.close()
 
 
-def _drive_resets(rep: Replica) -> bool:
+def _drive_resets(rep: Replica, read_back: bool) -> bool:
     """The agent's side of group_resets.py: reset connection 0 after its bytes, then
-    read connection 1's end; whether the app reset it."""
+    read connection 1's end; whether the app reset it. Connection 2: a line, then a
+    close after reading the app's answer (`read_back`) or with it unread (the app's
+    read of the end then fails with ECONNRESET: a UNIX socket's close resets its peer
+    when it had unread bytes)."""
     s = rep.connect()
     s.sendall(b"abc")
     assert rep.shm.reset_conn(0)
@@ -322,7 +326,15 @@ def _drive_resets(rep: Replica) -> bool:
     s.sendall(b"x\n")
     assert read_all(s) == b""
     s.close()
-    return rep.shm.app_reset(1)
+    reset = rep.shm.app_reset(1)
+    s = rep.connect()
+    s.sendall(b"y\n")
+    if read_back:
+        assert s.recv(100) == b"y\n"
+    else:
+        select.select([s], [], [], TIMEOUT)     # the answer is there, unread
+    s.close()
+    return reset
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::"])
@@ -330,11 +342,13 @@ def test_resets_cross_a_group_connection_both_ways_and_replay(host, tmp_path):
     """A group connection is a UNIX socket, which has no reset: the agent's reset (a
     client's RST) reaches the app's read as ECONNRESET after the bytes before it, and the
     app's close after SO_LINGER 0 reaches the agent as a reset, at the primary and at a
-    backup replaying it (the same output). TCP options are taken; the app sees TCP."""
+    backup replaying it (the same output). A backup's agent that closes with the app's
+    output unread (its timing, not the primary's) ends the app's read there as the
+    primary's EOF. TCP options are taken; the app sees TCP."""
     port = free_port()
     prim = Replica(Shm.PRIMARY, "group_resets.py", [host, port], port, cwd=str(tmp_path))
     try:
-        assert _drive_resets(prim)
+        assert _drive_resets(prim, read_back=True)
         rc, out, err = prim.finish()
         assert rc == 0, err
         info = prim.orderinfo()
@@ -343,11 +357,11 @@ def test_resets_cross_a_group_connection_both_ways_and_replay(host, tmp_path):
     lines = out.splitlines()
     assert lines[1] == f"conn 0 True {'127.0.0.1' if host[0] == '1' else '::ffff:127.0.0.1'} {port}"
     assert lines[2] == "conn 0 read b'abc' then ECONNRESET"
-    assert lines[3:] == ["conn 1 read b'x\\n'", "done"]
+    assert lines[3:] == ["conn 1 read b'x\\n'", "conn 2 read b'y\\n' then EOF", "done"]
     back = Replica(Shm.BACKUP, "group_resets.py", [host, port], port, cwd=str(tmp_path))
     try:
         feeder, pusher = back.feed(info)
-        assert _drive_resets(back)
+        assert _drive_resets(back, read_back=False)
         rc, bout, err = back.finish()
         pusher.join(TIMEOUT)
         assert rc == 0, err + back.shm.report

@@ -505,3 +505,46 @@ def test_a_backup_hands_a_batch_of_requests_to_its_app_in_one_send(tmp_path):
         writes, chunks = fed(backup)
         assert chunks >= 30, (writes, chunks)       # the gateway framed them apart
         assert 3 * writes <= chunks, (writes, chunks)
+
+
+def test_a_reset_reads_as_econnreset_however_late_the_app_reads_it(tmp_path):
+    """A client gets its line back, then resets (or half-closes): the app reads the end
+    LATE_S later (tests/programs/late_end_reader.py). The reset went to the app's socket
+    before that read, so the read fails with ECONNRESET, at the primary and, replayed,
+    at the backup. The agent's own reset of the app's socket ends its side of the
+    stream at once; the mark that makes the app's read a reset must stay until the app
+    took it (it was forgotten there: the app read a plain EOF when it read after the
+    agent's next loop turn; a backup reading the end while the app's output was still
+    unread at its agent then got the kernel's ECONNRESET where the primary had read 0,
+    and diverged)."""
+    from rr_helpers import program
+    with LocalCluster(str(tmp_path), group="late") as lc:
+        for name in ("r1", "r2"):
+            lc.start_replica(name, [sys.executable, program("late_end_reader.py"), "9000"])
+            lc.wait_members(int(name[1]))
+        addr = lc.start_gateway()
+        want = []
+        for i in range(8):
+            reset = i % 2 == 1
+            with socket.create_connection(addr, timeout=CLIENT_TIMEOUT_S) as s:
+                s.sendall(b"client %d\n" % i)
+                got = b""
+                while not got.endswith(b"\n"):
+                    chunk = s.recv(100)
+                    assert chunk, (i, got)
+                    got += chunk
+                assert got == b"client %d\n" % i
+                if reset:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                else:
+                    s.shutdown(socket.SHUT_WR)
+                    assert read_all(s) == b""
+            want.append(f"client {i} {'ECONNRESET' if reset else 'EOF'}")
+        st = streams_settled(lc, 2, clients=8)
+        no_divergence(st)
+
+        def ends(name: str) -> list[str]:
+            return sorted(l for l in lc.log_tail(name, 10**6).splitlines()
+                          if l.startswith("client "))
+        for name in ("r1", "r2"):
+            assert ends(name) == sorted(want), name

@@ -162,3 +162,30 @@ def test_drain_of_an_idle_primary_is_empty_and_bounded():
         assert shm.mode == Shm.PRIMARY
     finally:
         shm.close()
+
+
+def test_the_agents_reset_marks_stay_for_the_app_and_the_oldest_go():
+    """ctl.resets: the agent's mark of a reset stays until the app takes it (at its read
+    of the end, however late, or its close); the agent lets its oldest go once more than
+    half the table holds them (an app that closed before the reset never takes one), so
+    the app's own marks (a close after SO_LINGER 0) always find room."""
+    from determinizer.shm import AGENT_RESET_MARKS, lib
+    shm = Shm.create(Shm.PRIMARY)
+    base = shm._base
+
+    def app_takes(conn: int) -> bool:            # the shim's read of the end
+        return bool(lib.llft_conn_reset_take(base, lib.LLFT_RESET_BY_AGENT, conn))
+    try:
+        n = AGENT_RESET_MARKS + 10
+        assert all(shm.reset_conn(k) for k in range(n))
+        shm.forget_app_reset(n - 1)              # the agent let it go: its mark stays
+        assert [app_takes(k) for k in range(n)] == [False] * 10 + [True] * AGENT_RESET_MARKS
+        # the app's marks find room beside as many of the agent's as it keeps
+        assert all(shm.reset_conn(k) for k in range(n, n + AGENT_RESET_MARKS))
+        for k in range(lib.LLFT_RESET_SLOTS - AGENT_RESET_MARKS):
+            assert lib.llft_conn_reset_mark(base, lib.LLFT_RESET_BY_APP, 1000 + k)
+        assert shm.app_reset(1000) and not shm.app_reset(1000)       # taken once
+        shm.forget_app_reset(1001)
+        assert not shm.app_reset(1001)
+    finally:
+        shm.close()
