@@ -105,19 +105,19 @@ def test_cli_last_line(capsys):
 
 @pytest.mark.slow
 def test_soak(soak):
-    n = 2000 if soak == "small" else 20000
+    n = 1000 if soak == "small" else 20000
     assert _campaign(n, 7, 0.2, 0.05, 0.1) == []
 
 
 @pytest.mark.slow
 def test_soak_failover(soak):
-    n = 1000 if soak == "small" else 10000
+    n = 500 if soak == "small" else 10000
     assert _campaign(n, 8, 0.2, 0.05, 0.1, failover=0.5) == []
 
 
 @pytest.mark.slow
 def test_soak_dead_group(soak):
-    n = 300 if soak == "small" else 3000
+    n = 150 if soak == "small" else 3000
     assert _campaign(n, 9, 0.1, 0.05, 0.1, failover=0.3, die=1.0) == []
 
 
@@ -126,7 +126,7 @@ def test_soak_dead_group_failing_over(soak):
     """A remote group that changes primary and then dies whole, with both groups failing
     over (docs/ARCHITECTURE.md item 12: 3 to 4 of 3,000 schedules failed before the cut
     announcements)."""
-    n = 300 if soak == "small" else 3000
+    n = 150 if soak == "small" else 3000
     assert _campaign(n, 12, 0.2, 0.05, 0.2, failover=0.7, die=1.0) == []
 
 
