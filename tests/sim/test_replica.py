@@ -273,7 +273,7 @@ def test_cli_output_contract(capsys):
 
 @pytest.mark.slow
 def test_soak(soak):
-    n = 200 if soak == "small" else 3000
+    n = 100 if soak == "small" else 3000
     assert _campaign(n, 7) == []
 
 

@@ -105,7 +105,7 @@ def test_cli_last_line(capsys):
 
 @pytest.mark.slow
 def test_soak(soak):
-    n = 1000 if soak == "small" else 20000
+    n = 500 if soak == "small" else 20000
     assert _campaign(n, 7, 0.2, 0.05, 0.1) == []
 
 
