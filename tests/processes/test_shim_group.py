@@ -332,7 +332,7 @@ def _drive_resets(rep: Replica, read_back: bool) -> bool:
     if read_back:
         assert s.recv(100) == b"y\n"
     else:
-        select.select([s], [], [], TIMEOUT)     # the answer is there, unread
+        assert select.select([s], [], [], TIMEOUT)[0]     # the answer is there, unread
     s.close()
     return reset
 

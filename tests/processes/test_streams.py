@@ -26,6 +26,7 @@ import pytest
 from llft import EXAMPLES_DIR
 from llft.runtime.agent import CONNECTS_PER_TURN
 from llft.tools.cluster import LocalCluster
+from rr_helpers import program
 
 ECHO = [sys.executable, os.path.join(EXAMPLES_DIR, "echo.py"), "9000"]
 # Concurrent downloads, as users run them: 16 clients at once, each a connection per
@@ -517,7 +518,6 @@ def test_a_reset_reads_as_econnreset_however_late_the_app_reads_it(tmp_path):
     agent's next loop turn; a backup reading the end while the app's output was still
     unread at its agent then got the kernel's ECONNRESET where the primary had read 0,
     and diverged)."""
-    from rr_helpers import program
     with LocalCluster(str(tmp_path), group="late") as lc:
         for name in ("r1", "r2"):
             lc.start_replica(name, [sys.executable, program("late_end_reader.py"), "9000"])
