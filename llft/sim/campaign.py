@@ -50,6 +50,7 @@ import multiprocessing
 import os
 import sys
 import time
+import traceback
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -63,8 +64,9 @@ class ScenarioError(ValueError):
     """A scenario file that cannot be read."""
 
 
-# a campaign of this many schedules or more runs in worker processes (`_each`)
-PARALLEL_FROM = 100
+# a campaign whose first schedule, timed, says the rest would take this long or more in
+# one process runs the rest in worker processes (`_each`): spawning them costs ~1 s
+PARALLEL_AFTER_S = 2.0
 
 
 def sim_jobs() -> int:
@@ -100,19 +102,27 @@ def _outcome(run_seed: Callable[..., "Outcome"], kind: str, params: dict,
         return Outcome([f"exception: {type(e).__name__}: {e}"], Script(kind))
 
 
-def _each(check: Callable[[int], Any], seeds: list[int]) -> Iterator[Any]:
-    """`check(seed)` for every seed, in order: on `sim_jobs()` spawned workers when there
-    are `PARALLEL_FROM` seeds or more (`check` must pickle: a partial of module-level
-    functions)."""
-    jobs = sim_jobs() if len(seeds) >= PARALLEL_FROM else 1
-    if jobs == 1:
-        yield from map(check, seeds)
+def _each(check: Callable[[Any], Any], items: list) -> Iterator[Any]:
+    """`check(item)` for every item (a schedule seed, a scenario's path), in order. The
+    first runs here, timed; if the rest would take `PARALLEL_AFTER_S` or more at that
+    pace, they run on `sim_jobs()` spawned workers (`check` must pickle: a partial of
+    module-level functions). Items are independent and pure CPU: the results are the
+    same either way."""
+    jobs = sim_jobs()
+    if jobs == 1 or len(items) < 3:
+        yield from map(check, items)
+        return
+    t0 = time.perf_counter()
+    yield check(items[0])
+    rest = items[1:]
+    if (time.perf_counter() - t0) * len(rest) < PARALLEL_AFTER_S:
+        yield from map(check, rest)
         return
     from llft.protocol.messaging import endpoint
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_worker_start,
                              initargs=(endpoint.CHECK_WATERMARK, os.getpid())) as pool:
-        yield from pool.map(check, seeds, chunksize=max(1, len(seeds) // (8 * jobs)))
+        yield from pool.map(check, rest, chunksize=max(1, len(rest) // (8 * jobs)))
 
 
 def schedule_seed(kind: str, seed: int, index: int) -> int:
@@ -341,8 +351,8 @@ class Campaign:
     def failures(self, schedules: int, seed: int, **params) -> list[tuple[int, str]]:
         """(schedule seed, first violation) of every failing schedule of a campaign (for
         tests: an exception propagates). Schedules are independent and pure CPU: a
-        campaign of `PARALLEL_FROM` schedules or more runs them on every core (`_each`),
-        with the same results."""
+        campaign that would take seconds runs them on every core (`_each`), with the
+        same results."""
         seeds = [schedule_seed(self.kind, seed, i) for i in range(schedules)]
         firsts = _each(functools.partial(_first_violation, self.run_seed, params), seeds)
         return [(s, v) for s, v in zip(seeds, firsts) if v is not None]
@@ -409,6 +419,24 @@ class Campaign:
             print(f"{path}: as expected ({'; '.join(' '.join(e) for e in script.expect)})")
         print(f"1 schedules, {1 if o.violations else 0} violations")
         return 1 if missed else 0
+
+
+def scenario_unmet(path: Path) -> list[str]:
+    """Run a scenario script; what it expected and did not get (`unmet`)."""
+    from llft.sim import membership_check, messaging_check, replica_check   # they import us
+    kinds = {c.kind: c for c in (messaging_check.CAMPAIGN, membership_check.CAMPAIGN,
+                                 replica_check.CAMPAIGN)}
+    script = Script.load(path)
+    try:
+        return unmet(script, kinds[script.kind].run_script(script))
+    except Exception:               # a crash of a core: this scenario fails, not the batch
+        return [f"exception:\n{traceback.format_exc()}"]
+
+
+def scenarios_unmet(paths: list[Path]) -> list[list[str]]:
+    """`scenario_unmet` of each path, in order, on every core when that pays (`_each`):
+    the regression scenarios take minutes in one process."""
+    return list(_each(scenario_unmet, list(paths)))
 
 
 def scenario_files(folder: str | Path, kind: str | None = None) -> Iterator[Path]:
