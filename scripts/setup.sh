@@ -47,3 +47,10 @@ if [ ! -f "$stamp" ] || [ -n "$(find setup.py native -newer "$stamp" -print -qui
   .venv/bin/python -m pip install -q -e '.[dev]'
   touch "$stamp"
 fi
+
+# Bytecode for llft's own modules. Where PYTHONDONTWRITEBYTECODE is set (as on this kind of
+# machine), Python never writes it, and every agent, gateway and watchdog compiled ~15,000
+# lines from source at its start: 0.55 s of CPU instead of 0.21 s for `import
+# llft.runtime.agent` on a slow 2-core VM. Python still reads bytecode that exists, and
+# checks it against its source's mtime; this pass only compiles what changed.
+.venv/bin/python -m compileall -q -j 0 llft membership determinizer native examples >/dev/null
