@@ -32,6 +32,14 @@ def pytest_configure(config):
     # a run stopped with SIGTERM (`timeout`, a CI job cancelled) unwinds like Ctrl-C: the
     # running test's clusters, loads and hogs are stopped on the way out, not orphaned
     signal.signal(signal.SIGTERM, _terminated)
+    # a run started as a background job of a shell without job control (`cmd &` in a
+    # script) inherits SIGINT and SIGQUIT ignored, and so would every process a test
+    # starts (an ignored signal stays ignored across exec): a recorded program's Ctrl-C
+    # then stopped nothing. The tests' processes start as a terminal's foreground job's do.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def pytest_addoption(parser):

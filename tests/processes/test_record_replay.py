@@ -400,12 +400,17 @@ def test_a_recording_stopped_by_ctrl_c_or_sigterm_is_a_whole_trace(tmp_path, how
     work.mkdir()
     trace = str(tmp_path / "trace")
     rec, first = _recording_of([PYTHON3, program("until_stopped.py")], trace, str(work))
-    assert first.startswith(b"tick 1 "), first
-    if how == "ctrl-c":
-        os.killpg(rec.pid, signal.SIGINT)
-    else:
-        rec.send_signal(signal.SIGTERM)
-    rest, err = rec.communicate(timeout=60)
+    try:
+        assert first.startswith(b"tick 1 "), first
+        if how == "ctrl-c":
+            os.killpg(rec.pid, signal.SIGINT)
+        else:
+            rec.send_signal(signal.SIGTERM)
+        rest, err = rec.communicate(timeout=60)
+    finally:
+        if rec.poll() is None:              # failed: the recorder's session goes too
+            os.killpg(rec.pid, signal.SIGKILL)
+            rec.wait()
     out = first + rest
     assert rec.returncode == 0, err.decode()[-2000:]
     want = b"stopped by SIGINT" if how == "ctrl-c" else b"stopped by SIGTERM"
