@@ -474,7 +474,7 @@ def test_sim_schedules_hold_every_check():
 
 @pytest.mark.slow
 def test_sim_campaign(soak):
-    n = {"small": 500, "full": 20_000}[soak]
+    n = {"small": 250, "full": 20_000}[soak]
     bad = [s for s, _ in simcheck.CAMPAIGN.failures(n, 23)]
     assert not bad, bad[:10]
 

@@ -273,19 +273,19 @@ def test_cli_output_contract(capsys):
 
 @pytest.mark.slow
 def test_soak(soak):
-    n = 100 if soak == "small" else 3000
+    n = 50 if soak == "small" else 3000
     assert _campaign(n, 7) == []
 
 
 @pytest.mark.slow
 def test_soak_graceful_stops(soak):
-    n = 100 if soak == "small" else 1500
+    n = 50 if soak == "small" else 1500
     bad = rc.CAMPAIGN.failures(n, 7, leave=0.7, partition=0.3)
     assert [f"seed {s}: {v}" for s, v in bad] == []
 
 
 @pytest.mark.slow
 def test_soak_streams(soak):
-    n = 75 if soak == "small" else 1500
+    n = 40 if soak == "small" else 1500
     bad = rc.CAMPAIGN.failures(n, 7, streams=6)
     assert [f"seed {s}: {v}" for s, v in bad] == []

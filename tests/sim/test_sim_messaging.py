@@ -105,13 +105,13 @@ def test_cli_last_line(capsys):
 
 @pytest.mark.slow
 def test_soak(soak):
-    n = 500 if soak == "small" else 20000
+    n = 250 if soak == "small" else 20000
     assert _campaign(n, 7, 0.2, 0.05, 0.1) == []
 
 
 @pytest.mark.slow
 def test_soak_failover(soak):
-    n = 500 if soak == "small" else 10000
+    n = 250 if soak == "small" else 10000
     assert _campaign(n, 8, 0.2, 0.05, 0.1, failover=0.5) == []
 
 
