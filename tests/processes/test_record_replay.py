@@ -408,9 +408,19 @@ def test_a_recording_stopped_by_ctrl_c_or_sigterm_is_a_whole_trace(tmp_path, how
             rec.send_signal(signal.SIGTERM)
         rest, err = rec.communicate(timeout=60)
     finally:
-        if rec.poll() is None:              # failed: the recorder's session goes too
-            os.killpg(rec.pid, signal.SIGKILL)
-            rec.wait()
+        if rec.poll() is None:
+            # failed: the recorder's session goes too, SIGTERM first (the recorder passes
+            # it on, completes its trace and unlinks its shared memory), then SIGKILL
+            import glob
+            import subprocess
+            os.killpg(rec.pid, signal.SIGTERM)
+            try:
+                rec.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(rec.pid, signal.SIGKILL)
+                rec.wait()
+                for path in glob.glob(f"/dev/shm/llft-{rec.pid}-*"):
+                    os.unlink(path)
     out = first + rest
     assert rec.returncode == 0, err.decode()[-2000:]
     want = b"stopped by SIGINT" if how == "ctrl-c" else b"stopped by SIGTERM"
