@@ -67,6 +67,14 @@ class Shm:
         self._drain_buf = ffi.new("uint8_t[]", DRAIN_CHUNK_BYTES)
         self._agent_marks: collections.deque[int] = collections.deque()  # oldest first
 
+    @staticmethod
+    def paths_of(pid: int, directory: str = "/dev/shm") -> list[str]:
+        """The files `create` made in process `pid` that are still there (named after
+        it: a SIGKILLed creator cannot unlink them)."""
+        prefix = f"llft-{pid}-"
+        return sorted(os.path.join(directory, f) for f in os.listdir(directory)
+                      if f.startswith(prefix))
+
     @classmethod
     def create(cls, mode: int, stall_ms: int = 10000, directory: str = "/dev/shm") -> "Shm":
         path = os.path.join(directory, f"llft-{os.getpid()}-{secrets.token_hex(4)}")

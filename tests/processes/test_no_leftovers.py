@@ -124,9 +124,9 @@ def assert_all_gone(procs: list[psutil.Process], timeout_s: float = 15) -> None:
 
 
 def shm_files(agent_pid: int) -> list[str]:
-    """The shared-memory files an agent made for its apps' shims (determinizer/shm.py
-    names them after the agent's pid)."""
-    return sorted(f for f in os.listdir("/dev/shm") if f.startswith(f"llft-{agent_pid}-"))
+    """The shared-memory files an agent made for its apps' shims."""
+    from determinizer.shm import Shm
+    return Shm.paths_of(agent_pid)
 
 
 def assert_no_shm_left(agent_pid: int, timeout_s: float = 15) -> None:

@@ -411,15 +411,15 @@ def test_a_recording_stopped_by_ctrl_c_or_sigterm_is_a_whole_trace(tmp_path, how
         if rec.poll() is None:
             # failed: the recorder's session goes too, SIGTERM first (the recorder passes
             # it on, completes its trace and unlinks its shared memory), then SIGKILL
-            import glob
             import subprocess
+            from determinizer.shm import Shm
             os.killpg(rec.pid, signal.SIGTERM)
             try:
                 rec.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 os.killpg(rec.pid, signal.SIGKILL)
                 rec.wait()
-                for path in glob.glob(f"/dev/shm/llft-{rec.pid}-*"):
+                for path in Shm.paths_of(rec.pid):
                     os.unlink(path)
     out = first + rest
     assert rec.returncode == 0, err.decode()[-2000:]
