@@ -421,14 +421,18 @@ class Campaign:
         return 1 if missed else 0
 
 
+def campaigns() -> dict[str, "Campaign"]:
+    """Every simulator kind's campaign, by kind."""
+    from llft.sim import membership_check, messaging_check, replica_check   # they import us
+    return {c.kind: c for c in (messaging_check.CAMPAIGN, membership_check.CAMPAIGN,
+                                replica_check.CAMPAIGN)}
+
+
 def scenario_unmet(path: Path) -> list[str]:
     """Run a scenario script; what it expected and did not get (`unmet`)."""
-    from llft.sim import membership_check, messaging_check, replica_check   # they import us
-    kinds = {c.kind: c for c in (messaging_check.CAMPAIGN, membership_check.CAMPAIGN,
-                                 replica_check.CAMPAIGN)}
     script = Script.load(path)
     try:
-        return unmet(script, kinds[script.kind].run_script(script))
+        return unmet(script, campaigns()[script.kind].run_script(script))
     except Exception:               # a crash of a core: this scenario fails, not the batch
         return [f"exception:\n{traceback.format_exc()}"]
 

@@ -8,13 +8,11 @@ from pathlib import Path
 import pytest
 
 from llft import cli
-from llft.sim import membership_check, messaging_check, replica_check
-from llft.sim.campaign import (Outcome, Script, expect_lines, scenario_files, scenarios_unmet,
-                               schedule_seed)
+from llft.sim.campaign import (Outcome, Script, campaigns, expect_lines, scenario_files,
+                               scenarios_unmet, schedule_seed)
 
 REGRESSIONS = Path(__file__).parent / "regressions"
-CAMPAIGNS = {c.kind: c for c in (messaging_check.CAMPAIGN, membership_check.CAMPAIGN,
-                                 replica_check.CAMPAIGN)}
+CAMPAIGNS = campaigns()
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +90,7 @@ def test_replay_dump_then_scenario(tmp_path, capsys):
 
 
 def test_a_failing_schedule_prints_the_command_that_replays_it(monkeypatch, capsys):
-    monkeypatch.setattr(messaging_check.CAMPAIGN, "run_seed",
+    monkeypatch.setattr(CAMPAIGNS["messaging"], "run_seed",
                         lambda seed, **kw: Outcome(["boom"], Script("messaging")))
     assert cli.main(["simulate", "messaging", "--schedules", "1", "--seed", "3",
                      "--loss", "0.2"]) == 1
