@@ -676,6 +676,15 @@ class Membership:
         primary's protection of a member it just gave its state (`_receiving_state`)."""
         self.catching_up = flag
 
+    def backups_replaying(self) -> set[int]:
+        """At the primary: the backups whose last HEARTBEAT said `replay`."""
+        return set(self._replaying) if self.status in PRIMARY_STATUSES else set()
+
+    def replay_flag(self) -> int:
+        """What our HEARTBEAT's `replay` says: 1 while we are a backup catching up (our
+        primary then gives us its longest timeouts: `_receiving_state`)."""
+        return int(self.catching_up and self.status is Status.BACKUP)
+
     def set_catch_up_estimate(self, us: int, now_us: int) -> None:
         """The runtime's estimate, at `now_us`, of how long its application needs to
         execute what it was given (0: nothing left). Our detector on the primary does not
@@ -845,7 +854,7 @@ class Membership:
         return {"rank": self.rank,
                 "served": int(self.status in PRIMARY_STATUSES and self.served_of()),
                 "lineage": self.lineage, "change": self.change,
-                "wait": self.detector_wait_ms()}
+                "wait": self.detector_wait_ms(), "replay": self.replay_flag()}
 
     def heartbeat_news(self, now_us: int) -> None:
         """Something our HEARTBEAT says changed outside this core (our branch became
@@ -928,6 +937,7 @@ class Membership:
         self._needs_state: list[int] = []
         self._settling: dict[int, int] = {}    # state given -> heartbeats still to hear
         self._restoring_us: dict[int, int] = {}  # ... and its restore allowance (settling)
+        self._replaying: set[int] = set()      # backups whose HEARTBEAT says `replay`
         self._outgoing: _Outgoing | None = None
         self._incoming: _Incoming | None = None
         self._heartbeat_sent(now_us)
@@ -1017,6 +1027,7 @@ class Membership:
         self._arrivals = {k.birth: self._arrivals[k.birth] for k in members
                           if k.birth in self._arrivals}
         self._senior_wait_us = {}                 # ranks changed: seniors speak again
+        self._replaying &= {k.birth for k in members}
         if self._member_since_us is None:
             self._member_since_us = now_us
         for t in [t for t in self._acked_pp if t < pvn]:
@@ -1063,6 +1074,11 @@ class Membership:
                         # a membership we never got (we may have been removed): our
                         # state is as old as the last word we had before this one
                         self._behind_since_us = before
+            if msg.type is MsgType.HEARTBEAT and self.status in PRIMARY_STATUSES:
+                if msg.body.get("replay") == 1:
+                    self._replaying.add(msg.sender)
+                else:
+                    self._replaying.discard(msg.sender)
             left = self._settling.get(msg.sender)
             if left is not None and msg.type is MsgType.HEARTBEAT:
                 self._restoring_us.pop(msg.sender, None)    # it speaks: restored
@@ -1175,18 +1191,20 @@ class Membership:
         return extension_us(st, reference_us, self.cfg.extension_cap_us)
 
     def _receiving_state(self, birth: int) -> bool:
-        """At the primary: `birth` is waiting for our state, getting it, or settling
-        after it (fewer than SETTLING_HEARTBEATS heard since its last acknowledgment:
-        its runtime then starts the application and hands it the whole log). Receiving
-        and restoring the group's whole log is the heaviest moment of a replica's life
-        (its agent can be busy for hundreds of ms); a removal then is a reset storm's
-        engine, so until it has a history of its own such a member gets the longest
-        timeouts (floor + cap)."""
+        """At the primary: `birth` is waiting for our state, getting it, settling after
+        it (fewer than SETTLING_HEARTBEATS heard since its last acknowledgment: its
+        runtime then starts the application and hands it the whole log), or its
+        application still replays that log (its HEARTBEAT says `replay`). Receiving,
+        restoring and replaying the group's whole log is the heaviest time of a
+        replica's life (a cold JVM driver replaying 36,000 entries kept both cores busy
+        for 93 s, and its loop woke 208 ms late once); a removal then throws the replay
+        away and starts it again with a longer log, so until it has caught up such a
+        member gets the longest timeouts (floor + cap)."""
         if self.status not in PRIMARY_STATUSES:
             return False
         out = self._outgoing
         return (birth in self._needs_state or birth in self._settling
-                or (out is not None and out.to == birth))
+                or birth in self._replaying or (out is not None and out.to == birth))
 
     def _primary_heard_us(self) -> int:
         """When we last heard our primary (before any word: when we last spoke)."""
@@ -1683,6 +1701,7 @@ class Membership:
         for b in births:
             self._settling.pop(b, None)
             self._restoring_us.pop(b, None)
+            self._replaying.discard(b)
         if self._outgoing is not None and self._outgoing.to in births:
             self._outgoing = None
         self._begin_change(MsgType.REMOVE_BACKUP,

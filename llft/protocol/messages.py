@@ -23,7 +23,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-WIRE_VERSION = 1
+# the wire format: a datagram of another version is rejected as such (2: HEARTBEAT
+# gained `replay`; native/lane/llft_lane.h says the same)
+WIRE_VERSION = 2
 
 
 class MsgType(enum.IntEnum):
@@ -107,11 +109,14 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
     # behind: maybe removed; membership/core.py `probe_answered`)
     # wait: ms beyond its floor the sender's detector on its primary waits (0 but for a
     # backup: membership/core.py `detector_wait_ms`; a junior backup waits as long)
+    # replay: 1 from a backup whose application still replays the history it joined with
+    # (its runtime's "catching-up"): its primary's timeouts on it are the longest then
+    # (membership/core.py `_receiving_state`)
     # done: a backup's executed order-info position in its view, as in its ORDER_INFO
     # report; repeated with every heartbeat copy, so a lost report is made good (0 from a
     # primary and in membership's own heartbeat)
     MsgType.HEARTBEAT: {"rank": int, "served": int, "lineage": int, "change": int,
-                        "wait": int, "done": int},
+                        "wait": int, "replay": int, "done": int},
     # upto: order-info position carried (primary) / delivered (backup's ack); done: the
     # position the backup's application has executed (its lag report; 0 from a primary)
     MsgType.ORDER_INFO: {"upto": int, "done": int},

@@ -255,6 +255,7 @@ class ReplicaNode:
         self.messaging = mg.MessagingEndpoint(self.group, self.membership.birth,
                                               self.messaging_config)
         self.messaging.wait_of = self.membership.detector_wait_ms   # said in its HEARTBEATs
+        self.messaging.replay_of = self.membership.replay_flag
         self.messaging.probe_state_of = lambda: self.membership.probe_state(self._now)
         self.live = False                       # messaging fed (member holding state)
         self._leaving = False                   # abandoned: the endpoint's rest is dropped
@@ -423,6 +424,8 @@ class ReplicaNode:
                            "delivered": self.order_info_delivered(m.pvn)},
             "backup_lag": {f"{b:x}": v for b, v in self.backup_lag(self._now).items()}
             if e.is_primary else {},
+            # backups whose HEARTBEATs say they replay their history (longest timeouts)
+            "backups_replaying": [f"{b:x}" for b in sorted(m.backups_replaying())],
             "log": {"input_bytes": self.input_bytes, "order_info_bytes": self.oi_log_bytes,
                     "entries": len(self.order_info_log), "cap_bytes": self.log_cap_bytes,
                     "cap_entries": self.log_cap_entries, "full": self.log_full},

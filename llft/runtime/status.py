@@ -18,7 +18,8 @@ JSON (`--json`):
 `lag` counts order-info positions the replica has not received; `lag_ms` is how old the
 oldest entry is that its application has not executed (the primary's measure, which the
 lag bound holds, docs/LOG.md); `sync` is "catching-up" for a joiner still replaying the
-history it joined with, then "ready"; `catch_up_ms` is a backup's estimate of how long its
+history it joined with, then "ready" (`replaying` is true once its primary has heard it
+say so: the primary then waits longest on it, floor + cap); `catch_up_ms` is a backup's estimate of how long its
 application needs for what it was given (no takeover by it before that, docs/LOG.md);
 `takeover.held` is true while a backup's detector has
 fired and no remote group has yet said that the primary is silent there too.
@@ -199,6 +200,8 @@ def group_status(cfg: config_mod.ClusterConfig, group: str) -> dict:
                 "lag_entries": reported["entries"] if reported else None,
                 "catch_up_ms": None if m["rank"] == 1 else own.get("catch_up_ms"),
                 "lag_ready": reported["ready"] if reported else None,
+                # the primary heard it say it replays its history: it waits longest on it
+                "replaying": f"{m['birth']:x}" in (prim.get("backups_replaying") or ()),
                 "sync": "primary" if m["rank"] == 1 else a.get("sync", "?"),
                 "lag_held": a.get("lag_held"), "log": a.get("log"),
                 "connections": a.get("connections"), "diverged": a.get("diverged"),

@@ -152,6 +152,8 @@ STREAM_SALT_BLOCKS = 4              # --streams: server blocks per salt
 SLOW_APP_TICK_US = 60_000           # --streams: a slow server app's pace
 GRANT_BLOCKS = 1                    # --streams: the server grants each block its app took
 WINDOW_BLOCKS = 4                   # ... and the client sends 4 blocks beyond the last grant
+REPLAY_US_PER_ENTRY = 4_000         # a restored backup says it is catching up this long per
+REPLAY_MAX_US = 200_000             # order-info entry it was given, this long at most
 
 
 @dataclass
@@ -276,6 +278,7 @@ class App:
             self.oi_next[p] = max(self.oi_next.get(p, 1), q + 1)
         if restored is not None:          # it replays the history at once
             node.set_executed(node.pvn, self.oi_next.get(node.pvn, 1) - 1)
+            self._catching_up(len(restored.order_info))
         if self.s.plan is not None and self.live_primary and self.group == "s":
             self.framer.primary = True          # a founder frames live from the start
         if self.group == "c":
@@ -284,6 +287,23 @@ class App:
                 self.written.setdefault(cid, 0)
                 self.seen.setdefault(cid, bytearray())
         self.work()
+
+    def _catching_up(self, entries: int) -> None:
+        """As an agent's runtime says it (`set_catching_up`) from its Restored until its
+        app has replayed the history it was given: the app here replays at once, so its
+        replay is given a length, REPLAY_US_PER_ENTRY per order-info entry up to
+        REPLAY_MAX_US (an empty history: none). Meanwhile its detector waits longest, and
+        its HEARTBEATs' `replay` make its primary's timeouts on it the longest too."""
+        took = min(REPLAY_MAX_US, entries * REPLAY_US_PER_ENTRY)
+        if not took:
+            return
+        self.node.set_catching_up(True)
+        self.s.stats["backups catching up"] += 1
+
+        def ready(sim, app=self):
+            if not app.killed and app.node.birth == app.birth:
+                app.node.set_catching_up(False)
+        self.s.sim.at(self.s.sim.now_us + took, ready, self.node_id)
 
     # -- inputs ---------------------------------------------------------------------------
     def _input(self, cid, offset: int, data: bytes) -> None:
@@ -998,6 +1018,7 @@ class Schedule:
         old = self.apps.get(node_id)
         if old is not None:
             old.killed = True           # a reset kills the application (its ticks too)
+            node.set_catching_up(False)     # as the agent's new app state says
         app = self.apps[node_id] = App(self, node_id, node)
         if node.group == "s":
             self.server_apps.append(app)
@@ -1028,6 +1049,7 @@ class Schedule:
                         self.record_order_info(g, p, node.birth, q, CATCH_UP)
                 self.record_order_info(g, a.pvn, node.birth, a.pos, None)
                 app.live_primary = True
+                node.set_catching_up(False)     # as the agent does at a promotion
                 if not app.started:
                     app.start(None)         # a founder
                 else:

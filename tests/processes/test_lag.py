@@ -10,6 +10,9 @@ What is checked (counts and bounds read from `llft status`, no timings):
   * a backup that stays beyond the bound past the give-up time is released (a log line
     says why): the primary runs on without it; once back within the bound it is ready
     again, the same member (a busy machine is not a dead peer: no reset);
+  * a joiner whose application still replays the history it joined with says so in its
+    heartbeats, and its primary then waits longest on it (floor + cap): a 300 ms pause of
+    its agent, longer than the floor (200 ms), does not get it removed;
   * the mechanism itself: a primary's application under the shim makes no entry while
     its block is held (`Shm.hold`), and continues once released.
 """
@@ -115,6 +118,47 @@ def test_a_backup_beyond_the_bound_too_long_is_released_and_ready_again_later(tm
         primary_log = lc.log_tail(lc.name_of(by_rank(st, 1)["agent_pid"]), 20000)
         assert "is no longer held for: its application stayed more than" in primary_log
         assert "reset (" not in lc.log_tail(lc.name_of(backup["agent_pid"]), 20000)
+
+
+def test_a_joiner_still_replaying_is_not_removed_for_a_pause_longer_than_the_floor(tmp_path):
+    # A restarted Spark replica replaying 36,000 entries with a cold JVM had its loop
+    # wake 208 ms late; its primary removed it as silent, and it started over with a
+    # longer log. Here the joiner's application is stopped during its replay (it stays
+    # "catching-up"), then its agent is stopped for 300 ms: past the primary's floor on a
+    # backup (2 x fault_timeout_ms), within floor + cap (5 x).
+    # Each tick does work a replaying backup redoes, so the joiner's replay lasts
+    # seconds: long enough to be seen "catching-up" and stopped there.
+    ticker = [*TICKER, "30000"]
+    with LocalCluster(str(tmp_path), group="ticker") as lc:
+        lc.start_replica("r1", ticker)
+        lc.wait_members(1)
+        lc.wait_status(lambda s: by_rank(s, 1)["counters"].get("oi_chunks_out", 0) >= 300,
+                       60, "a history to replay")
+        lc.start_replica("r2", ticker)
+        st = lc.wait_status(lambda s: (b := by_rank(s, 2)) is not None and b["app_pid"]
+                            and b["sync"] != "none", 60, "the joiner's application")
+        joiner = by_rank(st, 2)
+        assert joiner["sync"] == "catching-up", joiner
+        os.kill(joiner["app_pid"], signal.SIGSTOP)      # it replays nothing meanwhile
+        try:
+            # the primary heard it say so, and its state transfer's settling is long over
+            st = lc.wait_status(lambda s: (b := by_rank(s, 2)) is not None and b["replaying"]
+                                and (b["lag_ms"] or 0) >= 1000, 60,
+                                "the primary hearing the joiner replay")
+            assert by_rank(st, 2)["birth"] == joiner["birth"]
+            os.kill(joiner["agent_pid"], signal.SIGSTOP)
+            try:
+                time.sleep(0.3)             # the pause itself (a starved loop), not a wait
+            finally:
+                os.kill(joiner["agent_pid"], signal.SIGCONT)
+        finally:
+            os.kill(joiner["app_pid"], signal.SIGCONT)
+        st = lc.wait_status(ready_backup, 120, "the joiner caught up")
+        assert by_rank(st, 2)["birth"] == joiner["birth"]
+        assert not by_rank(st, 2)["replaying"]
+        primary_log = lc.log_tail(lc.name_of(by_rank(st, 1)["agent_pid"]), 20000)
+        assert "removed" not in primary_log, primary_log[-2000:]
+        assert "reset (" not in lc.log_tail(lc.name_of(joiner["agent_pid"]), 20000)
 
 
 def _until(predicate, what: str):

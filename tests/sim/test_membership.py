@@ -414,7 +414,7 @@ def test_core_resets_when_excluded_and_ignores_stale_proposals():
 def test_once_a_view_is_entered_a_competing_proposal_for_it_is_ignored():
     c = member(birth=130, prec=5, members=((100, 1), (105, 2), (120, 4), (130, 5)))
     c.handle_message(pp(105, 2, [(105, 2), (120, 4), (130, 5)]), 10)
-    hb = Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 5, 2, 105, body={"rank": 1, "served": 0, "lineage": 0, "change": 0, "wait": 0, "done": 0})
+    hb = Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 5, 2, 105, body={"rank": 1, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "done": 0})
     c.handle_message(hb, 11)                                        # the view formed
     c.handle_message(pp(120, 4, [(120, 4), (130, 5)]), 12)
     assert c.primary == Key(2, 105)
@@ -434,8 +434,8 @@ def test_a_proposal_from_another_branch_is_not_judged_by_our_view():
 
 def test_competing_primary_heartbeat_prunes_lower_branch_and_is_remulticast():
     c = member()
-    higher = Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 2, 7, 999, body={"rank": 1, "served": 0, "lineage": 0, "change": 0, "wait": 0, "done": 0})
-    lower = Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 9, 1, 5, body={"rank": 1, "served": 0, "lineage": 0, "change": 0, "wait": 0, "done": 0})
+    higher = Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 2, 7, 999, body={"rank": 1, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "done": 0})
+    lower = Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 9, 1, 5, body={"rank": 1, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "done": 0})
     c.handle_message(lower, 5)             # key (1, 5) < our primary's (1, 100): ignored
     assert c.status is Status.BACKUP
     c.handle_message(higher, 6)

@@ -59,7 +59,7 @@ def test_membership_heartbeats_do_not_reach_messaging():
     seen = []
     node.messaging.handle_message = lambda m, now: seen.append(m)
     hb = Message(MsgType.HEARTBEAT, "g", "g", 0, Role.CLIENT, node.pvn, 2, 99,
-                 body={"rank": 2, "served": 0, "lineage": 0, "change": 0, "wait": 0, "done": 0})
+                 body={"rank": 2, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "done": 0})
     node.handle_message(hb, 10)
     assert seen == []
     hb.ts = 5

@@ -20,9 +20,10 @@ HB = CFG.heartbeat_interval_us
 MS = 1_000
 
 
-def hb(sender: int, prec: int, rank: int, pvn: int = 4) -> Message:
+def hb(sender: int, prec: int, rank: int, pvn: int = 4, replay: int = 0) -> Message:
     return Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, pvn, prec, sender,
-                   body={"rank": rank, "served": 0, "lineage": 0, "change": 0, "wait": 0, "done": 0})
+                   body={"rank": rank, "served": 0, "lineage": 0, "change": 0, "wait": 0,
+                         "replay": replay, "done": 0})
 
 
 def propose_backup(sender: int) -> Message:
@@ -383,6 +384,56 @@ def test_a_member_receiving_the_state_gets_the_longest_timeouts():
     assert 130 in {k.birth for k in p.members}
     assert p._backup_timeout_us(130) == CFG.backup_timeout_us + CFG.extension_cap_us
     assert p._backup_timeout_us(105) == CFG.backup_timeout_us
+
+
+def _silent_removal_after(replay_then: int, replay_last: int) -> int:
+    """The primary hears backup 105 every interval for 200 ms (its HEARTBEATs' `replay`
+    `replay_then`, the last one's `replay_last`), then never again: how long after that
+    last heartbeat the primary removes it."""
+    p = core_in(Status.PRIMARY, 100, ((100, 1), (105, 2), (111, 3)))
+    t = run_timers(p, 200 * MS, feed=lambda now: (
+        p.handle_message(hb(105, 2, 2, replay=replay_then), now),
+        p.handle_message(hb(111, 3, 3), now)))
+    last = t + 1
+    p.handle_message(hb(105, 2, 2, replay=replay_last), last)
+    p.take_actions()
+    while t < last + 2_000 * MS:
+        t = p.next_timer_us()
+        p.handle_message(hb(111, 3, 3), t)
+        p.handle_timer(t)
+        removals = sent(p, MsgType.REMOVE_BACKUP)
+        if removals:
+            assert [b for b, _ in removals[0].body["members"]] == [100, 111]
+            return t - last
+    raise AssertionError("never removed")
+
+
+def test_a_backup_still_replaying_its_history_gets_the_longest_timeouts_at_the_primary():
+    # a restarted Spark replica replaying 36,000 entries for 93 s with a cold JVM had
+    # its loop wake 208 ms late once, was removed as silent, and started over with a
+    # longer log: while its HEARTBEATs say `replay` it gets floor + cap, as while its
+    # state was on its way; a dead one is still removed, in bounded time
+    plain = _silent_removal_after(0, 0)
+    assert CFG.backup_timeout_us <= plain < CFG.backup_timeout_us + HB * 2
+    replaying = _silent_removal_after(1, 1)
+    assert replaying - plain >= CFG.extension_cap_us - HB
+    assert replaying < CFG.backup_timeout_us + CFG.extension_cap_us + HB * 2
+    # caught up (its last heartbeat says so): the plain timeout again
+    assert _silent_removal_after(1, 0) == plain
+
+
+def test_a_backup_says_replay_in_its_heartbeats_while_catching_up_and_only_then():
+    c = core_in(Status.BACKUP, 105, ((100, 1), (105, 2)))
+    said = []
+    for flag in (True, False):
+        c.set_catching_up(flag)
+        c._hb_due_us = 0
+        c.handle_timer(c.next_timer_us())
+        said += [m.body["replay"] for m in sent(c, MsgType.HEARTBEAT)]
+    assert said == [1, 0]
+    c.set_catching_up(True)                       # a primary says 0: nobody times it out so
+    c.status = Status.PRIMARY
+    assert c.replay_flag() == 0
 
 
 class _BigState:

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from llft.tools import scapy_layer
 from llft.runtime import transport
 from llft.protocol import wire
-from llft.protocol.messages import BODY_FIELDS, DATA_TYPES, Message, MsgType, Role
+from llft.protocol.messages import BODY_FIELDS, DATA_TYPES, WIRE_VERSION, Message, MsgType, Role
 from llft.tools.scapy_layer import LLFT, LLFTFragment, LLFTMessage, sign
 from llft.runtime.transport import Endpoint, GroupAddress, GroupMap
 from llft.protocol.wire import MAGIC, Decoder, Reject, seal
@@ -379,7 +379,7 @@ def test_scapy_layer_dissects_and_rebuilds_our_datagrams():
     msg = message(MsgType.NACK, rng=random.Random(0))
     (dg,) = wire.encode(msg, KEY)
     pkt = LLFT(dg)
-    assert pkt.magic == MAGIC and pkt.version == 1 and pkt.kind == 0
+    assert pkt.magic == MAGIC and pkt.version == WIRE_VERSION and pkt.kind == 0
     m = pkt[LLFTMessage]
     assert (m.type, m.src_group, m.pvn, m.body) == (int(MsgType.NACK), "good", VIEW,
                                                     msg.body)
@@ -402,7 +402,7 @@ def test_scapy_layer_dissects_and_rebuilds_our_datagrams():
     finally:
         LLFT.mac_key = None
     got = Decoder(KEY, "svc").decode(crafted, 0)
-    assert got.type is MsgType.HEARTBEAT and got.pvn == 7 and got.body == {"rank": 0, "served": 0, "lineage": 0, "change": 0, "wait": 0, "done": 0}
+    assert got.type is MsgType.HEARTBEAT and got.pvn == 7 and got.body == {"rank": 0, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "done": 0}
 
 
 def test_scapy_udp_binding_by_port_range_and_explicit_port():

@@ -101,7 +101,7 @@ def test_an_answer_that_the_primary_spoke_to_them_since_keeps_it_waiting():
     # until it speaks to us again: then a later silence is judged afresh
     core.handle_message(Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 4, 1, PRIMARY,
                                 body={"rank": 1, "served": 1, "lineage": 0, "change": 0,
-                                      "wait": 0, "done": 0}), later + 2)
+                                      "wait": 0, "replay": 0, "done": 0}), later + 2)
     now = fire_detector(core)
     core.probe_answered(0, 0, 2 * BASE, now)
     assert core.status is Status.PRIMARY_PHASE2
@@ -128,7 +128,7 @@ def test_the_primary_heard_again_ends_the_hold():
     fire_detector(core)
     now = core.next_timer_us()
     core.handle_message(Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 4, 1, PRIMARY,
-                                body={"rank": 1, "served": 1, "lineage": 0, "change": 0, "wait": 0, "done": 0}), now)
+                                body={"rank": 1, "served": 1, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "done": 0}), now)
     assert not core.takeover_held and core._primary_served
 
 
@@ -251,7 +251,7 @@ def test_a_primary_heard_after_it_removed_us_does_not_make_our_state_current():
         advance(core, t)
         core.handle_message(Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 4, 1, PRIMARY,
                                     body={"rank": 1, "served": 1, "lineage": 0,
-                                          "change": 7, "wait": 0, "done": 0}), t)
+                                          "change": 7, "wait": 0, "replay": 0, "done": 0}), t)
     now = fire_detector(core)
     # the clients heard the primary 3 ms after its last heartbeat reached us: a crash,
     # were we current; but our state is as old as our last current moment

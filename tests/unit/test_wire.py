@@ -5,7 +5,7 @@ import msgpack
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from llft.protocol.messages import BODY_FIELDS, DATA_TYPES, Message, MsgType, Role
+from llft.protocol.messages import BODY_FIELDS, DATA_TYPES, WIRE_VERSION, Message, MsgType, Role
 from llft.protocol import wire
 from llft.protocol.wire import (HEADER_BYTES, KIND_FRAGMENT, MAGIC, Encoder, Reject,
                                 WireError, encode, fragment_body, make_decoder, pack_message,
@@ -90,7 +90,7 @@ REJECTIONS = {
                        seal(KEY, pack_message(make())[:-3]),
                        seal(KEY, b"\x00" * 5, kind=KIND_FRAGMENT)],
     Reject.BAD_MAGIC: [b"X", b"GET / HTTP/1.0\r\n", b"\x00" * 64],
-    Reject.BAD_VERSION: [b"LF\x09\x00" + one(make())[4:], seal(KEY, b"\x90", version=2)],
+    Reject.BAD_VERSION: [b"LF\x09\x00" + one(make())[4:], seal(KEY, b"\x90", version=WIRE_VERSION + 1)],
     Reject.OVERSIZE: [seal(KEY, b"\x00" * 70000), sealed(with_field(1, "g" * (wire.MAX_GROUP_BYTES + 1))),
                       seal(KEY, b"\xc4\x01x" * (wire.MAX_MESSAGE_BYTES // 3 + 1))],
     Reject.BAD_MAC: [one(make(), OTHER_KEY), one(make())[:-1],

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from llft.protocol import wire
-from llft.protocol.messages import BODY_FIELDS, MsgType
+from llft.protocol.messages import BODY_FIELDS, WIRE_VERSION, MsgType
 from llft.protocol.wire import (KIND_FRAGMENT, DifferentialDecoder, Encoder, Reject,
                                 WireDivergence, pack_message, seal)
 from wire_samples import KEY, make
@@ -70,7 +70,7 @@ def test_seal_is_byte_identical():
     for n in (0, 1, 55, 56, 63, 64, 65, 1000, 65_487):
         body = rng.randbytes(n)
         for kind in (0, 1):
-            assert codec.seal(body, kind, 1) == seal(KEY, body, kind=kind)
+            assert codec.seal(body, kind, WIRE_VERSION) == seal(KEY, body, kind=kind)
 
 
 def test_fragmented_messages_reassemble_the_same():

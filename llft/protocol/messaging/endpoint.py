@@ -276,6 +276,7 @@ class MessagingEndpoint:
         self.change = 0                     # membership's change in this view (likewise)
         # membership's detector wait, in ms (likewise: Membership.detector_wait_ms)
         self.wait_of: Callable[[], int] = int
+        self.replay_of: Callable[[], int] = int
         # (quiet, size) said in our PROBE answers (likewise: Membership.probe_state)
         self.probe_state_of: Callable[[], tuple[int, int]] = lambda: (0, 0)
 
@@ -2049,7 +2050,7 @@ class MessagingEndpoint:
             return False
         back = self._heartbeat_back()
         body = {"rank": self.rank(), "served": int(self.served), "lineage": self.lineage,
-                "change": self.change, "wait": self.wait_of(),
+                "change": self.change, "wait": self.wait_of(), "replay": self.replay_of(),
                 "done": 0 if self.is_primary else self.order_info.executed}
         ack, frees = self.digest(), self._heartbeat_frees()
         hb, k = self.config.heartbeat_us, self.config.pulse_intervals

@@ -606,7 +606,7 @@ def _brief(actions: list) -> list:
 
 # the endpoint's caches: derived from the rest, rebuilt when needed (not compared)
 _CACHES = frozenset({"_wm_terms", "_wm_heap", "_wm_dirty", "_digest", "_actions",
-                     "wait_of", "probe_state_of"})
+                     "wait_of", "replay_of", "probe_state_of"})
 
 
 def endpoint_state(ep) -> dict:
