@@ -938,6 +938,7 @@ class Membership:
         self._settling: dict[int, int] = {}    # state given -> heartbeats still to hear
         self._restoring_us: dict[int, int] = {}  # ... and its restore allowance (settling)
         self._replaying: set[int] = set()      # backups whose HEARTBEAT says `replay`
+        self._backups_left: set[int] = set()   # backups that said LEAVE (`_on_leave`)
         self._outgoing: _Outgoing | None = None
         self._incoming: _Incoming | None = None
         self._heartbeat_sent(now_us)
@@ -1028,6 +1029,7 @@ class Membership:
                           if k.birth in self._arrivals}
         self._senior_wait_us = {}                 # ranks changed: seniors speak again
         self._replaying &= {k.birth for k in members}
+        self._backups_left &= {k.birth for k in members}
         if self._member_since_us is None:
             self._member_since_us = now_us
         for t in [t for t in self._acked_pp if t < pvn]:
@@ -1676,8 +1678,12 @@ class Membership:
     def _primary_tick(self, now_us: int) -> None:
         c = self.cfg
         silent = self._silent_backups(now_us)
+        left = {k.birth for k in self.members[1:] if k.birth in self._backups_left}
         why = [short_id(b) + " silent for "
-               + f"{(now_us - self._last_heard.get(b, now_us)) // 1000} ms" for b in silent]
+               + f"{(now_us - self._last_heard.get(b, now_us)) // 1000} ms"
+               for b in silent - left]
+        why += [short_id(b) + " left (it said so as it stopped)" for b in left]
+        silent |= left
         ch = self._pending
         if ch is not None:
             late = self._unacked_late(ch, now_us) - silent
@@ -1702,6 +1708,7 @@ class Membership:
             self._settling.pop(b, None)
             self._restoring_us.pop(b, None)
             self._replaying.discard(b)
+            self._backups_left.discard(b)
         if self._outgoing is not None and self._outgoing.to in births:
             self._outgoing = None
         self._begin_change(MsgType.REMOVE_BACKUP,
@@ -1776,17 +1783,27 @@ class Membership:
             self._fill_window()
 
     def leave(self, now_us: int) -> bool:
-        """The primary stops for good (its runtime's SIGTERM, once its backups hold its
-        order info): LEAVE tells them, and the senior one takes over as soon as the
-        remote groups confirm (one PROBE round trip) rather than after its detector.
-        Sent twice (a lost one costs only the detector's wait). True if sent."""
-        if self.status is not Status.PRIMARY or len(self.members) < 2:
+        """We stop for good (our runtime's SIGTERM). The primary, once its backups hold
+        its order info: LEAVE tells them, and the senior one takes over as soon as the
+        remote groups confirm (one PROBE round trip) rather than after its detector. A
+        backup: the primary removes it at once rather than after its timeout on it (up to
+        floor + cap, 500 ms under `llft run`, for one still replaying), during which an
+        external send would wait for it. Sent twice (a lost one costs only that
+        timeout). True if sent."""
+        if not ((self.status is Status.PRIMARY and len(self.members) >= 2)
+                or (self.status is Status.BACKUP and self.rank >= 2)):
             return False
         for _ in range(2):
             self._send(MsgType.LEAVE, {})
         return True
 
     def _on_leave(self, msg: Message, now_us: int) -> None:
+        if (self.status in PRIMARY_STATUSES and msg.pvn == self.pvn
+                and self._rank_of(msg.sender) >= 2):
+            self._backups_left.add(msg.sender)      # removed at our next tick: now
+            if self.status is Status.PRIMARY:
+                self._primary_tick(now_us)
+            return
         if (self.status is not Status.BACKUP or msg.pvn != self.pvn or not self.members
                 or msg.sender != self.primary.birth or self._left()):
             return

@@ -318,8 +318,13 @@ class ReplicaNode:
         self._touched().hold_founding(why)     # its deadlines change with it
 
     def set_catching_up(self, flag: bool) -> None:
-        """The application replays the history we joined with: longest timeouts (membership)."""
-        self.membership.set_catching_up(flag)
+        """The application replays the history we joined with: longest timeouts, ours on
+        our peers and our primary's on us (membership; our HEARTBEATs say it from the
+        next one on, not after the repetition of the last: `_heartbeat_news`)."""
+        said = self.membership.replay_flag()
+        self._touched().set_catching_up(flag)
+        if self.membership.replay_flag() != said:
+            self._heartbeat_news()
 
     def set_catch_up_estimate(self, us: int, now_us: int) -> None:
         """How long the application needs for what it was given: no takeover before
@@ -606,8 +611,8 @@ class ReplicaNode:
         return not self.messaging.is_primary or self.messaging.order_info_unprotected_bytes() == 0
 
     def leave(self, now_us: int) -> bool:
-        """A primary stopping for good: its senior backup takes over at once (membership
-        `leave`). True if the group was told."""
+        """We stop for good: a primary's senior backup takes over at once, a backup's
+        primary removes it at once (membership `leave`). True if the group was told."""
         self._now = max(self._now, now_us)
         told = self._touched().leave(now_us)
         self._settle()                      # the LEAVE goes out
@@ -711,14 +716,18 @@ class ReplicaNode:
         raise RuntimeError(f"cores kept feeding each other for {MAX_SETTLE_ROUNDS} rounds")
 
     def _served_news(self) -> None:
-        """Our branch became served (or stopped): both cores' heartbeats say it, and the
-        next ones go now rather than after the repetition of the last (`Pulse`, up to a
-        refresh), which said otherwise (`Membership.heartbeat_news`)."""
+        """Our branch became served (or stopped): both cores' heartbeats say it."""
         served = self.live and self.messaging.served
         if served != self._served_said:
             self._served_said = served
-            self._touched().heartbeat_news(self._now)
-            self.messaging.heartbeat_soon()
+            self._heartbeat_news()
+
+    def _heartbeat_news(self) -> None:
+        """What our HEARTBEATs say changed outside the cores' sight: the next ones go now
+        rather than after the repetition of the last (`Pulse`, up to a refresh), which
+        said otherwise (`Membership.heartbeat_news`, `heartbeat_soon`)."""
+        self._touched().heartbeat_news(self._now)
+        self.messaging.heartbeat_soon()
 
     def _emit(self, action: NodeAction) -> None:
         if self._gone and isinstance(action, (mg.Send, Pulse)):

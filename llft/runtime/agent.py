@@ -89,8 +89,9 @@ Roles over time (the application's `AppMode` in brackets):
 
 The agent and the app live and die together: the app gets SIGKILL when the agent dies
 (PR_SET_PDEATHSIG), and the agent exits with the app's status when the app ends.
-SIGTERM: a backup stops at once; a primary first waits (bounded) until its backups hold
-all its order info, so the backup that takes over is exactly where it was.
+SIGTERM: a backup says LEAVE and stops at once (its primary removes it without waiting
+out its timeout); a primary first waits (bounded) until its backups hold all its order
+info, so the backup that takes over is exactly where it was, then says LEAVE.
 
 No process left behind (llft/runtime/proctree.py): each app runs in a session of its
 own; the agent is a child subreaper (orphaned descendants come back to it, and it reaps
@@ -459,9 +460,11 @@ class Agent:
             _log(f"group {self.group}: birth {self.node.birth:x} joining "
                  f"({self.gcfg.address.mcast_addr}:{self.gcfg.address.port})")
             await self.stop_event.wait()
-            if self.mode is AppMode.PRIMARY and self.exit_code == 0:
-                await self._flush_before_exit()
-                # the senior backup takes over now, not after its detector (membership)
+            if self.exit_code == 0:
+                if self.mode is AppMode.PRIMARY:
+                    await self._flush_before_exit()
+                # a primary's senior backup takes over now, not after its detector; a
+                # backup is removed now, not after its primary's timeout (membership)
                 if self.driver.call(self.node.leave, self.driver.clock_us()):
                     self._count("left")
         finally:

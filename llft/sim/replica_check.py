@@ -52,9 +52,10 @@ alone or together with the remote group, then heals: each side may go on as a br
 of its own, and the heal must keep the one whose output the other group has seen. With
 `--machine-cuts M` a share M of those cuts takes one replica of each group together
 instead, as the cut of one host running a replica of each does. With `--leave L` a
-share L of the primaries' crashes are graceful stops instead: the primary says LEAVE (as
-`llft run` does at SIGTERM) and stops at once, and its senior backup takes over without
-waiting for its detector or for evidence. A crash never leaves a
+share L of the primaries' and backups' crashes are graceful stops instead: the replica
+says LEAVE (as `llft run` does at SIGTERM) and stops at once; a primary's senior backup
+takes over without waiting for its detector or for evidence, a backup's primary removes
+it without waiting out its timeout. A crash never leaves a
 group without a live replica holding its state. Then faults stop
 (and any partition heals).
 
@@ -105,7 +106,7 @@ dup P reorder P`, `set messaging payload B window N` (optional after them:
 yes|no`, `request SEQ SIZE...` (the client's writes on connection SEQ), `set streams N`
 (instead of `request` lines: N streams in one connection, planned from the app seed),
 `seed sim N` (the kernel and the nodes), `seed app N` (the applications' pacing); events `start NODE`, `crash
-NODE` (skipped if it held its group's last state), `leave NODE` (a primary's LEAVE, then its crash), `pause NODE US` (stopped for US
+NODE` (skipped if it held its group's last state), `leave NODE` (its LEAVE, then its crash), `pause NODE US` (stopped for US
 microseconds), `restart NODE` (a new incarnation), `partition A.. | B..` (nodes on
 different sides cannot reach each other), `heal`,
 `quiet [restart NODE...]` (the faults stop) and `nothing` (a fault the generator planned
@@ -1189,7 +1190,8 @@ class Schedule:
                 cand = [n for n in live if not sim.core(n).is_primary]
             if cand:
                 # (drawn only with --leave: the other seeds keep their schedules)
-                graceful = pick == "primary" and self.leave and self.rng.random() < self.leave
+                graceful = (pick in ("primary", "backup") and self.leave
+                            and self.rng.random() < self.leave)
                 self._do("leave" if graceful else "crash", self.rng.choice(cand))
             else:
                 self._do("nothing", "#", "no", pick, "of", g, "to", "crash")
@@ -1486,6 +1488,7 @@ CAMPAIGN = Campaign(
         Param("streams", 0, "the client opens this many streams in one group connection "
                             "(some ended with FIN, some reset), the server frames its answers "
                             "with a Framer per replica (0: plain connections)"),
-        Param("leave", 0.0, "share of the primaries' crashes that are graceful stops (LEAVE, "
-                            "then the crash: the senior backup takes over at once)"),))
+        Param("leave", 0.0, "share of the primaries' and backups' crashes that are graceful "
+                            "stops (LEAVE, then the crash: a primary's senior backup takes "
+                            "over at once, a backup's primary removes it at once)"),))
 add_arguments, run = CAMPAIGN.add_arguments, CAMPAIGN.run
