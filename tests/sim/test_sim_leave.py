@@ -32,10 +32,15 @@ def group_of_three(seed: int) -> tuple[Sim, dict[str, ReplicaNode], list]:
     return sim, nodes, changes
 
 
-def took_over(changes, since_us: int):
+def views_since(changes, since_us: int, why: str):
+    """The membership changes since `since_us` whose reason starts with `why`."""
     return [(nid, now, a) for nid, now, a in changes
             if now >= since_us and isinstance(a, actions.MembershipChanged)
-            and a.reason.startswith("took over")]
+            and a.reason.startswith(why)]
+
+
+def took_over(changes, since_us: int):
+    return views_since(changes, since_us, "took over")
 
 
 def test_a_primary_that_leaves_is_replaced_at_once_by_its_senior_backup():
@@ -70,12 +75,6 @@ def test_a_crashed_primary_is_replaced_after_the_detector_as_before():
     assert at_us - t0 >= cfg.timeout_base_us - cfg.heartbeat_interval_us, (at_us - t0)
 
 
-def removed(changes, since_us: int):
-    return [(nid, now, a) for nid, now, a in changes
-            if now >= since_us and isinstance(a, actions.MembershipChanged)
-            and a.reason.startswith("removed")]
-
-
 def test_a_backup_that_leaves_is_removed_at_once_even_while_replaying():
     sim, nodes, changes = group_of_three(3)
     a = nodes["A"]
@@ -88,7 +87,7 @@ def test_a_backup_that_leaves_is_removed_at_once_even_while_replaying():
     sim.pump(junior)
     sim.crash(junior)
     sim.run_for(500 * MS)
-    (nid, at_us, change), = removed(changes, t0)[:1]
+    (nid, at_us, change), = views_since(changes, t0, "removed")[:1]
     assert nid == "A" and "left" in change.reason, change.reason
     assert at_us - t0 < a.membership.cfg.heartbeat_interval_us, (at_us - t0)
     assert len(a.membership.members) == 2 and nodes[junior].birth not in {
@@ -106,7 +105,7 @@ def test_a_crashed_replaying_backup_is_removed_after_floor_plus_cap():
     t0 = sim.now_us
     sim.crash(junior)
     sim.run_for(500 * MS)
-    (nid, at_us, change), = removed(changes, t0)[:1]
+    (nid, at_us, change), = views_since(changes, t0, "removed")[:1]
     assert nid == "A" and "silent" in change.reason, change.reason
     cfg = a.membership.cfg
     assert at_us - t0 >= cfg.backup_timeout_us + cfg.extension_cap_us - cfg.heartbeat_interval_us
