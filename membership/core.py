@@ -1028,6 +1028,7 @@ class Membership:
         self._arrivals = {k.birth: self._arrivals[k.birth] for k in members
                           if k.birth in self._arrivals}
         self._senior_wait_us = {}                 # ranks changed: seniors speak again
+        # (what members said of themselves goes with them, removed here or anywhere)
         self._replaying &= {k.birth for k in members}
         self._backups_left &= {k.birth for k in members}
         if self._member_since_us is None:
@@ -1707,8 +1708,6 @@ class Membership:
         for b in births:
             self._settling.pop(b, None)
             self._restoring_us.pop(b, None)
-            self._replaying.discard(b)
-            self._backups_left.discard(b)
         if self._outgoing is not None and self._outgoing.to in births:
             self._outgoing = None
         self._begin_change(MsgType.REMOVE_BACKUP,

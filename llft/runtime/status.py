@@ -19,8 +19,9 @@ JSON (`--json`):
 oldest entry is that its application has not executed (the primary's measure, which the
 lag bound holds, docs/LOG.md); `sync` is "catching-up" for a joiner still replaying the
 history it joined with, then "ready" (`replaying` is true once its primary has heard it
-say so: the primary then waits longest on it, floor + cap); `catch_up_ms` is a backup's estimate of how long its
-application needs for what it was given (no takeover by it before that, docs/LOG.md);
+say so: the primary then waits longest on it, floor + cap); `catch_up_ms` is a backup's
+estimate of how long its application needs for what it was given (no takeover by it
+before that, docs/LOG.md);
 `takeover.held` is true while a backup's detector has
 fired and no remote group has yet said that the primary is silent there too.
      "gateways": [...], "departed": [...]}

@@ -33,6 +33,7 @@ import time
 
 import psutil
 
+from determinizer.shm import Shm
 from llft.runtime.application import PRIVATE_TMP_PREFIX
 from llft.tools.cluster import LocalCluster
 from polling import wait_for
@@ -125,7 +126,6 @@ def assert_all_gone(procs: list[psutil.Process], timeout_s: float = 15) -> None:
 
 def shm_files(agent_pid: int) -> list[str]:
     """The shared-memory files an agent made for its apps' shims."""
-    from determinizer.shm import Shm
     return Shm.paths_of(agent_pid)
 
 
