@@ -270,6 +270,7 @@ class ReplicaNode:
         self._over_since: dict[int, int] = {}   # primary: ready backup -> above bound since
         self._released: dict[int, int | None] = {}   # released backup -> within bound since
         self.last_lag_release: tuple[int, str] | None = None   # (backup, why): for the log
+        self.lag_held_for: tuple[int, ...] = ()  # primary: the backups the last hold was for
         # (pvn, pos, entry as delivered: tagged, see "Order-info chunks")
         self.order_info_log: deque[tuple[int, int, bytes]] = deque()
         self.oi_upto: dict[int, int] = {}       # pvn -> highest position in the log
@@ -366,7 +367,7 @@ class ReplicaNode:
             self._ready.discard(gone)
             self._over_since.pop(gone, None)
             self._released.pop(gone, None)
-        hold = False
+        held_for = []
         bound = self.lag_bound_us
         for b, (_, age, caught_up) in lags.items():
             if b in self._released:
@@ -387,7 +388,7 @@ class ReplicaNode:
                 continue
             since = self._over_since.setdefault(b, now_us)
             if now_us - since < self.lag_give_up_us:
-                hold = True
+                held_for.append(b)
                 continue
             self._count("lag_released")
             self._over_since.pop(b)
@@ -395,7 +396,9 @@ class ReplicaNode:
             self._released[b] = None
             self.last_lag_release = (b, f"its application stayed more than {bound / 1e6:g} s "
                                         f"behind for {self.lag_give_up_us / 1e6:g} s")
-        return hold
+        # (the log names these: the backup furthest behind may be a joiner not held for)
+        self.lag_held_for = tuple(held_for)
+        return bool(held_for)
 
     def lag_quiet(self) -> bool:
         """The primary: no backup has entries to execute and none is being timed (over

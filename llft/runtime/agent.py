@@ -1539,7 +1539,10 @@ class Agent:
         self._lag_held = held
         self.app.hold(held)
         lags = self.node.backup_lag(self.driver.clock_us())
-        worst = max(lags.items(), key=lambda kv: kv[1]["ms"], default=None)
+        # the one held for that is furthest behind (a joiner still replaying may be further
+        # behind, but it is not held for: naming it blamed the wrong replica)
+        worst = max(((b, lags[b]) for b in self.node.lag_held_for if b in lags),
+                    key=lambda kv: kv[1]["ms"], default=None)
         if held:
             self._held_since = time.monotonic()
             self._count("lag_holds")

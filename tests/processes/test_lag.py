@@ -98,7 +98,8 @@ def test_a_stopped_backup_holds_the_primary_and_takes_over_with_only_its_backlog
         assert promoted["replayed"] <= backlog
         st = lc.status()
         assert by_rank(st, 1)["counters"].get("oi_entries_in", 0) == fed_at_kill
-        assert "backpressure: backup" in lc.log_tail(old["name"], 20000)
+        # the line names the backup held for
+        assert f"backpressure: backup {backup['birth_hex']} is" in lc.log_tail(old["name"], 20000)
 
 
 def test_a_backup_beyond_the_bound_too_long_is_released_and_ready_again_later(tmp_path):

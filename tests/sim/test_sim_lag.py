@@ -91,9 +91,10 @@ def test_a_stopped_backup_holds_the_primary_until_it_catches_up():
     assert g.hold and g.lag()["ms"] > LAG_BOUND_US / 1000
     # not before the bound: ~1 s of ticks pass before the first hold
     assert not any(g.holds[:int(LAG_BOUND_US / 10 / MS) - 5])
+    assert g.a.lag_held_for == (g.b.birth,)
     g.executing = True
     g.run(500 * MS)
-    assert not g.hold and g.lag()["entries"] <= 2
+    assert not g.hold and g.lag()["entries"] <= 2 and g.a.lag_held_for == ()
     assert len(g.a.membership.members) == 2
 
 
@@ -126,6 +127,26 @@ def test_a_joiner_replaying_its_history_is_not_held_for():
     lag = g.lag()
     assert lag is not None and not lag["ready"] and lag["entries"] > 0
     assert not any(g.holds)
+
+
+def test_a_hold_names_the_backup_it_is_for_not_a_joiner_further_behind():
+    """A joiner C that executes nothing is further behind than B, a ready backup that
+    stopped; the primary holds for B alone, and says so (`lag_held_for`: the agent's
+    log line names it; it named the replica furthest behind, here the joiner)."""
+    g = Group(5)
+    g.run(500 * MS)
+    c = g._node(3)
+    c.start(g.sim.now_us)
+    g.sim.add_node("C", c, ["g"])              # its "application" executes nothing
+    g.run(500 * MS)
+    g.add_b()
+    g.run(1_000 * MS)
+    assert g.lag()["ready"] and g.a.backup_lag(g.sim.now_us)[c.birth]["ready"] is False
+    g.executing = False
+    g.run(1_500 * MS)
+    lags = g.a.backup_lag(g.sim.now_us)
+    assert g.hold and lags[c.birth]["ms"] > lags[g.b.birth]["ms"] > LAG_BOUND_US / 1000
+    assert g.a.lag_held_for == (g.b.birth,)
 
 
 def test_a_group_whose_log_reached_its_cap_admits_no_new_replica():
