@@ -251,8 +251,15 @@ def render(st: dict) -> str:
         if m["lag_held"]:
             lines.append("     backpressure: the application is held (a backup is beyond "
                          "the lag bound)")
-        if (m["log"] or {}).get("full"):
-            lines.append(f"     log full, joins refused: {m['log']['full']}")
+        log = m["log"] or {}
+        if log.get("full"):
+            lines.append(f"     log full, joins refused: {log['full']}")
+        elif m["rank"] == 1 and log.get("cap_bytes"):
+            # every member holds the same log: shown once; at either cap joins are refused
+            mib = (log.get("input_bytes", 0) + log.get("order_info_bytes", 0)) / 2**20
+            lines.append(f"     log (what a joiner replays): {mib:.1f} of "
+                         f"{log['cap_bytes'] / 2**20:.0f} MiB, {log.get('entries', 0):,} of "
+                         f"{log['cap_entries']:,} order-info positions")
         lines.extend(_held(m))
     for j in st["joining"]:
         lines.append(f"   - {str(j['role']):8}      {j['birth_hex']:16} {str(j['host'])[:12]:12}"

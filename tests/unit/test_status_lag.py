@@ -55,6 +55,15 @@ def test_the_primary_report_is_the_lag_shown_with_backpressure_and_a_full_log(tm
     assert "log full, joins refused: the group's log reached its cap" in text
 
 
+def test_the_primary_row_shows_how_full_the_log_is(tmp_path):
+    log = {"input_bytes": 3 * 2**20, "order_info_bytes": 2**19, "entries": 30945,
+           "cap_bytes": 256 * 2**20, "cap_entries": 1048576, "full": None}
+    st = _status(tmp_path, _agent(P, 1, log=log), _agent(B, 2, sync="ready", log=log))
+    text = render(st)
+    assert text.count("log (what a joiner replays): 3.5 of 256 MiB, 30,945 of 1,048,576 "
+                      "order-info positions") == 1
+
+
 def test_a_joiner_without_a_primary_report_shows_its_own_lag(tmp_path):
     st = _status(tmp_path, _agent(P, 1),
                  _agent(B, 2, sync="catching-up", own_lag={"entries": 300, "ms": 812.0}))
