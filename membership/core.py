@@ -726,6 +726,7 @@ class Membership:
             # earlier one lately (the view we are in may be a branch that went nowhere:
             # the competing-primary rule settles it, a takeover would fork it again)
             self.probes_alive += 1
+            self._served_elsewhere_us = now_us
             return
         if primary == mine:
             # when it spoke to them, against when it fell silent to us: its last message
@@ -759,6 +760,14 @@ class Membership:
             return      # it never heard our primary, nor listened long enough to tell
         if self._answer_is_lost(quiet_us, now_us) and not self._lost_answer_counts(size,
                                                                                  now_us):
+            return
+        if now_us - self._served_elsewhere_us < c.live_remote_silence_us:
+            # another answer said lately that a primary of ours serves them: this one,
+            # that ours is silent, comes from a member that has not heard it (one just
+            # back from a cut it shared with us: it hears its majority again, quiet 0,
+            # but what it knows of us is as old as the cut). Taking over would fork the
+            # group again, from our stale state (replica_machine_cut_stale_answer_after_heal)
+            self.probes_alive += 1
             return
         self._evidence_us = now_us
         self._fault_detector_fired(now_us)
@@ -954,6 +963,8 @@ class Membership:
         self._primary_change_seen = 0               # the latest change they named (a
                                                     # repeated old copy does not undo it)
         self._evidence_us = -1                      # a remote group's last "silent too"
+        self._served_elsewhere_us = -(1 << 62)      # an answer's last "another primary
+                                                    # of yours serves us" (`probe_answered`)
         self._outlived_by: int | None = None        # a primary heard by remote groups a
                                                     # detector timeout after it fell
                                                     # silent to us (`probe_answered`)

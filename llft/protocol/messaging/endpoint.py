@@ -2275,9 +2275,13 @@ class MessagingEndpoint:
                 if c not in self._wm_dirty:
                     assert self._wm_terms.get(c) == t, f"stale watermark term of {c.cid}"
                     rv = c.recv.view
+                    # (with a gap or an old view left the term is 0 and old_ts stays: what
+                    # closes the gap marks the connection, and the clear happens then)
                     assert not (c.recv.old_ts is not None and rv is not None
                                 and rv.first_offset is not None
-                                and c.recv.delivered >= rv.first_offset), \
+                                and c.recv.delivered >= rv.first_offset
+                                and c.recv.old_view is None
+                                and c.recv.gap_before() is None), \
                         f"caught-up connection {c.cid} not marked for the watermark"
                 if w is None or t < w:
                     w = t
