@@ -772,16 +772,23 @@ class Membership:
         self._evidence_us = now_us
         self._fault_detector_fired(now_us)
 
-    def probe_state(self, now_us: int) -> tuple[int, int]:
+    def probe_state(self, now_us: int, since_us: int | None = None) -> tuple[int, int]:
         """What our PROBE answers add about ourselves: (quiet, size): how long ago we
         last heard a strict majority of our own view of `size` members (counting
         ourselves; 0 for a group of one). If that is as long as the asker has not heard
         its primary, our word that its primary is silent may only mean that both of us
         are on the cut-off side (`_answer_is_lost`). A replica not a member hears no
-        majority."""
+        majority. `since_us`: when we last heard the asker's primary (what the answer
+        covers): a period without a majority that reached into that time counts as if
+        it went on (we may hear a majority again, just back from a cut shared with the
+        asker, while what we know of its group is as old as the cut)."""
         if not self.is_member():
             return LONG_QUIET_US, 0
-        return min(LONG_QUIET_US, self._majority_quiet_us(now_us)), self._quorum_base
+        quiet = self._majority_quiet_us(now_us)
+        if self._last_quiet is not None and since_us is not None \
+                and self._last_quiet[1] >= since_us:
+            quiet = max(quiet, now_us - self._last_quiet[0])
+        return min(LONG_QUIET_US, quiet), self._quorum_base
 
     def _majority_heard_us(self) -> int:
         """When we last heard a strict majority of the largest membership of our view
@@ -964,7 +971,10 @@ class Membership:
                                                     # repeated old copy does not undo it)
         self._evidence_us = -1                      # a remote group's last "silent too"
         self._served_elsewhere_us = -(1 << 62)      # an answer's last "another primary
-                                                    # of yours serves us" (`probe_answered`)
+                                                    # of yours serves us" (`probe_answered`),
+                                                    # or a member heard in a later view
+        self._last_quiet: tuple[int, int] | None = None   # (from, to): our last period
+                                                    # without a majority (`probe_state`)
         self._outlived_by: int | None = None        # a primary heard by remote groups a
                                                     # detector timeout after it fell
                                                     # silent to us (`probe_answered`)
@@ -1072,6 +1082,15 @@ class Membership:
         if msg.sender in self._last_heard or any(k.birth == msg.sender for k in self._tracked()):
             if self.status in PRIMARY_STATUSES and msg.pvn != self.pvn:
                 return          # a backup living in another view is not alive for us
+            if self._quorum_base > 1:
+                heard = self._majority_heard_us()
+                if now_us - heard >= self._silence_allowed_us():
+                    self._last_quiet = (heard, now_us)      # a majority-less time, so far
+            if (msg.type is MsgType.HEARTBEAT and msg.pvn > self.pvn
+                    and self.status is Status.BACKUP):
+                # a member of our view speaks in a later view: the group went on without
+                # us; no remote word makes our state the group's (`probe_answered`)
+                self._served_elsewhere_us = now_us
             before = self._last_heard.get(msg.sender, now_us)
             # (max: absorbed copies are noted after the event that followed them)
             self._last_heard[msg.sender] = max(before, now_us)

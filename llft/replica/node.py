@@ -256,7 +256,8 @@ class ReplicaNode:
                                               self.messaging_config)
         self.messaging.wait_of = self.membership.detector_wait_ms   # said in its HEARTBEATs
         self.messaging.replay_of = self.membership.replay_flag
-        self.messaging.probe_state_of = lambda: self.membership.probe_state(self._now)
+        self.messaging.probe_state_of = \
+            lambda since_us: self.membership.probe_state(self._now, since_us)
         self.live = False                       # messaging fed (member holding state)
         self._leaving = False                   # abandoned: the endpoint's rest is dropped
         self._gone = False                      # left the group for good (`leave`)

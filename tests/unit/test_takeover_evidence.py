@@ -355,3 +355,51 @@ def test_a_primary_that_removed_its_silent_backups_has_not_found_a_majority():
     core._install(4, 1, [Key(1, PRIMARY)], 3, 80_000)   # removed both, silent since 0
     quiet, size = core.probe_state(100_000)
     assert size == 3 and quiet == 100_000
+
+
+def _heartbeat(sender: int, pvn: int, rank: int = 1) -> Message:
+    return Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, pvn, rank, sender,
+                   body={"rank": rank, "served": 1, "lineage": 0, "change": 0, "wait": 0,
+                         "replay": 0, "done": 0})
+
+
+def test_an_answer_from_a_member_just_back_from_a_cut_says_how_long_it_was_cut_off():
+    """What our PROBE answers say: cut off from both peers from ~0 to 200 ms, then in
+    touch again; an answer about a primary last heard before the cut ended still says
+    we were quiet since the cut began (we may be just back from a cut shared with the
+    asker); one about a primary heard since says we are in touch (quiet 0)."""
+    core = _three()
+    for t in range(0, 200 * MS, HB):        # the others fall silent at 0
+        core.handle_timer(t) if core.next_timer_us() <= t else None
+    core.birth = ME
+    core.handle_message(_heartbeat(PRIMARY, 4), 200 * MS)       # back: a majority again
+    assert core.probe_state(201 * MS) == (0, 3)                 # in touch now
+    quiet, size = core.probe_state(201 * MS, since_us=100 * MS)  # heard it in the cut
+    assert size == 3 and quiet >= 200 * MS
+    assert core.probe_state(201 * MS, since_us=200 * MS + 1) == (0, 3)
+
+
+def test_after_an_answer_that_another_primary_of_ours_serves_them_a_silent_one_is_no_evidence():
+    """replica_machine_cut_stale_answer_after_heal: two answers named the primary that
+    took over meanwhile; then a remote member just back from the cut it shared with us
+    said ours is silent, in touch with its group (quiet 0). No takeover on it, until
+    live_remote_silence_us has passed without such news."""
+    core = backup()
+    now = fire_detector(core)
+    silent = now - core._last_heard[PRIMARY]
+    core.probe_answered(999, 5, 0, now)                      # another primary, view 5
+    core.probe_answered(PRIMARY, 4, silent, now + 1, 0, 2)   # "silent", in touch
+    assert core.status is Status.BACKUP and core.probes_alive == 2
+    later = advance(core, now + CFG.live_remote_silence_us)
+    core.probe_answered(PRIMARY, 4, silent + later - now, later, 0, 2)
+    assert core.status is Status.PRIMARY_PHASE2
+
+
+def test_a_member_of_our_view_heard_in_a_later_view_vetoes_evidence():
+    """The group went on without us (a member of our view speaks in a later view):
+    no remote word makes our state the group's."""
+    core = _three()
+    now = fire_detector(core)
+    core.handle_message(_heartbeat(OTHER, 5, rank=2), now)   # OTHER, a backup of view 5
+    core.probe_answered(PRIMARY, 4, now - core._last_heard[PRIMARY], now + 1, 0, 3)
+    assert core.status is Status.BACKUP

@@ -278,7 +278,8 @@ class MessagingEndpoint:
         self.wait_of: Callable[[], int] = int
         self.replay_of: Callable[[], int] = int
         # (quiet, size) said in our PROBE answers (likewise: Membership.probe_state)
-        self.probe_state_of: Callable[[], tuple[int, int]] = lambda: (0, 0)
+        # (quiet, size) of our membership for a PROBE answer covering since `since_us`
+        self.probe_state_of: Callable[[int], tuple[int, int]] = lambda since_us: (0, 0)
 
     # ======================================================================== views ===
     @property
@@ -809,11 +810,12 @@ class MessagingEndpoint:
             return
         _remember(self._probe_answered, msg.src_group, self._now, MAX_PROBED_BY)
         self._count("probe_answered")
+        heard = self.primary_heard.get(msg.src_group)
         self._emit(msg.src_group, probe(
             self.group, msg.src_group, pvn=self.pvn, precedence=self.precedence,
             sender=self.birth_id, answer=probe_answer(
-                self.primary_heard.get(msg.src_group), self._since_us, self._now,
-                *self.probe_state_of())))
+                heard, self._since_us, self._now,
+                *self.probe_state_of(heard[2] if heard else self._since_us or 0))))
 
     def _after_event(self) -> None:
         """Watermark news: a backup reports a risen watermark soon; a primary whose group
