@@ -43,8 +43,10 @@ The generator (`generate`) decides everything before the schedule runs and write
 scenario script (format and runner: llft/sim/campaign.py). Its lines: `set faults loss P
 dup P reorder P corrupt P`, `set messaging payload B window N` (optional after them:
 `pulse N`, `direct-ack US`: the cores' timing for scenarios recorded before it changed), `set lanes` (every lone primary lends its steady connection to a lane,
-llft/protocol/messaging/lane.py, run in lockstep with a copy of the core: a lane that acts
-or ends up otherwise than the core fails the schedule), `seed sim N` (the kernel),
+llft/protocol/messaging/lane.py, and every backup its steady state for its primary's
+HEARTBEAT to a backup lane, backup_lane.py, each run in lockstep with a copy of the core:
+a lane that acts or ends up otherwise than the core fails the schedule), `seed sim N` (the
+kernel),
 `seed app N` (the applications' pacing), `group G BID...` (birth ids in rank order, the
 first is the primary), `conn K CLIENT SERVER seq N`, `writes K c2s|s2c SIZE...` (a stream,
 cut as its primary's application writes it), `end K c2s|s2c fin|rst` (the application
@@ -66,6 +68,7 @@ from llft.protocol import wire
 from llft.protocol.messages import Message, MsgType, Role
 from llft.protocol.messaging import (BufferFull, Closed, Deliver, DeliverOrderInfo, Freed,
                                      MessagingConfig, MessagingEndpoint)
+from llft.protocol.messaging.backup_lane import BackupLane
 from llft.protocol.messaging.lane import LanedEndpoint, LaneDivergence
 from llft.sim.campaign import (Campaign, Outcome, Param, Script, ScenarioError,
                                run_until_done, sides, us)
@@ -253,7 +256,8 @@ class Schedule:
                                    window_msgs=int(m["window"]), lone_groups=("g",),
                                    pulse_intervals=pulse, order_info_direct_ack_us=direct_ack)
         # `set lanes on`: every replica's core lends its steady connection to a lane
-        # (llft/protocol/messaging/lane.py), checked in lockstep against a copy of the core
+        # (llft/protocol/messaging/lane.py), a backup its steady state for its primary's
+        # HEARTBEAT (backup_lane.py), checked in lockstep against a copy of the core
         self.lanes = any(tuple(ln[:2]) == ("set", "lanes") for ln in script.lines)
         self.groups: dict[str, list[_Replica]] = {}
         self.conns = []             # (client group, server group, conn_seq, streams)
@@ -271,6 +275,7 @@ class Schedule:
                     core.set_view(1, bids[0], members, b, now_us=0)
                     if self.lanes:
                         core = LanedEndpoint(core, shadow=True)
+                        core.backup_engine = BackupLane     # (its backups' lane too)
                     reps.append(_Replica(f"{g}.{i}", g, b, core, i == 0))
                 self.groups[g] = reps
                 self.pvn[g] = 1
@@ -585,14 +590,17 @@ class Schedule:
     def _check_flow(self, rep: _Replica) -> None:
         cfg = self.cfg
         core = rep.core
-        if isinstance(core, LanedEndpoint) and core.lane is not None:
+        if isinstance(core, LanedEndpoint) and core.lane is not None \
+                and core.lane.cid is not None:
             # (read without taking the loan back: the lane holds its sent list)
             loan = core.lane.loan
             rows = [(loan.cid, len(loan.sent), loan.rto[3])]
             rows += [(c.cid, len(c.send.sent), c.send.rto_us)
                      for c in core.endpoint.conns.values() if c.cid != loan.cid]
         else:
-            rows = [(c.cid, len(c.send.sent), c.send.rto_us) for c in core.conns.values()]
+            # (a backup's loan holds no send side: read it without taking the loan back)
+            ep = core.endpoint if isinstance(core, LanedEndpoint) else core
+            rows = [(c.cid, len(c.send.sent), c.send.rto_us) for c in ep.conns.values()]
         for cid, sent, rto_us in rows:
             if sent > cfg.window_msgs:
                 self._violation(f"{rep.node} {cid}: {sent} messages in flight "
@@ -701,7 +709,9 @@ CAMPAIGN = Campaign(
         Param("die", 0.0, "chance that one group dies whole (every replica crashes, none "
                           "replaced: a gateway's host lost for good)"),
         Param("lanes", 1.0, "1: lone primaries lend their steady connection to a lane "
-                            "(lane.py), checked in lockstep against a copy of the core; "
+                            "(lane.py), backups their steady state for their primary's "
+                            "HEARTBEAT (backup_lane.py), checked in lockstep against a "
+                            "copy of the core; "
                             "0: the core alone"),
         Param("gateway", 0.0, "chance that a schedule has the gateway's shape: a lone "
                               "primary with one long connection and no order info "

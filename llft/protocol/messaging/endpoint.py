@@ -163,6 +163,7 @@ from llft.protocol.messaging.config import (INTRA_CONN_SEQ, BufferFull, ConnId,
                                             MessagingConfig, ProtocolError)
 from llft.protocol.messaging.connection import (Connection, ReceiveSequence, RtoEstimator,
                                                 SendState)
+from llft.protocol.messaging.backup_lane import BACKUP_LANE_TIMERS, BackupLoan, HeldConn
 from llft.protocol.messaging.lane import Loan
 from llft.protocol.messaging.orderinfo_log import OrderInfoLog
 from llft.protocol.messaging.rules import PRIMARY_ONLY_TYPES, RESPONDS_TO_FIRST_ACK, Duty
@@ -634,6 +635,80 @@ class MessagingEndpoint:
             keepalive_us=self.config.keepalive_us,
             max_payload_bytes=self.config.max_payload_bytes,
             window_msgs=self.config.window_msgs, max_queue_bytes=self.config.max_queue_bytes)
+
+    def lend_backup(self) -> BackupLoan | None:
+        """A backup's steady state for its primary's HEARTBEAT (rule 2 of
+        docs/BACKUP_LANE.md, backup_lane.py), or None if it is not steady: no
+        connection foreign, with an old remote view or ts, bytes ahead or beyond, a
+        held message of another view or not contiguous from `delivered`, a received
+        message of an older view, or (no remote view yet) anything held or received;
+        no cut asked and no frees carried; not in phase 2. Until `reclaim_backup`, the
+        core is not touched: the WATERMARK_REPORT timer leaves the registry with the
+        loan."""
+        if (self.is_primary or self.phase2_pvn is not None or self._since_us is None
+                or self.cuts_asked or self.carry or self.primary_id == self.birth_id):
+            return None
+        conns = []
+        ts_w = None
+        for c in self.conns.values():
+            r, rx = c.recv, c.recv.view
+            if (c.foreign or r.old_view is not None or r.old_ts is not None or r.ahead
+                    or r.beyond):
+                return None
+            if rx is None:
+                if r.held or r.received:
+                    return None
+                term = c.send.first_ts if c.role is Role.CLIENT else 0
+            else:
+                term = rx.ts
+            if c.known and (ts_w is None or term < ts_w):
+                ts_w = term             # (_wm_term without a gap or an old view)
+            reach = r.delivered
+            for m in r.held:        # (rx is not None: checked above)
+                if m.pvn != rx.pvn or m.body["offset"] != reach:
+                    return None
+                reach += len(m.body["data"])
+            if rx is not None and any(m.pvn < rx.pvn for m in r.received):
+                return None
+            conns.append(HeldConn(cid=c.cid, holding=c in self._holding,
+                                  delivered=r.delivered, covered=r.covered, end=r.end,
+                                  abort=r.abort,
+                                  held=list(r.held), received=list(r.received)))
+        if any(self.conns.get(c.cid) is not c for c in self._holding):
+            return None
+        timers = {}
+        for kind in BACKUP_LANE_TIMERS:
+            d = self.timers.due(kind)
+            if d is not None:
+                timers[kind] = d
+                self.timers.clear(kind)
+        return BackupLoan(
+            group=self.group, birth_id=self.birth_id, pvn=self.pvn,
+            primary_id=self.primary_id, clock=self.clock, now=self._now, gw=self.gw,
+            digest=self.digest(),
+            # every term is its view's recv_ts (no gap, no old view): lane docstring
+            ts_w=ts_w or 0,
+            max_data_ts=self.max_data_ts, reported_w=self.reported_w,
+            has_backups=bool(self.backups), last_heard=None, conns=conns, timers=timers,
+            watermark_report_us=self.config.watermark_report_us)
+
+    def reclaim_backup(self, loan: BackupLoan) -> None:
+        """Take back a backup's state lent with `lend_backup`, as its lane left it."""
+        self.clock, self._now, self.gw = loan.clock, loan.now, loan.gw
+        if loan.last_heard is not None:
+            self.last_heard_us[loan.primary_id] = loan.last_heard
+        for k, n in loan.stats.items():
+            self._count(k, n)
+        for hc in loan.conns:
+            c = self.conns[hc.cid]
+            r = c.recv
+            r.delivered, r.covered = hc.delivered, hc.covered
+            r.held, r.received = deque(hc.held), deque(hc.received)
+            if not hc.holding:
+                self._holding.discard(c)
+            self._wm_dirty.add(c)
+        for kind in BACKUP_LANE_TIMERS:
+            self.timers.set(kind, None, loan.timers.get(kind))
 
     def reclaim(self, loan: Loan) -> None:
         """Take back a connection lent with `lend`, in the state its lane left it."""

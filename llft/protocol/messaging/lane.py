@@ -450,25 +450,40 @@ class LanedEndpoint:
     handles, and raise LaneDivergence at the first action, timer or (at each reclaim)
     state that differs."""
 
-    def __init__(self, endpoint, *, shadow: bool = False, engine=None):
+    def __init__(self, endpoint, *, shadow: bool = False, engine=None,
+                 backup_engine=None):
         """`engine`: what runs a loan (a class taking a `Loan`, with SteadyLane's
-        methods); SteadyLane by default."""
+        methods); SteadyLane by default. `backup_engine`: what runs a backup's loan
+        (`MessagingEndpoint.lend_backup`, backup_lane.py: its primary's steady
+        HEARTBEAT); None: a backup lends nothing."""
         engine = engine or SteadyLane
         self.__dict__.update(endpoint=endpoint, lane=None, shadow=shadow, _copy=None,
                              lane_events=0, loans=0, reclaims=Counter(), engine=engine,
+                             backup_engine=backup_engine, backup_events=0,
+                             backup_loans=0,
                              # its engine handles whole datagrams (a native lane)
                              takes_datagrams=hasattr(engine, "handle_datagram"))
 
     # -- ownership ---------------------------------------------------------------------
-    def _lend(self) -> SteadyLane | None:
+    def _lend(self, msg: Message | None = None) -> SteadyLane | None:
+        """Lend if steady; a backup lends only for a message its lane may take."""
         if self.lane is None:
-            loan = self.endpoint.lend()
+            ep = self.endpoint
+            loan = ep.lend()
+            engine = self.engine
+            if (loan is None and msg is not None and self.backup_engine is not None
+                    and self.backup_engine.candidate(ep, msg)):
+                loan = ep.lend_backup()
+                engine = self.backup_engine
+                if loan is not None:
+                    self.backup_loans += 1
             if loan is not None:
-                self.lane = self.engine(loan)
+                self.lane = engine(loan)
                 self.loans += 1
                 if self.shadow:
                     self._copy = copy.deepcopy(self.endpoint)
-                    self._copy.reclaim(copy.deepcopy(loan))
+                    getattr(self._copy, getattr(engine, "reclaim_with", "reclaim"))(
+                        copy.deepcopy(loan))
                     self._copy._actions = []    # (the owner's until taken)
         return self.lane
 
@@ -479,7 +494,8 @@ class LanedEndpoint:
         self.lane = None
         self.reclaims[why] += 1
         pending = lane.take_actions()
-        self.endpoint.reclaim(lane.loan)
+        # (a backup's loan goes back through its own method: `reclaim_with`)
+        getattr(self.endpoint, getattr(lane, "reclaim_with", "reclaim"))(lane.loan)
         release = getattr(lane, "release", None)
         if release is not None:
             release()                   # (a native lane's buffers serve the next loan)
@@ -497,6 +513,8 @@ class LanedEndpoint:
         """The core's copy takes the same event; its actions and timers must match the
         lane's (its actions from index `since` on)."""
         self.lane_events += 1
+        if self.lane.cid is None:
+            self.backup_events += 1
         if not self.shadow:
             return
         core = self._copy
@@ -507,8 +525,11 @@ class LanedEndpoint:
             raise LaneDivergence(f"{event}: lane actions {_brief(mine)} != core's "
                                  f"{_brief(theirs)}")
         cid = self.lane.cid
-        deadlines = {k: core.timers.due(k, cid) for k in LANE_TIMERS
-                     if core.timers.due(k, cid) is not None}
+        if cid is None:
+            deadlines = self.lane.timer_deadlines(core)
+        else:
+            deadlines = {k: core.timers.due(k, cid) for k in LANE_TIMERS
+                         if core.timers.due(k, cid) is not None}
         if deadlines != self.lane.loan.timers:
             raise LaneDivergence(f"{event}: lane timers {self.lane.loan.timers} != "
                                  f"core's {deadlines}")
@@ -519,7 +540,7 @@ class LanedEndpoint:
         # (or it came another way -- reassembled, from the pulse port --: no steady one
         # either), unless a shadow checks the lane: then every message comes this way.
         offer = self.shadow or not self.takes_datagrams
-        lane = self._lend() if offer else self.lane
+        lane = self._lend(msg) if offer else self.lane
         if lane is not None:
             since = len(lane.actions)
             if offer and lane.handle_message(msg, now_us):
@@ -542,7 +563,9 @@ class LanedEndpoint:
 
     def send(self, conn, data: bytes, now_us: int | None = None) -> int:
         lane = self._lend()
-        if lane is not None and conn == lane.cid:
+        if lane is not None and lane.cid is None:
+            self.reclaim("send")            # (a backup's loan: sending is the core's)
+        elif lane is not None and conn == lane.cid:
             since = len(lane.actions)
             if lane.send(data, now_us):
                 self._shadowed(since, "send", conn, data, now_us)
