@@ -30,10 +30,10 @@ and nothing is ahead; no old view or old ts), and a heartbeat changes none of th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from llft.protocol.messages import Message, MsgType
 from llft.protocol.messaging.actions import Closed, Deliver
+from llft.protocol.messaging.lane import LaneBase
 from llft.protocol.messaging.timers import Timer
 
 # the endpoint timers a backup loan carries (out of the core's registry while lent)
@@ -75,15 +75,11 @@ class BackupLoan:
     stats: dict[str, int] = field(default_factory=dict)    # counted while lent
 
 
-class BackupLane:
+class BackupLane(LaneBase):
     """Rule 2 over a `BackupLoan`; the comments name the core's functions."""
 
     cid = None                  # (no connection of its own: sends go to the core)
     reclaim_with = "reclaim_backup"     # the endpoint's method that takes a loan back
-
-    def __init__(self, loan: BackupLoan):
-        self.loan = loan
-        self.actions: list[Any] = []
 
     @staticmethod
     def candidate(endpoint, msg: Message) -> bool:
@@ -94,14 +90,6 @@ class BackupLane:
                 and msg.dst_group == endpoint.group and not endpoint.is_primary
                 and msg.sender == endpoint.primary_id and msg.pvn == endpoint.pvn
                 and not msg.order_info and msg.ack == endpoint.digest())
-
-    def take_actions(self) -> list[Any]:
-        a, self.actions = self.actions, []
-        return a
-
-    def next_timer_us(self) -> int | None:
-        t = self.loan.timers
-        return min(t.values()) if t else None
 
     def timer_deadlines(self, core) -> dict[Timer, int]:
         """The same timers' deadlines in a core (the lockstep check)."""

@@ -116,13 +116,12 @@ class Loan:
     stats: dict[str, int] = field(default_factory=dict)    # counted while lent
 
 
-class SteadyLane:
-    """The steady-state rules over a `Loan` (module docstring). Every method mirrors the
-    core's code path of the same event; the comments name the core's functions."""
+class LaneBase:
+    """What every lane model has: its loan, the actions it emitted since they were last
+    taken, and the deadlines of the timers the loan carries (`loan.timers`)."""
 
-    def __init__(self, loan: Loan):
+    def __init__(self, loan):
         self.loan = loan
-        self.cid = loan.cid
         self.actions: list[Any] = []
 
     def take_actions(self) -> list[Any]:
@@ -132,6 +131,15 @@ class SteadyLane:
     def next_timer_us(self) -> int | None:
         t = self.loan.timers
         return min(t.values()) if t else None
+
+
+class SteadyLane(LaneBase):
+    """The steady-state rules over a `Loan` (module docstring). Every method mirrors the
+    core's code path of the same event; the comments name the core's functions."""
+
+    def __init__(self, loan: Loan):
+        super().__init__(loan)
+        self.cid = loan.cid
 
     def in_flight(self) -> int:
         """Messages sent and not covered yet (nothing is queued while lent)."""
