@@ -369,9 +369,7 @@ def test_an_answer_from_a_member_just_back_from_a_cut_says_how_long_it_was_cut_o
     we were quiet since the cut began (we may be just back from a cut shared with the
     asker); one about a primary heard since says we are in touch (quiet 0)."""
     core = _three()
-    for t in range(0, 200 * MS, HB):        # the others fall silent at 0
-        core.handle_timer(t) if core.next_timer_us() <= t else None
-    core.birth = ME
+    advance(core, 200 * MS)                 # the others are silent from 0
     core.handle_message(_heartbeat(PRIMARY, 4), 200 * MS)       # back: a majority again
     assert core.probe_state(201 * MS) == (0, 3)                 # in touch now
     quiet, size = core.probe_state(201 * MS, since_us=100 * MS)  # heard it in the cut
