@@ -45,6 +45,13 @@ def advance(core: Membership, until_us: int) -> int:
     return until_us
 
 
+def heartbeat(sender: int, pvn: int, rank: int = 1, change: int = 0) -> Message:
+    """A HEARTBEAT of `sender` (a member of rank `rank`) in view `pvn`."""
+    return Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, pvn, rank, sender,
+                   body={"rank": rank, "served": 1, "lineage": 0, "change": change,
+                         "wait": 0, "replay": 0, "done": 0})
+
+
 def fire_detector(core: Membership) -> int:
     """Run the timer (no word from the primary) until the detector has fired."""
     while not core.takeover_held and core.status is Status.BACKUP:
@@ -99,9 +106,7 @@ def test_an_answer_that_the_primary_spoke_to_them_since_keeps_it_waiting():
     core.probe_answered(0, 0, 2 * BASE, later + 1)
     assert core.status is Status.BACKUP
     # until it speaks to us again: then a later silence is judged afresh
-    core.handle_message(Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 4, 1, PRIMARY,
-                                body={"rank": 1, "served": 1, "lineage": 0, "change": 0,
-                                      "wait": 0, "replay": 0, "done": 0}), later + 2)
+    core.handle_message(heartbeat(PRIMARY, 4), later + 2)
     now = fire_detector(core)
     core.probe_answered(0, 0, 2 * BASE, now)
     assert core.status is Status.PRIMARY_PHASE2
@@ -127,8 +132,7 @@ def test_the_primary_heard_again_ends_the_hold():
     core = backup()
     fire_detector(core)
     now = core.next_timer_us()
-    core.handle_message(Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 4, 1, PRIMARY,
-                                body={"rank": 1, "served": 1, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "done": 0}), now)
+    core.handle_message(heartbeat(PRIMARY, 4), now)
     assert not core.takeover_held and core._primary_served
 
 
@@ -249,9 +253,7 @@ def test_a_primary_heard_after_it_removed_us_does_not_make_our_state_current():
     t0 = advance(core, 10 * MS)
     for t in range(t0, t0 + 5 * HB, HB):           # heard, but of a later membership
         advance(core, t)
-        core.handle_message(Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 4, 1, PRIMARY,
-                                    body={"rank": 1, "served": 1, "lineage": 0,
-                                          "change": 7, "wait": 0, "replay": 0, "done": 0}), t)
+        core.handle_message(heartbeat(PRIMARY, 4, change=7), t)
     now = fire_detector(core)
     # the clients heard the primary 3 ms after its last heartbeat reached us: a crash,
     # were we current; but our state is as old as our last current moment
@@ -357,12 +359,6 @@ def test_a_primary_that_removed_its_silent_backups_has_not_found_a_majority():
     assert size == 3 and quiet == 100_000
 
 
-def _heartbeat(sender: int, pvn: int, rank: int = 1) -> Message:
-    return Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, pvn, rank, sender,
-                   body={"rank": rank, "served": 1, "lineage": 0, "change": 0, "wait": 0,
-                         "replay": 0, "done": 0})
-
-
 def test_an_answer_from_a_member_just_back_from_a_cut_says_how_long_it_was_cut_off():
     """What our PROBE answers say: cut off from both peers from ~0 to 200 ms, then in
     touch again; an answer about a primary last heard before the cut ended still says
@@ -370,14 +366,14 @@ def test_an_answer_from_a_member_just_back_from_a_cut_says_how_long_it_was_cut_o
     asker); one about a primary heard since says we are in touch (quiet 0)."""
     core = _three()
     advance(core, 200 * MS)                 # the others are silent from 0
-    core.handle_message(_heartbeat(PRIMARY, 4), 200 * MS)       # back: a majority again
+    core.handle_message(heartbeat(PRIMARY, 4), 200 * MS)       # back: a majority again
     assert core.probe_state(201 * MS) == (0, 3)                 # in touch now
     quiet, size = core.probe_state(201 * MS, since_us=100 * MS)  # heard it in the cut
     assert size == 3 and quiet >= 200 * MS
     assert core.probe_state(201 * MS, since_us=200 * MS + 1) == (0, 3)
 
 
-def test_after_an_answer_that_another_primary_of_ours_serves_them_a_silent_one_is_no_evidence():
+def test_a_silent_answer_after_one_naming_another_primary_of_ours_is_no_evidence():
     """replica_machine_cut_stale_answer_after_heal: two answers named the primary that
     took over meanwhile; then a remote member just back from the cut it shared with us
     said ours is silent, in touch with its group (quiet 0). No takeover on it, until
@@ -398,6 +394,6 @@ def test_a_member_of_our_view_heard_in_a_later_view_vetoes_evidence():
     no remote word makes our state the group's."""
     core = _three()
     now = fire_detector(core)
-    core.handle_message(_heartbeat(OTHER, 5, rank=2), now)   # OTHER, a backup of view 5
+    core.handle_message(heartbeat(OTHER, 5, rank=2), now)   # OTHER, a backup of view 5
     core.probe_answered(PRIMARY, 4, now - core._last_heard[PRIMARY], now + 1, 0, 3)
     assert core.status is Status.BACKUP

@@ -191,7 +191,3 @@ class BackupLane(LaneBase):
         if (Timer.WATERMARK_REPORT not in s.timers and s.has_backups
                 and s.max_data_ts > s.reported_w and s.ts_w > s.reported_w):
             s.timers[Timer.WATERMARK_REPORT] = s.now + s.watermark_report_us
-
-    def _count(self, key: str) -> None:
-        s = self.loan
-        s.stats[key] = s.stats.get(key, 0) + 1

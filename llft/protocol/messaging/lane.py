@@ -118,7 +118,8 @@ class Loan:
 
 class LaneBase:
     """What every lane model has: its loan, the actions it emitted since they were last
-    taken, and the deadlines of the timers the loan carries (`loan.timers`)."""
+    taken, the deadlines of the timers the loan carries (`loan.timers`) and what it
+    counted (`loan.stats`)."""
 
     def __init__(self, loan):
         self.loan = loan
@@ -131,6 +132,11 @@ class LaneBase:
     def next_timer_us(self) -> int | None:
         t = self.loan.timers
         return min(t.values()) if t else None
+
+    def _count(self, key: str) -> None:
+        """Counted while lent (`loan.stats`: the core adds them at the reclaim)."""
+        s = self.loan
+        s.stats[key] = s.stats.get(key, 0) + 1
 
 
 class SteadyLane(LaneBase):
@@ -396,10 +402,6 @@ class SteadyLane(LaneBase):
         self.actions.append(Send(msg.dst_group, msg))
         s.last_send_us = s.now
         s.timers[Timer.KEEPALIVE] = s.now + s.keepalive_us
-
-    def _count(self, key: str) -> None:
-        s = self.loan
-        s.stats[key] = s.stats.get(key, 0) + 1
 
     def _want_first_ack(self, reflect: bool) -> None:
         s = self.loan
