@@ -188,13 +188,55 @@ def test_a_connection_heard_from_its_middle_does_not_make_a_branch_served():
     ep.set_view(2, ME, [(ME, 2)], ME, 0)
     assert not ep.served
     ep.handle_message(_request(4, 1962, b"x" * 100), 1_000)
+    assert not ep.served
+    ep.handle_message(_npv(), 1_500)       # taken up (a remote new primary's question)
     assert (R, 5, Role.SERVER) in ep.conns and not ep.served
+    ep.handle_message(_request(4, 1962, b"x" * 100), 1_600)
+    assert not ep.served
+    ep = MessagingEndpoint(G, ME)
+    ep.set_view(2, ME, [(ME, 2)], ME, 0)
     ep.handle_message(_request(1, 0, b"y" * 1962), 2_000)    # its start, in order here
     assert ep.served
     fresh = MessagingEndpoint(G, ME)
     fresh.set_view(2, ME, [(ME, 2)], ME, 0)
     fresh.handle_message(_request(1, 0, b"y" * 10), 1_000)   # a stream that starts here
     assert fresh.served
+
+
+def _npv() -> Message:
+    """The clients' new primary (view 2) asks our group where their connection 5 stands."""
+    return Message(MsgType.NEW_PRIMARY_VIEW, R, G, 5, Role.CLIENT, 2, 2, 901, msn=1,
+                   body={"old_pvn": 1, "last_delivered": 0})
+
+
+def test_a_primary_keeps_silent_on_a_connection_it_never_had():
+    """A primary that hears a connection it does not know in the middle of its stream
+    holds none of it: another branch of its group served it. A word from it there (an
+    ack, a NACK for the gap) would make the clients follow its view number, and the
+    serving primary's lower one would be stale there once it prunes this branch: the
+    stream stalls (replica_cut_backup_view_speaks_on_a_connection_it_never_had). It
+    ignores such messages; the stream's start and a remote new primary's
+    NEW_PRIMARY_VIEW are taken up. A backup takes up what it hears, as before."""
+    ep = MessagingEndpoint(G, ME)
+    ep.set_view(2, ME, [(ME, 2)], ME, 0)
+    ep.take_actions()
+    for t, msg in enumerate([_request(4, 1962, b"x" * 100), _request(5, 2062, b"z" * 10)]):
+        ep.handle_message(msg, 1_000 + t)
+    assert not ep.conns and ep.stats["rx_unknown_midstream"] == 2
+    assert ep.take_actions() == []
+    assert not any(key == (R, 5, Role.SERVER) for _, key in ep.timers.keys())
+    ep.handle_message(_npv(), 3_000)
+    assert (R, 5, Role.SERVER) in ep.conns
+    answer = [a for a in ep.take_actions() if getattr(a, "msg", None) is not None]
+    assert [a.msg.type for a in answer] == [MsgType.NEW_PRIMARY_VIEW_ACK]
+    start = MessagingEndpoint(G, ME)
+    start.set_view(2, ME, [(ME, 2)], ME, 0)
+    start.handle_message(_request(1, 0, b"y" * 10), 1_000)
+    assert (R, 5, Role.SERVER) in start.conns
+    bk = MessagingEndpoint(G, ME)
+    bk.set_view(2, PRIMARY, [(PRIMARY, 1), (ME, 2)], ME, 0)
+    bk.handle_message(_request(4, 1962, b"x" * 100), 1_000)
+    assert (R, 5, Role.SERVER) in bk.conns
 
 
 def test_the_older_lineage_outranks_a_group_founded_anew():
