@@ -203,10 +203,11 @@ def test_a_connection_heard_from_its_middle_does_not_make_a_branch_served():
     assert fresh.served
 
 
-def _npv() -> Message:
-    """The clients' new primary (view 2) asks our group where their connection 5 stands."""
+def _npv(delivered: int = 0) -> Message:
+    """The clients' new primary (view 2) asks our group where their connection 5 stands;
+    it delivered `delivered` bytes of ours there."""
     return Message(MsgType.NEW_PRIMARY_VIEW, R, G, 5, Role.CLIENT, 2, 2, 901, msn=1,
-                   body={"old_pvn": 1, "last_delivered": 0})
+                   body={"old_pvn": 1, "last_delivered": delivered})
 
 
 def test_a_primary_keeps_silent_on_a_connection_it_never_had():
@@ -216,7 +217,8 @@ def test_a_primary_keeps_silent_on_a_connection_it_never_had():
     serving primary's lower one would be stale there once it prunes this branch: the
     stream stalls (replica_cut_backup_view_speaks_on_a_connection_it_never_had). It
     ignores such messages; the stream's start and a remote new primary's
-    NEW_PRIMARY_VIEW are taken up. A backup takes up what it hears, as before."""
+    NEW_PRIMARY_VIEW that delivered nothing of ours there are taken up. A backup takes
+    up what it hears, as before."""
     ep = MessagingEndpoint(G, ME)
     ep.set_view(2, ME, [(ME, 2)], ME, 0)
     ep.take_actions()
@@ -225,6 +227,9 @@ def test_a_primary_keeps_silent_on_a_connection_it_never_had():
     assert not ep.conns and ep.stats["rx_unknown_midstream"] == 2
     assert ep.take_actions() == []
     assert not any(key == (R, 5, Role.SERVER) for _, key in ep.timers.keys())
+    ep.handle_message(_npv(delivered=700), 2_000)   # bytes of ours: another branch's
+    assert not ep.conns and ep.stats["rx_unknown_midstream"] == 3
+    assert ep.take_actions() == []
     ep.handle_message(_npv(), 3_000)
     assert (R, 5, Role.SERVER) in ep.conns
     answer = [a for a in ep.take_actions() if getattr(a, "msg", None) is not None]

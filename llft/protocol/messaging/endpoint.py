@@ -1005,8 +1005,10 @@ class MessagingEndpoint:
             if self.is_primary and msg.type in PRIMARY_ONLY_TYPES:
                 self._answer_closed(cid)
             return
-        if (c is None and self.is_primary and msg.type is not MsgType.NEW_PRIMARY_VIEW
-                and not (msg.type in DATA_TYPES and msg.body["offset"] == 0)):
+        if (c is None and self.is_primary
+                and not (msg.type in DATA_TYPES and msg.body["offset"] == 0)
+                and not (msg.type is MsgType.NEW_PRIMARY_VIEW
+                         and msg.body["last_delivered"] == 0)):
             # A connection we never had, heard in the middle of its stream: another
             # branch of our group served it (a backup cut off alone takes over a view of
             # its own with no connection to ask about; the clients open one with the
@@ -1014,11 +1016,13 @@ class MessagingEndpoint:
             # view makes the remote group follow our view number, so that the serving
             # primary's lower one is stale there once it prunes us: the stream stalls
             # (docs/ARCHITECTURE.md open item 9). The stream's start (retransmitted until
-            # our group has it) and a NEW_PRIMARY_VIEW are still taken up: a primary can
-            # lack a connection its backups hold (the first messages lost here, the
-            # remote primary that opened it crashed), and the remote group's new primary
-            # resumes it by its NEW_PRIMARY_VIEW (`llft simulate replica --schedules 2
-            # --seed 3` loses replies without that exception).
+            # our group has it) is still taken up, and so is a NEW_PRIMARY_VIEW that says
+            # the remote group delivered nothing of ours on it: a primary can lack a
+            # connection its backups hold (the first messages lost here, the remote
+            # primary that opened it crashed), and the remote group's new primary resumes
+            # it by its NEW_PRIMARY_VIEW (`llft simulate replica --schedules 2 --seed 3`
+            # loses replies without that exception). One that delivered bytes of ours
+            # there had them from another branch.
             self._count("rx_unknown_midstream")
             return
         if c is None:
