@@ -31,18 +31,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llft.protocol.messages import Message, MsgType
-from llft.protocol.messaging.actions import Closed, Deliver
+from llft.protocol.messages import DATA_TYPES, ROLES, Message, MsgType
+from llft.protocol.messaging.actions import Closed, Deliver, DeliverOrderInfo
 from llft.protocol.messaging.lane import LaneBase
 from llft.protocol.messaging.timers import Timer
+from llft.protocol.messaging.trailer import section_end, unpack_trailer
 
 # the endpoint timers a backup loan carries (out of the core's registry while lent)
-BACKUP_LANE_TIMERS = (Timer.WATERMARK_REPORT,)
+BACKUP_LANE_TIMERS = (Timer.WATERMARK_REPORT, Timer.ORDER_INFO_ACK)
 
 
 @dataclass(slots=True)
 class HeldConn:
-    """One connection's part of a backup loan: the receive state a gw rise touches."""
+    """One connection's part of a backup loan: the receive state a gw rise and a data
+    message touch (the core's fields of the same names)."""
     cid: tuple
     holding: bool               # in the endpoint's `_holding` set
     delivered: int
@@ -51,11 +53,29 @@ class HeldConn:
     abort: bool                 # whether it is a reset (constant while lent)
     held: list[Message]         # of the current remote view, contiguous from `delivered`
     received: list[Message]     # none of an older remote view
+    known: bool                 # (constant: a data message on an unknown one is refused)
+    term: int                   # its timestamp watermark term (its view's recv_ts)
+    view_pvn: int | None        # recv.view.pvn (None: no remote view yet)
+    upto: int                   # recv.view's upto, ts and first_offset
+    ts: int
+    first_offset: int | None
+    gap: bool                   # recv.view.slots (constant: data filling one is refused)
+    declared: tuple[int, int]   # (constant: a data message does not change it)
+    max_data_ts: int            # recv.max_data_ts
+    last_msn: int               # send.last_msn (constant: a backup's sends reclaim)
+    sending: bool               # send.sent not empty (a backup's is: constant)
+    fa_count: int               # send's
+    ka_idle: int
+    log: list                   # send.log: (msn, offset, data), and its bytes
+    log_bytes: int
+    remote_gw: int              # remote_view's group_watermark, delivered and
+    remote_delivered: int       # last_order_info
+    last_order_info: list | None
 
 
 @dataclass(slots=True)
 class BackupLoan:
-    """A steady backup's state for rule 2 (the core's fields of the same names)."""
+    """A steady backup's state for rules 1 and 2 (the core's fields of the same names)."""
     group: str
     birth_id: int
     pvn: int
@@ -64,19 +84,28 @@ class BackupLoan:
     now: int
     gw: int
     digest: int                 # constant while lent (the set of connections is)
-    ts_w: int                   # timestamp_watermark(): constant while lent (docstring)
     max_data_ts: int
     reported_w: int
     has_backups: bool
     last_heard: int | None      # last_heard_us[primary_id] (None: not set while lent)
     conns: list[HeldConn]       # in the endpoint's connection order
+    by_cid: dict[tuple, HeldConn]
     timers: dict[Timer, int]    # BACKUP_LANE_TIMERS' deadlines
+    hb_quiet: bool              # _hb_quiet (constant: a data message then is refused)
+    heard: dict[str, int]       # heard[remote] set while lent, in the order set
+    primary_heard: dict[str, tuple]      # of the lent connections' remote groups
+    primary_heard_set: dict[str, tuple]  # ... set while lent, in the order set
+    oi_delivered: int           # order_info.delivered
+    oi_pending: bool            # order_info.pending (constant: refused if it would change)
     watermark_report_us: int
+    order_info_ack_us: int
+    max_order_info_pending: int
+    window_bytes: int           # window_msgs * max_payload_bytes (_trim_log)
     stats: dict[str, int] = field(default_factory=dict)    # counted while lent
 
 
 class BackupLane(LaneBase):
-    """Rule 2 over a `BackupLoan`; the comments name the core's functions."""
+    """Rules 1 and 2 over a `BackupLoan`; the comments name the core's functions."""
 
     cid = None                  # (no connection of its own: sends go to the core)
     reclaim_with = "reclaim_backup"     # the endpoint's method that takes a loan back
@@ -85,11 +114,23 @@ class BackupLane(LaneBase):
     def candidate(endpoint, msg: Message) -> bool:
         """Worth lending for (cheap, before any loan: a loan the lane would refuse at
         once costs a copy of the core when checked in lockstep): the steady HEARTBEAT
-        `handle_message` takes, at a backup."""
-        return (msg.type is MsgType.HEARTBEAT and msg.src_group == endpoint.group
-                and msg.dst_group == endpoint.group and not endpoint.is_primary
-                and msg.sender == endpoint.primary_id and msg.pvn == endpoint.pvn
-                and not msg.order_info and msg.ack == endpoint.digest())
+        `handle_message` takes at a backup, or the next data message in order of the
+        current remote view on a known connection."""
+        if endpoint.is_primary:
+            return False
+        t = msg.type
+        if t is MsgType.HEARTBEAT:
+            return (msg.src_group == endpoint.group and msg.dst_group == endpoint.group
+                    and msg.sender == endpoint.primary_id and msg.pvn == endpoint.pvn
+                    and not msg.order_info and msg.ack == endpoint.digest())
+        if t not in DATA_TYPES or msg.dst_group != endpoint.group \
+                or msg.src_group == endpoint.group or endpoint._hb_quiet \
+                or msg.body["flags"] or not msg.body["data"]:
+            return False
+        c = endpoint.conns.get((msg.src_group, msg.conn_seq, ROLES[1 - msg.role]))
+        rx = None if c is None else c.recv.view
+        return (rx is not None and c.known and msg.pvn == rx.pvn and rx.upto > 0
+                and msg.msn == rx.upto + 1 and not rx.slots)
 
     def timer_deadlines(self, core) -> dict[Timer, int]:
         """The same timers' deadlines in a core (the lockstep check)."""
@@ -107,12 +148,20 @@ class BackupLane(LaneBase):
         return 0
 
     def handle_message(self, msg: Message, now_us: int) -> bool:
-        """The primary's steady HEARTBEAT (else False: nothing changed)."""
+        """The primary's steady HEARTBEAT (rule 2) or a remote primary's steady data
+        message (rule 1); else False: nothing changed."""
+        if msg.type is MsgType.HEARTBEAT:
+            return self._heartbeat(msg, now_us)
+        if msg.type in DATA_TYPES:
+            return self._data(msg, now_us)
+        return False
+
+    def _heartbeat(self, msg: Message, now_us: int) -> bool:
+        """Rule 2: the primary's HEARTBEAT of our view, no frees, our digest."""
         s = self.loan
-        if (msg.type is not MsgType.HEARTBEAT or msg.src_group != s.group
-                or msg.dst_group != s.group or msg.sender == s.birth_id
-                or msg.sender != s.primary_id or msg.pvn != s.pvn
-                or msg.order_info or msg.ack != s.digest):
+        if (msg.src_group != s.group or msg.dst_group != s.group
+                or msg.sender == s.birth_id or msg.sender != s.primary_id
+                or msg.pvn != s.pvn or msg.order_info or msg.ack != s.digest):
             return False
         # handle_message
         if now_us > s.now:
@@ -133,38 +182,164 @@ class BackupLane(LaneBase):
         # _reap: nothing at a backup
         return True
 
+    def _data(self, msg: Message, now_us: int) -> bool:
+        """Rule 1: the next data message (REQUEST or REPLY) in order of the current
+        remote primary view on a known connection: no flag, not empty, continuing the
+        held bytes, the stream's end not known; no gap behind it, no sent list (a
+        backup's is empty) and no quiet heartbeat to end; a trailer without `others`
+        whose reflection, if of our view, continues the order info delivered. What
+        `handle_message` -> `_handle_inter` -> `_on_data` -> `_rx_data` -> `_advance`
+        (-> `_release_held`, `_gc_received`), `_on_trailer` (-> `_oi_accept`) ->
+        `_after_event` do for it."""
+        s = self.loan
+        if (msg.dst_group != s.group or msg.src_group == s.group
+                or msg.sender == s.birth_id or s.hb_quiet):
+            return False
+        hc = s.by_cid.get((msg.src_group, msg.conn_seq, ROLES[1 - msg.role]))
+        body = msg.body
+        if (hc is None or not hc.known or hc.view_pvn != msg.pvn or hc.gap or hc.sending
+                or hc.upto == 0 or msg.msn != hc.upto + 1 or hc.end is not None
+                or body["flags"] or not body["data"]):
+            return False
+        held = hc.held
+        reach = (held[-1].body["offset"] + len(held[-1].body["data"]) if held
+                 else hc.delivered)
+        if body["offset"] != reach:
+            return False
+        trailer = unpack_trailer(msg.order_info)
+        own = refl = delivered = None
+        if trailer is not None:
+            _, own, refl, others, delivered = trailer
+            if others:
+                return False
+            if refl is not None and refl[0] == s.pvn and (
+                    s.oi_pending or refl[1] > s.oi_delivered + 1):
+                return False        # (a gap: OrderInfoLog.accept keeps it pending)
+        # handle_message
+        if now_us > s.now:
+            s.now = now_us
+        now = s.now
+        if msg.ts > s.clock:
+            s.clock = msg.ts
+        self._count("rx_" + msg.type.name)
+        remote = msg.src_group
+        s.heard.pop(remote, None)               # _remember: the newest last
+        s.heard[remote] = now
+        ph = s.primary_heard.get(remote)
+        if ph is None or msg.pvn >= ph[0]:
+            ph = s.primary_heard[remote] = (msg.pvn, msg.sender, now)
+            s.primary_heard_set.pop(remote, None)
+            s.primary_heard_set[remote] = ph
+        # _handle_inter (known, of the current remote view): _on_remote_ack at a backup
+        if msg.ack != hc.last_msn:
+            hc.fa_count = 0
+        if msg.back > hc.remote_gw:
+            hc.remote_gw = msg.back             # (_gc_sent: nothing sent at a backup)
+        if delivered is not None and delivered > hc.remote_delivered:
+            hc.remote_delivered = delivered
+            self._trim_log(hc)
+        # _on_data -> _rx_data (in order: no placeholder, no nack)
+        offset = body["offset"]
+        if hc.first_offset is None or offset < hc.first_offset:
+            hc.first_offset = offset
+        hc.ka_idle = 0
+        # _advance: take_contiguous, keep_received, held
+        hc.upto = msg.msn
+        ts = msg.ts
+        if ts > hc.ts:
+            hc.ts = ts
+        if ts > hc.max_data_ts:
+            hc.max_data_ts = ts
+        hc.received.append(msg)
+        hc.holding = True
+        held.append(msg)
+        if ts > s.max_data_ts:
+            s.max_data_ts = ts
+        self._release_held(hc)
+        d_upto, d_ts = hc.declared              # ReceiveSide.advance_ts
+        if hc.upto >= d_upto and d_ts > hc.ts:
+            hc.ts = d_ts
+        hc.term = hc.ts                         # (no gap, no old view: _wm_term)
+        self._gc_received(hc)
+        # _on_trailer (a data message: no _declared; `others` refused above)
+        if own is not None:
+            last = section_end(own)             # kept at a backup too
+            lr = hc.last_order_info
+            if lr is None or last >= section_end(lr):
+                hc.last_order_info = own
+        if refl is not None and refl[0] == s.pvn:
+            self._oi_accept(refl[1], refl[2])
+        self._after_event()
+        return True
+
+    def _trim_log(self, hc: HeldConn) -> None:
+        """`_trim_log`: what lies a window below the remote's `delivered` is covered."""
+        upto = hc.remote_delivered - self.loan.window_bytes
+        log = hc.log
+        n = 0
+        while n < len(log) and log[n][1] + len(log[n][2]) <= upto:
+            hc.log_bytes -= len(log[n][2])
+            n += 1
+        del log[:n]
+
+    def _oi_accept(self, first: int, chunks: list[bytes]) -> None:
+        """`_oi_accept` of our view's section that continues what was delivered
+        (`OrderInfoLog.accept` with nothing pending: the chunks up to
+        max_order_info_pending past `delivered` go, in order)."""
+        s = self.loan
+        d = s.oi_delivered
+        for i, ch in enumerate(chunks):
+            pos = first + i
+            if pos <= d:
+                continue
+            if pos - d > s.max_order_info_pending:
+                break
+            s.oi_delivered = pos
+            self._count("oi_via_reflection")
+            self.actions.append(DeliverOrderInfo(pos, ch, s.pvn))
+            if Timer.ORDER_INFO_ACK not in s.timers:        # (Timers.arm)
+                s.timers[Timer.ORDER_INFO_ACK] = s.now + s.order_info_ack_us
+
     def _gc_all_received(self) -> None:
         """`_gc_all_received` at a backup (group_watermark() is gw; keep_old, but no
         received message is of an older view): `ReceiveSide.drop_received`."""
-        gw = self.loan.gw
         for hc in self.loan.conns:
-            if not hc.holding:
-                continue
-            rx = hc.received
-            n = 0
-            while n < len(rx) and rx[n].ts <= gw:
-                m = rx[n]
-                end = m.body["offset"] + len(m.body["data"])
-                if end > hc.covered:
-                    hc.covered = end
-                n += 1
-            del rx[:n]
-            if not rx:
-                hc.holding = False
+            if hc.holding:
+                self._gc_received(hc)
+                if not hc.received:
+                    hc.holding = False
+
+    def _gc_received(self, hc: HeldConn) -> None:
+        """`_gc_received` at a backup: `ReceiveSide.drop_received` by gw (it leaves the
+        connection in `_holding`)."""
+        gw = self.loan.gw
+        rx = hc.received
+        n = 0
+        while n < len(rx) and rx[n].ts <= gw:
+            m = rx[n]
+            end = m.body["offset"] + len(m.body["data"])
+            if end > hc.covered:
+                hc.covered = end
+            n += 1
+        del rx[:n]
 
     def _release_all_held(self) -> None:
-        """`_release_all_held` -> `_release_held` (a backup, current view only) ->
-        `_deliver` (in order: nothing ahead, beyond or ending)."""
-        gw = self.loan.gw
+        """`_release_all_held`."""
         for hc in self.loan.conns:
-            held = hc.held
-            n = 0
-            while n < len(held) and held[n].ts <= gw:
-                # (the next held message starts at `delivered`: no NACK to arm)
-                body = held[n].body
-                self._deliver(hc, body["offset"], body["data"])
-                n += 1
-            del held[:n]
+            self._release_held(hc)
+
+    def _release_held(self, hc: HeldConn) -> None:
+        """`_release_held` at a backup, current view only -> `_deliver` (in order:
+        nothing ahead, beyond or ending)."""
+        gw = self.loan.gw
+        held = hc.held
+        n = 0
+        while n < len(held) and held[n].ts <= gw:
+            # (the next held message starts at `delivered`: no NACK to arm)
+            body = held[n].body
+            self._deliver(hc, body["offset"], body["data"])
+            n += 1
+        del held[:n]
 
     def _deliver(self, hc: HeldConn, offset: int, data: bytes) -> None:
         """`_deliver` of a message starting at `delivered` (nothing ahead or beyond)."""
@@ -189,5 +364,11 @@ class BackupLane(LaneBase):
         """`_after_event` at a backup."""
         s = self.loan
         if (Timer.WATERMARK_REPORT not in s.timers and s.has_backups
-                and s.max_data_ts > s.reported_w and s.ts_w > s.reported_w):
+                and s.max_data_ts > s.reported_w and self._ts_w() > s.reported_w):
             s.timers[Timer.WATERMARK_REPORT] = s.now + s.watermark_report_us
+
+    def _ts_w(self) -> int:
+        """`timestamp_watermark()`: the least term of the known connections (each its
+        view's recv_ts, or with no view its first ts or 0: no gap, no old view), 0 if
+        none."""
+        return min((hc.term for hc in self.loan.conns if hc.known), default=0)

@@ -638,18 +638,17 @@ class MessagingEndpoint:
 
     def lend_backup(self) -> BackupLoan | None:
         """A backup's steady state for its primary's HEARTBEAT (rule 2 of
-        docs/BACKUP_LANE.md, backup_lane.py), or None if it is not steady: no
-        connection foreign, with an old remote view or ts, bytes ahead or beyond, a
-        held message of another view or not contiguous from `delivered`, a received
-        message of an older view, or (no remote view yet) anything held or received;
-        no cut asked and no frees carried; not in phase 2. Until `reclaim_backup`, the
-        core is not touched: the WATERMARK_REPORT timer leaves the registry with the
-        loan."""
+        docs/BACKUP_LANE.md) and the remote primaries' data messages (rule 1;
+        backup_lane.py), or None if it is not steady: no connection foreign, with an old
+        remote view or ts, bytes ahead or beyond, a held message of another view or not
+        contiguous from `delivered`, a received message of an older view, or (no remote
+        view yet) anything held or received; no cut asked and no frees carried; not in
+        phase 2. Until `reclaim_backup`, the core is not touched: the WATERMARK_REPORT
+        and ORDER_INFO_ACK timers leave the registry with the loan."""
         if (self.is_primary or self.phase2_pvn is not None or self._since_us is None
                 or self.cuts_asked or self.carry or self.primary_id == self.birth_id):
             return None
         conns = []
-        ts_w = None
         for c in self.conns.values():
             r, rx = c.recv, c.recv.view
             if (c.foreign or r.old_view is not None or r.old_ts is not None or r.ahead
@@ -660,9 +659,7 @@ class MessagingEndpoint:
                     return None
                 term = c.send.first_ts if c.role is Role.CLIENT else 0
             else:
-                term = rx.ts
-            if c.known and (ts_w is None or term < ts_w):
-                ts_w = term             # (_wm_term without a gap or an old view)
+                term = rx.ts        # (_wm_term without a gap or an old view)
             reach = r.delivered
             for m in r.held:        # (rx is not None: checked above)
                 if m.pvn != rx.pvn or m.body["offset"] != reach:
@@ -670,10 +667,19 @@ class MessagingEndpoint:
                 reach += len(m.body["data"])
             if rx is not None and any(m.pvn < rx.pvn for m in r.received):
                 return None
-            conns.append(HeldConn(cid=c.cid, holding=c in self._holding,
-                                  delivered=r.delivered, covered=r.covered, end=r.end,
-                                  abort=r.abort,
-                                  held=list(r.held), received=list(r.received)))
+            s, rv = c.send, c.remote_view
+            conns.append(HeldConn(
+                cid=c.cid, holding=c in self._holding, delivered=r.delivered,
+                covered=r.covered, end=r.end, abort=r.abort, held=list(r.held),
+                received=list(r.received), known=c.known, term=term,
+                view_pvn=None if rx is None else rx.pvn,
+                upto=0 if rx is None else rx.upto, ts=0 if rx is None else rx.ts,
+                first_offset=None if rx is None else rx.first_offset,
+                gap=rx is not None and bool(rx.slots), declared=r.declared,
+                max_data_ts=r.max_data_ts, last_msn=s.last_msn, sending=bool(s.sent),
+                fa_count=s.fa_count, ka_idle=s.ka_idle, log=list(s.log),
+                log_bytes=s.log_bytes, remote_gw=rv.group_watermark,
+                remote_delivered=rv.delivered, last_order_info=rv.last_order_info))
         if any(self.conns.get(c.cid) is not c for c in self._holding):
             return None
         timers = {}
@@ -682,29 +688,52 @@ class MessagingEndpoint:
             if d is not None:
                 timers[kind] = d
                 self.timers.clear(kind)
+        remotes = {hc.cid[0] for hc in conns}
+        cfg = self.config
         return BackupLoan(
             group=self.group, birth_id=self.birth_id, pvn=self.pvn,
             primary_id=self.primary_id, clock=self.clock, now=self._now, gw=self.gw,
-            digest=self.digest(),
-            # every term is its view's recv_ts (no gap, no old view): lane docstring
-            ts_w=ts_w or 0,
-            max_data_ts=self.max_data_ts, reported_w=self.reported_w,
-            has_backups=bool(self.backups), last_heard=None, conns=conns, timers=timers,
-            watermark_report_us=self.config.watermark_report_us)
+            digest=self.digest(), max_data_ts=self.max_data_ts,
+            reported_w=self.reported_w, has_backups=bool(self.backups), last_heard=None,
+            conns=conns, by_cid={hc.cid: hc for hc in conns}, timers=timers,
+            hb_quiet=self._hb_quiet, heard={},
+            primary_heard={r: h for r, h in self.primary_heard.items() if r in remotes},
+            primary_heard_set={}, oi_delivered=self.order_info.delivered,
+            oi_pending=bool(self.order_info.pending),
+            watermark_report_us=cfg.watermark_report_us,
+            order_info_ack_us=cfg.order_info_ack_us,
+            max_order_info_pending=cfg.max_order_info_pending,
+            window_bytes=cfg.window_msgs * cfg.max_payload_bytes)
 
     def reclaim_backup(self, loan: BackupLoan) -> None:
         """Take back a backup's state lent with `lend_backup`, as its lane left it."""
         self.clock, self._now, self.gw = loan.clock, loan.now, loan.gw
+        self.max_data_ts = loan.max_data_ts
+        self.order_info.delivered = loan.oi_delivered
         if loan.last_heard is not None:
             self.last_heard_us[loan.primary_id] = loan.last_heard
+        # (in the order the lane heard them: insertion order is recency)
+        for remote, at in loan.heard.items():
+            _remember(self.heard, remote, at, MAX_HEARD)
+        for remote, h in loan.primary_heard_set.items():
+            _remember(self.primary_heard, remote, h, MAX_PROBED_BY)
         for k, n in loan.stats.items():
             self._count(k, n)
         for hc in loan.conns:
             c = self.conns[hc.cid]
-            r = c.recv
+            r, rx, s, rv = c.recv, c.recv.view, c.send, c.remote_view
             r.delivered, r.covered = hc.delivered, hc.covered
             r.held, r.received = deque(hc.held), deque(hc.received)
-            if not hc.holding:
+            r.max_data_ts = hc.max_data_ts
+            if rx is not None:
+                rx.upto, rx.ts, rx.first_offset = hc.upto, hc.ts, hc.first_offset
+            s.fa_count, s.ka_idle = hc.fa_count, hc.ka_idle
+            s.log, s.log_bytes = deque(hc.log), hc.log_bytes
+            rv.group_watermark, rv.delivered = hc.remote_gw, hc.remote_delivered
+            rv.last_order_info = hc.last_order_info
+            if hc.holding:
+                self._holding.add(c)
+            else:
                 self._holding.discard(c)
             self._wm_dirty.add(c)
         for kind in BACKUP_LANE_TIMERS:
