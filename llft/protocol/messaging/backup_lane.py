@@ -59,8 +59,9 @@ class HeldConn:
     upto: int                   # recv.view's upto, ts and first_offset
     ts: int
     first_offset: int | None
-    gap: bool                   # recv.view.slots (constant: data filling one is refused)
-    declared: tuple[int, int]   # (constant: a data message does not change it)
+    slots: dict                 # recv.view's slots (msn -> message, None: a placeholder)
+    nacks: set                  # and nacks
+    declared: tuple[int, int]   # recv.declared
     max_data_ts: int            # recv.max_data_ts
     last_msn: int               # send.last_msn (constant: a backup's sends reclaim)
     sending: bool               # send.sent not empty (a backup's is: constant)
@@ -90,7 +91,7 @@ class BackupLoan:
     last_heard: int | None      # last_heard_us[primary_id] (None: not set while lent)
     conns: list[HeldConn]       # in the endpoint's connection order
     by_cid: dict[tuple, HeldConn]
-    timers: dict[Timer, int]    # BACKUP_LANE_TIMERS' deadlines
+    timers: dict                # BACKUP_LANE_TIMERS' deadlines, and (Timer.NACK, cid)'s
     hb_quiet: bool              # _hb_quiet (constant: a data message then is refused)
     heard: dict[str, int]       # heard[remote] set while lent, in the order set
     primary_heard: dict[str, tuple]      # of the lent connections' remote groups
@@ -101,6 +102,8 @@ class BackupLoan:
     order_info_ack_us: int
     max_order_info_pending: int
     window_bytes: int           # window_msgs * max_payload_bytes (_trim_log)
+    max_placeholders: int
+    nack_delay_us: int
     stats: dict[str, int] = field(default_factory=dict)    # counted while lent
 
 
@@ -114,8 +117,8 @@ class BackupLane(LaneBase):
     def candidate(endpoint, msg: Message) -> bool:
         """Worth lending for (cheap, before any loan: a loan the lane would refuse at
         once costs a copy of the core when checked in lockstep): the steady HEARTBEAT
-        `handle_message` takes at a backup, or the next data message in order of the
-        current remote view on a known connection."""
+        `handle_message` takes at a backup, or a data message of the current remote
+        view on a known connection, within the window."""
         if endpoint.is_primary:
             return False
         t = msg.type
@@ -129,16 +132,22 @@ class BackupLane(LaneBase):
             return False
         c = endpoint.conns.get((msg.src_group, msg.conn_seq, ROLES[1 - msg.role]))
         rx = None if c is None else c.recv.view
-        return (rx is not None and c.known and msg.pvn == rx.pvn and rx.upto > 0
-                and msg.msn == rx.upto + 1 and not rx.slots)
+        return (rx is not None and c.known and msg.pvn == rx.pvn and c.recv.end is None
+                and not c.send.sent and (
+                    msg.msn <= rx.upto
+                    or 1 < msg.msn <= rx.upto + endpoint.config.max_placeholders))
 
-    def timer_deadlines(self, core) -> dict[Timer, int]:
+    def timer_deadlines(self, core) -> dict:
         """The same timers' deadlines in a core (the lockstep check)."""
         out = {}
         for k in BACKUP_LANE_TIMERS:
             d = core.timers.due(k)
             if d is not None:
                 out[k] = d
+        for hc in self.loan.conns:
+            d = core.timers.due(Timer.NACK, hc.cid)
+            if d is not None:
+                out[Timer.NACK, hc.cid] = d
         return out
 
     def send(self, data: bytes, now_us: int | None) -> bool:
@@ -183,35 +192,43 @@ class BackupLane(LaneBase):
         return True
 
     def _data(self, msg: Message, now_us: int) -> bool:
-        """Rule 1: the next data message (REQUEST or REPLY) in order of the current
-        remote primary view on a known connection: no flag, not empty, continuing the
-        held bytes, the stream's end not known; no gap behind it, no sent list (a
-        backup's is empty) and no quiet heartbeat to end; a trailer without `others`
-        whose reflection, if of our view, continues the order info delivered. What
-        `handle_message` -> `_handle_inter` -> `_on_data` -> `_rx_data` -> `_advance`
-        (-> `_release_held`, `_gc_received`), `_on_trailer` (-> `_oi_accept`) ->
-        `_after_event` do for it."""
+        """Rule 1: a data message (REQUEST or REPLY) of the current remote primary view
+        on a known connection, no flag, not empty, the stream's end not known, no sent
+        list (a backup's is empty), no quiet heartbeat to end: a duplicate (counted), or
+        one within the window (not msn 1), which fills or leaves a gap (placeholders,
+        nacks, NACK armed) -- the messages it makes contiguous continue the held bytes,
+        without flags; and a trailer whose `others` have no sent list and whose
+        reflection, if of our view, continues the order info delivered. What
+        `handle_message` -> `_handle_inter` -> `_on_data` -> `_rx_data` (-> `_expect`,
+        `_advance` -> `_release_held`, `_gc_received`), `_on_trailer` (-> `_declared`,
+        `_oi_accept`) -> `_after_event` do for it."""
         s = self.loan
         if (msg.dst_group != s.group or msg.src_group == s.group
                 or msg.sender == s.birth_id or s.hb_quiet):
             return False
-        hc = s.by_cid.get((msg.src_group, msg.conn_seq, ROLES[1 - msg.role]))
+        remote = msg.src_group
+        hc = s.by_cid.get((remote, msg.conn_seq, ROLES[1 - msg.role]))
         body = msg.body
-        if (hc is None or not hc.known or hc.view_pvn != msg.pvn or hc.gap or hc.sending
-                or hc.upto == 0 or msg.msn != hc.upto + 1 or hc.end is not None
-                or body["flags"] or not body["data"]):
+        if (hc is None or not hc.known or hc.view_pvn != msg.pvn or hc.sending
+                or hc.end is not None or body["flags"] or not body["data"]):
             return False
-        held = hc.held
-        reach = (held[-1].body["offset"] + len(held[-1].body["data"]) if held
-                 else hc.delivered)
-        if body["offset"] != reach:
-            return False
+        m = msg.msn
+        dup = m <= hc.upto or hc.slots.get(m) is not None
+        if not dup:
+            if m == 1 or m > hc.upto + s.max_placeholders:
+                return False        # (msn 1 sets the resume point; beyond: counted)
+            take = self._contiguous(hc, msg)
+            if take is None:
+                return False
         trailer = unpack_trailer(msg.order_info)
         own = refl = delivered = None
+        others = ()
         if trailer is not None:
             _, own, refl, others, delivered = trailer
-            if others:
-                return False
+            for seq, role, _ in others:
+                c2 = s.by_cid.get((remote, seq, ROLES[1 - role]))
+                if c2 is not None and c2.sending:
+                    return False    # (_gc_sent: a sent list at a backup)
             if refl is not None and refl[0] == s.pvn and (
                     s.oi_pending or refl[1] > s.oi_delivered + 1):
                 return False        # (a gap: OrderInfoLog.accept keeps it pending)
@@ -222,7 +239,6 @@ class BackupLane(LaneBase):
         if msg.ts > s.clock:
             s.clock = msg.ts
         self._count("rx_" + msg.type.name)
-        remote = msg.src_group
         s.heard.pop(remote, None)               # _remember: the newest last
         s.heard[remote] = now
         ph = s.primary_heard.get(remote)
@@ -238,30 +254,20 @@ class BackupLane(LaneBase):
         if delivered is not None and delivered > hc.remote_delivered:
             hc.remote_delivered = delivered
             self._trim_log(hc)
-        # _on_data -> _rx_data (in order: no placeholder, no nack)
-        offset = body["offset"]
-        if hc.first_offset is None or offset < hc.first_offset:
-            hc.first_offset = offset
-        hc.ka_idle = 0
-        # _advance: take_contiguous, keep_received, held
-        hc.upto = msg.msn
+        if dup:
+            self._count("dup_data")             # _rx_data (a backup: no ack to send)
+        else:
+            self._rx_data(hc, msg, take)
+        # _on_trailer (a data message: no _declared of its own connection)
         ts = msg.ts
-        if ts > hc.ts:
-            hc.ts = ts
-        if ts > hc.max_data_ts:
-            hc.max_data_ts = ts
-        hc.received.append(msg)
-        hc.holding = True
-        held.append(msg)
-        if ts > s.max_data_ts:
-            s.max_data_ts = ts
-        self._release_held(hc)
-        d_upto, d_ts = hc.declared              # ReceiveSide.advance_ts
-        if hc.upto >= d_upto and d_ts > hc.ts:
-            hc.ts = d_ts
-        hc.term = hc.ts                         # (no gap, no old view: _wm_term)
-        self._gc_received(hc)
-        # _on_trailer (a data message: no _declared; `others` refused above)
+        for seq, role, upto in others:
+            c2 = s.by_cid.get((remote, seq, ROLES[1 - role]))
+            if c2 is None:
+                continue
+            if c2.view_pvn == msg.pvn:
+                self._declared(c2, upto, ts)
+            if msg.back > c2.remote_gw:
+                c2.remote_gw = msg.back         # (no sent list: checked above)
         if own is not None:
             last = section_end(own)             # kept at a backup too
             lr = hc.last_order_info
@@ -271,6 +277,89 @@ class BackupLane(LaneBase):
             self._oi_accept(refl[1], refl[2])
         self._after_event()
         return True
+
+    def _contiguous(self, hc: HeldConn, msg: Message) -> list[Message] | None:
+        """What `take_contiguous` would take once `msg` is in its slot, or None if one
+        of them does not continue the held bytes or carries a flag (not steady)."""
+        held = hc.held
+        reach = (held[-1].body["offset"] + len(held[-1].body["data"]) if held
+                 else hc.delivered)
+        out = []
+        k = hc.upto + 1
+        while True:
+            nxt = msg if k == msg.msn else hc.slots.get(k)
+            if nxt is None:
+                return out
+            body = nxt.body
+            if body["flags"] or not body["data"] or body["offset"] != reach:
+                return None
+            reach += len(body["data"])
+            out.append(nxt)
+            k += 1
+
+    def _rx_data(self, hc: HeldConn, msg: Message, take: list[Message]) -> None:
+        """`_rx_data` of a message within the window (not msn 1) -> `_expect`,
+        `_advance` (-> `_release_held`, `ReceiveSide.advance_ts`, `_gc_received`)."""
+        s = self.loan
+        offset = msg.body["offset"]
+        if hc.first_offset is None or offset < hc.first_offset:
+            hc.first_offset = offset
+        hc.ka_idle = 0
+        self._expect(hc, msg.msn - 1)
+        hc.slots[msg.msn] = msg
+        hc.nacks.discard(msg.msn)
+        # _advance: take_contiguous, keep_received, held
+        for nxt in take:
+            del hc.slots[hc.upto + 1]
+            hc.upto += 1
+            ts = nxt.ts
+            if ts > hc.ts:
+                hc.ts = ts
+            if ts > hc.max_data_ts:
+                hc.max_data_ts = ts
+            hc.received.append(nxt)
+            hc.holding = True
+            hc.held.append(nxt)
+            if ts > s.max_data_ts:
+                s.max_data_ts = ts
+        self._release_held(hc)
+        self._advance_ts(hc)
+        self._gc_received(hc)
+
+    def _expect(self, hc: HeldConn, upto: int) -> None:
+        """`_expect`: `ReceiveSequence.expect` (placeholders and nacks for what we lack,
+        at most max_placeholders past upto), NACK armed if any is new."""
+        s = self.loan
+        slots = hc.slots
+        top = min(upto, hc.upto + s.max_placeholders)
+        hi = max(slots) if slots else hc.upto
+        if top <= hi and top <= hc.upto:
+            return
+        new = False
+        for k in range(hc.upto + 1, top + 1):
+            if k not in slots:
+                slots[k] = None
+                hc.nacks.add(k)
+                new = True
+        if new and (Timer.NACK, hc.cid) not in s.timers:       # (Timers.arm)
+            s.timers[Timer.NACK, hc.cid] = s.now + s.nack_delay_us
+
+    def _declared(self, hc: HeldConn, sent_upto: int, ts: int) -> None:
+        """`_declared`: the remote primary had sent up to `sent_upto` at `ts`."""
+        d_upto, d_ts = hc.declared
+        if sent_upto >= d_upto or ts > d_ts:
+            hc.declared = (max(sent_upto, d_upto), max(ts, d_ts))
+        self._expect(hc, sent_upto)
+        self._advance_ts(hc)
+
+    @staticmethod
+    def _advance_ts(hc: HeldConn) -> None:
+        """`ReceiveSide.advance_ts` of the current view; its watermark term follows
+        (no old view, no bytes ahead, the held ones contiguous: `_wm_term` is recv_ts)."""
+        d_upto, d_ts = hc.declared
+        if not hc.slots and hc.upto >= d_upto and d_ts > hc.ts:
+            hc.ts = d_ts
+        hc.term = hc.ts
 
     def _trim_log(self, hc: HeldConn) -> None:
         """`_trim_log`: what lies a window below the remote's `delivered` is covered."""

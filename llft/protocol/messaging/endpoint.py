@@ -675,7 +675,8 @@ class MessagingEndpoint:
                 view_pvn=None if rx is None else rx.pvn,
                 upto=0 if rx is None else rx.upto, ts=0 if rx is None else rx.ts,
                 first_offset=None if rx is None else rx.first_offset,
-                gap=rx is not None and bool(rx.slots), declared=r.declared,
+                slots={} if rx is None else dict(rx.slots),
+                nacks=set() if rx is None else set(rx.nacks), declared=r.declared,
                 max_data_ts=r.max_data_ts, last_msn=s.last_msn, sending=bool(s.sent),
                 fa_count=s.fa_count, ka_idle=s.ka_idle, log=list(s.log),
                 log_bytes=s.log_bytes, remote_gw=rv.group_watermark,
@@ -688,6 +689,11 @@ class MessagingEndpoint:
             if d is not None:
                 timers[kind] = d
                 self.timers.clear(kind)
+        for hc in conns:
+            d = self.timers.due(Timer.NACK, hc.cid)
+            if d is not None:
+                timers[Timer.NACK, hc.cid] = d
+                self.timers.clear(Timer.NACK, hc.cid)
         remotes = {hc.cid[0] for hc in conns}
         cfg = self.config
         return BackupLoan(
@@ -703,7 +709,8 @@ class MessagingEndpoint:
             watermark_report_us=cfg.watermark_report_us,
             order_info_ack_us=cfg.order_info_ack_us,
             max_order_info_pending=cfg.max_order_info_pending,
-            window_bytes=cfg.window_msgs * cfg.max_payload_bytes)
+            window_bytes=cfg.window_msgs * cfg.max_payload_bytes,
+            max_placeholders=cfg.max_placeholders, nack_delay_us=cfg.nack_delay_us)
 
     def reclaim_backup(self, loan: BackupLoan) -> None:
         """Take back a backup's state lent with `lend_backup`, as its lane left it."""
@@ -724,9 +731,10 @@ class MessagingEndpoint:
             r, rx, s, rv = c.recv, c.recv.view, c.send, c.remote_view
             r.delivered, r.covered = hc.delivered, hc.covered
             r.held, r.received = deque(hc.held), deque(hc.received)
-            r.max_data_ts = hc.max_data_ts
+            r.max_data_ts, r.declared = hc.max_data_ts, hc.declared
             if rx is not None:
                 rx.upto, rx.ts, rx.first_offset = hc.upto, hc.ts, hc.first_offset
+                rx.slots, rx.nacks = hc.slots, hc.nacks
             s.fa_count, s.ka_idle = hc.fa_count, hc.ka_idle
             s.log, s.log_bytes = deque(hc.log), hc.log_bytes
             rv.group_watermark, rv.delivered = hc.remote_gw, hc.remote_delivered
@@ -736,6 +744,7 @@ class MessagingEndpoint:
             else:
                 self._holding.discard(c)
             self._wm_dirty.add(c)
+            self.timers.set(Timer.NACK, c.cid, loan.timers.get((Timer.NACK, c.cid)))
         for kind in BACKUP_LANE_TIMERS:
             self.timers.set(kind, None, loan.timers.get(kind))
 
