@@ -44,9 +44,9 @@ scenario script (format and runner: llft/sim/campaign.py). Its lines: `set fault
 dup P reorder P corrupt P`, `set messaging payload B window N` (optional after them:
 `pulse N`, `direct-ack US`: the cores' timing for scenarios recorded before it changed), `set lanes` (every lone primary lends its steady connection to a lane,
 llft/protocol/messaging/lane.py, and every backup its steady state for its primary's
-HEARTBEAT to a backup lane, backup_lane.py, each run in lockstep with a copy of the core:
-a lane that acts or ends up otherwise than the core fails the schedule), `seed sim N` (the
-kernel),
+HEARTBEAT and the remote primaries' data messages to a backup lane, backup_lane.py,
+each run in lockstep with a copy of the core: a lane that acts or ends up otherwise than
+the core fails the schedule), `seed sim N` (the kernel),
 `seed app N` (the applications' pacing), `group G BID...` (birth ids in rank order, the
 first is the primary), `conn K CLIENT SERVER seq N`, `writes K c2s|s2c SIZE...` (a stream,
 cut as its primary's application writes it), `end K c2s|s2c fin|rst` (the application
@@ -257,7 +257,8 @@ class Schedule:
                                    pulse_intervals=pulse, order_info_direct_ack_us=direct_ack)
         # `set lanes on`: every replica's core lends its steady connection to a lane
         # (llft/protocol/messaging/lane.py), a backup its steady state for its primary's
-        # HEARTBEAT (backup_lane.py), checked in lockstep against a copy of the core
+        # HEARTBEAT and for remote data (backup_lane.py), checked in lockstep against a
+        # copy of the core
         self.lanes = any(tuple(ln[:2]) == ("set", "lanes") for ln in script.lines)
         self.groups: dict[str, list[_Replica]] = {}
         self.conns = []             # (client group, server group, conn_seq, streams)
@@ -710,7 +711,8 @@ CAMPAIGN = Campaign(
                           "replaced: a gateway's host lost for good)"),
         Param("lanes", 1.0, "1: lone primaries lend their steady connection to a lane "
                             "(lane.py), backups their steady state for their primary's "
-                            "HEARTBEAT (backup_lane.py), checked in lockstep against a "
+                            "HEARTBEAT and remote data (backup_lane.py), checked in "
+                            "lockstep against a "
                             "copy of the core; "
                             "0: the core alone"),
         Param("gateway", 0.0, "chance that a schedule has the gateway's shape: a lone "

@@ -1,31 +1,51 @@
-"""The backups' steady lane, first slice: rule 2 of docs/BACKUP_LANE.md ("a gw rise"),
-its messaging half, as an executable model checked in lockstep against the core.
+"""The backups' steady lane: rules 1 and 2 of docs/BACKUP_LANE.md ("a steady REQUEST",
+"a gw rise"), their messaging half, as an executable model checked in lockstep against
+the core.
 
 A backup delivers remote data in batches, one per HEARTBEAT of its primary: the
 heartbeat's `back` (the primary's group watermark, for the set of connections its `ack`
 digests) raises our `gw`, which collects the received lists and releases the held
-messages it covers. `MessagingEndpoint.lend_backup()` hands what that path touches to a
-`BackupLane` when the backup is in the steady state where the path is simple (every
-connection in one current remote view, or none yet with nothing held or received; its
-held messages of that view and contiguous from `delivered`; nothing ahead, beyond or of
-an old view; no cut asked, no frees carried; not in phase 2). A stream end (`recv.end`)
-is taken: `_deliver` cuts the message at the end marker and adds `Closed`.
+messages it covers. Between two heartbeats the remote primaries' data messages arrive:
+each is received (placeholders and nacks for a gap, the contiguous ones to the received
+and held lists), its trailer read (the remote's `delivered`, its own order info, the
+reflection of our primary's, the declarations of its other connections). One loan serves
+both: `MessagingEndpoint.lend_backup()` hands what the two paths touch to a `BackupLane`
+when the backup is in the steady state where they are simple (every connection in one
+current remote view, or none yet with nothing held or received; its held messages of
+that view and contiguous from `delivered`; nothing ahead, beyond or of an old view; no
+cut asked, no frees carried; not in phase 2), and it stays lent across data messages and
+heartbeats until an event the lane refuses, a timer or another call on the core.
 
-The lane then takes only the steady form of the event: a HEARTBEAT of our group's
-current primary, of our view, with no frees (empty order info) and our digest in `ack`.
-It does what `handle_message` -> `_handle_intra` -> `_on_primary_heartbeat` (->
-`_gc_all_received`, `_release_all_held`, `_release_held`, `_deliver`) -> `_after_event`
--> `_reap` do for it: the clock merge, the counter, `last_heard_us`, the gw rise, the
-received lists' collection, one `Deliver` (and `Closed`) per released message in
-connection order, and the WATERMARK_REPORT timer `_after_event` arms. Anything else
-returns False with nothing changed: the owner (`LanedEndpoint`) takes the loan back
-(`MessagingEndpoint.reclaim_backup`) and the core handles the event.
+The lane takes only the steady form of each event; the comments name the core's code:
+  * rule 2, a HEARTBEAT of our group's current primary, of our view, with no frees
+    (empty order info) and our digest in `ack` (`_handle_intra` ->
+    `_on_primary_heartbeat`): the clock merge, the counter, `last_heard_us`, the gw
+    rise, the received lists' collection, one `Deliver` (and `Closed` at a stream end)
+    per released message in connection order, `_after_event`'s WATERMARK_REPORT;
+  * rule 1, a REQUEST or REPLY of the current remote view on a known connection, with
+    no flag and some bytes, the stream's end not known (`_handle_inter` -> `_on_data`
+    -> `_rx_data`, `_on_trailer`, `_after_event`): a duplicate (counted), or a message
+    within the window but not msn 1, whose `_advance` takes only messages that continue
+    the held bytes without flags; a trailer whose reflection, if of our view, continues
+    the order info delivered (nothing pending). It does the clock merge, `heard` and
+    `primary_heard` (in the order `_remember` keeps), the FIRST_ACK count, the remote
+    watermark, the remote's `delivered` and `_trim_log`, the receive sequence (upto,
+    recv_ts, first_offset, slots and nacks, the NACK timer), the received and held
+    lists, `max_data_ts`, a release if gw already covers a held message, `_declared` of
+    the connections in `others`, the remote's own order info kept, one
+    `DeliverOrderInfo` per chunk of the reflection (ORDER_INFO_ACK armed), and the
+    WATERMARK_REPORT.
+Anything else returns False with nothing changed: the owner (`LanedEndpoint`) takes the
+loan back (`MessagingEndpoint.reclaim_backup`) and the core handles the event.
 
-Why the timestamp watermark is a constant of the loan: with the lend conditions every
-known connection's term is its current view's recv_ts, or with no view yet the ts of our
-first message (a client's) or 0 (no gap: the held list is contiguous from `delivered`
-and nothing is ahead; no old view or old ts), and a heartbeat changes none of them; so
-`_after_event`'s `timestamp_watermark()` is the minimum taken at lend.
+The timestamp watermark is no longer a constant of the loan (data messages and
+declarations raise recv_ts), but it stays simple: the lend conditions hold after every
+event the lane takes (a data message joins the held list only where it continues it;
+nothing goes ahead, beyond or to an old view; a connection with no remote view is not
+touched), so every known connection's term is its current view's recv_ts (the held list
+is contiguous from `delivered`, nothing ahead: no gap; no old view or old ts), or with
+no view yet the ts of our first message (a client's) or 0. The lane keeps each term
+(`HeldConn.term`) and `_after_event` takes their minimum, as `timestamp_watermark()`.
 """
 from __future__ import annotations
 

@@ -465,7 +465,8 @@ class LanedEndpoint:
         """`engine`: what runs a loan (a class taking a `Loan`, with SteadyLane's
         methods); SteadyLane by default. `backup_engine`: what runs a backup's loan
         (`MessagingEndpoint.lend_backup`, backup_lane.py: its primary's steady
-        HEARTBEAT); None: a backup lends nothing."""
+        HEARTBEAT, the remote primaries' steady data messages); None: a backup lends
+        nothing."""
         engine = engine or SteadyLane
         self.__dict__.update(endpoint=endpoint, lane=None, shadow=shadow, _copy=None,
                              lane_events=0, loans=0, reclaims=Counter(), engine=engine,
