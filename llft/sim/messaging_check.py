@@ -712,9 +712,7 @@ CAMPAIGN = Campaign(
         Param("lanes", 1.0, "1: lone primaries lend their steady connection to a lane "
                             "(lane.py), backups their steady state for their primary's "
                             "HEARTBEAT and remote data (backup_lane.py), checked in "
-                            "lockstep against a "
-                            "copy of the core; "
-                            "0: the core alone"),
+                            "lockstep against a copy of the core; 0: the core alone"),
         Param("gateway", 0.0, "chance that a schedule has the gateway's shape: a lone "
                               "primary with one long connection and no order info "
                               "(what a lane owns)")))
