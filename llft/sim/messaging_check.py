@@ -88,6 +88,9 @@ CORRUPT_P = 0.01
 PARTITION_P = 0.3                   # chance of one transient partition per schedule
 PARTITION_US_MAX = 30_000
 FORGED_PER_SCHEDULE = 6
+# with lanes, the backups' loans checked in lockstep: one in this many (each copies the
+# whole core; tests/sim/test_backup_lane.py checks every one)
+BACKUP_SHADOW_EVERY = 4
 END_P = 0.85                        # a stream ends (closed by its application) ...
 RST_P = 0.2                         # ... by an abort rather than a FIN
 
@@ -275,8 +278,8 @@ class Schedule:
                     core = MessagingEndpoint(g, b, self.cfg)
                     core.set_view(1, bids[0], members, b, now_us=0)
                     if self.lanes:
-                        core = LanedEndpoint(core, shadow=True)
-                        core.backup_engine = BackupLane     # (its backups' lane too)
+                        core = LanedEndpoint(core, shadow=True, backup_engine=BackupLane,
+                                             backup_shadow_every=BACKUP_SHADOW_EVERY)
                     reps.append(_Replica(f"{g}.{i}", g, b, core, i == 0))
                 self.groups[g] = reps
                 self.pvn[g] = 1

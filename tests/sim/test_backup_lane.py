@@ -40,6 +40,7 @@ def _run(seeds, first_only=False, **faults) -> tuple[list[str], Counter]:
         return f
     violations = []
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mc, "BACKUP_SHADOW_EVERY", 1)        # every loan in lockstep here
         mp.setattr(BackupLane, "_deliver", delivered)
         mp.setattr(BackupLane, "_data", took(data, "data"))
         mp.setattr(BackupLane, "_heartbeat", took(heartbeat, "heartbeats"))

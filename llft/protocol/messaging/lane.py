@@ -458,10 +458,13 @@ class LanedEndpoint:
 
     `shadow`: also run a copy of the core (taken at each loan) on the events the lane
     handles, and raise LaneDivergence at the first action, timer or (at each reclaim)
-    state that differs."""
+    state that differs. `backup_shadow_every` k: of a backup's loans only the first of
+    every k is shadowed (a backup lends for every burst of remote data, and the copy of
+    its whole core per loan doubled a messaging campaign's time; the others run on the
+    lane alone, judged by the campaign's checks like any replica)."""
 
     def __init__(self, endpoint, *, shadow: bool = False, engine=None,
-                 backup_engine=None):
+                 backup_engine=None, backup_shadow_every: int = 1):
         """`engine`: what runs a loan (a class taking a `Loan`, with SteadyLane's
         methods); SteadyLane by default. `backup_engine`: what runs a backup's loan
         (`MessagingEndpoint.lend_backup`, backup_lane.py: its primary's steady
@@ -469,6 +472,7 @@ class LanedEndpoint:
         nothing."""
         engine = engine or SteadyLane
         self.__dict__.update(endpoint=endpoint, lane=None, shadow=shadow, _copy=None,
+                             backup_shadow_every=backup_shadow_every, shadowing=False,
                              lane_events=0, loans=0, reclaims=Counter(), engine=engine,
                              backup_engine=backup_engine, backup_events=0,
                              backup_loans=0,
@@ -491,7 +495,10 @@ class LanedEndpoint:
             if loan is not None:
                 self.lane = engine(loan)
                 self.loans += 1
-                if self.shadow:
+                self.shadowing = self.shadow and (
+                    engine is not self.backup_engine
+                    or (self.backup_loans - 1) % self.backup_shadow_every == 0)
+                if self.shadowing:
                     self._copy = copy.deepcopy(self.endpoint)
                     getattr(self._copy, getattr(engine, "reclaim_with", "reclaim"))(
                         copy.deepcopy(loan))
@@ -512,7 +519,7 @@ class LanedEndpoint:
             release()                   # (a native lane's buffers serve the next loan)
         # (after what the core emitted before the loan and nobody took yet)
         self.endpoint._actions.extend(pending)
-        if self.shadow:
+        if self.shadowing:
             theirs = endpoint_state(self._copy)
             mine = endpoint_state(self.endpoint)
             self._copy = None
@@ -526,7 +533,7 @@ class LanedEndpoint:
         self.lane_events += 1
         if self.lane.cid is None:
             self.backup_events += 1
-        if not self.shadow:
+        if not self.shadowing:
             return
         core = self._copy
         getattr(core, event)(*args)
