@@ -278,8 +278,9 @@ class Schedule:
                     core = MessagingEndpoint(g, b, self.cfg)
                     core.set_view(1, bids[0], members, b, now_us=0)
                     if self.lanes:
-                        core = LanedEndpoint(core, shadow=True, backup_engine=BackupLane,
-                                             backup_shadow_every=BACKUP_SHADOW_EVERY)
+                        core = LanedEndpoint(core, shadow=True)
+                        core.backup_engine = BackupLane     # (its backups' lane too)
+                        core.backup_shadow_every = BACKUP_SHADOW_EVERY
                     reps.append(_Replica(f"{g}.{i}", g, b, core, i == 0))
                 self.groups[g] = reps
                 self.pvn[g] = 1
