@@ -142,7 +142,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import msgpack
 
@@ -229,8 +229,12 @@ class ReplicaNode:
                  messaging_config: mg.MessagingConfig | None = None,
                  app_state: AppState | None = None,
                  log_cap_bytes: int = LOG_CAP_BYTES, log_cap_entries: int = LOG_CAP_ENTRIES,
-                 lag_bound_us: int = LAG_BOUND_US, lag_give_up_us: int = LAG_GIVE_UP_US):
+                 lag_bound_us: int = LAG_BOUND_US, lag_give_up_us: int = LAG_GIVE_UP_US,
+                 wrap_messaging: Callable[[mg.MessagingEndpoint], Any] | None = None):
+        """`wrap_messaging`: what runs each messaging core the node makes, given the core
+        (a `LanedEndpoint` lending steady events to a lane; None: the core itself)."""
         self.group = group
+        self.wrap_messaging = wrap_messaging
         self.log_cap_bytes, self.log_cap_entries = log_cap_bytes, log_cap_entries
         self.lag_bound_us, self.lag_give_up_us = lag_bound_us, lag_give_up_us
         self.messaging_config = messaging_config or mg.MessagingConfig()
@@ -258,6 +262,8 @@ class ReplicaNode:
         self.messaging.replay_of = self.membership.replay_flag
         self.messaging.probe_state_of = \
             lambda since_us: self.membership.probe_state(self._now, since_us)
+        if self.wrap_messaging is not None:
+            self.messaging = self.wrap_messaging(self.messaging)
         self.live = False                       # messaging fed (member holding state)
         self._leaving = False                   # abandoned: the endpoint's rest is dropped
         self._gone = False                      # left the group for good (`leave`)

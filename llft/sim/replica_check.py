@@ -105,6 +105,7 @@ dup P reorder P`, `set messaging payload B window N` (optional after them:
 `set server-block B` (the server writes its output in blocks of B bytes, a salt each), `set random-cuts
 yes|no`, `request SEQ SIZE...` (the client's writes on connection SEQ), `set streams N`
 (instead of `request` lines: N streams in one connection, planned from the app seed),
+`set lanes` (every core lends its steady state to a lane, checked in lockstep),
 `seed sim N` (the kernel and the nodes), `seed app N` (the applications' pacing); events `start NODE`, `crash
 NODE` (skipped if it held its group's last state), `leave NODE` (its LEAVE, then its crash), `pause NODE US` (stopped for US
 microseconds), `restart NODE` (a new incarnation), `partition A.. | B..` (nodes on
@@ -120,6 +121,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 from llft.protocol import messaging as mg
+from llft.protocol.messaging.backup_lane import BackupLane
+from llft.protocol.messaging.lane import LanedEndpoint
+from llft.sim.messaging_check import BACKUP_SHADOW_EVERY
 from llft.protocol.messages import Role
 from llft.protocol.streams import (END_KINDS, FrameDecoder, FrameError, HEADER, HEADER_BYTES,
                                    Kind, StreamTable, frame, window_value)
@@ -809,6 +813,11 @@ class Schedule:
             self.request_cuts = {1: {}}
             self.n_conns = 1
             self.rst_streams = {sid for sid, e in self.plan.end.items() if e is Kind.RST}
+        # `set lanes`: every replica's messaging core lends its steady state to a lane
+        # (lone primaries: lane.py; backups: backup_lane.py), each loan checked in
+        # lockstep against a copy of the core (a divergence is a violation)
+        self.lanes = any(tuple(ln[:2]) == ("set", "lanes") for ln in source.lines)
+        self.laned: list[LanedEndpoint] = []
         self.events = [(us(line[1]), line[2:]) for line in source.lines if line[0] == "at"]
         self.end_us = next((t for t, w in self.events if w[0] == "quiet"), None)
         self.rng: random.Random | None = None       # the generator's, from a seed
@@ -831,10 +840,12 @@ class Schedule:
     @classmethod
     def generate(cls, seed: int, *, random_cuts: bool = False, partition: float = 0.0,
                  machine_cuts: float = 0.0, streams: int = 0, leave: float = 0.0,
-                 trace=None) -> "Schedule":
+                 lanes: bool = False, trace=None) -> "Schedule":
         """The schedule of `seed`: its parameters now, its faults as it runs (`run`)."""
         rng = random.Random(seed)
         script = Script(KIND)
+        if lanes:       # (no draw: a schedule is the same with and without lanes)
+            script.add("set", "lanes")
         script.add("set", "faults", "loss", rng.choice([0, 0.01, 0.05]),
                    "dup", rng.choice([0, 0.02, 0.05]), "reorder", rng.choice([0, 0.05, 0.1]))
         script.add("seed", "sim", rng.getrandbits(64))
@@ -1002,7 +1013,8 @@ class Schedule:
         node = ReplicaNode(g, random.Random(self.sim.rng.getrandbits(64)),
                            membership_config=mb.Config(
                                group=g, pulse_intervals=self.mcfg.pulse_intervals, **MCFG),
-                           messaging_config=self.mcfg)
+                           messaging_config=self.mcfg,
+                           wrap_messaging=self._laned if self.lanes else None)
         node.membership.wall_ms_of = lambda: self.sim.now_us // 1000   # one clock for all
         node.start(self.sim.now_us)
         self.nodes_made.append(node)
@@ -1014,6 +1026,15 @@ class Schedule:
             self.sim.add_node(node_id, node, [g], on_action=self._on_action)
         self.started.add(node_id)
         self._log(f"start {node_id} birth {node.birth}")
+
+    def _laned(self, core: mg.MessagingEndpoint) -> LanedEndpoint:
+        """A replica's core with lanes (`set lanes`): its lone primary's loans checked
+        in lockstep, and one backup loan in BACKUP_SHADOW_EVERY (each copies the core,
+        and a plain connection's backup lends hundreds of times a schedule)."""
+        laned = LanedEndpoint(core, shadow=True, backup_engine=BackupLane,
+                              backup_shadow_every=BACKUP_SHADOW_EVERY)
+        self.laned.append(laned)
+        return laned
 
     def _new_app(self, node_id: str, node: ReplicaNode) -> None:
         old = self.apps.get(node_id)
@@ -1343,6 +1364,10 @@ class Schedule:
             self.stats["takeovers held"] += node.membership.takeovers_held
             self.stats["takeovers on leave"] += node.membership.takeovers_on_leave
             self.stats["probe answers: primary alive"] += node.membership.probes_alive
+        for laned in self.laned:        # coverage of `set lanes`
+            self.stats["lane loans: backups"] += laned.backup_loans
+            self.stats["lane events: backups"] += laned.backup_events
+            self.stats["lane events: lone primaries"] += laned.lane_events - laned.backup_events
         return Outcome(self.violations, self.script, self.stats)
 
     def _check_one_history(self, settled: bool) -> None:
@@ -1466,10 +1491,10 @@ def request_bytes(seq: int, n: int) -> bytes:
 
 def run_seed(seed: int, *, random_cuts: bool = False, partition: float = 0.0,
              machine_cuts: float = 0.0, streams: int = 0, leave: float = 0.0,
-             trace=None) -> Outcome:
+             lanes: bool = False, trace=None) -> Outcome:
     return Schedule.generate(seed, random_cuts=random_cuts, partition=partition,
                              machine_cuts=machine_cuts, streams=streams, leave=leave,
-                             trace=trace).run()
+                             lanes=lanes, trace=trace).run()
 
 
 def run_script(script: Script, *, trace=None) -> Outcome:
@@ -1490,5 +1515,9 @@ CAMPAIGN = Campaign(
                             "with a Framer per replica (0: plain connections)"),
         Param("leave", 0.0, "share of the primaries' and backups' crashes that are graceful "
                             "stops (LEAVE, then the crash: a primary's senior backup takes "
-                            "over at once, a backup's primary removes it at once)"),))
+                            "over at once, a backup's primary removes it at once)"),
+        Param("lanes", False, "every replica's messaging core lends its steady state to "
+                              "a lane (lone primaries: lane.py; backups: backup_lane.py), "
+                              "each loan checked in lockstep against a copy of the core "
+                              "(about 3x slower)"),))
 add_arguments, run = CAMPAIGN.add_arguments, CAMPAIGN.run

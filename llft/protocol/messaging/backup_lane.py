@@ -132,6 +132,14 @@ class BackupLane(LaneBase):
 
     cid = None                  # (no connection of its own: sends go to the core)
     reclaim_with = "reclaim_backup"     # the endpoint's method that takes a loan back
+    # What a replica node reads of its core after every event (ReplicaNode._settle's
+    # `served`, ...), answered from the loan: a read that took the loan back would end
+    # every loan at its first event. A backup is not primary and not served while lent
+    # (membership's set_view takes the loan back first).
+    READS = frozenset({"served", "is_primary", "pvn"})
+
+    def read(self, name: str):
+        return self.loan.pvn if name == "pvn" else False
 
     @staticmethod
     def candidate(endpoint, msg: Message) -> bool:

@@ -499,7 +499,11 @@ class LanedEndpoint:
                     engine is not self.backup_engine
                     or (self.backup_loans - 1) % self.backup_shadow_every == 0)
                 if self.shadowing:
-                    self._copy = copy.deepcopy(self.endpoint)
+                    # (the hooks a replica node gives its core -- wait_of, replay_of,
+                    # probe_state_of -- read membership: shared, not copied with it)
+                    ep = self.endpoint
+                    self._copy = copy.deepcopy(ep, {id(getattr(ep, k)): getattr(ep, k)
+                                                    for k in _HOOKS})
                     getattr(self._copy, getattr(engine, "reclaim_with", "reclaim"))(
                         copy.deepcopy(loan))
                     self._copy._actions = []    # (the owner's until taken)
@@ -615,7 +619,16 @@ class LanedEndpoint:
         self.endpoint.heard_again(msg, times_us)
 
     def __getattr__(self, name: str):
-        ep = self.__dict__["endpoint"]
+        d = self.__dict__
+        if "endpoint" not in d:
+            raise AttributeError(name)  # (not made by __init__: copy, pickle)
+        ep, lane = d["endpoint"], d["lane"]
+        if lane is not None and name in getattr(lane, "READS", ()):
+            mine = lane.read(name)      # (answered by the loan: it stays lent)
+            if d["shadowing"] and getattr(d["_copy"], name) != mine:
+                raise LaneDivergence(f"{name}: lane answers {mine!r}, core "
+                                     f"{getattr(d['_copy'], name)!r}")
+            return mine
         if name not in vars(ep) and not hasattr(type(ep), name):
             # (a driver asking whether its core has something: no loan to take back)
             raise AttributeError(name)
@@ -644,6 +657,9 @@ def _brief(actions: list) -> list:
                        if hasattr(a, "__dict__") else repr(a)[:80])
     return out
 
+
+# what a replica node hooks into its core (they read membership)
+_HOOKS = ("wait_of", "replay_of", "probe_state_of")
 
 # the endpoint's caches: derived from the rest, rebuilt when needed (not compared)
 _CACHES = frozenset({"_wm_terms", "_wm_heap", "_wm_dirty", "_digest", "_actions",
