@@ -143,9 +143,17 @@ class SteadyLane(LaneBase):
     """The steady-state rules over a `Loan` (module docstring). Every method mirrors the
     core's code path of the same event; the comments name the core's functions."""
 
+    # What a replica node reads of its core after every event, answered from the loan
+    # (backup_lane.BackupLane.READS): a lone primary whose one connection is lent (a
+    # known one, not foreign) is served.
+    READS = frozenset({"served", "is_primary", "pvn"})
+
     def __init__(self, loan: Loan):
         super().__init__(loan)
         self.cid = loan.cid
+
+    def read(self, name: str):
+        return self.loan.pvn if name == "pvn" else True
 
     def in_flight(self) -> int:
         """Messages sent and not covered yet (nothing is queued while lent)."""
