@@ -133,10 +133,10 @@ class LaneBase:
         t = self.loan.timers
         return min(t.values()) if t else None
 
-    def _count(self, key: str) -> None:
+    def _count(self, key: str, n: int = 1) -> None:
         """Counted while lent (`loan.stats`: the core adds them at the reclaim)."""
         s = self.loan
-        s.stats[key] = s.stats.get(key, 0) + 1
+        s.stats[key] = s.stats.get(key, 0) + n
 
 
 class SteadyLane(LaneBase):
@@ -603,6 +603,13 @@ class LanedEndpoint:
         return b if a is None else a if b is None else min(a, b)
 
     def handle_timer(self, now_us: int) -> None:
+        lane = self.lane
+        # a backup's lane fires its loan's timers when no timer of the core is due too
+        if lane is not None and hasattr(lane, "handle_timer"):
+            since = len(lane.actions)
+            if lane.handle_timer(now_us, self.endpoint.next_timer_us()):
+                self._shadowed(since, "handle_timer", now_us)
+                return
         self.reclaim("timer")
         self.endpoint.handle_timer(now_us)
 
