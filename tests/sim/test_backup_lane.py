@@ -53,7 +53,10 @@ def _run(seeds, first_only=False, **faults) -> tuple[list[str], Counter]:
         k = len(self.actions)
         ok = handle_message(self, msg, now_us)
         if ok:
-            n[msg.type.name] += msg.type in CONTROL
+            if msg.src_group == self.loan.group and msg.sender != self.loan.primary_id:
+                n["peer " + msg.type.name] += 1
+            elif msg.type in CONTROL:
+                n[msg.type.name] += 1
             sent(self, k)
         return ok
 
@@ -90,36 +93,43 @@ def _run(seeds, first_only=False, **faults) -> tuple[list[str], Counter]:
     return violations, n
 
 
-CONTROL = frozenset({MsgType.KEEP_ALIVE, MsgType.FIRST_ACK, MsgType.SECOND_ACK})
+CONTROL = frozenset({MsgType.KEEP_ALIVE, MsgType.FIRST_ACK, MsgType.SECOND_ACK,
+                     MsgType.NACK})
+PEER = ("peer HEARTBEAT", "peer ORDER_INFO", "peer NACK")
 
 
 def test_backup_lanes_match_the_core_under_faults():
     violations, n = _run(range(30), **FAULTS)
     assert violations == []
     # the lanes took data messages and heartbeats and released held data themselves
-    # (not only gave the loan back); seen: 2513 data messages and 445 heartbeats in
-    # 1650 loans, 1878 Deliver/Closed actions
+    # (not only gave the loan back); seen: 2513 data messages and 1199 heartbeats (with
+    # the repeated ones, `heard_again`) in 1879 loans, 1878 Deliver/Closed actions
     assert n["data"] >= 1000 and n["heartbeats"] >= 100 and n["loans"] > 0
     assert n["delivered"] >= 200
     # ... and the remote primaries' KEEP_ALIVEs and FIRST_ACKs, the remote backups'
     # SECOND_ACKs, answering FIRST_ACKs (seen: 374, 645, 668, 464 SECOND_ACKs sent), and
-    # their timers: the report (WATERMARK_REPORT 267, ORDER_INFO_ACK 40: 307 ORDER_INFO
-    # sent), the local NACK (376 firings, 149 sent), the KEEPALIVE a SECOND_ACK armed
-    # (27) -- 710 firings
+    # their timers: the report (WATERMARK_REPORT 337, ORDER_INFO_ACK 56: 393 ORDER_INFO
+    # sent), the local NACK (488 firings, 190 sent), the KEEPALIVE a SECOND_ACK armed
+    # (43) -- 924 firings
     assert n["KEEP_ALIVE"] >= 100 and n["FIRST_ACK"] >= 100 and n["SECOND_ACK"] >= 100
     assert n["sent SECOND_ACK"] >= 100
     assert n["timer WATERMARK_REPORT"] >= 50 and n["timer ORDER_INFO_ACK"] > 0
     assert n["sent ORDER_INFO"] >= 50
     assert n["timer NACK"] >= 50 and n["sent NACK"] > 0 and n["timer KEEPALIVE"] > 0
+    # the remote primaries' NACKs, the other backups' HEARTBEATs, reports and local
+    # NACKs (seen: 346, 880, 496, 139)
+    assert n["NACK"] >= 100 and n["peer HEARTBEAT"] >= 100
+    assert n["peer ORDER_INFO"] >= 100 and n["peer NACK"] > 0
     assert n["events"] == (n["data"] + n["heartbeats"] + n["KEEP_ALIVE"]
-                           + n["FIRST_ACK"] + n["SECOND_ACK"] + n["timers"])
+                           + n["FIRST_ACK"] + n["SECOND_ACK"] + n["NACK"] + n["timers"]
+                           + sum(n[k] for k in PEER))
 
 
 def test_backup_lanes_match_the_core_across_changes_of_primary():
     violations, n = _run(range(100, 120), loss=0.1, failover=0.5, die=0.2)
     assert violations == []
     assert n["data"] >= 300 and n["heartbeats"] >= 50     # (seen: 1836, 295)
-    # (seen: 355 FIRST_ACKs, 231 KEEP_ALIVEs, 291 SECOND_ACKs, 410 timer firings)
+    # (seen: 355 FIRST_ACKs, 231 KEEP_ALIVEs, 291 SECOND_ACKs, 590 timer firings)
     assert n["FIRST_ACK"] + n["KEEP_ALIVE"] + n["SECOND_ACK"] >= 100 and n["timers"] >= 100
 
 
@@ -257,14 +267,16 @@ def test_lockstep_catches_a_data_message_that_arms_no_timer(monkeypatch, name, k
 
 # ---- KEEP_ALIVE, FIRST_ACK, SECOND_ACK; rule 3: the loan's timers ----
 
-def test_lockstep_catches_a_first_ack_whose_declaration_is_not_applied(monkeypatch):
-    """A FIRST_ACK's trailer declares its own sent-up-to (`_declared`: recv_ts, a gap);
-    a lane that reads it as a data message's (others only) is caught (seen: at the next
-    report, whose `back`, our timestamp watermark, is then lower than the core's)."""
+@pytest.mark.parametrize("mtype", [MsgType.FIRST_ACK, MsgType.KEEP_ALIVE, MsgType.NACK])
+def test_lockstep_catches_a_control_message_whose_declaration_is_not_applied(
+        monkeypatch, mtype):
+    """A control message's trailer declares its own sent-up-to (`_declared`: recv_ts, a
+    gap); a lane that reads it as a data message's (others only) is caught (seen: at
+    the next report, whose `back`, our timestamp watermark, is then lower)."""
     real = BackupLane._on_trailer
 
     def as_data(self, hc, msg, trailer, data):
-        real(self, hc, msg, trailer, data or msg.type is MsgType.FIRST_ACK)
+        real(self, hc, msg, trailer, data or msg.type is mtype)
     v = _mutant_run(monkeypatch, "_on_trailer", as_data)
     assert any("lane actions" in x or "lane timers" in x or "state after reclaim" in x
                for x in v)
@@ -361,3 +373,24 @@ def test_lockstep_catches_a_reclaim_that_drops_the_report(monkeypatch):
     monkeypatch.setattr(MessagingEndpoint, "reclaim_backup", drops)
     violations, _ = _run(range(30), first_only=True, **FAULTS)
     assert any("reported_w" in x for x in violations)
+
+
+# ---- the other backups' HEARTBEATs, reports and local NACKs ----
+
+def test_lockstep_catches_a_peer_ack_not_noted(monkeypatch):
+    """Another backup's ORDER_INFO report: its ack is noted (`peer_oi_acks`)."""
+    v = _mutant_run(monkeypatch, "_note_peer_ack", lambda self, msg: None)
+    assert any("state after reclaim" in x and "peer_oi_acks" in x for x in v)
+
+
+def test_lockstep_catches_a_peer_not_heard(monkeypatch):
+    """Any message of another backup sets `last_heard_us` (membership reads it)."""
+    real = BackupLane._peer
+
+    def deaf(self, msg, now_us):
+        before = dict(self.loan.last_heard)
+        took = real(self, msg, now_us)
+        self.loan.last_heard = before
+        return took
+    v = _mutant_run(monkeypatch, "_peer", deaf)
+    assert any("state after reclaim" in x and "last_heard_us" in x for x in v)

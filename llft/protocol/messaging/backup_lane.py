@@ -14,8 +14,9 @@ when the backup is in the steady state where they are simple (every connection i
 current remote view, or none yet with nothing held or received; its held messages of
 that view and contiguous from `delivered`; nothing ahead, beyond or of an old view; no
 cut asked, no frees carried; not in phase 2), and it stays lent across data messages,
-heartbeats, the remote primaries' KEEP_ALIVEs and FIRST_ACKs, the remote backups'
-SECOND_ACKs and its own timers until an event the lane refuses, a timer of the core
+heartbeats (repeated ones too: the owner hands `heard_again` over as the
+`handle_message` it is), the remote primaries' KEEP_ALIVEs, FIRST_ACKs and NACKs, the
+remote backups' SECOND_ACKs, the other backups' messages and its own timers until an event the lane refuses, a timer of the core
 (our HEARTBEAT) or another call on the core.
 
 The lane takes only the steady form of each event; the comments name the core's code:
@@ -37,11 +38,13 @@ The lane takes only the steady form of each event; the comments name the core's 
     the connections in `others`, the remote's own order info kept, one
     `DeliverOrderInfo` per chunk of the reflection (ORDER_INFO_ACK armed), and the
     WATERMARK_REPORT;
-  * a KEEP_ALIVE or FIRST_ACK of the current remote view on a known connection, with
-    such a trailer (`_handle_inter` -> `_on_keepalive` / `_on_first_ack`,
+  * a KEEP_ALIVE, FIRST_ACK or NACK of the current remote view on a known connection,
+    with such a trailer (`_handle_inter` -> `_on_keepalive` / `_on_first_ack` / none,
     `_on_trailer`): as a data message's common part, then its FIRST_ACK count or
     reset, the SECOND_ACK a FIRST_ACK is owed (its `_emit` moves the connection's
     KEEPALIVE), and the trailer, whose own sent-up-to is `_declared` too;
+  * another backup's HEARTBEAT, ORDER_INFO report or local NACK (`_handle_intra`:
+    `last_heard_us`, `_note_peer_ack`);
   * a remote backup's SECOND_ACK on a known connection with a remote view
     (`_on_second_ack_at_backup`): `heard`, and the gap up to its ack (`_expect`);
   * rule 3, the loan's timers when none of the core's is due (`handle_timer`):
@@ -73,6 +76,9 @@ from llft.protocol.messaging.trailer import section_end, unpack_trailer
 # the endpoint timers a backup loan carries (out of the core's registry while lent)
 BACKUP_LANE_TIMERS = (Timer.WATERMARK_REPORT, Timer.ORDER_INFO_ACK)
 _RANK = {t: i for i, t in enumerate(Timer)}      # the core's firing order (_TIMER_RANK)
+# what the lane takes from a remote primary besides data, and from the other backups
+REMOTE_CONTROL = frozenset({MsgType.KEEP_ALIVE, MsgType.FIRST_ACK, MsgType.NACK})
+PEER_TYPES = frozenset({MsgType.HEARTBEAT, MsgType.ORDER_INFO, MsgType.NACK})
 # ... and per lent connection (KEEPALIVE: a SECOND_ACK's `_emit` arms it at a backup too)
 BACKUP_LANE_CONN_TIMERS = (Timer.NACK, Timer.KEEPALIVE)
 
@@ -133,7 +139,9 @@ class BackupLoan:
     max_data_ts: int
     reported_w: int
     has_backups: bool
-    last_heard: int | None      # last_heard_us[primary_id] (None: not set while lent)
+    last_heard: dict[int, int]  # last_heard_us set while lent (our group's members)
+    backups: frozenset          # (constant: set_view reclaims)
+    peer_oi_acks: dict          # the other backups' order-info acks (`_note_peer_ack`)
     conns: list[HeldConn]       # in the endpoint's connection order
     by_cid: dict[tuple, HeldConn]
     timers: dict                # BACKUP_LANE_TIMERS' deadlines, and (Timer.NACK, cid)'s
@@ -174,6 +182,10 @@ class BackupLane(LaneBase):
         if endpoint.is_primary:
             return False
         t = msg.type
+        if msg.src_group == endpoint.group and msg.sender != endpoint.primary_id:
+            return (t in PEER_TYPES and msg.dst_group == endpoint.group
+                    and msg.sender != endpoint.birth_id
+                    and (t is MsgType.HEARTBEAT or not endpoint._hb_quiet))
         if t is MsgType.HEARTBEAT:
             return (msg.src_group == endpoint.group and msg.dst_group == endpoint.group
                     and msg.sender == endpoint.primary_id and msg.pvn == endpoint.pvn
@@ -189,7 +201,7 @@ class BackupLane(LaneBase):
             return not msg.order_info
         if msg.pvn != rx.pvn or c.send.sent:
             return False
-        if t is MsgType.KEEP_ALIVE or t is MsgType.FIRST_ACK:
+        if t in REMOTE_CONTROL:
             return True
         if t not in DATA_TYPES or msg.body["flags"] or not msg.body["data"]:
             return False
@@ -220,11 +232,13 @@ class BackupLane(LaneBase):
     def handle_message(self, msg: Message, now_us: int) -> bool:
         """The primary's steady HEARTBEAT (rule 2) or a remote primary's steady data
         message (rule 1); else False: nothing changed."""
+        if msg.src_group == self.loan.group and msg.sender != self.loan.primary_id:
+            return self._peer(msg, now_us)
         if msg.type is MsgType.HEARTBEAT:
             return self._heartbeat(msg, now_us)
         if msg.type in DATA_TYPES:
             return self._data(msg, now_us)
-        if msg.type is MsgType.KEEP_ALIVE or msg.type is MsgType.FIRST_ACK:
+        if msg.type in REMOTE_CONTROL:
             return self._control(msg, now_us)
         if msg.type is MsgType.SECOND_ACK:
             return self._second_ack(msg, now_us)
@@ -320,7 +334,7 @@ class BackupLane(LaneBase):
         self._count("rx_HEARTBEAT")
         # (a HEARTBEAT does not end a quiet spell: no _hb_soon)
         # _handle_intra
-        s.last_heard = s.now
+        s.last_heard[msg.sender] = s.now
         # _on_primary_heartbeat: no frees (cuts_asked = {}: empty at lend), our digest
         # (carry = []: empty at lend)
         if msg.back > s.gw:
@@ -367,12 +381,12 @@ class BackupLane(LaneBase):
         return True
 
     def _control(self, msg: Message, now_us: int) -> bool:
-        """A KEEP_ALIVE or FIRST_ACK of the current remote primary view on a known
+        """A KEEP_ALIVE, FIRST_ACK or NACK of the current remote primary view on a known
         connection (no sent list, not throttled, not resyncing), with a steady trailer
         (as a data message's): the common part of `_handle_inter`, `_on_keepalive` or
-        `_on_first_ack` (its SECOND_ACK if our app produced the acked bytes), then
-        `_on_trailer`, whose own sent-up-to `_declared` (a control message's) may raise
-        recv_ts or open a gap (placeholders, NACK)."""
+        `_on_first_ack` (its SECOND_ACK if our app produced the acked bytes; a NACK has
+        no handler at a backup), then `_on_trailer`, whose own sent-up-to `_declared` (a
+        control message's) may raise recv_ts or open a gap (placeholders, NACK)."""
         hc = self._remote_conn(msg)
         if hc is None or hc.throttled or hc.resyncing:
             return False
@@ -382,7 +396,7 @@ class BackupLane(LaneBase):
         self._from_remote_primary(hc, msg, now_us, trailer)
         if msg.type is MsgType.KEEP_ALIVE:
             hc.fa_count = 0                     # _on_keepalive (STREAMING)
-        else:
+        elif msg.type is MsgType.FIRST_ACK:
             self._on_first_ack(hc, msg)
         self._on_trailer(hc, msg, trailer, data=False)
         self._after_event()
@@ -406,6 +420,37 @@ class BackupLane(LaneBase):
             self._expect(hc, msg.ack)
         self._after_event()
         return True
+
+    def _peer(self, msg: Message, now_us: int) -> bool:
+        """Another backup's HEARTBEAT, ORDER_INFO report or local NACK (not our
+        primary's: `_handle_intra` returns after `last_heard_us` and, for an ORDER_INFO,
+        `_note_peer_ack`), not while our heartbeat is quiet unless a HEARTBEAT."""
+        s = self.loan
+        t = msg.type
+        if (msg.dst_group != s.group or msg.sender == s.birth_id or t not in PEER_TYPES
+                or (s.hb_quiet and t is not MsgType.HEARTBEAT)):
+            return False
+        if now_us > s.now:
+            s.now = now_us
+        if msg.ts > s.clock:
+            s.clock = msg.ts
+        self._count("rx_" + t.name)
+        s.last_heard[msg.sender] = s.now
+        if t is MsgType.ORDER_INFO:
+            self._note_peer_ack(msg)
+        self._after_event()
+        return True
+
+    def _note_peer_ack(self, msg: Message) -> None:
+        """`_note_peer_ack`: a backup's order-info ack, this view's and the one before."""
+        s = self.loan
+        upto = msg.body.get("upto") if isinstance(msg.body, dict) else None
+        if not isinstance(upto, int) or msg.sender not in s.backups:
+            return
+        acks = s.peer_oi_acks.setdefault(msg.pvn, {})
+        acks[msg.sender] = max(acks.get(msg.sender, 0), upto)
+        for old in sorted(s.peer_oi_acks)[:-2]:
+            del s.peer_oi_acks[old]
 
     def _remote_conn(self, msg: Message) -> HeldConn | None:
         """The known connection of a remote primary's message of its current view, with

@@ -707,7 +707,9 @@ class MessagingEndpoint:
             precedence=self.precedence, primary_id=self.primary_id, clock=self.clock,
             now=self._now, gw=self.gw,
             digest=self.digest(), max_data_ts=self.max_data_ts,
-            reported_w=self.reported_w, has_backups=bool(self.backups), last_heard=None,
+            reported_w=self.reported_w, has_backups=bool(self.backups), last_heard={},
+            backups=frozenset(self.backups),
+            peer_oi_acks={v: dict(a) for v, a in self.peer_oi_acks.items()},
             conns=conns, by_cid={hc.cid: hc for hc in conns}, timers=timers,
             hb_quiet=self._hb_quiet, heard={},
             primary_heard={r: h for r, h in self.primary_heard.items() if r in remotes},
@@ -729,8 +731,8 @@ class MessagingEndpoint:
         oi = self.order_info
         oi.delivered, oi.acked, oi.done_acked = loan.oi_delivered, loan.oi_acked, \
             loan.oi_done_acked
-        if loan.last_heard is not None:
-            self.last_heard_us[loan.primary_id] = loan.last_heard
+        self.last_heard_us.update(loan.last_heard)
+        self.peer_oi_acks = loan.peer_oi_acks
         # (in the order the lane heard them: insertion order is recency)
         for remote, at in loan.heard.items():
             _remember(self.heard, remote, at, MAX_HEARD)

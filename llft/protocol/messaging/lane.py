@@ -618,6 +618,11 @@ class LanedEndpoint:
         return self.endpoint.take_actions() + mine
 
     def heard_again(self, msg: Message, times_us: list[int]) -> None:
+        if times_us and self.backup_engine is not None:
+            # (the core's heard_again: the last copy handled; a backup's lane takes
+            # its primary's and the other backups' repeated HEARTBEATs)
+            self.handle_message(msg, times_us[-1])
+            return
         self.reclaim("heard_again")
         self.endpoint.heard_again(msg, times_us)
 
