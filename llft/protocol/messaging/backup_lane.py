@@ -16,8 +16,9 @@ that view and contiguous from `delivered`; nothing ahead, beyond or of an old vi
 cut asked, no frees carried; not in phase 2), and it stays lent across data messages,
 heartbeats (repeated ones too: the owner hands `heard_again` over as the
 `handle_message` it is), the remote primaries' KEEP_ALIVEs, FIRST_ACKs and NACKs, the
-remote backups' SECOND_ACKs, the other backups' messages and its own timers until an event the lane refuses, a timer of the core
-(our HEARTBEAT) or another call on the core.
+remote backups' SECOND_ACKs, the other backups' messages and its own timers until an
+event the lane refuses, a timer of the core (our HEARTBEAT) or another call on the
+core.
 
 The lane takes only the steady form of each event; the comments name the core's code:
   * rule 2, a HEARTBEAT of our group's current primary, of our view, with no frees
