@@ -13,6 +13,7 @@ import pytest
 
 from llft.protocol.messages import ROLES, MsgType, Send
 from llft.protocol.messaging import MessagingEndpoint
+from llft.protocol.messaging.actions import DeliverOrderInfo
 from llft.protocol.messaging.backup_lane import BackupLane
 from llft.protocol.messaging.lane import LanedEndpoint, LaneDivergence
 from llft.protocol.messaging.timers import Timer
@@ -55,7 +56,7 @@ def _run(seeds, first_only=False, **faults) -> tuple[list[str], Counter]:
         if ok:
             if msg.src_group == self.loan.group and msg.sender != self.loan.primary_id:
                 n["peer " + msg.type.name] += 1
-            elif msg.type in CONTROL:
+            elif msg.type in CONTROL or msg.type is MsgType.ORDER_INFO:
                 n[msg.type.name] += 1
             sent(self, k)
         return ok
@@ -103,14 +104,13 @@ def test_backup_lanes_match_the_core_under_faults():
     assert violations == []
     # the lanes took data messages and heartbeats and released held data themselves
     # (not only gave the loan back); seen: 2513 data messages and 1199 heartbeats (with
-    # the repeated ones, `heard_again`) in 1879 loans, 1878 Deliver/Closed actions
+    # the repeated ones, `heard_again`) in 1760 loans, 1878 Deliver/Closed actions
     assert n["data"] >= 1000 and n["heartbeats"] >= 100 and n["loans"] > 0
     assert n["delivered"] >= 200
     # ... and the remote primaries' KEEP_ALIVEs and FIRST_ACKs, the remote backups'
     # SECOND_ACKs, answering FIRST_ACKs (seen: 374, 645, 668, 464 SECOND_ACKs sent), and
-    # their timers: the report (WATERMARK_REPORT 337, ORDER_INFO_ACK 56: 393 ORDER_INFO
-    # sent), the local NACK (488 firings, 190 sent), the KEEPALIVE a SECOND_ACK armed
-    # (43) -- 924 firings
+    # their timers: the report (WATERMARK_REPORT 337, ORDER_INFO_ACK 56), the local NACK
+    # (508 firings, 200 sent), the KEEPALIVE a SECOND_ACK armed (45) -- 946 firings
     assert n["KEEP_ALIVE"] >= 100 and n["FIRST_ACK"] >= 100 and n["SECOND_ACK"] >= 100
     assert n["sent SECOND_ACK"] >= 100
     assert n["timer WATERMARK_REPORT"] >= 50 and n["timer ORDER_INFO_ACK"] > 0
@@ -120,8 +120,12 @@ def test_backup_lanes_match_the_core_under_faults():
     # NACKs (seen: 346, 880, 496, 139)
     assert n["NACK"] >= 100 and n["peer HEARTBEAT"] >= 100
     assert n["peer ORDER_INFO"] >= 100 and n["peer NACK"] > 0
+    # our primary's direct ORDER_INFO, reported at once (seen: 311; 704 reports sent in
+    # all, at these and at the timers)
+    assert n["ORDER_INFO"] >= 100
     assert n["events"] == (n["data"] + n["heartbeats"] + n["KEEP_ALIVE"]
                            + n["FIRST_ACK"] + n["SECOND_ACK"] + n["NACK"] + n["timers"]
+                           + n["ORDER_INFO"]
                            + sum(n[k] for k in PEER))
 
 
@@ -129,7 +133,7 @@ def test_backup_lanes_match_the_core_across_changes_of_primary():
     violations, n = _run(range(100, 120), loss=0.1, failover=0.5, die=0.2)
     assert violations == []
     assert n["data"] >= 300 and n["heartbeats"] >= 50     # (seen: 1836, 295)
-    # (seen: 355 FIRST_ACKs, 231 KEEP_ALIVEs, 291 SECOND_ACKs, 590 timer firings)
+    # (seen: 355 FIRST_ACKs, 231 KEEP_ALIVEs, 291 SECOND_ACKs, 610 timer firings)
     assert n["FIRST_ACK"] + n["KEEP_ALIVE"] + n["SECOND_ACK"] >= 100 and n["timers"] >= 100
 
 
@@ -258,7 +262,7 @@ def _unarming(name, key):
     # the gap's NACK, the order info's ack, and the report of a watermark the data
     # message raised (`_after_event`'s, never exercised by heartbeats alone)
     ("_expect", lambda self, hc, upto: (Timer.NACK, hc.cid)),
-    ("_oi_accept", lambda self, first, chunks: Timer.ORDER_INFO_ACK),
+    ("_oi_accept", lambda self, first, chunks, *path: Timer.ORDER_INFO_ACK),
     ("_data", lambda self, msg, now_us: Timer.WATERMARK_REPORT)])
 def test_lockstep_catches_a_data_message_that_arms_no_timer(monkeypatch, name, key):
     v = _mutant_run(monkeypatch, name, _unarming(name, key))
@@ -394,3 +398,25 @@ def test_lockstep_catches_a_peer_not_heard(monkeypatch):
         return took
     v = _mutant_run(monkeypatch, "_peer", deaf)
     assert any("state after reclaim" in x and "last_heard_us" in x for x in v)
+
+
+# ---- our primary's direct ORDER_INFO ----
+
+def test_lockstep_catches_a_direct_order_info_not_delivered(monkeypatch):
+    """Its section of our view is delivered (`DeliverOrderInfo`, counted oi_via_intra)."""
+    real = BackupLane._order_info
+
+    def drops(self, msg, now_us):
+        took = real(self, msg, now_us)
+        self.actions[:] = [a for a in self.actions
+                           if not isinstance(a, DeliverOrderInfo)]
+        return took
+    v = _mutant_run(monkeypatch, "_order_info", drops)
+    assert any("handle_message: lane actions" in x for x in v)
+
+
+def test_lockstep_catches_a_direct_order_info_not_acked(monkeypatch):
+    """It is answered at once by the report (`_order_info_ack`)."""
+    v = _mutant_run(monkeypatch, "_order_info",
+                    _dropping("_order_info", MsgType.ORDER_INFO))
+    assert any("handle_message: lane actions" in x for x in v)

@@ -45,7 +45,8 @@ The lane takes only the steady form of each event; the comments name the core's 
     reset, the SECOND_ACK a FIRST_ACK is owed (its `_emit` moves the connection's
     KEEPALIVE), and the trailer, whose own sent-up-to is `_declared` too;
   * another backup's HEARTBEAT, ORDER_INFO report or local NACK (`_handle_intra`:
-    `last_heard_us`, `_note_peer_ack`);
+    `last_heard_us`, `_note_peer_ack`); our primary's direct ORDER_INFO of our view
+    (`_on_order_info`: its section accepted, the report at once);
   * a remote backup's SECOND_ACK on a known connection with a remote view
     (`_on_second_ack_at_backup`): `heard`, and the gap up to its ack (`_expect`);
   * rule 3, the loan's timers when none of the core's is due (`handle_timer`):
@@ -164,6 +165,7 @@ class BackupLoan:
     nack_retry_us: int
     max_nack_msns: int
     keepalive_us: int
+    direct_ack_us: int          # order_info_direct_ack_us (not 0: refused)
     stats: dict[str, int] = field(default_factory=dict)    # counted while lent
 
 
@@ -187,6 +189,11 @@ class BackupLane(LaneBase):
             return (t in PEER_TYPES and msg.dst_group == endpoint.group
                     and msg.sender != endpoint.birth_id
                     and (t is MsgType.HEARTBEAT or not endpoint._hb_quiet))
+        if t is MsgType.ORDER_INFO:
+            return (msg.src_group == endpoint.group and msg.dst_group == endpoint.group
+                    and msg.sender == endpoint.primary_id and msg.pvn == endpoint.pvn
+                    and not endpoint._hb_quiet
+                    and not endpoint.config.order_info_direct_ack_us)
         if t is MsgType.HEARTBEAT:
             return (msg.src_group == endpoint.group and msg.dst_group == endpoint.group
                     and msg.sender == endpoint.primary_id and msg.pvn == endpoint.pvn
@@ -235,6 +242,8 @@ class BackupLane(LaneBase):
         message (rule 1); else False: nothing changed."""
         if msg.src_group == self.loan.group and msg.sender != self.loan.primary_id:
             return self._peer(msg, now_us)
+        if msg.type is MsgType.ORDER_INFO:
+            return self._order_info(msg, now_us)
         if msg.type is MsgType.HEARTBEAT:
             return self._heartbeat(msg, now_us)
         if msg.type in DATA_TYPES:
@@ -419,6 +428,34 @@ class BackupLane(LaneBase):
         self._heard(msg, now_us, primary=False)
         if msg.pvn == hc.view_pvn and not hc.after_change:
             self._expect(hc, msg.ack)
+        self._after_event()
+        return True
+
+    def _order_info(self, msg: Message, now_us: int) -> bool:
+        """Our primary's direct ORDER_INFO of our view (`_handle_intra` ->
+        `_on_order_info`): its section of our view accepted if it continues what was
+        delivered (nothing pending), then the report at once (order_info_direct_ack_us
+        0, the default; an ack delayed by it is refused: no schedule exercises it)."""
+        s = self.loan
+        if (msg.src_group != s.group or msg.dst_group != s.group
+                or msg.sender == s.birth_id or msg.sender != s.primary_id
+                or msg.pvn != s.pvn or s.hb_quiet or s.direct_ack_us):
+            return False
+        tr = unpack_trailer(msg.order_info)
+        sec = None if tr is None else tr[1]
+        if sec is not None and sec[0] != s.pvn:
+            sec = None                  # (another view's: not ours to deliver)
+        if sec is not None and (s.oi_pending or sec[1] > s.oi_delivered + 1):
+            return False                # (a gap: OrderInfoLog.accept keeps it pending)
+        if now_us > s.now:
+            s.now = now_us
+        if msg.ts > s.clock:
+            s.clock = msg.ts
+        self._count("rx_ORDER_INFO")
+        s.last_heard[msg.sender] = s.now
+        if sec is not None:
+            self._oi_accept(sec[1], sec[2], "oi_via_intra")
+        self._order_info_ack()
         self._after_event()
         return True
 
@@ -666,7 +703,8 @@ class BackupLane(LaneBase):
             n += 1
         del log[:n]
 
-    def _oi_accept(self, first: int, chunks: list[bytes]) -> None:
+    def _oi_accept(self, first: int, chunks: list[bytes],
+                   path: str = "oi_via_reflection") -> None:
         """`_oi_accept` of our view's section that continues what was delivered
         (`OrderInfoLog.accept` with nothing pending: the chunks up to
         max_order_info_pending past `delivered` go, in order)."""
@@ -679,7 +717,7 @@ class BackupLane(LaneBase):
             if pos - d > s.max_order_info_pending:
                 break
             s.oi_delivered = pos
-            self._count("oi_via_reflection")
+            self._count(path)
             self.actions.append(DeliverOrderInfo(pos, ch, s.pvn))
             if Timer.ORDER_INFO_ACK not in s.timers:        # (Timers.arm)
                 s.timers[Timer.ORDER_INFO_ACK] = s.now + s.order_info_ack_us

@@ -722,7 +722,7 @@ class MessagingEndpoint:
             window_bytes=cfg.window_msgs * cfg.max_payload_bytes,
             max_placeholders=cfg.max_placeholders, nack_delay_us=cfg.nack_delay_us,
             nack_retry_us=cfg.nack_retry_us, max_nack_msns=cfg.max_nack_msns,
-            keepalive_us=cfg.keepalive_us)
+            keepalive_us=cfg.keepalive_us, direct_ack_us=cfg.order_info_direct_ack_us)
 
     def reclaim_backup(self, loan: BackupLoan) -> None:
         """Take back a backup's state lent with `lend_backup`, as its lane left it."""
