@@ -420,3 +420,10 @@ def test_lockstep_catches_a_direct_order_info_not_acked(monkeypatch):
     v = _mutant_run(monkeypatch, "_order_info",
                     _dropping("_order_info", MsgType.ORDER_INFO))
     assert any("handle_message: lane actions" in x for x in v)
+
+
+def test_lockstep_catches_a_quiet_heartbeat_not_ended(monkeypatch):
+    """While our heartbeat is quiet, any message but a HEARTBEAT (and any send) moves
+    our HEARTBEAT to an interval from now (`_hb_soon`): a lane that does not is caught."""
+    v = _mutant_run(monkeypatch, "_hb_soon", lambda self: None)
+    assert any("lane timers" in x for x in v)

@@ -76,7 +76,8 @@ from llft.protocol.messaging.timers import Timer
 from llft.protocol.messaging.trailer import section_end, unpack_trailer
 
 # the endpoint timers a backup loan carries (out of the core's registry while lent)
-BACKUP_LANE_TIMERS = (Timer.WATERMARK_REPORT, Timer.ORDER_INFO_ACK)
+# (HEARTBEAT: only moved earlier while lent, by `_hb_soon`; its firing reclaims)
+BACKUP_LANE_TIMERS = (Timer.HEARTBEAT, Timer.WATERMARK_REPORT, Timer.ORDER_INFO_ACK)
 _RANK = {t: i for i, t in enumerate(Timer)}      # the core's firing order (_TIMER_RANK)
 # what the lane takes from a remote primary besides data, and from the other backups
 REMOTE_CONTROL = frozenset({MsgType.KEEP_ALIVE, MsgType.FIRST_ACK, MsgType.NACK})
@@ -147,7 +148,7 @@ class BackupLoan:
     conns: list[HeldConn]       # in the endpoint's connection order
     by_cid: dict[tuple, HeldConn]
     timers: dict                # BACKUP_LANE_TIMERS' deadlines, and (Timer.NACK, cid)'s
-    hb_quiet: bool              # _hb_quiet (constant: a data message then is refused)
+    hb_quiet: bool              # _hb_quiet (any message but a HEARTBEAT ends it)
     heard: dict[str, int]       # heard[remote] set while lent, in the order set
     primary_heard: dict[str, tuple]      # of the lent connections' remote groups
     primary_heard_set: dict[str, tuple]  # ... set while lent, in the order set
@@ -165,6 +166,7 @@ class BackupLoan:
     nack_retry_us: int
     max_nack_msns: int
     keepalive_us: int
+    heartbeat_us: int
     direct_ack_us: int          # order_info_direct_ack_us (not 0: refused)
     stats: dict[str, int] = field(default_factory=dict)    # counted while lent
 
@@ -187,19 +189,16 @@ class BackupLane(LaneBase):
         t = msg.type
         if msg.src_group == endpoint.group and msg.sender != endpoint.primary_id:
             return (t in PEER_TYPES and msg.dst_group == endpoint.group
-                    and msg.sender != endpoint.birth_id
-                    and (t is MsgType.HEARTBEAT or not endpoint._hb_quiet))
+                    and msg.sender != endpoint.birth_id)
         if t is MsgType.ORDER_INFO:
             return (msg.src_group == endpoint.group and msg.dst_group == endpoint.group
                     and msg.sender == endpoint.primary_id and msg.pvn == endpoint.pvn
-                    and not endpoint._hb_quiet
                     and not endpoint.config.order_info_direct_ack_us)
         if t is MsgType.HEARTBEAT:
             return (msg.src_group == endpoint.group and msg.dst_group == endpoint.group
                     and msg.sender == endpoint.primary_id and msg.pvn == endpoint.pvn
                     and not msg.order_info and msg.ack == endpoint.digest())
-        if (msg.dst_group != endpoint.group or msg.src_group == endpoint.group
-                or endpoint._hb_quiet):
+        if msg.dst_group != endpoint.group or msg.src_group == endpoint.group:
             return False
         c = endpoint.conns.get((msg.src_group, msg.conn_seq, ROLES[1 - msg.role]))
         rx = None if c is None else c.recv.view
@@ -259,17 +258,17 @@ class BackupLane(LaneBase):
         core's own next deadline is `core_next_us`): WATERMARK_REPORT and ORDER_INFO_ACK
         send the report (`_order_info_ack`), NACK the local NACK of the view's gaps
         (`_nack`), a KEEPALIVE (a primary's) is cleared; then `_after_event`. Else False
-        (a quiet heartbeat to end: `_emit` would move the core's HEARTBEAT)."""
+        (our HEARTBEAT due: the core's)."""
         s = self.loan
         now = max(s.now, now_us)
-        if s.hb_quiet or (core_next_us is not None and core_next_us <= now):
+        if core_next_us is not None and core_next_us <= now:
             return False
         t = s.timers
         order = {hc.cid: i for i, hc in enumerate(s.conns)}
         due = sorted((k for k, d in t.items() if d <= now),
                      key=lambda k: (-1, _RANK[k]) if isinstance(k, Timer)
                      else (order[k[1]], _RANK[k[0]]))
-        if not due:
+        if not due or Timer.HEARTBEAT in due:
             return False
         s.now = now
         local_nacks: list[list] = []
@@ -291,6 +290,7 @@ class BackupLane(LaneBase):
             s.clock += 1
             self.actions.append(Send(s.group, self._intra(
                 MsgType.NACK, {"missing": local_nacks}, back=0, ack=0)))
+            self._hb_soon()             # (_emit)
         self._after_event()
         return True
 
@@ -307,6 +307,18 @@ class BackupLane(LaneBase):
         self.actions.append(Send(s.group, self._intra(
             MsgType.ORDER_INFO, {"upto": s.oi_delivered, "done": s.oi_executed},
             back=s.reported_w, ack=s.digest)))
+        self._hb_soon()                 # (_emit)
+
+    def _hb_soon(self) -> None:
+        """`_hb_soon` if our heartbeat is quiet (`handle_message` of anything but a
+        HEARTBEAT, `_emit`): the next one an interval from now, if that is earlier."""
+        s = self.loan
+        if s.hb_quiet:
+            s.hb_quiet = False
+            due = s.now + s.heartbeat_us
+            d = s.timers.get(Timer.HEARTBEAT)
+            if d is None or due < d:                    # (Timers.arm_earlier)
+                s.timers[Timer.HEARTBEAT] = due
 
     def _nack(self, hc: HeldConn) -> list[list]:
         """`_nack` at a backup of a lent connection (no old view, nothing ahead, the
@@ -358,7 +370,7 @@ class BackupLane(LaneBase):
     def _data(self, msg: Message, now_us: int) -> bool:
         """Rule 1: a data message (REQUEST or REPLY) of the current remote primary view
         on a known connection, no flag, not empty, the stream's end not known, no sent
-        list (a backup's is empty), no quiet heartbeat to end: a duplicate (counted), or
+        list (a backup's is empty): a duplicate (counted), or
         one within the window (not msn 1), which fills or leaves a gap (placeholders,
         nacks, NACK armed) -- the messages it makes contiguous continue the held bytes,
         without flags; and a trailer whose `others` have no sent list and whose
@@ -420,7 +432,7 @@ class BackupLane(LaneBase):
         or the view follows a change of primary)."""
         s = self.loan
         if (msg.dst_group != s.group or msg.src_group == s.group
-                or msg.sender == s.birth_id or s.hb_quiet or msg.order_info):
+                or msg.sender == s.birth_id or msg.order_info):
             return False
         hc = s.by_cid.get((msg.src_group, msg.conn_seq, ROLES[1 - msg.role]))
         if hc is None or not hc.known or hc.view_pvn is None:
@@ -439,7 +451,7 @@ class BackupLane(LaneBase):
         s = self.loan
         if (msg.src_group != s.group or msg.dst_group != s.group
                 or msg.sender == s.birth_id or msg.sender != s.primary_id
-                or msg.pvn != s.pvn or s.hb_quiet or s.direct_ack_us):
+                or msg.pvn != s.pvn or s.direct_ack_us):
             return False
         tr = unpack_trailer(msg.order_info)
         sec = None if tr is None else tr[1]
@@ -452,6 +464,7 @@ class BackupLane(LaneBase):
         if msg.ts > s.clock:
             s.clock = msg.ts
         self._count("rx_ORDER_INFO")
+        self._hb_soon()
         s.last_heard[msg.sender] = s.now
         if sec is not None:
             self._oi_accept(sec[1], sec[2], "oi_via_intra")
@@ -462,17 +475,18 @@ class BackupLane(LaneBase):
     def _peer(self, msg: Message, now_us: int) -> bool:
         """Another backup's HEARTBEAT, ORDER_INFO report or local NACK (not our
         primary's: `_handle_intra` returns after `last_heard_us` and, for an ORDER_INFO,
-        `_note_peer_ack`), not while our heartbeat is quiet unless a HEARTBEAT."""
+        `_note_peer_ack`); anything but a HEARTBEAT ends a quiet heartbeat."""
         s = self.loan
         t = msg.type
-        if (msg.dst_group != s.group or msg.sender == s.birth_id or t not in PEER_TYPES
-                or (s.hb_quiet and t is not MsgType.HEARTBEAT)):
+        if msg.dst_group != s.group or msg.sender == s.birth_id or t not in PEER_TYPES:
             return False
         if now_us > s.now:
             s.now = now_us
         if msg.ts > s.clock:
             s.clock = msg.ts
         self._count("rx_" + t.name)
+        if t is not MsgType.HEARTBEAT:
+            self._hb_soon()
         s.last_heard[msg.sender] = s.now
         if t is MsgType.ORDER_INFO:
             self._note_peer_ack(msg)
@@ -492,10 +506,10 @@ class BackupLane(LaneBase):
 
     def _remote_conn(self, msg: Message) -> HeldConn | None:
         """The known connection of a remote primary's message of its current view, with
-        no sent list (a backup's is empty), no quiet heartbeat to end; else None."""
+        no sent list (a backup's is empty); else None."""
         s = self.loan
         if (msg.dst_group != s.group or msg.src_group == s.group
-                or msg.sender == s.birth_id or s.hb_quiet):
+                or msg.sender == s.birth_id):
             return None
         hc = s.by_cid.get((msg.src_group, msg.conn_seq, ROLES[1 - msg.role]))
         if hc is None or not hc.known or hc.view_pvn != msg.pvn or hc.sending:
@@ -530,6 +544,7 @@ class BackupLane(LaneBase):
         if msg.ts > s.clock:
             s.clock = msg.ts
         self._count("rx_" + msg.type.name)
+        self._hb_soon()                 # (not a HEARTBEAT)
         remote = msg.src_group
         s.heard.pop(remote, None)               # _remember: the newest last
         s.heard[remote] = now

@@ -722,12 +722,14 @@ class MessagingEndpoint:
             window_bytes=cfg.window_msgs * cfg.max_payload_bytes,
             max_placeholders=cfg.max_placeholders, nack_delay_us=cfg.nack_delay_us,
             nack_retry_us=cfg.nack_retry_us, max_nack_msns=cfg.max_nack_msns,
-            keepalive_us=cfg.keepalive_us, direct_ack_us=cfg.order_info_direct_ack_us)
+            keepalive_us=cfg.keepalive_us, heartbeat_us=cfg.heartbeat_us,
+            direct_ack_us=cfg.order_info_direct_ack_us)
 
     def reclaim_backup(self, loan: BackupLoan) -> None:
         """Take back a backup's state lent with `lend_backup`, as its lane left it."""
         self.clock, self._now, self.gw = loan.clock, loan.now, loan.gw
         self.max_data_ts, self.reported_w = loan.max_data_ts, loan.reported_w
+        self._hb_quiet = loan.hb_quiet
         oi = self.order_info
         oi.delivered, oi.acked, oi.done_acked = loan.oi_delivered, loan.oi_acked, \
             loan.oi_done_acked
