@@ -44,7 +44,8 @@ scenario script (format and runner: llft/sim/campaign.py). Its lines: `set fault
 dup P reorder P corrupt P`, `set messaging payload B window N` (optional after them:
 `pulse N`, `direct-ack US`: the cores' timing for scenarios recorded before it changed), `set lanes` (every lone primary lends its steady connection to a lane,
 llft/protocol/messaging/lane.py, and every backup its steady state for its primary's
-HEARTBEAT and the remote primaries' data messages to a backup lane, backup_lane.py,
+HEARTBEAT, the remote primaries' data messages, keep-alives and acks and its own
+report and NACK timers to a backup lane, backup_lane.py,
 each run in lockstep with a copy of the core: a lane that acts or ends up otherwise than
 the core fails the schedule), `seed sim N` (the kernel),
 `seed app N` (the applications' pacing), `group G BID...` (birth ids in rank order, the
@@ -715,7 +716,8 @@ CAMPAIGN = Campaign(
                           "replaced: a gateway's host lost for good)"),
         Param("lanes", 1.0, "1: lone primaries lend their steady connection to a lane "
                             "(lane.py), backups their steady state for their primary's "
-                            "HEARTBEAT and remote data (backup_lane.py), checked in "
+                            "HEARTBEAT, remote data, keep-alives and acks and their own "
+                            "report and NACK timers (backup_lane.py), checked in "
                             "lockstep against a copy of the core; 0: the core alone"),
         Param("gateway", 0.0, "chance that a schedule has the gateway's shape: a lone "
                               "primary with one long connection and no order info "

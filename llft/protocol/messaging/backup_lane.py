@@ -1,6 +1,6 @@
-"""The backups' steady lane: rules 1 and 2 of docs/BACKUP_LANE.md ("a steady REQUEST",
-"a gw rise"), their messaging half, as an executable model checked in lockstep against
-the core.
+"""The backups' steady lane: rules 1, 2 and 3 of docs/BACKUP_LANE.md ("a steady REQUEST",
+"a gw rise", "the report when a timer is due"), their messaging half, as an executable
+model checked in lockstep against the core.
 
 A backup delivers remote data in batches, one per HEARTBEAT of its primary: the
 heartbeat's `back` (the primary's group watermark, for the set of connections its `ack`
@@ -13,8 +13,12 @@ both: `MessagingEndpoint.lend_backup()` hands what the two paths touch to a `Bac
 when the backup is in the steady state where they are simple (every connection in one
 current remote view, or none yet with nothing held or received; its held messages of
 that view and contiguous from `delivered`; nothing ahead, beyond or of an old view; no
-cut asked, no frees carried; not in phase 2), and it stays lent across data messages and
-heartbeats until an event the lane refuses, a timer or another call on the core.
+cut asked, no frees carried; not in phase 2), and it stays lent across data messages,
+heartbeats (repeated ones too: the owner hands `heard_again` over as the
+`handle_message` it is), the remote primaries' KEEP_ALIVEs, FIRST_ACKs and NACKs, the
+remote backups' SECOND_ACKs, the other backups' messages and its own timers until an
+event the lane refuses, a timer of the core (our HEARTBEAT) or another call on the
+core.
 
 The lane takes only the steady form of each event; the comments name the core's code:
   * rule 2, a HEARTBEAT of our group's current primary, of our view, with no frees
@@ -34,7 +38,20 @@ The lane takes only the steady form of each event; the comments name the core's 
     lists, `max_data_ts`, a release if gw already covers a held message, `_declared` of
     the connections in `others`, the remote's own order info kept, one
     `DeliverOrderInfo` per chunk of the reflection (ORDER_INFO_ACK armed), and the
-    WATERMARK_REPORT.
+    WATERMARK_REPORT;
+  * a KEEP_ALIVE, FIRST_ACK or NACK of the current remote view on a known connection,
+    with such a trailer (`_handle_inter` -> `_on_keepalive` / `_on_first_ack` / none,
+    `_on_trailer`): as a data message's common part, then its FIRST_ACK count or
+    reset, the SECOND_ACK a FIRST_ACK is owed (its `_emit` moves the connection's
+    KEEPALIVE), and the trailer, whose own sent-up-to is `_declared` too;
+  * another backup's HEARTBEAT, ORDER_INFO report or local NACK (`_handle_intra`:
+    `last_heard_us`, `_note_peer_ack`); our primary's direct ORDER_INFO of our view
+    (`_on_order_info`: its section accepted, the report at once);
+  * a remote backup's SECOND_ACK on a known connection with a remote view
+    (`_on_second_ack_at_backup`): `heard`, and the gap up to its ack (`_expect`);
+  * rule 3, the loan's timers when none of the core's is due (`handle_timer`):
+    WATERMARK_REPORT and ORDER_INFO_ACK send the report (`_order_info_ack`), NACK the
+    local NACK of the gaps (`_nack`), KEEPALIVE (a primary's) is cleared.
 Anything else returns False with nothing changed: the owner (`LanedEndpoint`) takes the
 loan back (`MessagingEndpoint.reclaim_backup`) and the core handles the event.
 
@@ -51,14 +68,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llft.protocol.messages import DATA_TYPES, ROLES, Message, MsgType
+from llft.protocol.messages import DATA_TYPES, ROLES, Message, MsgType, Role, Send
 from llft.protocol.messaging.actions import Closed, Deliver, DeliverOrderInfo
+from llft.protocol.messaging.config import INTRA_CONN_SEQ
 from llft.protocol.messaging.lane import LaneBase
 from llft.protocol.messaging.timers import Timer
 from llft.protocol.messaging.trailer import section_end, unpack_trailer
 
 # the endpoint timers a backup loan carries (out of the core's registry while lent)
-BACKUP_LANE_TIMERS = (Timer.WATERMARK_REPORT, Timer.ORDER_INFO_ACK)
+# (HEARTBEAT: only moved earlier while lent, by `_hb_soon`; its firing reclaims)
+BACKUP_LANE_TIMERS = (Timer.HEARTBEAT, Timer.WATERMARK_REPORT, Timer.ORDER_INFO_ACK)
+_RANK = {t: i for i, t in enumerate(Timer)}      # the core's firing order (_TIMER_RANK)
+# what the lane takes from a remote primary besides data, and from the other backups
+REMOTE_CONTROL = frozenset({MsgType.KEEP_ALIVE, MsgType.FIRST_ACK, MsgType.NACK})
+PEER_TYPES = frozenset({MsgType.HEARTBEAT, MsgType.ORDER_INFO, MsgType.NACK})
+# ... and per lent connection (KEEPALIVE: a SECOND_ACK's `_emit` arms it at a backup too)
+BACKUP_LANE_CONN_TIMERS = (Timer.NACK, Timer.KEEPALIVE)
 
 
 @dataclass(slots=True)
@@ -92,6 +117,14 @@ class HeldConn:
     remote_gw: int              # remote_view's group_watermark, delivered and
     remote_delivered: int       # last_order_info
     last_order_info: list | None
+    # what KEEP_ALIVE, FIRST_ACK and SECOND_ACK touch
+    after_change: bool          # recv.view's (constant: set by a new remote view)
+    resyncing: bool             # (constant: a backup never resyncs; refused if it does)
+    throttled: bool             # send.state is THROTTLED (constant: refused if so)
+    out_offset: int             # send.out_offset (constant: a backup's sends reclaim)
+    fa_msn: int                 # send's
+    last_back: int
+    last_send_us: int
 
 
 @dataclass(slots=True)
@@ -100,6 +133,7 @@ class BackupLoan:
     group: str
     birth_id: int
     pvn: int
+    precedence: int
     primary_id: int
     clock: int
     now: int
@@ -108,22 +142,32 @@ class BackupLoan:
     max_data_ts: int
     reported_w: int
     has_backups: bool
-    last_heard: int | None      # last_heard_us[primary_id] (None: not set while lent)
+    last_heard: dict[int, int]  # last_heard_us set while lent (our group's members)
+    backups: frozenset          # (constant: set_view reclaims)
+    peer_oi_acks: dict          # the other backups' order-info acks (`_note_peer_ack`)
     conns: list[HeldConn]       # in the endpoint's connection order
     by_cid: dict[tuple, HeldConn]
     timers: dict                # BACKUP_LANE_TIMERS' deadlines, and (Timer.NACK, cid)'s
-    hb_quiet: bool              # _hb_quiet (constant: a data message then is refused)
+    hb_quiet: bool              # _hb_quiet (any message but a HEARTBEAT ends it)
     heard: dict[str, int]       # heard[remote] set while lent, in the order set
     primary_heard: dict[str, tuple]      # of the lent connections' remote groups
     primary_heard_set: dict[str, tuple]  # ... set while lent, in the order set
     oi_delivered: int           # order_info.delivered
     oi_pending: bool            # order_info.pending (constant: refused if it would change)
+    oi_acked: int               # order_info.acked and done_acked (the report sets them)
+    oi_done_acked: int
+    oi_executed: int            # order_info.executed (constant: set_executed reclaims)
     watermark_report_us: int
     order_info_ack_us: int
     max_order_info_pending: int
     window_bytes: int           # window_msgs * max_payload_bytes (_trim_log)
     max_placeholders: int
     nack_delay_us: int
+    nack_retry_us: int
+    max_nack_msns: int
+    keepalive_us: int
+    heartbeat_us: int
+    direct_ack_us: int          # order_info_direct_ack_us (not 0: refused)
     stats: dict[str, int] = field(default_factory=dict)    # counted while lent
 
 
@@ -145,25 +189,40 @@ class BackupLane(LaneBase):
     def candidate(endpoint, msg: Message) -> bool:
         """Worth lending for (cheap, before any loan: a loan the lane would refuse at
         once costs a copy of the core when checked in lockstep): the steady HEARTBEAT
-        `handle_message` takes at a backup, or a data message of the current remote
-        view on a known connection, within the window."""
+        `handle_message` takes at a backup, a data message of the current remote view
+        on a known connection, within the window, a KEEP_ALIVE or FIRST_ACK of that
+        view, or a SECOND_ACK on a known connection with a remote view."""
         if endpoint.is_primary:
             return False
         t = msg.type
+        if msg.src_group == endpoint.group and msg.sender != endpoint.primary_id:
+            return (t in PEER_TYPES and msg.dst_group == endpoint.group
+                    and msg.sender != endpoint.birth_id)
+        if t is MsgType.ORDER_INFO:
+            return (msg.src_group == endpoint.group and msg.dst_group == endpoint.group
+                    and msg.sender == endpoint.primary_id and msg.pvn == endpoint.pvn
+                    and not endpoint.config.order_info_direct_ack_us)
         if t is MsgType.HEARTBEAT:
             return (msg.src_group == endpoint.group and msg.dst_group == endpoint.group
                     and msg.sender == endpoint.primary_id and msg.pvn == endpoint.pvn
                     and not msg.order_info and msg.ack == endpoint.digest())
-        if t not in DATA_TYPES or msg.dst_group != endpoint.group \
-                or msg.src_group == endpoint.group or endpoint._hb_quiet \
-                or msg.body["flags"] or not msg.body["data"]:
+        if msg.dst_group != endpoint.group or msg.src_group == endpoint.group:
             return False
         c = endpoint.conns.get((msg.src_group, msg.conn_seq, ROLES[1 - msg.role]))
         rx = None if c is None else c.recv.view
-        return (rx is not None and c.known and msg.pvn == rx.pvn and c.recv.end is None
-                and not c.send.sent and (
-                    msg.msn <= rx.upto
-                    or 1 < msg.msn <= rx.upto + endpoint.config.max_placeholders))
+        if rx is None or not c.known:
+            return False
+        if t is MsgType.SECOND_ACK:
+            return not msg.order_info
+        if msg.pvn != rx.pvn or c.send.sent:
+            return False
+        if t in REMOTE_CONTROL:
+            return True
+        if t not in DATA_TYPES or msg.body["flags"] or not msg.body["data"]:
+            return False
+        return c.recv.end is None and (
+            msg.msn <= rx.upto
+            or 1 < msg.msn <= rx.upto + endpoint.config.max_placeholders)
 
     def timer_deadlines(self, core) -> dict:
         """The same timers' deadlines in a core (the lockstep check)."""
@@ -173,9 +232,10 @@ class BackupLane(LaneBase):
             if d is not None:
                 out[k] = d
         for hc in self.loan.conns:
-            d = core.timers.due(Timer.NACK, hc.cid)
-            if d is not None:
-                out[Timer.NACK, hc.cid] = d
+            for k in BACKUP_LANE_CONN_TIMERS:
+                d = core.timers.due(k, hc.cid)
+                if d is not None:
+                    out[k, hc.cid] = d
         return out
 
     def send(self, data: bytes, now_us: int | None) -> bool:
@@ -187,11 +247,107 @@ class BackupLane(LaneBase):
     def handle_message(self, msg: Message, now_us: int) -> bool:
         """The primary's steady HEARTBEAT (rule 2) or a remote primary's steady data
         message (rule 1); else False: nothing changed."""
+        if msg.src_group == self.loan.group and msg.sender != self.loan.primary_id:
+            return self._peer(msg, now_us)
+        if msg.type is MsgType.ORDER_INFO:
+            return self._order_info(msg, now_us)
         if msg.type is MsgType.HEARTBEAT:
             return self._heartbeat(msg, now_us)
         if msg.type in DATA_TYPES:
             return self._data(msg, now_us)
+        if msg.type in REMOTE_CONTROL:
+            return self._control(msg, now_us)
+        if msg.type is MsgType.SECOND_ACK:
+            return self._second_ack(msg, now_us)
         return False
+
+    def handle_timer(self, now_us: int, core_next_us: int | None) -> bool:
+        """Rule 3 (`handle_timer` at a backup) when only the loan's timers are due (the
+        core's own next deadline is `core_next_us`): WATERMARK_REPORT and ORDER_INFO_ACK
+        send the report (`_order_info_ack`), NACK the local NACK of the view's gaps
+        (`_nack`), a KEEPALIVE (a primary's) is cleared; then `_after_event`. Else False
+        (our HEARTBEAT due: the core's)."""
+        s = self.loan
+        now = max(s.now, now_us)
+        if core_next_us is not None and core_next_us <= now:
+            return False
+        t = s.timers
+        order = {hc.cid: i for i, hc in enumerate(s.conns)}
+        due = sorted((k for k, d in t.items() if d <= now),
+                     key=lambda k: (-1, _RANK[k]) if isinstance(k, Timer)
+                     else (order[k[1]], _RANK[k[0]]))
+        if not due or Timer.HEARTBEAT in due:
+            return False
+        s.now = now
+        local_nacks: list[list] = []
+        for k in due:
+            d = t.get(k)
+            if d is None or d > now:
+                continue                # (an earlier handler cleared or moved it)
+            if k is Timer.WATERMARK_REPORT:
+                del t[k]                # _watermark_report_due
+                if self._ts_w() > s.reported_w or s.oi_acked != s.oi_delivered:
+                    self._order_info_ack()
+            elif k is Timer.ORDER_INFO_ACK:
+                self._order_info_ack()  # _order_info_ack_due
+            elif k[0] is Timer.NACK:
+                local_nacks.extend(self._nack(s.by_cid[k[1]]))
+            else:
+                del t[k]                # KEEPALIVE: a primary's timer (not_mine)
+        if local_nacks:
+            s.clock += 1
+            self.actions.append(Send(s.group, self._intra(
+                MsgType.NACK, {"missing": local_nacks}, back=0, ack=0)))
+            self._hb_soon()             # (_emit)
+        self._after_event()
+        return True
+
+    def _order_info_ack(self) -> None:
+        """`_order_info_ack`: the report to our primary (order info delivered and
+        executed, our timestamp watermark in `back`, our digest in `ack`)."""
+        s = self.loan
+        s.oi_acked = s.oi_delivered
+        s.oi_done_acked = s.oi_executed
+        s.reported_w = self._ts_w()
+        s.timers.pop(Timer.ORDER_INFO_ACK, None)
+        s.timers.pop(Timer.WATERMARK_REPORT, None)
+        s.clock += 1
+        self.actions.append(Send(s.group, self._intra(
+            MsgType.ORDER_INFO, {"upto": s.oi_delivered, "done": s.oi_executed},
+            back=s.reported_w, ack=s.digest)))
+        self._hb_soon()                 # (_emit)
+
+    def _hb_soon(self) -> None:
+        """`_hb_soon` if our heartbeat is quiet (`handle_message` of anything but a
+        HEARTBEAT, `_emit`): the next one an interval from now, if that is earlier."""
+        s = self.loan
+        if s.hb_quiet:
+            s.hb_quiet = False
+            due = s.now + s.heartbeat_us
+            d = s.timers.get(Timer.HEARTBEAT)
+            if d is None or due < d:                    # (Timers.arm_earlier)
+                s.timers[Timer.HEARTBEAT] = due
+
+    def _nack(self, hc: HeldConn) -> list[list]:
+        """`_nack` at a backup of a lent connection (no old view, nothing ahead, the
+        held list contiguous: no gap by offset): its view's nacks, as a local entry."""
+        s = self.loan
+        if hc.view_pvn is None or not hc.nacks:
+            del s.timers[Timer.NACK, hc.cid]
+            return []
+        s.timers[Timer.NACK, hc.cid] = s.now + s.nack_retry_us
+        missing = sorted(hc.nacks)[:s.max_nack_msns]
+        self._count("nack_msns", len(missing))
+        remote, seq, role = hc.cid
+        return [[remote, seq, int(role), hc.view_pvn, *missing]]
+
+    def _intra(self, mtype: MsgType, body: dict, back: int, ack: int) -> Message:
+        """`_intra`'s message (the clock already ticked for it)."""
+        s = self.loan
+        return Message(type=mtype, src_group=s.group, dst_group=s.group,
+                       conn_seq=INTRA_CONN_SEQ, role=Role.CLIENT, pvn=s.pvn,
+                       precedence=s.precedence, sender=s.birth_id, ack=ack, back=back,
+                       ts=s.clock, body=body, order_info=b"")
 
     def _heartbeat(self, msg: Message, now_us: int) -> bool:
         """Rule 2: the primary's HEARTBEAT of our view, no frees, our digest."""
@@ -208,7 +364,7 @@ class BackupLane(LaneBase):
         self._count("rx_HEARTBEAT")
         # (a HEARTBEAT does not end a quiet spell: no _hb_soon)
         # _handle_intra
-        s.last_heard = s.now
+        s.last_heard[msg.sender] = s.now
         # _on_primary_heartbeat: no frees (cuts_asked = {}: empty at lend), our digest
         # (carry = []: empty at lend)
         if msg.back > s.gw:
@@ -222,7 +378,7 @@ class BackupLane(LaneBase):
     def _data(self, msg: Message, now_us: int) -> bool:
         """Rule 1: a data message (REQUEST or REPLY) of the current remote primary view
         on a known connection, no flag, not empty, the stream's end not known, no sent
-        list (a backup's is empty), no quiet heartbeat to end: a duplicate (counted), or
+        list (a backup's is empty): a duplicate (counted), or
         one within the window (not msn 1), which fills or leaves a gap (placeholders,
         nacks, NACK armed) -- the messages it makes contiguous continue the held bytes,
         without flags; and a trailer whose `others` have no sent list and whose
@@ -230,72 +386,219 @@ class BackupLane(LaneBase):
         `handle_message` -> `_handle_inter` -> `_on_data` -> `_rx_data` (-> `_expect`,
         `_advance` -> `_release_held`, `_gc_received`), `_on_trailer` (-> `_declared`,
         `_oi_accept`) -> `_after_event` do for it."""
-        s = self.loan
-        if (msg.dst_group != s.group or msg.src_group == s.group
-                or msg.sender == s.birth_id or s.hb_quiet):
-            return False
-        remote = msg.src_group
-        hc = s.by_cid.get((remote, msg.conn_seq, ROLES[1 - msg.role]))
+        hc = self._remote_conn(msg)
         body = msg.body
-        if (hc is None or not hc.known or hc.view_pvn != msg.pvn or hc.sending
-                or hc.end is not None or body["flags"] or not body["data"]):
+        if hc is None or hc.end is not None or body["flags"] or not body["data"]:
             return False
         m = msg.msn
         dup = m <= hc.upto or hc.slots.get(m) is not None
         if not dup:
-            if m == 1 or m > hc.upto + s.max_placeholders:
+            if m == 1 or m > hc.upto + self.loan.max_placeholders:
                 return False        # (msn 1 sets the resume point; beyond: counted)
             take = self._contiguous(hc, msg)
             if take is None:
                 return False
+        trailer = self._steady_trailer(msg)
+        if trailer is False:
+            return False
+        self._from_remote_primary(hc, msg, now_us, trailer)
+        if dup:
+            self._count("dup_data")             # _rx_data (a backup: no ack to send)
+        else:
+            self._rx_data(hc, msg, take)
+        self._on_trailer(hc, msg, trailer, data=True)
+        self._after_event()
+        return True
+
+    def _control(self, msg: Message, now_us: int) -> bool:
+        """A KEEP_ALIVE, FIRST_ACK or NACK of the current remote primary view on a known
+        connection (no sent list, not throttled, not resyncing), with a steady trailer
+        (as a data message's): the common part of `_handle_inter`, `_on_keepalive` or
+        `_on_first_ack` (its SECOND_ACK if our app produced the acked bytes; a NACK has
+        no handler at a backup), then `_on_trailer`, whose own sent-up-to `_declared` (a
+        control message's) may raise recv_ts or open a gap (placeholders, NACK)."""
+        hc = self._remote_conn(msg)
+        if hc is None or hc.throttled or hc.resyncing:
+            return False
+        trailer = self._steady_trailer(msg)
+        if trailer is False:
+            return False
+        self._from_remote_primary(hc, msg, now_us, trailer)
+        if msg.type is MsgType.KEEP_ALIVE:
+            hc.fa_count = 0                     # _on_keepalive (STREAMING)
+        elif msg.type is MsgType.FIRST_ACK:
+            self._on_first_ack(hc, msg)
+        self._on_trailer(hc, msg, trailer, data=False)
+        self._after_event()
+        return True
+
+    def _second_ack(self, msg: Message, now_us: int) -> bool:
+        """A remote backup's SECOND_ACK (not a primary's message: no remote view, ack,
+        watermark or trailer is taken from it) on a known connection with a remote
+        view: `handle_message`'s common part (`heard` only) and
+        `_on_second_ack_at_backup` (a gap up to its ack, unless it is of another view
+        or the view follows a change of primary)."""
+        s = self.loan
+        if (msg.dst_group != s.group or msg.src_group == s.group
+                or msg.sender == s.birth_id or msg.order_info):
+            return False
+        hc = s.by_cid.get((msg.src_group, msg.conn_seq, ROLES[1 - msg.role]))
+        if hc is None or not hc.known or hc.view_pvn is None:
+            return False
+        self._heard(msg, now_us, primary=False)
+        if msg.pvn == hc.view_pvn and not hc.after_change:
+            self._expect(hc, msg.ack)
+        self._after_event()
+        return True
+
+    def _order_info(self, msg: Message, now_us: int) -> bool:
+        """Our primary's direct ORDER_INFO of our view (`_handle_intra` ->
+        `_on_order_info`): its section of our view accepted if it continues what was
+        delivered (nothing pending), then the report at once (order_info_direct_ack_us
+        0, the default; an ack delayed by it is refused: no schedule exercises it)."""
+        s = self.loan
+        if (msg.src_group != s.group or msg.dst_group != s.group
+                or msg.sender == s.birth_id or msg.sender != s.primary_id
+                or msg.pvn != s.pvn or s.direct_ack_us):
+            return False
+        tr = unpack_trailer(msg.order_info)
+        sec = None if tr is None else tr[1]
+        if sec is not None and sec[0] != s.pvn:
+            sec = None                  # (another view's: not ours to deliver)
+        if sec is not None and (s.oi_pending or sec[1] > s.oi_delivered + 1):
+            return False                # (a gap: OrderInfoLog.accept keeps it pending)
+        if now_us > s.now:
+            s.now = now_us
+        if msg.ts > s.clock:
+            s.clock = msg.ts
+        self._count("rx_ORDER_INFO")
+        self._hb_soon()
+        s.last_heard[msg.sender] = s.now
+        if sec is not None:
+            self._oi_accept(sec[1], sec[2], "oi_via_intra")
+        self._order_info_ack()
+        self._after_event()
+        return True
+
+    def _peer(self, msg: Message, now_us: int) -> bool:
+        """Another backup's HEARTBEAT, ORDER_INFO report or local NACK (not our
+        primary's: `_handle_intra` returns after `last_heard_us` and, for an ORDER_INFO,
+        `_note_peer_ack`); anything but a HEARTBEAT ends a quiet heartbeat."""
+        s = self.loan
+        t = msg.type
+        if msg.dst_group != s.group or msg.sender == s.birth_id or t not in PEER_TYPES:
+            return False
+        if now_us > s.now:
+            s.now = now_us
+        if msg.ts > s.clock:
+            s.clock = msg.ts
+        self._count("rx_" + t.name)
+        if t is not MsgType.HEARTBEAT:
+            self._hb_soon()
+        s.last_heard[msg.sender] = s.now
+        if t is MsgType.ORDER_INFO:
+            self._note_peer_ack(msg)
+        self._after_event()
+        return True
+
+    def _note_peer_ack(self, msg: Message) -> None:
+        """`_note_peer_ack`: a backup's order-info ack, this view's and the one before."""
+        s = self.loan
+        upto = msg.body.get("upto") if isinstance(msg.body, dict) else None
+        if not isinstance(upto, int) or msg.sender not in s.backups:
+            return
+        acks = s.peer_oi_acks.setdefault(msg.pvn, {})
+        acks[msg.sender] = max(acks.get(msg.sender, 0), upto)
+        for old in sorted(s.peer_oi_acks)[:-2]:
+            del s.peer_oi_acks[old]
+
+    def _remote_conn(self, msg: Message) -> HeldConn | None:
+        """The known connection of a remote primary's message of its current view, with
+        no sent list (a backup's is empty); else None."""
+        s = self.loan
+        if (msg.dst_group != s.group or msg.src_group == s.group
+                or msg.sender == s.birth_id):
+            return None
+        hc = s.by_cid.get((msg.src_group, msg.conn_seq, ROLES[1 - msg.role]))
+        if hc is None or not hc.known or hc.view_pvn != msg.pvn or hc.sending:
+            return None
+        return hc
+
+    def _steady_trailer(self, msg: Message):
+        """The trailer (None: none), or False if the lane does not take it: a connection
+        in `others` with a sent list, or a reflection of our view with a gap or with
+        order info pending."""
+        s = self.loan
         trailer = unpack_trailer(msg.order_info)
-        own = refl = delivered = None
-        others = ()
-        if trailer is not None:
-            _, own, refl, others, delivered = trailer
-            for seq, role, _ in others:
-                c2 = s.by_cid.get((remote, seq, ROLES[1 - role]))
-                if c2 is not None and c2.sending:
-                    return False    # (_gc_sent: a sent list at a backup)
-            if refl is not None and refl[0] == s.pvn and (
-                    s.oi_pending or refl[1] > s.oi_delivered + 1):
-                return False        # (a gap: OrderInfoLog.accept keeps it pending)
-        # handle_message
+        if trailer is None:
+            return None
+        _, _, refl, others, _ = trailer
+        for seq, role, _ in others:
+            c2 = s.by_cid.get((msg.src_group, seq, ROLES[1 - role]))
+            if c2 is not None and c2.sending:
+                return False        # (_gc_sent: a sent list at a backup)
+        if refl is not None and refl[0] == s.pvn and (
+                s.oi_pending or refl[1] > s.oi_delivered + 1):
+            return False            # (a gap: OrderInfoLog.accept keeps it pending)
+        return trailer
+
+    def _heard(self, msg: Message, now_us: int, primary: bool) -> None:
+        """`handle_message`'s common part: time, clock merge, counter, `heard` and (a
+        primary's message) `primary_heard`, in the order `_remember` keeps."""
+        s = self.loan
         if now_us > s.now:
             s.now = now_us
         now = s.now
         if msg.ts > s.clock:
             s.clock = msg.ts
         self._count("rx_" + msg.type.name)
+        self._hb_soon()                 # (not a HEARTBEAT)
+        remote = msg.src_group
         s.heard.pop(remote, None)               # _remember: the newest last
         s.heard[remote] = now
-        ph = s.primary_heard.get(remote)
-        if ph is None or msg.pvn >= ph[0]:
-            ph = s.primary_heard[remote] = (msg.pvn, msg.sender, now)
-            s.primary_heard_set.pop(remote, None)
-            s.primary_heard_set[remote] = ph
-        # _handle_inter (known, of the current remote view): _on_remote_ack at a backup
-        if msg.ack != hc.last_msn:
+        if primary:
+            ph = s.primary_heard.get(remote)
+            if ph is None or msg.pvn >= ph[0]:
+                ph = s.primary_heard[remote] = (msg.pvn, msg.sender, now)
+                s.primary_heard_set.pop(remote, None)
+                s.primary_heard_set[remote] = ph
+
+    def _from_remote_primary(self, hc: HeldConn, msg: Message, now_us: int,
+                             trailer) -> None:
+        """`_heard`, then `_handle_inter`'s part for every message of the remote
+        primary's current view on a known connection: `_on_remote_ack` at a backup,
+        the remote group watermark (`_gc_sent`: nothing sent at a backup), the remote's
+        `delivered` (`_trim_log`)."""
+        self._heard(msg, now_us, primary=True)
+        if msg.type is not MsgType.FIRST_ACK and msg.ack != hc.last_msn:
             hc.fa_count = 0
         if msg.back > hc.remote_gw:
-            hc.remote_gw = msg.back             # (_gc_sent: nothing sent at a backup)
+            hc.remote_gw = msg.back
+        delivered = None if trailer is None else trailer[4]
         if delivered is not None and delivered > hc.remote_delivered:
             hc.remote_delivered = delivered
             self._trim_log(hc)
-        if dup:
-            self._count("dup_data")             # _rx_data (a backup: no ack to send)
-        else:
-            self._rx_data(hc, msg, take)
-        # _on_trailer (a data message: no _declared of its own connection)
+
+    def _on_trailer(self, hc: HeldConn, msg: Message, trailer, data: bool) -> None:
+        """`_on_trailer` of a remote primary's message of its current view (a backup):
+        `_declared` of its own sent-up-to (not a data message's), of the connections in
+        `others` (and their remote watermark), its own order info kept, the reflection
+        of our view accepted."""
+        if trailer is None:
+            return
+        s = self.loan
+        sent_upto, own, refl, others, _ = trailer
         ts = msg.ts
+        if not data:
+            self._declared(hc, sent_upto, ts)
         for seq, role, upto in others:
-            c2 = s.by_cid.get((remote, seq, ROLES[1 - role]))
+            c2 = s.by_cid.get((msg.src_group, seq, ROLES[1 - role]))
             if c2 is None:
                 continue
             if c2.view_pvn == msg.pvn:
                 self._declared(c2, upto, ts)
             if msg.back > c2.remote_gw:
-                c2.remote_gw = msg.back         # (no sent list: checked above)
+                c2.remote_gw = msg.back         # (no sent list: checked before)
         if own is not None:
             last = section_end(own)             # kept at a backup too
             lr = hc.last_order_info
@@ -303,8 +606,32 @@ class BackupLane(LaneBase):
                 hc.last_order_info = own
         if refl is not None and refl[0] == s.pvn:
             self._oi_accept(refl[1], refl[2])
-        self._after_event()
-        return True
+
+    def _on_first_ack(self, hc: HeldConn, msg: Message) -> None:
+        """`_on_first_ack` at a backup (never throttles) and the SECOND_ACK it owes when
+        its group has backups and its app produced the stream up to the remote's
+        `delivered`: `_msg(c, SECOND_ACK, {}, ack=...)` (no trailer; `_back`: our gw)
+        and `_emit` (which moves the connection's KEEPALIVE, a primary's timer: it is
+        cleared when it fires)."""
+        s = self.loan
+        a = msg.ack
+        if a > 0 and a == hc.last_msn:
+            if hc.fa_msn != a:
+                hc.fa_msn, hc.fa_count = a, 0
+            hc.fa_count += 1
+        if not (s.has_backups and a > 0 and hc.out_offset >= hc.remote_delivered):
+            return
+        s.clock += 1
+        back = s.gw                                 # _back: group_watermark() is gw
+        if back > hc.last_back:
+            hc.last_back = back
+        remote, seq, role = hc.cid
+        self.actions.append(Send(remote, Message(
+            type=MsgType.SECOND_ACK, src_group=s.group, dst_group=remote, conn_seq=seq,
+            role=role, pvn=s.pvn, precedence=s.precedence, sender=s.birth_id, msn=0,
+            ack=a, back=back, ts=s.clock, body={}, order_info=b"")))
+        hc.last_send_us = s.now
+        s.timers[Timer.KEEPALIVE, hc.cid] = s.now + s.keepalive_us    # (known)
 
     def _contiguous(self, hc: HeldConn, msg: Message) -> list[Message] | None:
         """What `take_contiguous` would take once `msg` is in its slot, or None if one
@@ -399,7 +726,8 @@ class BackupLane(LaneBase):
             n += 1
         del log[:n]
 
-    def _oi_accept(self, first: int, chunks: list[bytes]) -> None:
+    def _oi_accept(self, first: int, chunks: list[bytes],
+                   path: str = "oi_via_reflection") -> None:
         """`_oi_accept` of our view's section that continues what was delivered
         (`OrderInfoLog.accept` with nothing pending: the chunks up to
         max_order_info_pending past `delivered` go, in order)."""
@@ -412,7 +740,7 @@ class BackupLane(LaneBase):
             if pos - d > s.max_order_info_pending:
                 break
             s.oi_delivered = pos
-            self._count("oi_via_reflection")
+            self._count(path)
             self.actions.append(DeliverOrderInfo(pos, ch, s.pvn))
             if Timer.ORDER_INFO_ACK not in s.timers:        # (Timers.arm)
                 s.timers[Timer.ORDER_INFO_ACK] = s.now + s.order_info_ack_us

@@ -163,7 +163,8 @@ from llft.protocol.messaging.config import (INTRA_CONN_SEQ, BufferFull, ConnId,
                                             MessagingConfig, ProtocolError)
 from llft.protocol.messaging.connection import (Connection, ReceiveSequence, RtoEstimator,
                                                 SendState)
-from llft.protocol.messaging.backup_lane import BACKUP_LANE_TIMERS, BackupLoan, HeldConn
+from llft.protocol.messaging.backup_lane import (BACKUP_LANE_CONN_TIMERS, BACKUP_LANE_TIMERS,
+                                                BackupLoan, HeldConn)
 from llft.protocol.messaging.lane import Loan
 from llft.protocol.messaging.orderinfo_log import OrderInfoLog
 from llft.protocol.messaging.rules import PRIMARY_ONLY_TYPES, RESPONDS_TO_FIRST_ACK, Duty
@@ -644,7 +645,8 @@ class MessagingEndpoint:
         contiguous from `delivered`, a received message of an older view, or (no remote
         view yet) anything held or received; no cut asked and no frees carried; not in
         phase 2. Until `reclaim_backup`, the core is not touched: the WATERMARK_REPORT
-        and ORDER_INFO_ACK timers leave the registry with the loan."""
+        and ORDER_INFO_ACK timers and the connections' NACK and KEEPALIVE leave the
+        registry with the loan."""
         if (self.is_primary or self.phase2_pvn is not None or self._since_us is None
                 or self.cuts_asked or self.carry or self.primary_id == self.birth_id):
             return None
@@ -680,7 +682,10 @@ class MessagingEndpoint:
                 max_data_ts=r.max_data_ts, last_msn=s.last_msn, sending=bool(s.sent),
                 fa_count=s.fa_count, ka_idle=s.ka_idle, log=list(s.log),
                 log_bytes=s.log_bytes, remote_gw=rv.group_watermark,
-                remote_delivered=rv.delivered, last_order_info=rv.last_order_info))
+                remote_delivered=rv.delivered, last_order_info=rv.last_order_info,
+                after_change=rx is not None and rx.after_change, resyncing=c.resyncing,
+                throttled=c.state is SendState.THROTTLED, out_offset=s.out_offset,
+                fa_msn=s.fa_msn, last_back=s.last_back, last_send_us=s.last_send_us))
         if any(self.conns.get(c.cid) is not c for c in self._holding):
             return None
         timers = {}
@@ -690,35 +695,46 @@ class MessagingEndpoint:
                 timers[kind] = d
                 self.timers.clear(kind)
         for hc in conns:
-            d = self.timers.due(Timer.NACK, hc.cid)
-            if d is not None:
-                timers[Timer.NACK, hc.cid] = d
-                self.timers.clear(Timer.NACK, hc.cid)
+            for kind in BACKUP_LANE_CONN_TIMERS:
+                d = self.timers.due(kind, hc.cid)
+                if d is not None:
+                    timers[kind, hc.cid] = d
+                    self.timers.clear(kind, hc.cid)
         remotes = {hc.cid[0] for hc in conns}
         cfg = self.config
         return BackupLoan(
             group=self.group, birth_id=self.birth_id, pvn=self.pvn,
-            primary_id=self.primary_id, clock=self.clock, now=self._now, gw=self.gw,
+            precedence=self.precedence, primary_id=self.primary_id, clock=self.clock,
+            now=self._now, gw=self.gw,
             digest=self.digest(), max_data_ts=self.max_data_ts,
-            reported_w=self.reported_w, has_backups=bool(self.backups), last_heard=None,
+            reported_w=self.reported_w, has_backups=bool(self.backups), last_heard={},
+            backups=frozenset(self.backups),
+            peer_oi_acks={v: dict(a) for v, a in self.peer_oi_acks.items()},
             conns=conns, by_cid={hc.cid: hc for hc in conns}, timers=timers,
             hb_quiet=self._hb_quiet, heard={},
             primary_heard={r: h for r, h in self.primary_heard.items() if r in remotes},
             primary_heard_set={}, oi_delivered=self.order_info.delivered,
-            oi_pending=bool(self.order_info.pending),
+            oi_pending=bool(self.order_info.pending), oi_acked=self.order_info.acked,
+            oi_done_acked=self.order_info.done_acked, oi_executed=self.order_info.executed,
             watermark_report_us=cfg.watermark_report_us,
             order_info_ack_us=cfg.order_info_ack_us,
             max_order_info_pending=cfg.max_order_info_pending,
             window_bytes=cfg.window_msgs * cfg.max_payload_bytes,
-            max_placeholders=cfg.max_placeholders, nack_delay_us=cfg.nack_delay_us)
+            max_placeholders=cfg.max_placeholders, nack_delay_us=cfg.nack_delay_us,
+            nack_retry_us=cfg.nack_retry_us, max_nack_msns=cfg.max_nack_msns,
+            keepalive_us=cfg.keepalive_us, heartbeat_us=cfg.heartbeat_us,
+            direct_ack_us=cfg.order_info_direct_ack_us)
 
     def reclaim_backup(self, loan: BackupLoan) -> None:
         """Take back a backup's state lent with `lend_backup`, as its lane left it."""
         self.clock, self._now, self.gw = loan.clock, loan.now, loan.gw
-        self.max_data_ts = loan.max_data_ts
-        self.order_info.delivered = loan.oi_delivered
-        if loan.last_heard is not None:
-            self.last_heard_us[loan.primary_id] = loan.last_heard
+        self.max_data_ts, self.reported_w = loan.max_data_ts, loan.reported_w
+        self._hb_quiet = loan.hb_quiet
+        oi = self.order_info
+        oi.delivered, oi.acked, oi.done_acked = loan.oi_delivered, loan.oi_acked, \
+            loan.oi_done_acked
+        self.last_heard_us.update(loan.last_heard)
+        self.peer_oi_acks = loan.peer_oi_acks
         # (in the order the lane heard them: insertion order is recency)
         for remote, at in loan.heard.items():
             _remember(self.heard, remote, at, MAX_HEARD)
@@ -735,7 +751,8 @@ class MessagingEndpoint:
             if rx is not None:
                 rx.upto, rx.ts, rx.first_offset = hc.upto, hc.ts, hc.first_offset
                 rx.slots, rx.nacks = hc.slots, hc.nacks
-            s.fa_count, s.ka_idle = hc.fa_count, hc.ka_idle
+            s.fa_count, s.ka_idle, s.fa_msn = hc.fa_count, hc.ka_idle, hc.fa_msn
+            s.last_back, s.last_send_us = hc.last_back, hc.last_send_us
             s.log, s.log_bytes = deque(hc.log), hc.log_bytes
             rv.group_watermark, rv.delivered = hc.remote_gw, hc.remote_delivered
             rv.last_order_info = hc.last_order_info
@@ -744,7 +761,8 @@ class MessagingEndpoint:
             else:
                 self._holding.discard(c)
             self._wm_dirty.add(c)
-            self.timers.set(Timer.NACK, c.cid, loan.timers.get((Timer.NACK, c.cid)))
+            for kind in BACKUP_LANE_CONN_TIMERS:
+                self.timers.set(kind, c.cid, loan.timers.get((kind, c.cid)))
         for kind in BACKUP_LANE_TIMERS:
             self.timers.set(kind, None, loan.timers.get(kind))
 

@@ -133,10 +133,10 @@ class LaneBase:
         t = self.loan.timers
         return min(t.values()) if t else None
 
-    def _count(self, key: str) -> None:
+    def _count(self, key: str, n: int = 1) -> None:
         """Counted while lent (`loan.stats`: the core adds them at the reclaim)."""
         s = self.loan
-        s.stats[key] = s.stats.get(key, 0) + 1
+        s.stats[key] = s.stats.get(key, 0) + n
 
 
 class SteadyLane(LaneBase):
@@ -615,6 +615,13 @@ class LanedEndpoint:
         return b if a is None else a if b is None else min(a, b)
 
     def handle_timer(self, now_us: int) -> None:
+        lane = self.lane
+        # a backup's lane fires its loan's timers when no timer of the core is due too
+        if lane is not None and hasattr(lane, "handle_timer"):
+            since = len(lane.actions)
+            if lane.handle_timer(now_us, self.endpoint.next_timer_us()):
+                self._shadowed(since, "handle_timer", now_us)
+                return
         self.reclaim("timer")
         self.endpoint.handle_timer(now_us)
 
@@ -623,6 +630,11 @@ class LanedEndpoint:
         return self.endpoint.take_actions() + mine
 
     def heard_again(self, msg: Message, times_us: list[int]) -> None:
+        if times_us and self.backup_engine is not None:
+            # (the core's heard_again: the last copy handled; a backup's lane takes
+            # its primary's and the other backups' repeated HEARTBEATs)
+            self.handle_message(msg, times_us[-1])
+            return
         self.reclaim("heard_again")
         self.endpoint.heard_again(msg, times_us)
 
