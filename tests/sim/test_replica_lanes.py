@@ -47,11 +47,11 @@ def _run(n: int, campaign: int, first: int = 0, **params) -> tuple[list[str], Co
 def test_lanes_match_the_core_in_whole_replicas_with_streams_and_partitions():
     violations, n = _run(10, 7, streams=3, **FAULTS)
     assert violations == []
-    # (20 schedules of this campaign: 7,084 backup events in 4,941 loans, 643 events
+    # (20 schedules of this campaign: 15,948 backup events in 4,398 loans, 643 events
     # at lone primaries)
-    assert n["lane events: backups"] >= 1000, n
+    assert n["lane events: backups"] >= 3000, n
     assert n["lane loans: backups"] >= 500, n
-    assert n["lane events: backups"] > n["lane loans: backups"], n     # loans outlive an event
+    assert n["lane events: backups"] > 2 * n["lane loans: backups"], n    # loans outlive events
 
 
 def test_lanes_match_the_core_on_plain_connections(monkeypatch):
