@@ -112,3 +112,22 @@ def test_lockstep_in_replicas_catches_a_wrong_answer_from_the_loan(monkeypatch):
                         else real(self, name))
     violations, _ = _run(10, 7, streams=3, **FAULTS)
     assert any("pvn: lane answers" in v for v in violations), violations
+
+
+@pytest.mark.parametrize("mutant", ["no report armed", "executed kept back"])
+def test_lockstep_in_replicas_catches_a_wrong_set_executed(monkeypatch, mutant):
+    """Rule 6's messaging half (the app's progress, `set_executed`: only the replica
+    simulator's apps report it): a lane that arms no report, or keeps `executed`
+    back, is caught (at the event's timers, at the reclaim's state)."""
+    def wrong(self, pos, now_us):
+        s = self.loan
+        if now_us is not None:
+            s.now = max(s.now, now_us)
+        if mutant == "executed kept back":
+            return True
+        s.oi_executed = max(s.oi_executed, min(pos, s.oi_delivered))
+        return True
+    monkeypatch.setattr(BackupLane, "set_executed", wrong)
+    violations, _ = _run(10, 7, streams=3, **FAULTS)
+    assert any("lane timers" in v or "state after reclaim" in v for v in violations), \
+        violations

@@ -156,7 +156,7 @@ class BackupLoan:
     oi_pending: bool            # order_info.pending (constant: refused if it would change)
     oi_acked: int               # order_info.acked and done_acked (the report sets them)
     oi_done_acked: int
-    oi_executed: int            # order_info.executed (constant: set_executed reclaims)
+    oi_executed: int            # order_info.executed (set_executed: rule 6)
     watermark_report_us: int
     order_info_ack_us: int
     max_order_info_pending: int
@@ -260,6 +260,17 @@ class BackupLane(LaneBase):
         if msg.type is MsgType.SECOND_ACK:
             return self._second_ack(msg, now_us)
         return False
+
+    def set_executed(self, pos: int, now_us: int | None) -> bool:
+        """Rule 6's messaging half (`MessagingEndpoint.set_executed`): the app executed
+        this view's order info up to `pos`; the report goes within order_info_ack_us."""
+        s = self.loan
+        if now_us is not None:
+            s.now = max(s.now, now_us)
+        s.oi_executed = max(s.oi_executed, min(pos, s.oi_delivered))
+        if s.oi_executed != s.oi_done_acked and Timer.ORDER_INFO_ACK not in s.timers:
+            s.timers[Timer.ORDER_INFO_ACK] = s.now + s.order_info_ack_us    # (Timers.arm)
+        return True
 
     def handle_timer(self, now_us: int, core_next_us: int | None) -> bool:
         """Rule 3 (`handle_timer` at a backup) when only the loan's timers are due (the

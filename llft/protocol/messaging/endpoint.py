@@ -733,6 +733,7 @@ class MessagingEndpoint:
         oi = self.order_info
         oi.delivered, oi.acked, oi.done_acked = loan.oi_delivered, loan.oi_acked, \
             loan.oi_done_acked
+        oi.executed = loan.oi_executed
         self.last_heard_us.update(loan.last_heard)
         self.peer_oi_acks = loan.peer_oi_acks
         # (in the order the lane heard them: insertion order is recency)

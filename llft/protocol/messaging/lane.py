@@ -614,6 +614,16 @@ class LanedEndpoint:
         b = self.lane.next_timer_us() if self.lane is not None else None
         return b if a is None else a if b is None else min(a, b)
 
+    def set_executed(self, pos: int, now_us: int | None = None) -> None:
+        lane = self.lane
+        if lane is not None and hasattr(lane, "set_executed"):
+            since = len(lane.actions)
+            if lane.set_executed(pos, now_us):
+                self._shadowed(since, "set_executed", pos, now_us)
+                return
+        self.reclaim("set_executed")
+        self.endpoint.set_executed(pos, now_us)
+
     def handle_timer(self, now_us: int) -> None:
         lane = self.lane
         # a backup's lane fires its loan's timers when no timer of the core is due too
