@@ -69,7 +69,7 @@ def test_soak_lanes(soak, monkeypatch):
     """The campaign with lanes, as `llft simulate replica --lanes` runs it (one backup
     loan in four in lockstep)."""
     monkeypatch.setattr(rc, "BACKUP_SHADOW_EVERY", 4)
-    n = 30 if soak == "small" else 1000
+    n = 16 if soak == "small" else 1000
     bad = rc.CAMPAIGN.failures(n, 21, lanes=True, streams=3, **FAULTS)
     assert [f"seed {s}: {v}" for s, v in bad] == []
 
