@@ -86,19 +86,11 @@ def test_a_schedule_is_the_same_with_lanes():
     assert laned.violations == plain.violations == []
 
 
-def test_lockstep_in_replicas_catches_a_lane_that_keeps_one_held_message(monkeypatch):
+def test_lockstep_in_replicas_catches_a_lane_that_keeps_one_held_message(
+        monkeypatch, release_all_but_last):
     """The mutant of tests/sim/test_backup_lane.py (a gw rise releases all but the last
     message it covers), caught here too."""
-    def keeps_last(self):
-        gw = self.loan.gw
-        for hc in self.loan.conns:
-            k = 0
-            while k < len(hc.held) and hc.held[k].ts <= gw:
-                k += 1
-            for m in hc.held[:max(0, k - 1)]:
-                self._deliver(hc, m.body["offset"], m.body["data"])
-            del hc.held[:max(0, k - 1)]
-    monkeypatch.setattr(BackupLane, "_release_all_held", keeps_last)
+    monkeypatch.setattr(BackupLane, "_release_all_held", release_all_but_last)
     violations, _ = _run(10, 7, streams=3, **FAULTS)
     assert any("lane actions" in v for v in violations), violations
 
