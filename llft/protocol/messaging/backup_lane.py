@@ -245,8 +245,10 @@ class BackupLane(LaneBase):
         return 0
 
     def handle_message(self, msg: Message, now_us: int) -> bool:
-        """The primary's steady HEARTBEAT (rule 2) or a remote primary's steady data
-        message (rule 1); else False: nothing changed."""
+        """The primary's steady HEARTBEAT (rule 2) or direct ORDER_INFO, a remote
+        primary's steady data message (rule 1), KEEP_ALIVE, FIRST_ACK or NACK, a remote
+        backup's SECOND_ACK, another backup's message (module docstring); else False:
+        nothing changed."""
         if msg.src_group == self.loan.group and msg.sender != self.loan.primary_id:
             return self._peer(msg, now_us)
         if msg.type is MsgType.ORDER_INFO:
