@@ -369,15 +369,7 @@ class BackupLane(LaneBase):
                 or msg.sender == s.birth_id or msg.sender != s.primary_id
                 or msg.pvn != s.pvn or msg.order_info or msg.ack != s.digest):
             return False
-        # handle_message
-        if now_us > s.now:
-            s.now = now_us
-        if msg.ts > s.clock:
-            s.clock = msg.ts
-        self._count("rx_HEARTBEAT")
-        # (a HEARTBEAT does not end a quiet spell: no _hb_soon)
-        # _handle_intra
-        s.last_heard[msg.sender] = s.now
+        self._from_group(msg, now_us)      # (a HEARTBEAT does not end a quiet spell)
         # _on_primary_heartbeat: no frees (cuts_asked = {}: empty at lend), our digest
         # (carry = []: empty at lend)
         if msg.back > s.gw:
@@ -480,13 +472,7 @@ class BackupLane(LaneBase):
             sec = None                  # (another view's: not ours to deliver)
         if sec is not None and (s.oi_pending or sec[1] > s.oi_delivered + 1):
             return False                # (a gap: OrderInfoLog.accept keeps it pending)
-        if now_us > s.now:
-            s.now = now_us
-        if msg.ts > s.clock:
-            s.clock = msg.ts
-        self._count("rx_ORDER_INFO")
-        self._hb_soon()
-        s.last_heard[msg.sender] = s.now
+        self._from_group(msg, now_us)
         if sec is not None:
             self._oi_accept(sec[1], sec[2], "oi_via_intra")
         self._order_info_ack()
@@ -501,14 +487,7 @@ class BackupLane(LaneBase):
         t = msg.type
         if msg.dst_group != s.group or msg.sender == s.birth_id or t not in PEER_TYPES:
             return False
-        if now_us > s.now:
-            s.now = now_us
-        if msg.ts > s.clock:
-            s.clock = msg.ts
-        self._count("rx_" + t.name)
-        if t is not MsgType.HEARTBEAT:
-            self._hb_soon()
-        s.last_heard[msg.sender] = s.now
+        self._from_group(msg, now_us)
         if t is MsgType.ORDER_INFO:
             self._note_peer_ack(msg)
         self._after_event()
@@ -559,13 +538,8 @@ class BackupLane(LaneBase):
         """`handle_message`'s common part: time, clock merge, counter, `heard` and (a
         primary's message) `primary_heard`, in the order `_remember` keeps."""
         s = self.loan
-        if now_us > s.now:
-            s.now = now_us
+        self._merge(msg, now_us)        # (a remote message: never a HEARTBEAT)
         now = s.now
-        if msg.ts > s.clock:
-            s.clock = msg.ts
-        self._count("rx_" + msg.type.name)
-        self._hb_soon()                 # (not a HEARTBEAT)
         remote = msg.src_group
         s.heard.pop(remote, None)               # _remember: the newest last
         s.heard[remote] = now
@@ -575,6 +549,23 @@ class BackupLane(LaneBase):
                 ph = s.primary_heard[remote] = (msg.pvn, msg.sender, now)
                 s.primary_heard_set.pop(remote, None)
                 s.primary_heard_set[remote] = ph
+
+    def _merge(self, msg: Message, now_us: int) -> None:
+        """`handle_message`'s first part, for every message: time, clock merge, counter;
+        anything but a HEARTBEAT ends a quiet heartbeat (`_hb_soon`)."""
+        s = self.loan
+        if now_us > s.now:
+            s.now = now_us
+        if msg.ts > s.clock:
+            s.clock = msg.ts
+        self._count("rx_" + msg.type.name)
+        if msg.type is not MsgType.HEARTBEAT:
+            self._hb_soon()
+
+    def _from_group(self, msg: Message, now_us: int) -> None:
+        """A message of our own group: `_merge`, then `_handle_intra`'s `last_heard_us`."""
+        self._merge(msg, now_us)
+        self.loan.last_heard[msg.sender] = self.loan.now
 
     def _from_remote_primary(self, hc: HeldConn, msg: Message, now_us: int,
                              trailer) -> None:
