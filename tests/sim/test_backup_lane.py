@@ -26,12 +26,14 @@ def _run(seeds, first_only=False, **faults) -> tuple[list[str], Counter]:
     """(violations, counts) over the default schedules of `seeds`: the backup lanes'
     events, loans, data messages, heartbeats, control messages (by type) and timer
     firings taken, their timers (by kind), the messages they sent (by type: "sent
-    SECOND_ACK"...), Deliver/Closed actions. `first_only`: stop after the first schedule
+    SECOND_ACK"...), Deliver/Closed actions, the app's sends logged ("sends", "logged
+    bytes") and the send_space answers ("space"). `first_only`: stop after the first schedule
     with a violation (a mutant's run)."""
     n = Counter()
     deliver, data, heartbeat = BackupLane._deliver, BackupLane._data, \
         BackupLane._heartbeat
     handle_message, handle_timer = BackupLane.handle_message, BackupLane.handle_timer
+    send, send_space = BackupLane.send, BackupLane.send_space
 
     def delivered(self, hc, offset, data):
         k = len(self.actions)
@@ -71,6 +73,17 @@ def _run(seeds, first_only=False, **faults) -> tuple[list[str], Counter]:
             n.update("timer " + x for x in due)
             sent(self, k)
         return ok
+    def logged(self, conn, data, now_us):
+        k = send(self, conn, data, now_us)
+        if k is not None:
+            n["sends"] += 1
+            n["logged bytes"] += k
+        return k
+
+    def space(self, conn):
+        k = send_space(self, conn)
+        n["space"] += k is not None
+        return k
     violations = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(mc, "BACKUP_SHADOW_EVERY", 1)        # every loan in lockstep here
@@ -79,6 +92,8 @@ def _run(seeds, first_only=False, **faults) -> tuple[list[str], Counter]:
         mp.setattr(BackupLane, "_heartbeat", took(heartbeat, "heartbeats"))
         mp.setattr(BackupLane, "handle_message", message)
         mp.setattr(BackupLane, "handle_timer", timer)
+        mp.setattr(BackupLane, "send", logged)
+        mp.setattr(BackupLane, "send_space", space)
         for seed in seeds:
             s = mc.Schedule(mc.generate(seed, **faults))
             try:
@@ -123,9 +138,11 @@ def test_backup_lanes_match_the_core_under_faults():
     # our primary's direct ORDER_INFO, reported at once (seen: 414; 809 reports sent in
     # all, at these and at the timers)
     assert n["ORDER_INFO"] >= 100
+    # the app's output, logged (rule 5; seen: 588 sends, 844,111 bytes)
+    assert n["sends"] >= 100 and n["logged bytes"] >= 10_000
     assert n["events"] == (n["data"] + n["heartbeats"] + n["KEEP_ALIVE"]
                            + n["FIRST_ACK"] + n["SECOND_ACK"] + n["NACK"] + n["timers"]
-                           + n["ORDER_INFO"]
+                           + n["ORDER_INFO"] + n["sends"]
                            + sum(n[k] for k in PEER))
 
 
@@ -419,3 +436,37 @@ def test_lockstep_catches_a_quiet_heartbeat_not_ended(monkeypatch):
     our HEARTBEAT to an interval from now (`_hb_soon`): a lane that does not is caught."""
     v = _mutant_run(monkeypatch, "_hb_soon", lambda self: None)
     assert any("lane timers" in x for x in v)
+
+
+# ---- rule 5: the app's output, logged ----
+
+def test_lockstep_catches_a_send_that_does_not_trim_the_log(monkeypatch):
+    """A send logs, then trims what lies a window below the remote's `delivered`
+    (`_trim_log`): a lane whose send leaves the log untrimmed is caught at the reclaim."""
+    real = BackupLane.send
+
+    def untrimmed(self, conn, data, now_us):
+        self._trim_log = lambda hc: None
+        try:
+            return real(self, conn, data, now_us)
+        finally:
+            del self._trim_log
+    v = _mutant_run(monkeypatch, "send", untrimmed)
+    assert any("state after reclaim" in x and "log" in x for x in v)
+
+
+def test_lockstep_catches_a_send_that_keeps_next_msn(monkeypatch):
+    """A logged segment takes the msn the primary gave it (`log_segment`): a lane that
+    does not advance `next_msn` is caught (the reclaim, or a FIRST_ACK of our last)."""
+    real = BackupLane.send
+
+    def keeps(self, conn, data, now_us):
+        hc = self.loan.by_cid.get(conn)
+        before = None if hc is None else hc.next_msn
+        k = real(self, conn, data, now_us)
+        if k:
+            hc.next_msn = before
+        return k
+    v = _mutant_run(monkeypatch, "send", keeps)
+    assert v
+

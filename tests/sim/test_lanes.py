@@ -38,13 +38,13 @@ def test_lanes_take_keep_alives_duplicates_and_first_acks():
     kinds = {}
     real = LanedEndpoint._shadowed
 
-    def counted(self, since, event, *args):
+    def counted(self, since, event, *args, **kw):
         if event == "handle_message" and self.lane.cid is not None:   # (not a backup's)
             m = args[0]
             k = m.type.name if m.type.name not in ("REQUEST", "REPLY") else (
                 "dup" if m.msn <= self._copy.conns[self.lane.cid].recv.view.upto else "data")
             kinds[k] = kinds.get(k, 0) + 1
-        return real(self, since, event, *args)
+        return real(self, since, event, *args, **kw)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(LanedEndpoint, "_shadowed", counted)
         violations, _, _ = _run(range(40), loss=0.1, dup=0.05, reorder=0.1)

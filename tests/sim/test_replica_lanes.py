@@ -123,3 +123,14 @@ def test_lockstep_in_replicas_catches_a_wrong_set_executed(monkeypatch, mutant):
     violations, _ = _run(10, 7, streams=3, **FAULTS)
     assert any("lane timers" in v or "state after reclaim" in v for v in violations), \
         violations
+
+
+def test_lockstep_in_replicas_catches_a_wrong_send_space(monkeypatch):
+    """`send_space` at a backup (rule 5; only the replica simulator's nodes ask it) is
+    what the connection's log still takes: a lane that forgets what is logged is caught
+    at the answer itself."""
+    monkeypatch.setattr(BackupLane, "send_space",
+                        lambda self, conn: None if conn not in self.loan.by_cid
+                        else self.loan.max_log_bytes)
+    violations, _ = _run(10, 7, streams=3, **FAULTS)
+    assert any("send_space: lane answers" in v for v in violations), violations

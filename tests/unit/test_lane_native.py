@@ -72,14 +72,14 @@ def _run(seeds, **faults):
     violations, events, loans, native = [], Counter(), 0, 0
     real = LanedEndpoint._shadowed
 
-    def counted(self, since, event, *args):
+    def counted(self, since, event, *args, **kw):
         events[event] += 1
         if event == "handle_message":       # (the lane took it already: by its actions)
             m = args[0]
             events[m.type.name if m.type not in (MsgType.REQUEST, MsgType.REPLY) else
                    "data" if any(isinstance(a, Deliver) for a in self.lane.actions[since:])
                    else "dup"] += 1
-        return real(self, since, event, *args)
+        return real(self, since, event, *args, **kw)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(LanedEndpoint, "_shadowed", counted)
         for s, found in mc.gateway_schedules(seeds, **faults):

@@ -108,7 +108,6 @@ class HeldConn:
     nacks: set                  # and nacks
     declared: tuple[int, int]   # recv.declared
     max_data_ts: int            # recv.max_data_ts
-    last_msn: int               # send.last_msn (constant: a backup's sends reclaim)
     sending: bool               # send.sent not empty (a backup's is: constant)
     fa_count: int               # send's
     ka_idle: int
@@ -121,7 +120,9 @@ class HeldConn:
     after_change: bool          # recv.view's (constant: set by a new remote view)
     resyncing: bool             # (constant: a backup never resyncs; refused if it does)
     throttled: bool             # send.state is THROTTLED (constant: refused if so)
-    out_offset: int             # send.out_offset (constant: a backup's sends reclaim)
+    out_offset: int             # send.out_offset and next_msn (the app's output, logged;
+    next_msn: int               # send.last_msn is next_msn - 1)
+    send_ended: bool            # send.end set or peer_done (constant: a send is refused)
     fa_msn: int                 # send's
     last_back: int
     last_send_us: int
@@ -168,6 +169,8 @@ class BackupLoan:
     keepalive_us: int
     heartbeat_us: int
     direct_ack_us: int          # order_info_direct_ack_us (not 0: refused)
+    max_log_bytes: int          # (send_space at a backup)
+    max_payload_bytes: int      # (a logged segment's size)
     stats: dict[str, int] = field(default_factory=dict)    # counted while lent
 
 
@@ -238,11 +241,35 @@ class BackupLane(LaneBase):
                     out[k, hc.cid] = d
         return out
 
-    def send(self, data: bytes, now_us: int | None) -> bool:
-        return False
+    def send_space(self, conn) -> int | None:
+        """`send_space` at a backup: what the connection's log still takes; None: not a
+        lent connection (the core answers)."""
+        hc = self.loan.by_cid.get(conn)
+        return None if hc is None else max(0, self.loan.max_log_bytes - hc.log_bytes)
 
-    def in_flight(self) -> int:
-        return 0
+    def send(self, conn, data: bytes, now_us: int | None) -> int | None:
+        """Rule 5's messaging half (`send` at a backup): the app's output logged as the
+        messages its primary sends (`log_segment`, a segment per max_payload_bytes), as
+        much as send_space allows, then `_trim_log`. Returns the bytes taken; None: not
+        a lent connection, not known yet (`_mark_known` changes the digest: constant
+        while lent), or its stream ended (the core discards)."""
+        s = self.loan
+        hc = s.by_cid.get(conn)
+        if hc is None or not hc.known or hc.send_ended:
+            return None
+        if now_us is not None:
+            s.now = max(s.now, now_us)
+        n = min(len(data), max(0, s.max_log_bytes - hc.log_bytes))
+        step = s.max_payload_bytes
+        for i in range(0, n, step):
+            seg = bytes(data[i:min(n, i + step)])
+            hc.log.append((hc.next_msn, hc.out_offset, seg))
+            hc.log_bytes += len(seg)
+            hc.next_msn += 1
+            hc.out_offset += len(seg)
+        if n:
+            self._trim_log(hc)
+        return n
 
     def handle_message(self, msg: Message, now_us: int) -> bool:
         """The primary's steady HEARTBEAT (rule 2) or direct ORDER_INFO, a remote
@@ -574,7 +601,7 @@ class BackupLane(LaneBase):
         the remote group watermark (`_gc_sent`: nothing sent at a backup), the remote's
         `delivered` (`_trim_log`)."""
         self._heard(msg, now_us, primary=True)
-        if msg.type is not MsgType.FIRST_ACK and msg.ack != hc.last_msn:
+        if msg.type is not MsgType.FIRST_ACK and msg.ack != hc.next_msn - 1:
             hc.fa_count = 0
         if msg.back > hc.remote_gw:
             hc.remote_gw = msg.back
@@ -619,7 +646,7 @@ class BackupLane(LaneBase):
         cleared when it fires)."""
         s = self.loan
         a = msg.ack
-        if a > 0 and a == hc.last_msn:
+        if a > 0 and a == hc.next_msn - 1:
             if hc.fa_msn != a:
                 hc.fa_msn, hc.fa_count = a, 0
             hc.fa_count += 1

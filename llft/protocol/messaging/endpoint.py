@@ -679,12 +679,13 @@ class MessagingEndpoint:
                 first_offset=None if rx is None else rx.first_offset,
                 slots={} if rx is None else dict(rx.slots),
                 nacks=set() if rx is None else set(rx.nacks), declared=r.declared,
-                max_data_ts=r.max_data_ts, last_msn=s.last_msn, sending=bool(s.sent),
+                max_data_ts=r.max_data_ts, sending=bool(s.sent),
                 fa_count=s.fa_count, ka_idle=s.ka_idle, log=list(s.log),
                 log_bytes=s.log_bytes, remote_gw=rv.group_watermark,
                 remote_delivered=rv.delivered, last_order_info=rv.last_order_info,
                 after_change=rx is not None and rx.after_change, resyncing=c.resyncing,
                 throttled=c.state is SendState.THROTTLED, out_offset=s.out_offset,
+                next_msn=s.next_msn, send_ended=s.end is not None or c.peer_done,
                 fa_msn=s.fa_msn, last_back=s.last_back, last_send_us=s.last_send_us))
         if any(self.conns.get(c.cid) is not c for c in self._holding):
             return None
@@ -723,7 +724,8 @@ class MessagingEndpoint:
             max_placeholders=cfg.max_placeholders, nack_delay_us=cfg.nack_delay_us,
             nack_retry_us=cfg.nack_retry_us, max_nack_msns=cfg.max_nack_msns,
             keepalive_us=cfg.keepalive_us, heartbeat_us=cfg.heartbeat_us,
-            direct_ack_us=cfg.order_info_direct_ack_us)
+            direct_ack_us=cfg.order_info_direct_ack_us, max_log_bytes=cfg.max_log_bytes,
+            max_payload_bytes=cfg.max_payload_bytes)
 
     def reclaim_backup(self, loan: BackupLoan) -> None:
         """Take back a backup's state lent with `lend_backup`, as its lane left it."""
@@ -755,6 +757,7 @@ class MessagingEndpoint:
             s.fa_count, s.ka_idle, s.fa_msn = hc.fa_count, hc.ka_idle, hc.fa_msn
             s.last_back, s.last_send_us = hc.last_back, hc.last_send_us
             s.log, s.log_bytes = deque(hc.log), hc.log_bytes
+            s.out_offset, s.next_msn = hc.out_offset, hc.next_msn
             rv.group_watermark, rv.delivered = hc.remote_gw, hc.remote_delivered
             rv.last_order_info = hc.last_order_info
             if hc.holding:

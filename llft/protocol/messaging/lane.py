@@ -539,16 +539,18 @@ class LanedEndpoint:
                 raise LaneDivergence("state after reclaim differs from the core's: "
                                      + _first_difference(mine, theirs))
 
-    def _shadowed(self, since: int, event: str, *args) -> None:
+    def _shadowed(self, since: int, event: str, *args, result=None) -> None:
         """The core's copy takes the same event; its actions and timers must match the
-        lane's (its actions from index `since` on)."""
+        lane's (its actions from index `since` on), and its answer `result` (if given)."""
         self.lane_events += 1
         if self.lane.cid is None:
             self.backup_events += 1
         if not self.shadowing:
             return
         core = self._copy
-        getattr(core, event)(*args)
+        answer = getattr(core, event)(*args)
+        if result is not None and answer != result:
+            raise LaneDivergence(f"{event}: lane answers {result!r}, core {answer!r}")
         theirs = core.take_actions()
         mine = self.lane.actions[since:]
         if mine != theirs:
@@ -594,14 +596,31 @@ class LanedEndpoint:
     def send(self, conn, data: bytes, now_us: int | None = None) -> int:
         lane = self._lend()
         if lane is not None and lane.cid is None:
-            self.reclaim("send")            # (a backup's loan: sending is the core's)
+            # a backup's loan: its app's output is logged (rule 5), if the lane can
+            since = len(lane.actions)
+            n = lane.send(conn, data, now_us)
+            if n is not None:
+                self._shadowed(since, "send", conn, data, now_us, result=n)
+                return n
+            self.reclaim("send")
         elif lane is not None and conn == lane.cid:
             since = len(lane.actions)
             if lane.send(data, now_us):
-                self._shadowed(since, "send", conn, data, now_us)
+                self._shadowed(since, "send", conn, data, now_us, result=len(data))
                 return len(data)
             self.reclaim("send")
         return self.endpoint.send(conn, data, now_us)
+
+    def send_space(self, conn) -> int:
+        lane = self.lane
+        n = None if lane is None or lane.cid is not None else lane.send_space(conn)
+        if n is None:
+            self.reclaim("send_space")
+            return self.endpoint.send_space(conn)
+        if self.shadowing and self._copy.send_space(conn) != n:
+            raise LaneDivergence(f"send_space: lane answers {n}, core "
+                                 f"{self._copy.send_space(conn)}")
+        return n
 
     def in_flight(self, conn) -> int:
         lane = self.lane
