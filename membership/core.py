@@ -736,10 +736,16 @@ class Membership:
             # before we learn that, leaves our state as stale as the removal)
             silent_us = max(self._primary_heard_us(),
                             self._primary_spoke_us)
+            limit_us = c.timeout_base_us + self._extension_us(mine, c.timeout_base_us)
             if self._behind_since_us is not None:
                 silent_us = min(silent_us, self._behind_since_us)
+                # (and no extension: its timing does not explain a change it made without
+                # us. A backup just admitted is judged by the slowest peer it knows, up to
+                # the cap: a primary that served them 97 ms after it removed us was under
+                # a 100 ms limit -- replica_behind_backup_takes_over_after_a_short_heal)
+                limit_us = c.timeout_base_us
             after_us = now_us - ago_us - silent_us
-            if after_us > c.timeout_base_us + self._extension_us(mine, c.timeout_base_us):
+            if after_us > limit_us:
                 # a whole detector timeout after (as extended for this primary's observed
                 # timing): no crash explains that (its messages to us would all have been
                 # lost); we were cut off while it served them,
