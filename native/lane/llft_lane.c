@@ -917,11 +917,15 @@ int llft_lane_receive(llft_lane *L, const char *dg_chars, size_t n, int64_t now_
     }
     s->has_heard = 1;
     s->heard = now;
-    if (!s->has_primary_heard || pvn >= s->primary_heard_pvn) {
+    /* rules.news_of_primary: a later view, another primary, or a later timestamp */
+    if (!s->has_primary_heard || pvn > s->primary_heard_pvn
+        || (pvn == s->primary_heard_pvn
+            && (sender != s->primary_heard_sender || ts > s->primary_heard_ts))) {
         s->has_primary_heard = 1;
         s->primary_heard_pvn = pvn;
         s->primary_heard_sender = sender;
         s->primary_heard_us = now;
+        s->primary_heard_ts = ts;
         s->primary_heard_set = 1;
     }
     /* _handle_inter: _on_remote_ack */

@@ -123,6 +123,7 @@ typedef struct {
     uint8_t has_primary_heard;
     uint64_t primary_heard_pvn, primary_heard_sender;
     int64_t primary_heard_us;
+    uint64_t primary_heard_ts;          /* (rules.news_of_primary) */
     uint8_t primary_heard_set;
     /* the connection's: cid = (remote, seq, cid_role); role 0 CLIENT, 1 SERVER */
     uint64_t seq;

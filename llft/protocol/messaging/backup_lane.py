@@ -72,6 +72,7 @@ from llft.protocol.messages import DATA_TYPES, ROLES, Message, MsgType, Role, Se
 from llft.protocol.messaging.actions import Closed, Deliver, DeliverOrderInfo
 from llft.protocol.messaging.config import INTRA_CONN_SEQ
 from llft.protocol.messaging.lane import LaneBase
+from llft.protocol.messaging.rules import news_of_primary
 from llft.protocol.messaging.timers import Timer
 from llft.protocol.messaging.trailer import section_end, unpack_trailer
 
@@ -571,9 +572,8 @@ class BackupLane(LaneBase):
         s.heard.pop(remote, None)               # _remember: the newest last
         s.heard[remote] = now
         if primary:
-            ph = s.primary_heard.get(remote)
-            if ph is None or msg.pvn >= ph[0]:
-                ph = s.primary_heard[remote] = (msg.pvn, msg.sender, now)
+            if news_of_primary(s.primary_heard.get(remote), msg.pvn, msg.sender, msg.ts):
+                ph = s.primary_heard[remote] = (msg.pvn, msg.sender, now, msg.ts)
                 s.primary_heard_set.pop(remote, None)
                 s.primary_heard_set[remote] = ph
 

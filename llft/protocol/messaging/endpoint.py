@@ -167,7 +167,8 @@ from llft.protocol.messaging.backup_lane import (BACKUP_LANE_CONN_TIMERS, BACKUP
                                                 BackupLoan, HeldConn)
 from llft.protocol.messaging.lane import Loan
 from llft.protocol.messaging.orderinfo_log import OrderInfoLog
-from llft.protocol.messaging.rules import PRIMARY_ONLY_TYPES, RESPONDS_TO_FIRST_ACK, Duty
+from llft.protocol.messaging.rules import (PRIMARY_ONLY_TYPES, RESPONDS_TO_FIRST_ACK, Duty,
+                                           news_of_primary)
 from llft.protocol.messaging.timers import (BACKUP_TIMERS, CONNECTION_TIMERS, ENDPOINT_TIMERS,
                                             PRIMARY_TIMERS, Timer, Timers)
 from llft.protocol.messaging.trailer import (Section, pack_trailer, section_end,
@@ -268,7 +269,7 @@ class MessagingEndpoint:
         self._closed_answered: dict[ConnId, int] = {}
         self._probe_answered: dict[str, int] = {}   # remote group -> our last PROBE answer
         # remote group -> (pvn, birth, time) of the last message only its primary sends
-        self.primary_heard: dict[str, tuple[int, int, int]] = {}
+        self.primary_heard: dict[str, tuple[int, int, int, int]] = {}
         # remote group -> time of its last message of any kind (every member keeps it: a
         # new primary judges silence from what it heard as a backup)
         self.heard: dict[str, int] = {}
@@ -1039,10 +1040,10 @@ class MessagingEndpoint:
             self._answer_probe(msg)
             return
         if msg.type in PRIMARY_ONLY_TYPES:
-            heard = self.primary_heard.get(msg.src_group)
-            if heard is None or msg.pvn >= heard[0]:
+            if news_of_primary(self.primary_heard.get(msg.src_group), msg.pvn, msg.sender,
+                               msg.ts):
                 _remember(self.primary_heard, msg.src_group,
-                          (msg.pvn, msg.sender, self._now), MAX_PROBED_BY)
+                          (msg.pvn, msg.sender, self._now, msg.ts), MAX_PROBED_BY)
         cid = (msg.src_group, msg.conn_seq, ROLES[1 - msg.role])
         c = self.conns.get(cid)
         if c is None and cid in self.closed:
@@ -2691,12 +2692,12 @@ def _remember(memory: dict, key, value, limit: int) -> None:
         del memory[next(iter(memory))]
 
 
-def probe_answer(heard: tuple[int, int, int] | None, since_us: int, now_us: int,
+def probe_answer(heard: tuple[int, int, int, int] | None, since_us: int, now_us: int,
                  quiet_us: int = 0, size: int = 0) -> dict:
     """A PROBE's answer body: what we last heard of the asking group's primary (never:
     primary 0, and `ago` how long we have been listening), and whether we hear a
     majority of our own group (`quiet_us` ago, of a view of `size`)."""
-    pvn, birth, at = heard if heard is not None else (0, 0, since_us)
+    pvn, birth, at = heard[:3] if heard is not None else (0, 0, since_us)
     return {"answer": 1, "pvn": pvn, "primary": birth, "ago": max(0, now_us - at),
             "quiet": quiet_us, "size": size}
 

@@ -47,6 +47,7 @@ from llft.protocol.messages import Message, MsgType, ROLES, Role, Send
 from llft.protocol.messaging.actions import Deliver
 from llft.protocol.messaging.timers import CONNECTION_TIMERS, Timer
 from llft.protocol.messaging.connection import RtoEstimator
+from llft.protocol.messaging.rules import news_of_primary
 from llft.protocol.messaging.trailer import (pack_trailer, section_end, unpack_trailer,
                                              unreflected)
 
@@ -72,7 +73,7 @@ class Loan:
     told_us: int | None             # _told_us[remote]
     reflected: tuple[int, int] | None   # _reflected[remote]
     heard: int | None               # heard[remote] (None: not changed)
-    primary_heard: tuple[int, int, int] | None
+    primary_heard: tuple[int, int, int, int] | None
     primary_heard_set: bool         # ... and it was set while lent
     # the connection's
     cid: tuple
@@ -271,8 +272,8 @@ class SteadyLane(LaneBase):
             s.clock = msg.ts
         self._count("rx_" + t.name)
         s.heard = now
-        if s.primary_heard is None or msg.pvn >= s.primary_heard[0]:
-            s.primary_heard = (msg.pvn, msg.sender, now)
+        if news_of_primary(s.primary_heard, msg.pvn, msg.sender, msg.ts):
+            s.primary_heard = (msg.pvn, msg.sender, now, msg.ts)
             s.primary_heard_set = True
         # _handle_inter: _on_remote_ack
         tm = s.timers

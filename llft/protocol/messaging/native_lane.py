@@ -321,7 +321,8 @@ class NativeLane:
                        if st.has_reflected else None),
             heard=st.heard if st.has_heard else None,
             primary_heard=((st.primary_heard_pvn, st.primary_heard_sender,
-                            st.primary_heard_us) if st.has_primary_heard else None),
+                            st.primary_heard_us, st.primary_heard_ts)
+                           if st.has_primary_heard else None),
             primary_heard_set=bool(st.primary_heard_set),
             cid=self._cid, role=ROLES[st.role], out_offset=st.out_offset,
             next_msn=st.next_msn, sent=sent, sent_bytes=st.sent_bytes, sent_at=sent_at,
@@ -405,8 +406,8 @@ class NativeLane:
             _set_int(st.reflected_pos, loan.reflected[1])
         if loan.primary_heard is not None:
             st.has_primary_heard = 1
-            st.primary_heard_pvn, st.primary_heard_sender, st.primary_heard_us = \
-                loan.primary_heard
+            (st.primary_heard_pvn, st.primary_heard_sender, st.primary_heard_us,
+             st.primary_heard_ts) = loan.primary_heard
         st.seq, st.cid_role, st.role = seq, int(cid_role), int(loan.role)
         srtt, st.rttvar, st.backoff, st.rto = loan.rto
         if srtt is not None:
