@@ -836,6 +836,8 @@ class Schedule:
         self.machine_cuts = 0.0              # ... of which cut one replica of each group
         self.leave = 0.0                     # the generator's share of graceful primary stops
         self.cut_until = 0                   # a partition is on until then (one at a time)
+        # the last partition healed: node -> its side, and when (`_stateful`)
+        self.healed: tuple[dict, int] | None = None
 
     @classmethod
     def generate(cls, seed: int, *, random_cuts: bool = False, partition: float = 0.0,
@@ -1147,7 +1149,21 @@ class Schedule:
             return live
         top = max(prim, key=lambda n: (core(n).pvn, core(n).membership.change))
         births = {k.birth for k in core(top).membership.members}
-        return [n for n in live if core(n).birth in births and self.sim.connected(n, top)]
+        return [n for n in live if core(n).birth in births and self.sim.connected(n, top)
+                and self._heard_since_cut(n, top)]
+
+    def _heard_since_cut(self, n: str, top: str) -> bool:
+        """`n` was not cut off from `top` by the last partition, or has heard it since
+        the heal: healed a few ms before the primary crashed, and nothing of it heard in
+        between, it was cut off until the crash (replica_guard_cut_until_the_crash)."""
+        if self.healed is None or n == top:
+            return True
+        sides, at = self.healed
+        if sides.get(n, 0) == sides.get(top, 0):
+            return True
+        m = self.sim.core(n).membership
+        return (bool(m.members) and m.members[0].birth == self.sim.core(top).birth
+                and m._primary_spoke_us >= at)
 
     def _do(self, *words) -> None:
         """Apply one event of the schedule now and record it."""
@@ -1186,6 +1202,7 @@ class Schedule:
             self.stats["partitions"] += 1
             self._log(f"partition {' '.join(args)}")
         elif verb == "heal":
+            self.healed = (dict(sim._component), sim.now_us)
             sim.heal()
             self._log("heal")
         elif verb == "nothing":             # the kernel still pumps every node (see kernel.py)
