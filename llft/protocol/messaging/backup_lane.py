@@ -1,6 +1,6 @@
-"""The backups' steady lane: rules 1, 2 and 3 of docs/BACKUP_LANE.md ("a steady REQUEST",
-"a gw rise", "the report when a timer is due"), their messaging half, as an executable
-model checked in lockstep against the core.
+"""The backups' steady lane: rules 1, 2, 3 and 5 of docs/BACKUP_LANE.md ("a steady
+REQUEST", "a gw rise", "the report when a timer is due", "the app's output"), their
+messaging half, as an executable model checked in lockstep against the core.
 
 A backup delivers remote data in batches, one per HEARTBEAT of its primary: the
 heartbeat's `back` (the primary's group watermark, for the set of connections its `ack`
@@ -51,7 +51,9 @@ The lane takes only the steady form of each event; the comments name the core's 
     (`_on_second_ack_at_backup`): `heard`, and the gap up to its ack (`_expect`);
   * rule 3, the loan's timers when none of the core's is due (`handle_timer`):
     WATERMARK_REPORT and ORDER_INFO_ACK send the report (`_order_info_ack`), NACK the
-    local NACK of the gaps (`_nack`), KEEPALIVE (a primary's) is cleared.
+    local NACK of the gaps (`_nack`), KEEPALIVE (a primary's) is cleared;
+  * rule 5, the app's output on a lent, known connection whose stream goes on (`send`
+    at a backup: `log_segment` per max_payload_bytes, `_trim_log`), and `send_space`.
 Anything else returns False with nothing changed: the owner (`LanedEndpoint`) takes the
 loan back (`MessagingEndpoint.reclaim_backup`) and the core handles the event.
 
@@ -176,7 +178,7 @@ class BackupLoan:
 
 
 class BackupLane(LaneBase):
-    """Rules 1 and 2 over a `BackupLoan`; the comments name the core's functions."""
+    """Rules 1, 2, 3 and 5 over a `BackupLoan`; the comments name the core's functions."""
 
     cid = None                  # (no connection of its own: sends go to the core)
     reclaim_with = "reclaim_backup"     # the endpoint's method that takes a loan back
