@@ -844,6 +844,12 @@ class Membership:
         held = self._takeover_held_us
         return held is not None and now_us - held >= self.cfg.lost_evidence_us
 
+    @property
+    def primary_spoke_us(self) -> int:
+        """When our primary last spoke to our group (any message, `primary_spoke`; -1:
+        not since this incarnation joined)."""
+        return self._primary_spoke_us
+
     def primary_spoke(self, now_us: int) -> None:
         """The runtime heard a message of any kind from our primary to our group (the
         core itself sees only heartbeats and membership messages)."""

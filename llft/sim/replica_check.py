@@ -1163,7 +1163,7 @@ class Schedule:
             return True
         m = self.sim.core(n).membership
         return (bool(m.members) and m.members[0].birth == self.sim.core(top).birth
-                and m._primary_spoke_us >= at)
+                and m.primary_spoke_us >= at)
 
     def _do(self, *words) -> None:
         """Apply one event of the schedule now and record it."""
