@@ -217,6 +217,10 @@ class Sim:
                 self._component[n] = i
         self.stats["partitions"] += 1
 
+    def components(self) -> dict:
+        """The partition now: node -> the number of its side (unlisted: no side, 0)."""
+        return dict(self._component)
+
     def heal(self) -> None:
         self._component = {}
 

@@ -1202,7 +1202,7 @@ class Schedule:
             self.stats["partitions"] += 1
             self._log(f"partition {' '.join(args)}")
         elif verb == "heal":
-            self.healed = (dict(sim._component), sim.now_us)
+            self.healed = (sim.components(), sim.now_us)
             sim.heal()
             self._log("heal")
         elif verb == "nothing":             # the kernel still pumps every node (see kernel.py)

@@ -268,7 +268,8 @@ class MessagingEndpoint:
         # CLOSED answers sent lately (cid -> time): a retransmitted window gets one answer
         self._closed_answered: dict[ConnId, int] = {}
         self._probe_answered: dict[str, int] = {}   # remote group -> our last PROBE answer
-        # remote group -> (pvn, birth, time) of the last message only its primary sends
+        # remote group -> (pvn, birth, time, Lamport ts) of the newest message only its
+        # primary sends (`news_of_primary`: a relayed or reordered copy is not news)
         self.primary_heard: dict[str, tuple[int, int, int, int]] = {}
         # remote group -> time of its last message of any kind (every member keeps it: a
         # new primary judges silence from what it heard as a backup)
