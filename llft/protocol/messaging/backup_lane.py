@@ -338,10 +338,7 @@ class BackupLane(LaneBase):
             else:
                 del t[k]                # KEEPALIVE: a primary's timer (not_mine)
         if local_nacks:
-            s.clock += 1
-            self.actions.append(Send(s.group, self._intra(
-                MsgType.NACK, {"missing": local_nacks}, back=0, ack=0)))
-            self._hb_soon()             # (_emit)
+            self._send_intra(MsgType.NACK, {"missing": local_nacks}, back=0, ack=0)
         self._after_event()
         return True
 
@@ -354,11 +351,9 @@ class BackupLane(LaneBase):
         s.reported_w = self._ts_w()
         s.timers.pop(Timer.ORDER_INFO_ACK, None)
         s.timers.pop(Timer.WATERMARK_REPORT, None)
-        s.clock += 1
-        self.actions.append(Send(s.group, self._intra(
-            MsgType.ORDER_INFO, {"upto": s.oi_delivered, "done": s.oi_executed},
-            back=s.reported_w, ack=s.digest)))
-        self._hb_soon()                 # (_emit)
+        self._send_intra(MsgType.ORDER_INFO,
+                         {"upto": s.oi_delivered, "done": s.oi_executed},
+                         back=s.reported_w, ack=s.digest)
 
     def _hb_soon(self) -> None:
         """`_hb_soon` if our heartbeat is quiet (`handle_message` of anything but a
@@ -384,13 +379,16 @@ class BackupLane(LaneBase):
         remote, seq, role = hc.cid
         return [[remote, seq, int(role), hc.view_pvn, *missing]]
 
-    def _intra(self, mtype: MsgType, body: dict, back: int, ack: int) -> Message:
-        """`_intra`'s message (the clock already ticked for it)."""
+    def _send_intra(self, mtype: MsgType, body: dict, back: int, ack: int) -> None:
+        """`_intra` (the clock ticks for its message) and `_emit` to our group (which
+        ends a quiet heartbeat)."""
         s = self.loan
-        return Message(type=mtype, src_group=s.group, dst_group=s.group,
-                       conn_seq=INTRA_CONN_SEQ, role=Role.CLIENT, pvn=s.pvn,
-                       precedence=s.precedence, sender=s.birth_id, ack=ack, back=back,
-                       ts=s.clock, body=body, order_info=b"")
+        s.clock += 1
+        self.actions.append(Send(s.group, Message(
+            type=mtype, src_group=s.group, dst_group=s.group, conn_seq=INTRA_CONN_SEQ,
+            role=Role.CLIENT, pvn=s.pvn, precedence=s.precedence, sender=s.birth_id,
+            ack=ack, back=back, ts=s.clock, body=body, order_info=b"")))
+        self._hb_soon()
 
     def _heartbeat(self, msg: Message, now_us: int) -> bool:
         """Rule 2: the primary's HEARTBEAT of our view, no frees, our digest."""
@@ -473,12 +471,8 @@ class BackupLane(LaneBase):
         view: `handle_message`'s common part (`heard` only) and
         `_on_second_ack_at_backup` (a gap up to its ack, unless it is of another view
         or the view follows a change of primary)."""
-        s = self.loan
-        if (msg.dst_group != s.group or msg.src_group == s.group
-                or msg.sender == s.birth_id or msg.order_info):
-            return False
-        hc = s.by_cid.get((msg.src_group, msg.conn_seq, ROLES[1 - msg.role]))
-        if hc is None or not hc.known or hc.view_pvn is None:
+        hc = self._known_conn(msg)
+        if hc is None or hc.view_pvn is None or msg.order_info:
             return False
         self._heard(msg, now_us, primary=False)
         if msg.pvn == hc.view_pvn and not hc.after_change:
@@ -534,15 +528,20 @@ class BackupLane(LaneBase):
         for old in sorted(s.peer_oi_acks)[:-2]:
             del s.peer_oi_acks[old]
 
-    def _remote_conn(self, msg: Message) -> HeldConn | None:
-        """The known connection of a remote primary's message of its current view, with
-        no sent list (a backup's is empty); else None."""
+    def _known_conn(self, msg: Message) -> HeldConn | None:
+        """The lent, known connection of a remote group's message to us; else None."""
         s = self.loan
         if (msg.dst_group != s.group or msg.src_group == s.group
                 or msg.sender == s.birth_id):
             return None
         hc = s.by_cid.get((msg.src_group, msg.conn_seq, ROLES[1 - msg.role]))
-        if hc is None or not hc.known or hc.view_pvn != msg.pvn or hc.sending:
+        return hc if hc is not None and hc.known else None
+
+    def _remote_conn(self, msg: Message) -> HeldConn | None:
+        """`_known_conn` of a remote primary's message of its current view, with no
+        sent list (a backup's is empty); else None."""
+        hc = self._known_conn(msg)
+        if hc is None or hc.view_pvn != msg.pvn or hc.sending:
             return None
         return hc
 
