@@ -21,9 +21,16 @@ that byte stream after a failover, so every replica must frame the same bytes. S
 
 Streams are named by k, the number every replica gives a stream when it registers it
 (the agent's "C" entries), and belong to a connection (any hashable) with a stream id.
-A stream whose remote side reset it (`remote_reset`) has its pending frames made by
-length: nobody reads those bytes, and a backup's socket to its app went with the reset
-(the primary's agent read them before its own reset).
+A stream whose remote side reset it (`remote_reset`) is framed like any other: the
+primary may have framed bytes before the reset reached it, and the remote may have read
+them and then reset, so a backup (whose app writes them later: it lags) must frame the
+same bytes -- a backup promoted later resends them, and a lagging remote backup reads
+them. Its agent therefore keeps its socket to its app until the app closes it (the app
+reads the reset where its primary's did: the shim replays that read), and only what
+is still missing once the app ended its side is made by length (`void_frame_bytes`:
+not what a determinized app does, so counted). What the app wrote beyond the primary's
+entries (its primary's agent reset the socket before reading it) is dropped at the
+stream's end entry (`reset_output_dropped`).
 
 Grants (streams.py: WINDOW frames, "Flow control per stream") are output of the agent,
 not of the app: how much of a stream the primary's app took. They go into the same byte
@@ -70,7 +77,7 @@ class _Stream:
     out: bytearray = field(default_factory=bytearray)   # read, not yet framed (backup)
     app_end: Kind | None = None     # our reader saw the app end its side
     ended: bool = False             # our end was framed
-    reset: bool = False             # the remote side reset it: frames made by length
+    reset: bool = False             # the remote side reset it (framed as the app ends)
     grant: int | None = None        # a promoted primary's grant, made once it goes live
 
 
@@ -101,14 +108,11 @@ class Framer:
         made now)."""
         s = self.streams[k]
         if s.ended:
-            self._count("output_after_end", len(data))
+            self._count("reset_output_dropped" if s.reset else "output_after_end", len(data))
             return b"", []
         if self.live:
             return ENTRY.pack(k, len(data)), [Made(s.conn, s.sid,
                                                    b"".join(data_frames(s.sid, data)))]
-        if s.reset:
-            self._count("void_output_bytes", len(data))     # framed by length already
-            return b"", []
         s.out += data
         return self._make()
 
@@ -134,7 +138,8 @@ class Framer:
             Made(s.conn, s.sid, window_frame(s.sid, consumed))]
 
     def remote_reset(self, k: int) -> tuple[bytes, list[Made]]:
-        """The remote side reset stream k: frames of it still to make go by length."""
+        """The remote side reset stream k: its frames still wait for the app's bytes,
+        but only until the app ends its side (then the rest goes by length)."""
         s = self.streams.get(k)
         if s is None:
             return b"", []
@@ -165,7 +170,7 @@ class Framer:
             if s is None:
                 self._count("entry_of_unknown_stream")
             elif n >= 0:
-                if len(s.out) < n and not s.reset:
+                if len(s.out) < n and not (s.reset and s.app_end is not None):
                     return b"", made            # our app has not written them yet
                 if len(s.out) < n:
                     self._count("void_frame_bytes", n - len(s.out))
@@ -174,7 +179,10 @@ class Framer:
                 made.append(Made(s.conn, s.sid, b"".join(data_frames(s.sid, data))))
             elif n in END_OF and not s.ended:
                 if s.out:
-                    self._count("output_after_end", len(s.out))   # diverged: the shim says so
+                    # beyond what the primary's agent read before it reset the app's
+                    # socket; otherwise diverged (the shim says so)
+                    self._count("reset_output_dropped" if s.reset else "output_after_end",
+                                len(s.out))
                     s.out.clear()
                 s.ended = True
                 made.append(Made(s.conn, s.sid, frame(END_OF[n], s.sid), END_OF[n]))
@@ -203,6 +211,12 @@ class Framer:
                 made.append(Made(s.conn, s.sid, window_frame(s.sid, s.grant)))
                 s.grant = None
         return bytes(recs), made
+
+    def owes(self, k: int) -> bool:
+        """Whether an entry of stream k is still to make here (the app's bytes it needs
+        may still come: a promoted primary resets its app's socket of a stream the
+        remote reset only after them)."""
+        return any(pk == k for pk, _ in self.pending)
 
     def waiting(self) -> tuple[int, int, int] | None:
         """(stream k, bytes its next frame needs, bytes written so far), or None."""

@@ -384,6 +384,9 @@ class Agent:
         self.registered = 0                   # "C" entries so far (the next index)
         self.unregistered: list[AppConn] = []  # primary: delivered on, no "C" yet
         self._to_feed: list[AppConn] = []     # backup: streams to feed this turn
+        # streams the remote reset whose socket to the app stays until the app closes
+        # it or, at a primary, until the framer made every entry of it (`_end_stream`)
+        self._resets_due: dict[StreamKey, AppConn] = {}
         # the app's output, framed identically at every replica ("F" entries)
         self.framer = Framer()
         self._framing_wait_since = 0.0        # a promoted primary waits for its app's bytes
@@ -809,7 +812,7 @@ class Agent:
             c.grant_came.set()              # its reader, waiting for a grant, reads on
         self._stream_progress(c)
         if abort and c.index >= 0:
-            self._made(*self.framer.remote_reset(c.index))  # its frames go by length now
+            self._made(*self.framer.remote_reset(c.index))  # by length once the app ends
 
     def _group_closed(self, a: actions.Closed) -> None:
         """The remote group ended the whole connection: every stream it had not ended
@@ -907,7 +910,26 @@ class Agent:
             except OSError:
                 self._count("eof_to_closed_app_conn")   # the app reset it meanwhile
             return
-        self.tasks.spawn(self._reset_app_conn(c), f"reset-conn-{c.index}")
+        self._resets_due[c.key] = c
+        self._reset_when_due()
+
+    def _reset_when_due(self) -> None:
+        """The app's socket of a stream the remote reset is reset (its read of it then
+        fails as after a TCP RST) only by a primary, and only once its framer made every
+        entry of that stream: the primary may have framed bytes of it before the reset
+        reached it, which the remote may have read before it reset, and a backup's app
+        that lags still has to write them; a backup's app reads the reset where its
+        primary's did anyway (the shim replays that read) and then closes the socket.
+        (Reset at delivery, a lagging backup promoted there framed those bytes by
+        length: zeros, which the remote's lagging backups read. tests/sim/regressions/
+        replica_recent_joiner_takes_over_at_a_leave_wrong_bytes.)"""
+        if self.mode is not AppMode.PRIMARY:
+            return
+        for key, c in list(self._resets_due.items()):
+            if c.index < 0 or not self.framer.owes(c.index):
+                del self._resets_due[key]
+                if c.transport is not None and not c.transport.is_closing():
+                    self.tasks.spawn(self._reset_app_conn(c), f"reset-conn-{c.index}")
 
     async def _reset_app_conn(self, c: AppConn) -> None:
         """A reset after every byte before it: the app's recv fails with ECONNRESET once
@@ -939,8 +961,12 @@ class Agent:
         if self.by_index.get(c.index) is c:
             del self.by_index[c.index]
             self.framer.forget(c.index)
-        if c.transport is not None and c.end is not True:
-            c.transport.close()
+        if self._resets_due.pop(c.key, None) is not None:
+            # (a backup's: every byte the app wrote is read, and a half-closed app that
+            # reads on after a promotion reads the reset, not an end)
+            self.tasks.spawn(self._reset_app_conn(c), f"reset-conn-{c.index}")
+        elif c.transport is not None and c.end is not True:
+            c.transport.close()     # (a reset one: its reset is under way or done)
         if gc.freed:
             self._release_group_conn(gc)
 
@@ -987,8 +1013,8 @@ class Agent:
         self.registered += 1
         if c.end is True:
             # its reset was delivered before its "C" entry (at a backup data and order
-            # info travel apart; at a primary in the same delivery): its frames go by
-            # length, as `_remote_end` does for a registered stream
+            # info travel apart; at a primary in the same delivery): the framer learns
+            # it now, as `_remote_end` tells it of a registered stream
             self._made(*self.framer.remote_reset(k))
         self._connect_app(c)
 
@@ -1064,6 +1090,7 @@ class Agent:
                 self.unregistered.append(c)
         self._register_new()
         self._made(*self.framer.promote())  # live once the predecessor's frames are made
+        self._reset_when_due()
         for c in list(self.conns.values()):    # what our app took may be past the grants
             self._grant_in(c)
         ms = (time.monotonic() - t0) * 1000
@@ -1316,6 +1343,8 @@ class Agent:
             if not made or self.mode is not AppMode.PRIMARY:
                 self._push_order_info()     # no outbox push will take them
             self._count("frames_out", len(records) // FRAME_ENTRY.size)
+        if self._resets_due and made:
+            self._reset_when_due()          # a promoted primary made what they waited for
         for m in made:
             gc = self.group_conns.get(m.conn)
             if gc is None:

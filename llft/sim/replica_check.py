@@ -29,7 +29,9 @@ replica), registers each new stream under the next number k with a "C" order-inf
 at its primary (a backup registers on the entry, a promoted backup registers what it was
 delivered without one), answers each stream's bytes as above (a salt per 4 blocks of a
 stream), FIN with FIN after its last block, and RST by dropping what it has not written
-and resetting too. Credit per stream, as the agents do it at sim scale: the server's
+and resetting too (where it takes the reset is its nondeterministic choice, recorded as
+an "R" order-info entry: a backup answers up to there first, as the shim makes a real
+backup's app read the reset where its primary's did). Credit per stream, as the agents do it at sim scale: the server's
 primary grants each block of a stream its app answered (a WINDOW frame, framed like
 output: an "F" entry first, made by a backup where the entry stands, re-granted by a
 promoted backup), and the client writes no more of a stream's DATA once it is
@@ -38,7 +40,8 @@ before each write, which may go past). Its app runs a tick after its input (a th
 ms), so a backup's app lags or leads its primary's "F" entries. Its output is framed by a `Framer`
 (llft/replica/framing.py) per incarnation as the agent does it: the primary live, its "F"
 entries added to the order info before the frames go to messaging, a backup by those
-entries, a promoted backup via `Framer.promote()`, a stream the client reset by length.
+entries, a promoted backup via `Framer.promote()`, a stream the client reset like any
+other (its frames wait for the app's bytes).
 
 Replicas start at random times (the first founds each group, the others join with a
 state transfer). During the fault phase the network loses, duplicates and reorders
@@ -85,18 +88,17 @@ Checks on every schedule:
   frames       (--streams) every replica sees each stream's bytes and its FIN/RST at the
                offset the remote group framed them (the client's plan; a server replica's
                framer), a client app reads on each stream only bytes a server app wrote
-               there, a framer makes DATA of bytes its app wrote (zeros past them only
-               for a stream the client reset) and never meets an entry it cannot follow,
+               there, a framer makes DATA only of bytes its app wrote (also of a stream the
+               client reset) and never meets an entry it cannot follow,
                and a backup's framer makes no entries, only frames some primary made at
-               the same offsets of the connection (reset streams' payload aside); a
+               the same offsets of the connection; a
                client replica sees each grant where a server replica framed it, with a
                value no larger than that stream's input;
                after faults stop, at every live replica: each stream ended both ways and
                freed (StreamTable, Framer, unsent frames and entries: nothing left), each
                client replica read the whole reply (of a reset stream: up to the reset)
                equal to what every live server app wrote, and the live server replicas
-               framed one byte stream (the payload of reset streams aside, see
-               `mask_frames`), which the clients read;
+               framed one byte stream, which the clients read;
   liveness     all of the above within LIVENESS_BOUND_US after the faults stop.
 
 Scenario lines (llft/sim/campaign.py has the format and the runner): `set faults loss P
@@ -125,7 +127,7 @@ from llft.protocol.messaging.backup_lane import BackupLane
 from llft.protocol.messaging.lane import LanedEndpoint
 from llft.sim.messaging_check import BACKUP_SHADOW_EVERY
 from llft.protocol.messages import Role
-from llft.protocol.streams import (END_KINDS, FrameDecoder, FrameError, HEADER, HEADER_BYTES,
+from llft.protocol.streams import (END_KINDS, FrameDecoder, FrameError,
                                    Kind, StreamTable, frame, window_value)
 from llft.replica.framing import Framer
 from llft.replica.node import (Deliver, NotReady, OrderInfo, ReplicaNode, Restored, RestartApp,
@@ -219,23 +221,6 @@ def stream_plan(app_seed: int, n: int) -> StreamPlan:
     return StreamPlan(data, end, unread_ids, ops, bytes(framed))
 
 
-def mask_frames(stream: bytes | bytearray, void: set[int]) -> bytes:
-    """`stream` (a connection's frames, maybe cut in a frame) with the payload of every
-    DATA frame of a stream in `void` zeroed: a stream the remote side reset is framed by
-    length at a replica whose app had not written the bytes (framing.py), so replicas'
-    byte streams may differ there and only there (nobody reads them)."""
-    out = bytearray(stream)
-    pos = 0
-    while len(out) - pos >= HEADER_BYTES:
-        kind, sid, length = HEADER.unpack_from(out, pos)
-        start = pos + HEADER_BYTES
-        if kind == Kind.DATA and sid in void:
-            end = min(len(out), start + length)
-            out[start:end] = bytes(end - start)
-        pos = start + length
-    return bytes(out)
-
-
 class App:
     """One incarnation of a replica's application (sim side)."""
 
@@ -317,8 +302,7 @@ class App:
             self.s.violation(f"{self.node_id}/{self.birth} {cid}: delivery at {offset}, "
                              f"expected {len(buf)} (not exactly once / in order)")
             return
-        if not self.s.written_by_remote(self.group, cid, buf, data) \
-                and not self.s.framed_by_remote(self.group, buf, data):
+        if not self.s.written_by_remote(self.group, cid, buf, data):
             self.s.violation(f"{self.node_id}/{self.birth} {cid}: wrong bytes at {offset} "
                              f"(no application of the remote group wrote them there)")
             return
@@ -355,6 +339,9 @@ class App:
             self._register(k, sid)
         elif chunk[:1] == b"F" and self.s.plan is not None:
             self._made(*self.framer.entries(chunk[1:]))
+        elif chunk[:1] == b"R" and self.s.plan is not None:
+            sid, done = (int(w) for w in chunk[1:].split(b":"))
+            self.rst_at[sid] = done
 
     def _salt(self, seq: int, block: int) -> int | None:
         """The salt of a block: the group's, or drawn now if this is a primary whose view
@@ -479,9 +466,11 @@ class App:
         self.out_app: dict[int, bytearray] = {}   # stream -> bytes the app wrote
         self.framed: dict[int, list] = {}     # stream -> [bytes framed, (end, at) or None]
         self.reset_in: set[int] = set()       # streams the client reset (seen here)
+        self.rst_at: dict[int, int] = {}      # stream -> input its primary's app answered
+        #                                       before it took the client's reset ("R")
         self.forgotten: set[int] = set()
         self.outq = bytearray()               # framed, not yet taken by messaging
-        self.framed_all = bytearray()         # every frame made, `mask_frames`-ed
+        self.framed_all = bytearray()         # every frame made
         self.oi_pending: list[bytes] = []     # "F" entries to add before the frames go
 
     def _frames_in(self, data: bytes) -> None:
@@ -524,7 +513,7 @@ class App:
                 if f.kind is Kind.RST:
                     self.reset_in.add(f.stream)
                     k = self.reg.get(f.stream)
-                    if k is not None:       # its frames still to make go by length
+                    if k is not None:       # (by length only if the app ends short)
                         self._made(*self.framer.remote_reset(k))
             self._maybe_free(f.stream)
 
@@ -586,7 +575,7 @@ class App:
     def _made(self, records: bytes, made: list) -> None:
         """What the framer made: the primary's "F" entries go to the order info before
         the frames go to messaging (output commit); the frames are checked against what
-        the app wrote (only a stream the client reset may be framed by length)."""
+        the app wrote (none by length: the app ends no stream short)."""
         if records:
             if not self.framer.primary:
                 self.s.violation(f"{self.node_id}/{self.birth}: a backup's framer made "
@@ -599,7 +588,7 @@ class App:
         for m in made:
             self.outq += m.frames
             a = len(self.framed_all)
-            self.framed_all += mask_frames(m.frames, self.s.rst_streams)
+            self.framed_all += m.frames
             if not self.framer.primary and not self.s.framed_like_a_primary(self, a):
                 self.s.violation(f"{self.node_id}/{self.birth}: framed bytes {a}.."
                                  f"{len(self.framed_all)} of its connection unlike every "
@@ -614,9 +603,7 @@ class App:
                     continue
                 at, n = len(fr[0]), len(f.payload)
                 app = bytes(self.out_app.get(m.sid, b"")[at:at + n])
-                void = f.payload[len(app):]
-                if f.payload[:len(app)] != app or (void and (
-                        m.sid not in self.reset_in or void.count(0) != len(void))):
+                if f.payload != app:
                     self.s.violation(f"{self.node_id}/{self.birth} stream {m.sid}: framed "
                                      f"{n} bytes at {at} that its app did not write")
                 fr[0] += f.payload
@@ -656,14 +643,13 @@ class App:
                 continue
             k = self.reg[sid]
             inp, end_in = self.sv.get(sid, (b"", None))
-            if end_in is Kind.RST:
-                self.app_end[sid] = Kind.RST
-                self._made(*self.framer.app_ended(k, Kind.RST))
-                self._maybe_free(sid)
-                continue
             done = self.sdone.get(sid, 0)
-            while done < len(inp):
+            upto = self._reset_point(sid, k, done, len(inp)) if end_in is Kind.RST else None
+            blocked |= end_in is Kind.RST and upto is None     # (ticks until it knows)
+            while done < len(inp) and (upto is None or done < upto):
                 end = len(inp) if self.s.random_cuts else done + block
+                if upto is not None:
+                    end = min(end, upto)
                 if end > len(inp):
                     if end_in is not Kind.FIN:
                         break               # a partial block waits for its input
@@ -684,11 +670,51 @@ class App:
                 self.grants[sid] = done             # (framed once the framer is live)
                 self.s.stats["grants"] += 1
                 self._made(*self.framer.window(k, done))
+            if upto is not None and done >= upto:
+                if done > upto:
+                    self.s.violation(f"{self.node_id}/{self.birth} stream {sid}: answered "
+                                     f"{done} bytes, past where its group took the reset "
+                                     f"({upto})")
+                self.app_end[sid] = Kind.RST
+                self._made(*self.framer.app_ended(k, Kind.RST))
+                self._maybe_free(sid)
+                continue
             if end_in is Kind.FIN and done == len(inp):
                 self.app_end[sid] = Kind.FIN
                 self._made(*self.framer.app_ended(k, Kind.FIN))
                 self._maybe_free(sid)
         return not self._flush(now) or blocked or bool(self.framer.pending)
+
+    def _reset_point(self, sid: int, k: int, done: int, have: int) -> int | None:
+        """How many bytes of stream `sid`'s input the app answers before it takes the
+        client's reset (None: not known yet, it answers on as usual), having answered
+        `done` of the `have` delivered. As the shim orders a real app's read of a reset:
+        the primary's app takes it where it happens to read it, and an "R" entry says
+        where; a backup's where its primary's did, answering up to there first even when
+        the reset was delivered long before (it lags); a promoted backup's where its
+        predecessor's did, or live, but only once its framer made every entry its
+        predecessor framed of that stream (the agent resets the app's socket only then:
+        the app may still have to write those bytes).
+
+        The sim's app reads ahead of its primary (a salt per STREAM_SALT_BLOCKS blocks
+        lets a backup answer the rest of a salt's blocks first), which a determinized
+        app cannot; so a primary takes the reset only past the blocks of every salt its
+        group drew for the stream (or at the end of what was delivered): no backup can
+        have answered past it."""
+        at = self.rst_at.get(sid)
+        if at is not None or not self.live_primary:
+            return at
+        if self.framer.owes(k):
+            return None
+        block = self.s.server_block
+        whole = have if self.s.random_cuts else have // block * block
+        drawn = [g for q, g in self.salts if q == sid]
+        salted = (max(drawn) + 1) * block * STREAM_SALT_BLOCKS if drawn else 0
+        at = max(done, min(salted, whole))
+        if not self._order_info(b"R%d:%d" % (sid, at)):
+            return None
+        self.rst_at[sid] = at
+        return at
 
     def _work_client(self, now: int) -> bool:
         """Write the plan's next frames: a stream's DATA at most PIPELINE_BYTES ahead of
@@ -947,24 +973,9 @@ class Schedule:
                 return True
         return False
 
-    def framed_by_remote(self, group: str, before: bytes, data: bytes) -> bool:
-        """(--streams) `data` after `before` is what a server replica framed there but for
-        the payload of streams the client reset: bytes of several server replicas, where
-        one (a backup then) framed a reset stream by length and another its app's bytes."""
-        if self.plan is None or group != "c":
-            return False
-        end = len(before) + len(data)
-        got = self._masked(bytes(before) + data)[len(before):]
-        for app in self.server_apps:
-            out = app.out.get(app.cid, b"")
-            if len(out) >= end and self._masked(out)[len(before):end] == got:
-                self.stats["deliveries of bytes framed differently"] += 1
-                return True
-        return False
-
     def framed_like_a_primary(self, app: App, a: int) -> bool:
         """A backup frames by its primary's entries, after that primary framed the same
-        bytes (but for reset streams' payload): so some primary's framer holds
+        bytes: so some primary's framer holds
         `app.framed_all[a:]` at `a`."""
         new = app.framed_all[a:]
         for p in self.server_apps:
@@ -980,11 +991,6 @@ class Schedule:
                     and out[at:at + len(data)] == data:
                 return True
         return False
-
-    def _masked(self, data) -> bytes:
-        """A connection's bytes as replicas must agree on them (with streams: but for the
-        payload of streams the client reset, see `mask_frames`)."""
-        return mask_frames(data, self.rst_streams) if self.plan is not None else bytes(data)
 
     def all_expected(self, group: str) -> dict:
         role = Role.SERVER if group == "s" else Role.CLIENT
@@ -1406,10 +1412,8 @@ class Schedule:
                             return
         for app in (self.apps[n] for n in self._live("c")):
             for cid, seen in app.seen.items():
-                seen = self._masked(seen)
                 for srv in servers:
-                    out = self._masked(next((o for scid, o in srv.out.items()
-                                             if scid[1] == cid[1]), b""))
+                    out = next((o for scid, o in srv.out.items() if scid[1] == cid[1]), b"")
                     if not settled and len(out) < len(seen) and \
                             bytes(seen[:len(out)]) == bytes(out):
                         self.violation(
@@ -1436,10 +1440,10 @@ class Schedule:
         servers = [self.apps[n] for n in self._live("s")]
         clients = [self.apps[n] for n in self._live("c")]
         first = servers[0]
-        ref = self._masked(first.out.get(first.cid, b""))
+        ref = first.out.get(first.cid, b"")
         for srv in servers:
             who = f"{srv.node_id}/{srv.birth}"
-            if self._masked(srv.out.get(srv.cid, b"")) != ref:
+            if srv.out.get(srv.cid, b"") != ref:
                 self.violation(f"{who} framed another byte stream than "
                                f"{first.node_id}/{first.birth}")
             for sid, data in plan.data.items():
@@ -1456,15 +1460,12 @@ class Schedule:
                 read = bytes(cl.reads.get(sid, b""))
                 for srv in servers:
                     fb, fend, _ = srv.framed.get(sid, [b"", None, None])
-                    void = sid in self.rst_streams
-                    if (bytes(fb) != bytes(got) and not void) or len(fb) != len(got) \
-                            or fend != (end, len(got)):
+                    if bytes(fb) != bytes(got) or fend != (end, len(got)):
                         self.violation(f"{who} stream {sid}: got {len(got)} bytes and "
                                        f"{end.name}, {srv.node_id}/{srv.birth} framed "
                                        f"{len(fb)} and {fend}")
                     out = bytes(srv.out_app.get(sid, b""))
-                    n = len(read) if not void else min(len(read), len(out))
-                    if out[:n] != read[:n] or len(out) < n:
+                    if out[:len(read)] != read:
                         self.violation(f"{who} stream {sid}: read {len(read)} bytes, not "
                                        f"what {srv.node_id}/{srv.birth}'s app wrote")
 
