@@ -113,6 +113,7 @@ LONG_QUIET_US = 3_600_000_000  # "not heard a majority of our group since ever" 
 STALL_SLACK_INTERVALS = 2    # no event for this many heartbeat intervals: a local stall
 SETTLING_HEARTBEATS = 20     # a member just given our state: heartbeats before normal timeouts
 MAX_BACKOFF_LEVEL = 30       # doublings of the rejoin back-off remembered (then capped anyway)
+REMOVAL_WAIT_STEP_MS = 10    # a primary's HEARTBEAT `rm`, rounded down to this (`removal_wait_ms`)
 
 
 class Status(enum.Enum):
@@ -423,6 +424,7 @@ class Membership:
         self.takeovers_held = 0                 # suspicions held for want of evidence
         self.takeovers_on_leave = 0             # proposals made because the primary left
         self.probes_alive = 0                   # answers: our primary speaks to them
+        self.unevidenced_exclusions = 0         # served primary, not reset by one
         self._become_joiner(0)
 
     # ---- introspection ------------------------------------------------------------
@@ -704,11 +706,11 @@ class Membership:
         return self._takeover_held_us is not None
 
     def probe_answered(self, primary: int, pvn: int, ago_us: int, now_us: int,
-                       quiet_us: int = 0, size: int = 0) -> None:
+                       quiet_us: int = 0, size: int = 0, listen_us: int = LONG_QUIET_US) -> None:
         """A remote group's member answered our PROBE: it last heard our group's primary
         `primary` (birth id, 0: never) of view `pvn` `ago_us` before it answered, and a
         majority of its own group's view of `size` members `quiet_us` before
-        (`probe_state`)."""
+        (`probe_state`); it has listened for `listen_us`."""
         if self._takeover_held_us is None or self.status is not Status.BACKUP:
             return
         self._observe_clock(now_us, tick=False)
@@ -719,6 +721,14 @@ class Membership:
             return              # it served them long after it fell silent to us (below)
         if now_us - self._primary_spoke_us < c.timeout_base_us and not self._left():
             self.probes_alive += 1              # its heartbeats are late, but it speaks
+            return
+        if (primary and pvn < self.pvn
+                and listen_us < now_us - max(self._primary_heard_us(), self._primary_spoke_us)):
+            # a primary of an earlier view of ours speaks to them, but they began to
+            # listen after ours fell silent to us: not hearing of our view says nothing
+            # of whether it went somewhere (a member restarted since answered so about
+            # a primary cut off alone through our view, which still spoke after the heal,
+            # and we waited for ever: replica_fresh_answer_names_an_older_primary)
             return
         if primary and (pvn > self.pvn or (pvn == self.pvn and primary != mine)
                         or (primary != mine and ago_us < c.live_remote_silence_us)):
@@ -737,6 +747,17 @@ class Membership:
             silent_us = max(self._primary_heard_us(),
                             self._primary_spoke_us)
             limit_us = c.timeout_base_us + self._extension_us(mine, c.timeout_base_us)
+            # ... and less than the primary removes a backup after (as its HEARTBEATs
+            # said: `removal_wait_ms`; not yet said: the floor), less the heartbeats it
+            # may have heard from us after we last heard it: serving them that long
+            # after, it may have removed us and served what we do not hold. (A backup
+            # that did not hear the heartbeat naming its removal judged by its own
+            # extension for the primary, 100 ms, where the primary removed it after
+            # 50: replica_behind_backup_takes_over_after_a_short_heal, in other timing)
+            said_by, removal_us = self._primary_rm
+            if said_by != mine or not removal_us:
+                removal_us = min(c.backup_timeout_us, c.ack_timeout_us)
+            limit_us = min(limit_us, removal_us - 2 * c.heartbeat_interval_us)
             if self._behind_since_us is not None:
                 silent_us = min(silent_us, self._behind_since_us)
                 # (and no extension: its timing does not explain a change it made without
@@ -882,7 +903,8 @@ class Membership:
         return {"rank": self.rank,
                 "served": int(self.status in PRIMARY_STATUSES and self.served_of()),
                 "lineage": self.lineage, "change": self.change,
-                "wait": self.detector_wait_ms(), "replay": self.replay_flag()}
+                "wait": self.detector_wait_ms(), "replay": self.replay_flag(),
+                "rm": self.removal_wait_ms()}
 
     def heartbeat_news(self, now_us: int) -> None:
         """Something our HEARTBEAT says changed outside this core (our branch became
@@ -951,6 +973,8 @@ class Membership:
         # a senior backup's HEARTBEAT `wait`: how much longer than its floor its detector
         # on our primary waits (`detector_wait_ms`); ours waits at least as long
         self._senior_wait_us: dict[int, int] = {}
+        # (primary, its HEARTBEAT's `rm` in us): how soon it removes a silent backup
+        self._primary_rm: tuple[int, int] = (0, 0)
         # members' message timing: kept across our own reset (a peer's timing does not
         # depend on our incarnation), pruned to the members at every install
         self._arrivals: dict[int, ArrivalStats] = getattr(self, "_arrivals", {})
@@ -1111,6 +1135,7 @@ class Membership:
                 self._outlived_by = None            # (and what we missed comes again)
                 if msg.type is MsgType.HEARTBEAT and msg.pvn == self.pvn:
                     self._primary_served = msg.body.get("served") == 1
+                    self._primary_rm = (msg.sender, 1000 * msg.body.get("rm", 0))
                     named = msg.body.get("change", 0)
                     self._primary_change_seen = max(self._primary_change_seen, named)
                     if self._primary_change_seen <= self.change:
@@ -1296,6 +1321,22 @@ class Membership:
         wait_us = self._fd_deadline_us() - heard - self.cfg.fault_timeout_us(self.rank)
         return max(0, -(-wait_us // 1000))
 
+    def removal_wait_ms(self) -> int:
+        """A primary's shortest removal timeout on any of its backups now (silence, or
+        a change not acknowledged: each floor plus that backup's extension), in ms
+        rounded down to REMOVAL_WAIT_STEP_MS (so that it changes rarely: a HEARTBEAT
+        that says the same is absorbed without waking its receivers); 0 but for a
+        primary with backups. Our HEARTBEAT says it (`rm`): a backup cut off from us
+        takes our serving the remote groups for longer than that after we fell silent
+        to it as its removal (`probe_answered`)."""
+        if self.status not in PRIMARY_STATUSES or len(self.members) < 2:
+            return 0
+        c = self.cfg
+        us = min(min(self._backup_timeout_us(k.birth),
+                     c.ack_timeout_us + self._extension_us(k.birth, c.ack_timeout_us))
+                 for k in self.members[1:])
+        return us // 1000 // REMOVAL_WAIT_STEP_MS * REMOVAL_WAIT_STEP_MS
+
     def _ack_timeout_us(self, births) -> int:
         """The ack timeout of a change for these members: the longest of theirs."""
         c = self.cfg
@@ -1390,7 +1431,7 @@ class Membership:
         p = self._proposal
         self._send(MsgType.PROPOSE_PRIMARY, {
             "members": _encode_members(p.members), "old_pvn": p.parent[0],
-            "old_primary": p.parent[1], "change": p.change,
+            "old_primary": p.parent[1], "change": p.change, "evidenced": int(p.evidenced),
             "max_precedence": self.max_precedence})
         p.sent_us = now_us
 
@@ -1474,6 +1515,19 @@ class Membership:
             seen_max=prev[1] if prev else None,
             accepted_by_proposal=self._accepted_by_proposal)
         if decision is PPDecision.RESET:
+            if (self.status in PRIMARY_STATUSES and not body["evidenced"]
+                    and self.served_of()):
+                # Beyond the paper: a proposer that knew no remote group took no remote
+                # word, so nothing says we were silent to the groups we serve -- it was
+                # cut off (alone, here) before our connections reached it, and its state
+                # lacks what we served since. Reset by it, the group went on from that
+                # state and the clients' replies were rolled back
+                # (replica_unevidenced_proposal_excludes_a_serving_primary). We stay; if
+                # it forms its view anyway, unserved, the competing-primary rule prunes
+                # it and every member that followed it (a served branch outranks one
+                # that is not).
+                self.unevidenced_exclusions += 1
+                return
             self._reset(now_us, f"excluded by ProposePrimary of {proposer} for view {target}")
         elif decision is PPDecision.ACCEPT:
             if self.status is Status.AWAITING_STATE:

@@ -48,7 +48,7 @@ def samples() -> dict[str, Message]:
         "reply 16 KB": _msg(MsgType.REPLY, {"offset": 1 << 24, "data": b"y" * 16_384,
                                             "flags": 0}, msn=9, order_info=oi),
         "heartbeat": _msg(MsgType.HEARTBEAT, {"rank": 2, "served": 1, "lineage": 1,
-                                              "change": 3, "wait": 0, "replay": 0, "done": 0}),
+                                              "change": 3, "wait": 0, "replay": 0, "rm": 0, "done": 0}),
         "first ack": _msg(MsgType.FIRST_ACK, {}),
         "order-info report": _msg(MsgType.ORDER_INFO, {"upto": 123456, "done": 123400}),
         "nack (reference in both)": _msg(MsgType.NACK, {"missing": [15220, 15221]}),

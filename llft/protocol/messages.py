@@ -115,8 +115,10 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
     # done: a backup's executed order-info position in its view, as in its ORDER_INFO
     # report; repeated with every heartbeat copy, so a lost report is made good (0 from a
     # primary and in membership's own heartbeat)
+    # rm: a primary's shortest removal timeout on any of its backups, in ms (0 from a
+    # backup; membership/core.py `removal_wait_ms`)
     MsgType.HEARTBEAT: {"rank": int, "served": int, "lineage": int, "change": int,
-                        "wait": int, "replay": int, "done": int},
+                        "wait": int, "replay": int, "rm": int, "done": int},
     # upto: order-info position carried (primary) / delivered (backup's ack); done: the
     # position the backup's application has executed (its lag report; 0 from a primary)
     MsgType.ORDER_INFO: {"upto": int, "done": int},
@@ -126,9 +128,11 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
     # "max_precedence" is the highest precedence ever assigned, so a new primary continues
     # above it; "old_primary" (birth id) names, with old_pvn, the view a proposal replaces
     # (added by the membership core, additively); a member is [birth_id, precedence]
-    # (ranks are derived: primary 1, backups 2..n by precedence, never carried)
+    # (ranks are derived: primary 1, backups 2..n by precedence, never carried);
+    # "evidenced": 1 if the proposer took a remote group's word that the primary is silent
+    # (0: it knew no remote group, the paper's takeover; membership/core.py)
     MsgType.PROPOSE_PRIMARY: {"members": list, "old_pvn": int, "old_primary": int,
-                              "change": int, "max_precedence": int},
+                              "change": int, "max_precedence": int, "evidenced": int},
     MsgType.PROPOSE_PRIMARY_ACK: {"proposer": int, "change": int, "max_precedence": int},
     MsgType.PROPOSE_BACKUP: {"host": str, "pid": int},
     # lineage: the view number at which the group's lineage was founded and when, in one
@@ -149,9 +153,10 @@ BODY_FIELDS: dict[MsgType, dict[str, type | tuple[type, ...]]] = {
     # answer 1: pvn/primary (birth id, 0: none) of the asking group's primary last heard
     # (its messages only a primary sends), `ago` microseconds before this answer; quiet:
     # microseconds since the answerer last heard a majority of its own group's view of
-    # `size` members (membership/core.py `probe_state`, `_answer_is_lost`)
+    # `size` members (membership/core.py `probe_state`, `_answer_is_lost`); listen:
+    # microseconds the answerer has listened (since its messaging started)
     MsgType.PROBE: {"answer": int, "pvn": int, "primary": int, "ago": int, "quiet": int,
-                    "size": int},
+                    "size": int, "listen": int},
 }
 
 
@@ -193,7 +198,7 @@ def probe(src_group: str, dst_group: str, *, pvn: int, precedence: int, sender: 
                    conn_seq=0, role=Role.CLIENT, pvn=pvn, precedence=precedence,
                    sender=sender,
                    body=answer or {"answer": 0, "pvn": 0, "primary": 0, "ago": 0,
-                                   "quiet": 0, "size": 0})
+                                   "quiet": 0, "size": 0, "listen": 0})
 
 
 @dataclass(frozen=True, slots=True)

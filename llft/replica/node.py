@@ -260,6 +260,7 @@ class ReplicaNode:
                                               self.messaging_config)
         self.messaging.wait_of = self.membership.detector_wait_ms   # said in its HEARTBEATs
         self.messaging.replay_of = self.membership.replay_flag
+        self.messaging.rm_of = self.membership.removal_wait_ms
         self.messaging.probe_state_of = \
             lambda since_us: self.membership.probe_state(self._now, since_us)
         if self.wrap_messaging is not None:
@@ -471,7 +472,7 @@ class ReplicaNode:
                 and m.takeover_held):
             b = msg.body                    # evidence (or not) for a held takeover
             self._touched().probe_answered(b["primary"], b["pvn"], b["ago"], now_us,
-                                           b["quiet"], b["size"])
+                                           b["quiet"], b["size"], b["listen"])
         if t in MEMBERSHIP_CORE_TYPES:
             self._touched().handle_message(msg, now_us)
         elif t == MsgType.HEARTBEAT:

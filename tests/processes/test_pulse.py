@@ -34,7 +34,7 @@ def group_map() -> GroupMap:
 def heartbeat(sender: int, ts: int) -> Message:
     return Message(MsgType.HEARTBEAT, "g", "g", 0, Role.CLIENT, pvn=1, precedence=1,
                    sender=sender, ts=ts, body={"rank": 2, "served": 0, "lineage": 1,
-                                               "change": 1, "wait": 0, "replay": 0, "done": 0})
+                                               "change": 1, "wait": 0, "replay": 0, "rm": 0, "done": 0})
 
 
 def now_us() -> int:

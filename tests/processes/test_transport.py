@@ -167,7 +167,7 @@ def test_own_multicasts_are_dropped():
             assert await b.wait_until(lambda: len(got_b) == 1, 10)
             b.send("svc", data_msg(2))                        # sender 99 from b's socket
             hb = Message(MsgType.HEARTBEAT, "svc", "svc", 0, Role.CLIENT, 1, 1, 7,
-                         body={"rank": 2, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "done": 0})
+                         body={"rank": 2, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "rm": 0, "done": 0})
             b.send("svc", hb)
             assert await a.wait_until(lambda: len(got_a) == 1, 10)
             assert got_a[0].sender == 7 and a.counters["own_messages"] == 1

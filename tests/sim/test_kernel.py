@@ -30,7 +30,7 @@ class Toy:
             msg = Message(type=MsgType.HEARTBEAT, src_group=G, dst_group=G, conn_seq=0,
                           role=Role.CLIENT, pvn=1, precedence=1, sender=self.birth,
                           body={"rank": 1, "served": 0, "lineage": 1, "change": 0,
-                                "wait": 0, "replay": 0, "done": 0})
+                                "wait": 0, "replay": 0, "rm": 0, "done": 0})
             self._out.append(Send(G, msg))
         elif self.timer_us is not None and now_us >= self.timer_us:
             self.timer_us = None

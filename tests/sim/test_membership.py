@@ -381,10 +381,11 @@ def member(birth=111, prec=3, pvn=4, members=((100, 1), (105, 2), (111, 3), (120
     return core
 
 
-def pp(sender, prec, members, old_pvn=4, change=0, old_primary=100):
+def pp(sender, prec, members, old_pvn=4, change=0, old_primary=100, evidenced=0):
     return Message(MsgType.PROPOSE_PRIMARY, G, G, 0, Role.CLIENT, old_pvn, prec, sender,
                    body={"members": [list(m) for m in members], "old_pvn": old_pvn,
-                         "old_primary": old_primary, "change": change, "max_precedence": 9})
+                         "old_primary": old_primary, "change": change, "max_precedence": 9,
+                         "evidenced": evidenced})
 
 
 def test_core_accepts_acknowledges_and_adopts_the_proposed_ranks():
@@ -411,10 +412,31 @@ def test_core_resets_when_excluded_and_ignores_stale_proposals():
     assert any(isinstance(a, Reset) for a in c.take_actions())
 
 
+@pytest.mark.parametrize("served, evidenced, reset", [
+    (False, 0, True),       # the paper: excluded, it resets
+    (True, 1, True),        # the remote groups said it is silent there too
+    (True, 0, False),       # served, and the proposer asked nobody: it stays
+])
+def test_a_serving_primary_is_not_reset_by_a_proposer_that_asked_nobody(served, evidenced,
+                                                                        reset):
+    """A proposer that knew no remote group proposed on its own detector (the paper),
+    but it may only have been cut off before the primary's connections reached it: a
+    primary that serves remote groups stays (the served branch outranks the unserved one
+    once that forms). tests/sim/regressions/
+    replica_unevidenced_proposal_excludes_a_serving_primary."""
+    c = member(birth=100, prec=1)
+    c.status = Status.PRIMARY
+    c.served_of = lambda: served
+    c.handle_message(pp(105, 2, [(105, 2), (111, 3)], old_primary=100,
+                        evidenced=evidenced), 10)
+    assert (c.status is Status.JOINING) is reset
+    assert c.unevidenced_exclusions == (0 if reset else 1)
+
+
 def test_once_a_view_is_entered_a_competing_proposal_for_it_is_ignored():
     c = member(birth=130, prec=5, members=((100, 1), (105, 2), (120, 4), (130, 5)))
     c.handle_message(pp(105, 2, [(105, 2), (120, 4), (130, 5)]), 10)
-    hb = Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 5, 2, 105, body={"rank": 1, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "done": 0})
+    hb = Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 5, 2, 105, body={"rank": 1, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "rm": 0, "done": 0})
     c.handle_message(hb, 11)                                        # the view formed
     c.handle_message(pp(120, 4, [(120, 4), (130, 5)]), 12)
     assert c.primary == Key(2, 105)
@@ -434,8 +456,8 @@ def test_a_proposal_from_another_branch_is_not_judged_by_our_view():
 
 def test_competing_primary_heartbeat_prunes_lower_branch_and_is_remulticast():
     c = member()
-    higher = Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 2, 7, 999, body={"rank": 1, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "done": 0})
-    lower = Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 9, 1, 5, body={"rank": 1, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "done": 0})
+    higher = Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 2, 7, 999, body={"rank": 1, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "rm": 0, "done": 0})
+    lower = Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, 9, 1, 5, body={"rank": 1, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "rm": 0, "done": 0})
     c.handle_message(lower, 5)             # key (1, 5) < our primary's (1, 100): ignored
     assert c.status is Status.BACKUP
     c.handle_message(higher, 6)

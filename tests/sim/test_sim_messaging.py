@@ -156,7 +156,7 @@ class _Echo:
     def handle_timer(self, now_us):
         self.out.append(_Send(self.peer, Message(MsgType.HEARTBEAT, self.group, self.peer, 0,
                                                  Role.CLIENT, 1, 1, self.bid,
-                                                 body={"rank": 1, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "done": 0})))
+                                                 body={"rank": 1, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "rm": 0, "done": 0})))
         self.t = now_us + 1000
 
     def next_timer_us(self):
@@ -195,7 +195,7 @@ def test_kernel_crash_partition_and_forgery():
     sim.run_until(20_000)
     assert len(b.got) == n and sim.stats["partitioned"] > 0
     sim.heal()
-    forged = Message(MsgType.HEARTBEAT, "A", "B", 0, Role.CLIENT, 1, 1, 99, body={"rank": 1, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "done": 0})
+    forged = Message(MsgType.HEARTBEAT, "A", "B", 0, Role.CLIENT, 1, 1, 99, body={"rank": 1, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "rm": 0, "done": 0})
     for dg in sim.forge(forged):
         sim.inject("B", dg)
     sim.inject("B", b"LF\x01\x00garbage")

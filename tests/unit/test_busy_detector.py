@@ -23,7 +23,7 @@ MS = 1_000
 def hb(sender: int, prec: int, rank: int, pvn: int = 4, replay: int = 0) -> Message:
     return Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, pvn, prec, sender,
                    body={"rank": rank, "served": 0, "lineage": 0, "change": 0, "wait": 0,
-                         "replay": replay, "done": 0})
+                         "replay": replay, "rm": 0, "done": 0})
 
 
 def propose_backup(sender: int) -> Message:

@@ -402,7 +402,7 @@ def test_scapy_layer_dissects_and_rebuilds_our_datagrams():
     finally:
         LLFT.mac_key = None
     got = Decoder(KEY, "svc").decode(crafted, 0)
-    assert got.type is MsgType.HEARTBEAT and got.pvn == 7 and got.body == {"rank": 0, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "done": 0}
+    assert got.type is MsgType.HEARTBEAT and got.pvn == 7 and got.body == {"rank": 0, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "rm": 0, "done": 0}
 
 
 def test_scapy_udp_binding_by_port_range_and_explicit_port():

@@ -315,13 +315,13 @@ def test_watermarks_and_digest_guard():
         e.take_actions()
     assert q.timestamp_watermark() == 7 == qb.timestamp_watermark()
     assert q.group_watermark() == 0                 # no report from the backup yet
-    hb = qb._intra(MsgType.HEARTBEAT, {"rank": 2, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "done": 0}, back=qb.timestamp_watermark(),
+    hb = qb._intra(MsgType.HEARTBEAT, {"rank": 2, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "rm": 0, "done": 0}, back=qb.timestamp_watermark(),
                    ack=qb.digest())
     q.handle_message(hb, 20)
     assert q.group_watermark() == 7
     assert q.buffer_sizes()["received"] == 0       # ts 7 <= mygroupwatermark: collected
     # a report made with another set of connections does not count
-    stale = qb._intra(MsgType.HEARTBEAT, {"rank": 2, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "done": 0}, back=99, ack=qb.digest() ^ 1)
+    stale = qb._intra(MsgType.HEARTBEAT, {"rank": 2, "served": 0, "lineage": 0, "change": 0, "wait": 0, "replay": 0, "rm": 0, "done": 0}, back=99, ack=qb.digest() ^ 1)
     q.handle_message(stale, 30)
     assert q.group_watermark() == 0
 

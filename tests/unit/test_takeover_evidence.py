@@ -45,11 +45,11 @@ def advance(core: Membership, until_us: int) -> int:
     return until_us
 
 
-def heartbeat(sender: int, pvn: int, rank: int = 1, change: int = 0) -> Message:
+def heartbeat(sender: int, pvn: int, rank: int = 1, change: int = 0, rm: int = 0) -> Message:
     """A HEARTBEAT of `sender` (a member of rank `rank`) in view `pvn`."""
     return Message(MsgType.HEARTBEAT, G, G, 0, Role.CLIENT, pvn, rank, sender,
                    body={"rank": rank, "served": 1, "lineage": 0, "change": change,
-                         "wait": 0, "replay": 0, "done": 0})
+                         "wait": 0, "replay": 0, "rm": rm, "done": 0})
 
 
 def fire_detector(core: Membership) -> int:
@@ -112,6 +112,65 @@ def test_an_answer_that_the_primary_spoke_to_them_since_keeps_it_waiting():
     assert core.status is Status.PRIMARY_PHASE2
 
 
+def _served_after(rm_ms: int | None, after_ms: int) -> Membership:
+    """A backup whose primary said `rm_ms` (None: nothing) and then fell silent; the
+    clients answer that it served them `after_ms` after that."""
+    core = backup()
+    if rm_ms is not None:
+        core.handle_message(heartbeat(PRIMARY, 4, rm=rm_ms), 1)
+    now = fire_detector(core)
+    heard = core._last_heard[PRIMARY]
+    core.probe_answered(PRIMARY, 4, now - heard - after_ms * MS, now)
+    return core
+
+
+def test_serving_them_longer_after_than_the_primary_removes_a_backup_is_our_removal():
+    """The primary's HEARTBEAT says how soon it removes a silent backup (`rm`). Serving
+    the clients longer than that (less two heartbeats) after it fell silent to us, it may
+    have removed us and served what we do not hold: never take over from it. Before, a
+    backup judged by its own timeout on the primary as extended (up to 100 ms), and took
+    over with a stale state where the primary had removed it after 50 ms (replica_behind_
+    backup_takes_over_after_a_short_heal in other timing)."""
+    assert _served_after(30, 22)._outlived_by == PRIMARY     # 22 > 30 - 2 x 5
+    assert _served_after(200, 22)._outlived_by is None       # within 25 ms + extension
+    # not said (a primary just heard, or of another view): the floor of any removal
+    assert _served_after(None, 22)._outlived_by is None      # 22 < 50 - 10
+    assert _served_after(None, 42)._outlived_by == PRIMARY
+
+
+def test_a_primary_says_how_soon_it_removes_a_backup():
+    core = backup()
+    assert core.removal_wait_ms() == 0                        # a backup says nothing
+    core.status = Status.PRIMARY
+    core._install(5, 0, [Key(2, ME), Key(3, 106)], 3, 10)
+    assert core.removal_wait_ms() == CFG.backup_timeout_us // MS   # the floor, no history
+    core._install(5, 1, [Key(2, ME)], 3, 20)
+    assert core.removal_wait_ms() == 0                        # alone: nobody to remove
+
+
+def test_a_member_that_began_to_listen_after_our_primary_fell_silent_says_nothing_of_our_view():
+    """A primary of an EARLIER view of ours speaking to them means our view may be a
+    branch that went nowhere (we wait) -- unless the answerer began to listen after our
+    primary fell silent to us: it could not have heard our view either way. A member
+    restarted since answered so about a primary cut off alone through our whole view,
+    which still spoke after the heal, and the backup holding our view's state waited for
+    ever (tests/sim/regressions/replica_fresh_answer_names_an_older_primary)."""
+    core = backup()
+    now = fire_detector(core)
+    silent_for = now - core._last_heard[PRIMARY]
+    core.probe_answered(999, 3, 0, now, listen_us=silent_for - 1)     # fresh: nothing
+    assert core.probes_alive == 0 and core.status is Status.BACKUP
+    core.probe_answered(PRIMARY, 4, silent_for, now + 1)     # ours silent there too
+    assert core.status is Status.PRIMARY_PHASE2
+    core = backup()
+    now = fire_detector(core)
+    silent_for = now - core._last_heard[PRIMARY]
+    core.probe_answered(999, 3, 0, now, listen_us=silent_for + 1)     # it would have heard
+    assert core.probes_alive == 1
+    core.probe_answered(PRIMARY, 4, silent_for, now + 1)
+    assert core.status is Status.BACKUP
+
+
 def test_an_answer_that_another_primary_of_ours_serves_them_keeps_it_waiting():
     core = backup()
     now = fire_detector(core)
@@ -142,17 +201,18 @@ def test_every_member_of_a_remote_group_answers_with_what_it_heard_of_our_primar
     ep.handle_message(keepalive, 1_000)
     ep.take_actions()
     probe = Message(MsgType.PROBE, G, R, 0, Role.CLIENT, 4, 2, ME,
-                    body={"answer": 0, "pvn": 0, "primary": 0, "ago": 0, "quiet": 0, "size": 0})
+                    body={"answer": 0, "pvn": 0, "primary": 0, "ago": 0, "quiet": 0, "size": 0, "listen": 0})
     ep.handle_message(probe, 31_000)
     (a,) = [a for a in ep.take_actions() if getattr(a, "msg", None) is not None
             and a.msg.type is MsgType.PROBE]
     assert a.dst_group == G and a.msg.body == {"answer": 1, "pvn": 4, "primary": PRIMARY,
-                                               "ago": 30_000, "quiet": 0, "size": 0}
+                                               "ago": 30_000, "quiet": 0, "size": 0,
+                                               "listen": 30_000}
     ep.handle_message(probe, 31_100)                  # rate-limited: one per nack delay
     assert not [a for a in ep.take_actions() if getattr(a, "msg", None) is not None
                 and a.msg.type is MsgType.PROBE]
     answer = Message(MsgType.PROBE, G, R, 0, Role.CLIENT, 4, 2, ME,
-                     body={"answer": 1, "pvn": 0, "primary": 0, "ago": 0, "quiet": 0, "size": 0})
+                     body={"answer": 1, "pvn": 0, "primary": 0, "ago": 0, "quiet": 0, "size": 0, "listen": 0})
     ep.handle_message(answer, 40_000)                 # an answer is not answered
     assert not [a for a in ep.take_actions() if getattr(a, "msg", None) is not None
                 and a.msg.type is MsgType.PROBE]

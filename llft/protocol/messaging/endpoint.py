@@ -281,6 +281,7 @@ class MessagingEndpoint:
         # membership's detector wait, in ms (likewise: Membership.detector_wait_ms)
         self.wait_of: Callable[[], int] = int
         self.replay_of: Callable[[], int] = int
+        self.rm_of: Callable[[], int] = int
         # (quiet, size) said in our PROBE answers (likewise: Membership.probe_state)
         # (quiet, size) of our membership for a PROBE answer covering since `since_us`
         self.probe_state_of: Callable[[int], tuple[int, int]] = lambda since_us: (0, 0)
@@ -2210,6 +2211,7 @@ class MessagingEndpoint:
         back = self._heartbeat_back()
         body = {"rank": self.rank(), "served": int(self.served), "lineage": self.lineage,
                 "change": self.change, "wait": self.wait_of(), "replay": self.replay_of(),
+                "rm": self.rm_of(),
                 "done": 0 if self.is_primary else self.order_info.executed}
         ack, frees = self.digest(), self._heartbeat_frees()
         hb, k = self.config.heartbeat_us, self.config.pulse_intervals
@@ -2696,11 +2698,12 @@ def _remember(memory: dict, key, value, limit: int) -> None:
 def probe_answer(heard: tuple[int, int, int, int] | None, since_us: int, now_us: int,
                  quiet_us: int = 0, size: int = 0) -> dict:
     """A PROBE's answer body: what we last heard of the asking group's primary (never:
-    primary 0, and `ago` how long we have been listening), and whether we hear a
-    majority of our own group (`quiet_us` ago, of a view of `size`)."""
+    primary 0, and `ago` how long we have been listening), whether we hear a majority
+    of our own group (`quiet_us` ago, of a view of `size`), and how long we have been
+    listening (`listen`)."""
     pvn, birth, at = heard[:3] if heard is not None else (0, 0, since_us)
     return {"answer": 1, "pvn": pvn, "primary": birth, "ago": max(0, now_us - at),
-            "quiet": quiet_us, "size": size}
+            "quiet": quiet_us, "size": size, "listen": max(0, now_us - since_us)}
 
 
 def _pack_conn_values(pairs: Iterable[tuple[ConnId, int]]) -> list[list]:

@@ -509,7 +509,7 @@ class LanedEndpoint:
                     or (self.backup_loans - 1) % self.backup_shadow_every == 0)
                 if self.shadowing:
                     # (the hooks a replica node gives its core -- wait_of, replay_of,
-                    # probe_state_of -- read membership: shared, not copied with it)
+                    # rm_of, probe_state_of -- read membership: shared, not copied)
                     ep = self.endpoint
                     self._copy = copy.deepcopy(ep, {id(getattr(ep, k)): getattr(ep, k)
                                                     for k in _HOOKS})
@@ -709,11 +709,11 @@ def _brief(actions: list) -> list:
 
 
 # what a replica node hooks into its core (they read membership)
-_HOOKS = ("wait_of", "replay_of", "probe_state_of")
+_HOOKS = ("wait_of", "replay_of", "rm_of", "probe_state_of")
 
 # the endpoint's caches: derived from the rest, rebuilt when needed (not compared)
 _CACHES = frozenset({"_wm_terms", "_wm_heap", "_wm_dirty", "_digest", "_actions",
-                     "wait_of", "replay_of", "probe_state_of"})
+                     "wait_of", "replay_of", "rm_of", "probe_state_of"})
 
 
 def endpoint_state(ep) -> dict:
