@@ -75,11 +75,17 @@ def feed(f: Framer, k: int, ev) -> tuple[bytes, list]:
     return f.output(k, ev)
 
 
-def run_primary(streams, events):
+def framer_of(streams, primary: bool = False) -> Framer:
+    """A replica's framer with the workload's streams registered."""
     f = Framer()
-    f.primary = True
+    f.primary = primary
     for k, (conn, sid, _, _) in streams.items():
         f.add(k, conn, sid)
+    return f
+
+
+def run_primary(streams, events):
+    f = framer_of(streams, primary=True)
     records, made = bytearray(), []
     for k, ev in events:
         r, m = feed(f, k, ev)
@@ -120,9 +126,7 @@ def test_a_backup_frames_what_its_primary_framed(data, streams):
               for a, b in zip([0, *cuts], [*cuts, n_entries]) if b > a]
     order = interleave(data.draw, {0: [("read", e) for e in mine],
                                    1: [("entries", c) for c in chunks]})
-    b = Framer()
-    for k, (conn, sid, _, _) in streams.items():
-        b.add(k, conn, sid)
+    b = framer_of(streams)
     got = []
     for _, (what, ev) in order:
         if what == "entries":
@@ -148,9 +152,7 @@ def test_a_promoted_backup_continues_the_streams(data, streams):
     p = data.draw(st.integers(0, n_entries))
     mine = events_of(data.draw, streams)
     split = data.draw(st.integers(0, len(mine)))     # reads before the promotion
-    b = Framer()
-    for k, (conn, sid, _, _) in streams.items():
-        b.add(k, conn, sid)
+    b = framer_of(streams)
     got, new_records = [], bytearray()
 
     def apply(ev):
@@ -198,9 +200,7 @@ def test_a_reset_stream_is_framed_from_its_apps_bytes(data, streams):
     order = interleave(data.draw, {0: [("read", e) for e in mine[:at]] + [("reset", None)]
                                    + [("read", e) for e in mine[at:]],
                                    1: [("entries", records)]})
-    b = Framer()
-    for k, (conn, sid, _, _) in streams.items():
-        b.add(k, conn, sid)
+    b = framer_of(streams)
     got = []
     for _, (what, ev) in order:
         if what == "entries":
@@ -225,9 +225,7 @@ def test_a_reset_stream_whose_app_ended_short_is_framed_by_length(data, streams)
     mine = events_of(data.draw, streams)
     lost = data.draw(st.integers(0, len(mine)))     # stream 0's app stops here
     mine = mine[:lost] + [e for e in mine[lost:] if e[0] != 0]
-    b = Framer()
-    for k, (conn, sid, _, _) in streams.items():
-        b.add(k, conn, sid)
+    b = framer_of(streams)
     got = []
     for i, (k, x) in enumerate(mine):
         if i == lost:
