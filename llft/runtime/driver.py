@@ -105,11 +105,13 @@ class Driver:
         self.core.handle_message(msg, min(at_us, self.clock_us()))
         self.pump(event=True)
 
-    def _on_datagram(self, data: bytes) -> bool:
+    def _on_datagram(self, data: bytes, at_us: int | None = None) -> bool:
         """A whole datagram, offered to a core that handles steady ones raw (a native
-        lane, `LanedEndpoint.handle_datagram`); False: decode it and call as usual."""
+        lane, `LanedEndpoint.handle_datagram`), at its arrival time if known (as
+        `_on_message_at`); False: decode it and call as usual."""
         self._absorbed()                # (heartbeat copies first, as before any event)
-        if not self.core.handle_datagram(data, self.clock_us()):
+        now = self.clock_us()
+        if not self.core.handle_datagram(data, now if at_us is None else min(at_us, now)):
             return False
         self.pump(event=True)
         return True

@@ -422,7 +422,12 @@ class Sim:
                 if msg is None:
                     self.stats["rejected"] += 1
                     continue
-                node.core.handle_message(msg, at_us)
+                # at its (kernel) arrival time, as the runtime hands it over (SO_TIMESTAMPNS,
+                # llft/runtime/transport.py): the same but for a node that was paused, which
+                # handles what queued meanwhile when it wakes (the cores keep their clocks
+                # monotonic; what they stamp with it -- a remote primary last heard -- is
+                # then when it came: replica_paused_member_stamps_queued_words_as_fresh)
+                node.core.handle_message(msg, arrived_us)
                 self._pump(node)
                 continue
             # _TIMER (input first, as the runtime's driver does: a timer judges silence)

@@ -924,7 +924,7 @@ int llft_lane_receive(llft_lane *L, const char *dg_chars, size_t n, int64_t now_
         s->has_primary_heard = 1;
         s->primary_heard_pvn = pvn;
         s->primary_heard_sender = sender;
-        s->primary_heard_us = now;
+        s->primary_heard_us = now_us;  /* when it came (<= now): endpoint.py */
         s->primary_heard_ts = ts;
         s->primary_heard_set = 1;
     }

@@ -8,6 +8,7 @@ import json
 import os
 import random
 import sys
+import time
 
 import pytest
 
@@ -147,6 +148,33 @@ def test_rejections_counted_and_callback_errors_contained():
             rx.set_view("cli", 2)
             tx.send("svc", data_msg(4))                       # pvn 1 < 2: replay
             assert await rx.wait_until(lambda: rx.rejections[Reject.OLD_VIEW] == 1, 10)
+
+    asyncio.run(main())
+
+
+def test_a_message_comes_with_the_kernels_arrival_time():
+    """A message that waited in the socket while the process did not run (here: its
+    loop blocked 200 ms) is handed over with when it came, not when it is handled
+    (`on_message_at`, SIOCGSTAMPNS): what the cores stamp with it -- a remote primary
+    last heard, which PROBE answers report -- must not make a stopped member say that a
+    primary that crashed meanwhile spoke "0 ms ago"
+    (tests/sim/regressions/replica_paused_member_stamps_queued_words_as_fresh)."""
+    addr = rand_group_address()
+
+    async def main():
+        got = []
+        gm = GroupMap({"svc": addr})
+        async with Endpoint(KEY, "svc", lambda m: got.append((m.msn, None, None)),
+                            groups=gm) as rx, \
+                Endpoint(KEY, "cli", lambda m: None, groups=gm) as tx:
+            rx.on_message_at = lambda m, at: got.append((m.msn, at, rx.clock_us()))
+            sent_us = rx.clock_us()
+            tx.send("svc", data_msg(1))
+            time.sleep(0.2)                 # the loop does not run: it waits in the socket
+            assert await rx.wait_until(lambda: got, 10)
+            [(msn, at_us, handled_us)] = got
+            assert msn == 1 and at_us is not None, got
+            assert sent_us <= at_us <= sent_us + 100_000 < handled_us - 100_000, got
 
     asyncio.run(main())
 

@@ -574,7 +574,8 @@ class BackupLane(LaneBase):
         s.heard[remote] = now
         if primary:
             if news_of_primary(s.primary_heard.get(remote), msg.pvn, msg.sender, msg.ts):
-                ph = s.primary_heard[remote] = (msg.pvn, msg.sender, now, msg.ts)
+                ph = s.primary_heard[remote] = (msg.pvn, msg.sender, min(now_us, now),
+                                                msg.ts)         # (when it came)
                 s.primary_heard_set.pop(remote, None)
                 s.primary_heard_set[remote] = ph
 

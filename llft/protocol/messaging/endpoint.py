@@ -1042,10 +1042,16 @@ class MessagingEndpoint:
             self._answer_probe(msg)
             return
         if msg.type in PRIMARY_ONLY_TYPES:
+            # stamped with when it came (`now_us`: the kernel's arrival time at the
+            # runtime), not with our clock, which may be past it: a member that was
+            # stopped handles what queued meanwhile when it wakes, and said that a
+            # primary that had crashed meanwhile spoke to it "0 ms ago" (our PROBE
+            # answers: replica_paused_member_stamps_queued_words_as_fresh)
             if news_of_primary(self.primary_heard.get(msg.src_group), msg.pvn, msg.sender,
                                msg.ts):
                 _remember(self.primary_heard, msg.src_group,
-                          (msg.pvn, msg.sender, self._now, msg.ts), MAX_PROBED_BY)
+                          (msg.pvn, msg.sender, min(now_us, self._now), msg.ts),
+                          MAX_PROBED_BY)
         cid = (msg.src_group, msg.conn_seq, ROLES[1 - msg.role])
         c = self.conns.get(cid)
         if c is None and cid in self.closed:

@@ -273,7 +273,7 @@ class SteadyLane(LaneBase):
         self._count("rx_" + t.name)
         s.heard = now
         if news_of_primary(s.primary_heard, msg.pvn, msg.sender, msg.ts):
-            s.primary_heard = (msg.pvn, msg.sender, now, msg.ts)
+            s.primary_heard = (msg.pvn, msg.sender, now_us, msg.ts)    # (when it came)
             s.primary_heard_set = True
         # _handle_inter: _on_remote_ack
         tm = s.timers
