@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # the wire format: a datagram of another version is rejected as such (2: HEARTBEAT
-# gained `replay`; native/lane/llft_lane.h says the same)
-WIRE_VERSION = 2
+# gained `replay`; 3: HEARTBEAT gained `rm`, PROPOSE_PRIMARY `evidenced`, PROBE answers
+# `listen`; native/lane/llft_lane.h says the same)
+WIRE_VERSION = 3
 
 
 class MsgType(enum.IntEnum):

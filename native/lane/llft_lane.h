@@ -80,7 +80,7 @@
 #define LLFT_LANE_LAST_ORDER_INFO 1
 
 /* what the wire must agree with (native_lane.py checks them against wire.py) */
-#define LLFT_LANE_WIRE_VERSION 2
+#define LLFT_LANE_WIRE_VERSION 3
 #define LLFT_LANE_REQUEST 1
 #define LLFT_LANE_REPLY 2
 #define LLFT_LANE_FIRST_ACK 3
