@@ -149,6 +149,22 @@ def us(word: str) -> int:
     return int(word[:-2])
 
 
+# `set messaging` keys that give the cores the timing a scenario was recorded with, where
+# a default changed since and the scenario's outcome depends on the old one (the
+# regressions' README): heartbeat refresh in intervals (before Pulses: `pulse 1`), a
+# backup's ack delay for a direct ORDER_INFO (before it acked at once: `direct-ack 500`),
+# a backup's order-info ack and watermark report delays and the primary's resend of
+# unacked order info (before 2026-12-02: `oi-ack 500 report 1000 intra 3000`)
+TIMING_KEYS = {"pulse": "pulse_intervals", "direct-ack": "order_info_direct_ack_us",
+               "oi-ack": "order_info_ack_us", "report": "watermark_report_us",
+               "intra": "order_info_intra_us"}
+
+
+def messaging_timing(pairs: dict) -> dict[str, int]:
+    """MessagingConfig keyword arguments for the TIMING_KEYS of a `set messaging` line."""
+    return {field: int(pairs[key]) for key, field in TIMING_KEYS.items() if key in pairs}
+
+
 def sides(words: list[str] | tuple[str, ...]) -> list[list[str]]:
     """'a b | c' -> [['a', 'b'], ['c']]."""
     out: list[list[str]] = [[]]

@@ -42,7 +42,8 @@ gateway's host lost for good). Then faults stop, and the checks are:
 The generator (`generate`) decides everything before the schedule runs and writes it as a
 scenario script (format and runner: llft/sim/campaign.py). Its lines: `set faults loss P
 dup P reorder P corrupt P`, `set messaging payload B window N` (optional after them:
-`pulse N`, `direct-ack US`: the cores' timing for scenarios recorded before it changed), `set lanes` (every lone primary lends its steady connection to a lane,
+`pulse N`, `direct-ack US`, `oi-ack US report US intra US`: the cores' timing for
+scenarios recorded before it changed, campaign.TIMING_KEYS), `set lanes` (every lone primary lends its steady connection to a lane,
 llft/protocol/messaging/lane.py, and every backup its steady state for its primary's
 HEARTBEAT, the remote primaries' data messages, keep-alives and acks and its own
 report and NACK timers to a backup lane, backup_lane.py,
@@ -72,7 +73,7 @@ from llft.protocol.messaging import (BufferFull, Closed, Deliver, DeliverOrderIn
 from llft.protocol.messaging.backup_lane import BackupLane
 from llft.protocol.messaging.lane import LanedEndpoint, LaneDivergence
 from llft.sim.campaign import (Campaign, Outcome, Param, Script, ScenarioError,
-                               run_until_done, sides, us)
+                               messaging_timing, run_until_done, sides, us)
 from llft.sim.kernel import NetConfig, Sim
 
 KIND = "messaging"
@@ -252,13 +253,9 @@ class Schedule:
         m = script.pairs("set", "messaging")
         # every group may die whole here (`die`); live ones never fall silent for the
         # remote timeout within a schedule, so the rule is on for all of them
-        # "pulse": heartbeat refresh in intervals (scenarios recorded before pulses: 1)
-        # "direct-ack": a backup's ack delay for a direct ORDER_INFO, us (before: 500)
-        pulse = int(m.get("pulse", MessagingConfig().pulse_intervals))
-        direct_ack = int(m.get("direct-ack", MessagingConfig().order_info_direct_ack_us))
         self.cfg = MessagingConfig(max_payload_bytes=int(m["payload"]),
                                    window_msgs=int(m["window"]), lone_groups=("g",),
-                                   pulse_intervals=pulse, order_info_direct_ack_us=direct_ack)
+                                   **messaging_timing(m))
         # `set lanes on`: every replica's core lends its steady connection to a lane
         # (llft/protocol/messaging/lane.py), a backup its steady state for its primary's
         # HEARTBEAT and for remote data (backup_lane.py), checked in lockstep against a

@@ -103,7 +103,8 @@ Checks on every schedule:
 
 Scenario lines (llft/sim/campaign.py has the format and the runner): `set faults loss P
 dup P reorder P`, `set messaging payload B window N` (optional after them:
-`pulse N`, `direct-ack US`: the cores' timing for scenarios recorded before it changed), `set replicas c N s N`,
+`pulse N`, `direct-ack US`, `oi-ack US report US intra US`: the cores' timing for
+scenarios recorded before it changed, campaign.TIMING_KEYS), `set replicas c N s N`,
 `set server-block B` (the server writes its output in blocks of B bytes, a salt each), `set random-cuts
 yes|no`, `request SEQ SIZE...` (the client's writes on connection SEQ), `set streams N`
 (instead of `request` lines: N streams in one connection, planned from the app seed),
@@ -133,7 +134,7 @@ from llft.replica.framing import Framer
 from llft.replica.node import (Deliver, NotReady, OrderInfo, ReplicaNode, Restored, RestartApp,
                           ViewSwitch)
 from llft.sim.campaign import (Campaign, Outcome, Param, Script, ScenarioError,
-                               run_until_done, sides, us)
+                               messaging_timing, run_until_done, sides, us)
 from llft.sim.kernel import NetConfig, Sim
 from membership import core as mb
 
@@ -801,16 +802,8 @@ class Schedule:
         self.sim = Sim(random.Random(source.seed("sim")), self.faults)
         self.app_rng = random.Random(source.seed("app"))
         m = source.pairs("set", "messaging")
-        # "pulse": heartbeat refresh in intervals, both cores (scenarios recorded before
-        # pulses: 1)
-        # "direct-ack": a backup's ack delay for a direct ORDER_INFO, us (scenarios
-        # recorded before backups acked one at once: 500)
-        pulse = int(m.get("pulse", mg.MessagingConfig().pulse_intervals))
-        direct_ack = int(m.get("direct-ack", mg.MessagingConfig().order_info_direct_ack_us))
         self.mcfg = mg.MessagingConfig(max_payload_bytes=int(m["payload"]),
-                                       window_msgs=int(m["window"]),
-                                       pulse_intervals=pulse,
-                                       order_info_direct_ack_us=direct_ack)
+                                       window_msgs=int(m["window"]), **messaging_timing(m))
         self.sizes = {g: int(n) for g, n in source.pairs("set", "replicas").items()}
         self.server_block = int(source.get("set", "server-block")[0])
         self.random_cuts = source.get("set", "random-cuts")[0] == "yes"

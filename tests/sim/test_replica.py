@@ -233,16 +233,17 @@ def test_checker_catches_a_duplicate_delivery(monkeypatch):
 def test_a_new_primary_catches_its_backups_up():
     # a schedule where a new primary recovered order info in phase 2 that a backup never
     # had; it re-sends the old view's tail before its view marker (node.py, "Catch-up")
-    # and the backup delivers those entries. Schedule 24 of `llft simulate replica
-    # --seed 4` (it was schedule 5 until a primary's HEARTBEAT said how soon it removes
-    # a backup (`rm`), schedule 139 of --seed 2 until a junior backup's detector waited
+    # and the backup delivers those entries. Schedule 11 of `llft simulate replica
+    # --seed 2` (it was schedule 24 of --seed 4 until backups reported every 2 ms, not
+    # 0.5-1, and PROBEs were answered from a timer; schedule 5 until a primary's
+    # HEARTBEAT said how soon it removes a backup (`rm`), schedule 139 of --seed 2 until a junior backup's detector waited
     # for a senior's (HEARTBEAT `wait`), 300 until quiet members' heartbeats became Pulses, 214
     # until backups reported a watermark rise covering no data with their next
     # heartbeat, schedule 74 of --seed 4 until takeovers waited for a remote group's
     # answer, 12 until a membership install sent a carried heartbeat at once, and 152
     # until a branch that became served said so at once: each moved the timing of every
     # takeover)
-    o = rc.CAMPAIGN.outcome(4606441118495165801, {})
+    o = rc.CAMPAIGN.outcome(15755022857294359648, {})
     assert o.violations == []
     assert o.stats["catch_up_sent"] >= 1 and o.stats["caught_up_entries"] >= 1
 

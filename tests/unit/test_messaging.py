@@ -353,7 +353,7 @@ def test_order_info_piggybacked_reflected_and_delivered_once_in_order():
     # the last section per connection for a new primary's phase 2)
     assert unpack_trailer(m2.order_info)[1] == [1, 1, [b"oi-1", b"oi-2"]]
     # the backup acks; the primary's order-info buffer is collected, nothing carried
-    for m in sends(advance(pb, 600), MsgType.ORDER_INFO):
+    for m in sends(advance(pb, 20 + CFG.order_info_ack_us), MsgType.ORDER_INFO):
         p.handle_message(m, 40)
     assert p.buffer_sizes()["order_info"] == 0
     p.send(CONN_A, b"again", now_us=50)

@@ -203,14 +203,26 @@ def test_every_member_of_a_remote_group_answers_with_what_it_heard_of_our_primar
     probe = Message(MsgType.PROBE, G, R, 0, Role.CLIENT, 4, 2, ME,
                     body={"answer": 0, "pvn": 0, "primary": 0, "ago": 0, "quiet": 0, "size": 0, "listen": 0})
     ep.handle_message(probe, 31_000)
+    assert ep.next_timer_us() == 31_000               # answered from a timer, due at once
+    ep.handle_timer(31_000)
     (a,) = [a for a in ep.take_actions() if getattr(a, "msg", None) is not None
             and a.msg.type is MsgType.PROBE]
     assert a.dst_group == G and a.msg.body == {"answer": 1, "pvn": 4, "primary": PRIMARY,
                                                "ago": 30_000, "quiet": 0, "size": 0,
                                                "listen": 30_000}
     ep.handle_message(probe, 31_100)                  # rate-limited: one per nack delay
+    ep.handle_timer(31_100)
     assert not [a for a in ep.take_actions() if getattr(a, "msg", None) is not None
                 and a.msg.type is MsgType.PROBE]
+    # a PROBE that came (queued) while we were stopped is handled at its arrival time,
+    # but its answer says how long ago we heard their primary when it goes (the timer
+    # runs at the clock's now): not as of the arrival, which would pass our stall off
+    # as their primary's word (replica_paused_member_stamps_queued_words_as_fresh)
+    ep.handle_message(probe, 33_000)
+    ep.handle_timer(60_000)
+    (a,) = [a for a in ep.take_actions() if getattr(a, "msg", None) is not None
+            and a.msg.type is MsgType.PROBE]
+    assert a.msg.body["ago"] == 59_000 and a.msg.body["listen"] == 59_000
     answer = Message(MsgType.PROBE, G, R, 0, Role.CLIENT, 4, 2, ME,
                      body={"answer": 1, "pvn": 0, "primary": 0, "ago": 0, "quiet": 0, "size": 0, "listen": 0})
     ep.handle_message(answer, 40_000)                 # an answer is not answered

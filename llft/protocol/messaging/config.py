@@ -40,7 +40,7 @@ class MessagingConfig:
     # (llft/runtime/pulse.py, silence watches); a hung loop still falls silent after
     # the lease (messages.PULSE_LEASE_INTERVALS), not after the refresh
     pulse_intervals: int = 50
-    watermark_report_us: int = 1_000    # a backup whose watermark rose reports this soon
+    watermark_report_us: int = 2_000    # a backup whose watermark rose reports this soon
     nack_delay_us: int = 500
     nack_retry_us: int = 3_000
     max_nack_msns: int = 64             # msns per NACK
@@ -48,8 +48,13 @@ class MessagingConfig:
     max_order_info_bytes: int = 256 << 10   # order info held at the primary
     max_order_info_pending: int = 1024  # out-of-order chunks held at a backup
     max_piggyback_bytes: int = 4096     # order info per message
-    order_info_intra_us: int = 3_000    # order info not acked by a backup this long -> ORDER_INFO
-    order_info_ack_us: int = 500        # a backup acks delivered order info this promptly
+    order_info_intra_us: int = 6_000    # order info not acked by a backup this long -> ORDER_INFO
+    # a backup acks delivered order info this promptly (and its watermark report above):
+    # each report wakes the primary and the other backups, and at 500 µs / 1 ms one came
+    # about every request at one client, in the middle of the next one's path; at 2 ms
+    # p50 fell 13-17 % in four paired runs (docs/BENCHMARKS.md, "Backups report every
+    # 2 ms"). intra stays 3x the ack: a reflection plus the ack's delay come before it
+    order_info_ack_us: int = 2_000
     # ... and a direct ORDER_INFO (the primary waits for it: output commit, or positions
     # order_info_intra_us old) this promptly: at once (scenarios recorded before: 500)
     order_info_direct_ack_us: int = 0

@@ -268,6 +268,7 @@ class MessagingEndpoint:
         # CLOSED answers sent lately (cid -> time): a retransmitted window gets one answer
         self._closed_answered: dict[ConnId, int] = {}
         self._probe_answered: dict[str, int] = {}   # remote group -> our last PROBE answer
+        self._probes_to_answer: list[str] = []      # remote groups owed one (PROBE_ANSWER)
         # remote group -> (pvn, birth, time, Lamport ts) of the newest message only its
         # primary sends (`news_of_primary`: a relayed or reordered copy is not news)
         self.primary_heard: dict[str, tuple[int, int, int, int]] = {}
@@ -948,12 +949,27 @@ class MessagingEndpoint:
             return
         _remember(self._probe_answered, msg.src_group, self._now, MAX_PROBED_BY)
         self._count("probe_answered")
-        heard = self.primary_heard.get(msg.src_group)
-        self._emit(msg.src_group, probe(
-            self.group, msg.src_group, pvn=self.pvn, precedence=self.precedence,
-            sender=self.birth_id, answer=probe_answer(
-                heard, self._since_us, self._now,
-                *self.probe_state_of(heard[2] if heard else self._since_us or 0))))
+        # The answer's times ("heard ago", "listening for") are said relative to when it
+        # goes, and a message is handled at its arrival time, which for one queued while
+        # this process was stopped is in the past: answered then, a member waking from a
+        # 122 ms pause said the asker's crashed primary spoke 23 ms before a time long
+        # gone, the asker took it as word after its own silence and never took over
+        # (replica_paused_member_stamps_queued_words_as_fresh, in the report timing of
+        # 2026-12-02). So it goes from a timer, due at once, which runs at the clock's now.
+        if msg.src_group not in self._probes_to_answer:
+            self._probes_to_answer.append(msg.src_group)
+        self.timers.arm(Timer.PROBE_ANSWER, None, self._now)
+
+    def _probe_answer_due(self) -> None:
+        self.timers.clear(Timer.PROBE_ANSWER)
+        for remote in self._probes_to_answer:
+            heard = self.primary_heard.get(remote)
+            self._emit(remote, probe(
+                self.group, remote, pvn=self.pvn, precedence=self.precedence,
+                sender=self.birth_id, answer=probe_answer(
+                    heard, self._since_us, self._now,
+                    *self.probe_state_of(heard[2] if heard else self._since_us or 0))))
+        self._probes_to_answer.clear()
 
     def _after_event(self) -> None:
         """Watermark news: a backup reports a risen watermark soon; a primary whose group
@@ -2761,6 +2777,7 @@ _ENDPOINT_TIMER_HANDLERS = {
     Timer.WATERMARK_REPORT: "_watermark_report_due",
     Timer.ORDER_INFO_INTRA: "_order_info_intra",
     Timer.ORDER_INFO_ACK: "_order_info_ack_due",
+    Timer.PROBE_ANSWER: "_probe_answer_due",
 }
 _CONNECTION_TIMER_HANDLERS = {
     Timer.THROTTLE_END: "_throttle_end_due",

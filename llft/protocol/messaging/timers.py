@@ -28,6 +28,7 @@ class Timer(enum.Enum):
     WATERMARK_REPORT = "watermark_report"   # backup: an early HEARTBEAT, its watermark rose
     ORDER_INFO_INTRA = "order_info_intra"   # primary: ORDER_INFO for chunks not acked yet
     ORDER_INFO_ACK = "order_info_ack"       # backup: ack delivered order info
+    PROBE_ANSWER = "probe_answer"           # answer the PROBEs handled (at once)
     # per connection (key ConnId), in firing order
     THROTTLE_END = "throttle_end"           # primary: intra-group flow control lifts
     NEW_PRIMARY_VIEW = "new_primary_view"   # new primary: (re)send NEW_PRIMARY_VIEW
@@ -42,7 +43,7 @@ class Timer(enum.Enum):
 
 
 ENDPOINT_TIMERS = (Timer.HEARTBEAT, Timer.WATERMARK_REPORT, Timer.ORDER_INFO_INTRA,
-                   Timer.ORDER_INFO_ACK)
+                   Timer.ORDER_INFO_ACK, Timer.PROBE_ANSWER)
 CONNECTION_TIMERS = tuple(t for t in Timer if t not in ENDPOINT_TIMERS)
 # whose duty each timer is (the others run in both roles: HEARTBEAT, THROTTLE_END, NACK);
 # one of the other role that comes due (armed before a change of role) is cleared
