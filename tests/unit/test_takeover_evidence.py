@@ -448,6 +448,24 @@ def test_a_lost_answer_counts_on_the_majority_side():
     assert core.status is not Status.BACKUP
 
 
+def test_a_majority_heard_again_only_just_now_does_not_make_a_lost_answer_count():
+    """Back from a cut shared with the answerer: we hear the other backup again a moment
+    before our primary, which lives, would speak. Its lost answer waits two heartbeat
+    intervals (replica_machine_cut_majority_heard_before_the_primary); with the primary
+    still silent then, it counts (the majority side: our primary's machine died)."""
+    core = _three()
+    now = fire_detector(core)                        # nobody heard: a cut
+    quiet = now - core._last_heard[PRIMARY]
+    core.handle_message(heartbeat(OTHER, 4, rank=3), now)   # the heal: the other backup first
+    core.probe_answered(PRIMARY, 4, quiet, now + 1, quiet, 3)
+    assert core.status is Status.BACKUP
+    later = now + 2 * CFG.heartbeat_interval_us
+    core.handle_message(heartbeat(OTHER, 4, rank=3), later)
+    for t in (later, later + 1):    # (the first re-holds: hearing the backup moved the
+        core.probe_answered(PRIMARY, 4, quiet + t - now, t, quiet + t - now, 3)  # detector)
+    assert core.status is not Status.BACKUP
+
+
 def test_a_lost_answer_counts_where_no_group_has_a_majority_to_find():
     core = backup()                                  # two members
     now = fire_detector(core)
