@@ -835,8 +835,14 @@ class Membership:
 
     def _hears_majority(self, now_us: int) -> bool:
         """We heard a strict majority of our view lately (our own detector's sense:
-        within two heartbeat intervals of the most we allow our primary)."""
-        return self._majority_quiet_us(now_us) == 0
+        within two heartbeat intervals of the most we allow our primary), and not only
+        just now after a period without one: back from a cut, we may hear a backup of
+        ours before our primary, which lives, speaks again (its next heartbeat is up to
+        an interval away); hearing them for two intervals tells the two apart
+        (replica_machine_cut_majority_heard_before_the_primary)."""
+        return self._majority_quiet_us(now_us) == 0 and (
+            self._last_quiet is None
+            or now_us - self._last_quiet[1] >= 2 * self.cfg.heartbeat_interval_us)
 
     def _silence_allowed_us(self) -> int:
         return self.cfg.fault_timeout_us(2) - 2 * self.cfg.heartbeat_interval_us
@@ -857,15 +863,8 @@ class Membership:
         of our own view (the majority side takes over: a machine that died with both
         primaries), when neither group has a majority to find (two members or fewer:
         the paper's availability, as before), or once we have held for
-        `lost_evidence_us` (three crashes leave a survivor that hears no majority).
-        A majority heard again only just now, after a period without one, is no sign yet:
-        back from a cut, we may hear a backup of ours before our primary, which lives,
-        speaks again (its next heartbeat is up to an interval away); taken at once, a
-        lost answer let a backup cut off with the answerer take over 1.8 ms after the
-        heal from the live primary (replica_machine_cut_majority_heard_before_the_primary)."""
-        if self._hears_majority(now_us) and (
-                self._last_quiet is None
-                or now_us - self._last_quiet[1] >= 2 * self.cfg.heartbeat_interval_us):
+        `lost_evidence_us` (three crashes leave a survivor that hears no majority)."""
+        if self._hears_majority(now_us):
             return True
         if self._quorum_base <= 2 and size <= 2:
             return True

@@ -236,8 +236,9 @@ def test_a_new_primary_catches_its_backups_up():
     # and the backup delivers those entries. Schedule 11 of `llft simulate replica
     # --seed 2` (it was schedule 24 of --seed 4 until backups reported every 2 ms, not
     # 0.5-1, and PROBEs were answered from a timer; schedule 5 until a primary's
-    # HEARTBEAT said how soon it removes a backup (`rm`), schedule 139 of --seed 2 until a junior backup's detector waited
-    # for a senior's (HEARTBEAT `wait`), 300 until quiet members' heartbeats became Pulses, 214
+    # HEARTBEAT said how soon it removes a backup (`rm`), schedule 139 of --seed 2 until
+    # a junior backup's detector waited for a senior's (HEARTBEAT `wait`), 300 until
+    # quiet members' heartbeats became Pulses, 214
     # until backups reported a watermark rise covering no data with their next
     # heartbeat, schedule 74 of --seed 4 until takeovers waited for a remote group's
     # answer, 12 until a membership install sent a carried heartbeat at once, and 152

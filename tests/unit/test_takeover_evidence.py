@@ -461,8 +461,9 @@ def test_a_majority_heard_again_only_just_now_does_not_make_a_lost_answer_count(
     assert core.status is Status.BACKUP
     later = now + 2 * CFG.heartbeat_interval_us
     core.handle_message(heartbeat(OTHER, 4, rank=3), later)
-    for t in (later, later + 1):    # (the first re-holds: hearing the backup moved the
-        core.probe_answered(PRIMARY, 4, quiet + t - now, t, quiet + t - now, 3)  # detector)
+    # (the first answer only holds again: hearing the backup moved the detector)
+    for t in (later, later + 1):
+        core.probe_answered(PRIMARY, 4, quiet + t - now, t, quiet + t - now, 3)
     assert core.status is not Status.BACKUP
 
 
