@@ -160,3 +160,81 @@ def summary(hops: dict[str, list[float]]) -> list[dict]:
         rows.append({"hop": WHERE[h], "median_us": statistics.median(d),
                      "p90_us": d[int(0.9 * (len(d) - 1))], "requests": len(d)})
     return rows
+
+
+# ---- the same path from in-process marks (`--marks`: llft/runtime/marks.py) ------------
+# Each step: (role of the process, its mark, how the mark's size compares with SIZE, the
+# hop that ends there). A datagram's size is above SIZE (the payload and its header), a
+# socket read or write of the payload is SIZE; acks, reports and heartbeats are smaller.
+MARK_STEPS = (
+    ("gateway", "client_r", "eq", None),
+    ("gateway", "out", "gt", "gateway: client bytes read -> REQUEST sent (its Python)"),
+    ("primary", "in", "gt", "REQUEST sent -> the primary's loop has it (kernel, then wake-up)"),
+    ("primary", "core_end", None, "primary: REQUEST read -> its protocol cores done"),
+    ("primary", "app_w", None, "primary: cores done -> the bytes written to its app"),
+    ("primary", "app_r", "eq", "app round trip: written -> its answer read (two wake-ups)"),
+    ("primary", "out", "gt", "primary: answer read -> REPLY sent (its Python, output commit)"),
+    ("gateway", "in", "gt", "REPLY sent -> the gateway's loop has it (kernel, then wake-up)"),
+    ("gateway", "client_w", "eq", "gateway: REPLY read -> written to the client (its Python)"),
+)
+
+
+def _parts(step: tuple) -> tuple[str, str] | None:
+    """A datagram's hop is reported again in two parts, at the receiver's arrival stamp."""
+    if step[1] != "in":
+        return None
+    what = "REQUEST" if step[0] == "primary" else "REPLY"
+    return (f"  {what}: the kernel's part (sendto -> the socket's arrival stamp)",
+            f"  {what}: the wake-up's part (arrival stamp -> the loop has it)")
+
+
+def _fits(size: int, test: str | None, payload: int) -> bool:
+    return test is None or (size == payload if test == "eq" else size > payload)
+
+
+def chain_marks(marks: dict[str, list[tuple[str, int, int, int]]], payload: int
+                ) -> dict[str, list[float]]:
+    """Hop -> its durations (µs), one per request whose marks were all seen in order.
+    `marks`: role ("gateway", "primary"; others are ignored) -> that process's marks
+    (llft/runtime/marks.py: tag, monotonic ns, size, kernel arrival ns or 0). Every
+    process reads the same monotonic clock, so hops between processes are differences
+    too; a datagram's hop is split at its kernel arrival stamp where it has one."""
+    events = sorted((ns, role, tag, size, at) for role, ms in marks.items()
+                    for tag, ns, size, at in ms if role in ("gateway", "primary"))
+    hops: dict[str, list[float]] = {}
+    for step in MARK_STEPS[1:]:
+        hops[step[3]] = []
+        for part in _parts(step) or ():
+            hops[part] = []
+    got: list[tuple[int, int]] = []         # (ns, arrival ns) of the steps seen
+    for ns, role, tag, size, at in events:
+        k = len(got)
+        if (role, tag) == MARK_STEPS[0][:2] and _fits(size, "eq", payload):
+            got = [(ns, 0)]                  # a request starts (again)
+            continue
+        if not got:
+            continue
+        want_role, want_tag, test, _ = MARK_STEPS[k]
+        if (role, tag) != (want_role, want_tag) or not _fits(size, test, payload):
+            continue
+        got.append((ns, at))
+        if len(got) == len(MARK_STEPS):
+            for i in range(1, len(MARK_STEPS)):
+                hops[MARK_STEPS[i][3]].append((got[i][0] - got[i - 1][0]) / 1000)
+                sent, (read, arrived) = got[i - 1][0], got[i]
+                parts = _parts(MARK_STEPS[i])
+                if parts and arrived:
+                    hops[parts[0]].append((arrived - sent) / 1000)
+                    hops[parts[1]].append((read - arrived) / 1000)
+            got = []
+    return hops
+
+
+def summary_marks(hops: dict[str, list[float]]) -> list[dict]:
+    rows = []
+    for hop, d in hops.items():
+        if d:
+            d = sorted(d)
+            rows.append({"hop": hop, "median_us": statistics.median(d),
+                         "p90_us": d[int(0.9 * (len(d) - 1))], "requests": len(d)})
+    return rows

@@ -38,11 +38,12 @@ import time
 from llft.bench import hops, report
 from llft.bench.echo import SIZE, _agents, _cpu_s, _procs, _wait_status_fresh
 from llft.bench.service import Setup, measure_throughput
-from llft.runtime import profiling, status
+from llft.runtime import marks, profiling, status
 
 
 # the loop's waits in its selector: idle, not busy
 IDLE = ("<method 'poll' of 'select.epoll' objects>", "<method 'select' of 'select.epoll' objects>")
+MARKS_TIMEOUT_S = 10.0      # --marks: for each process to write its marks after SIGUSR2
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hops", action="store_true",
                    help="one client: each hop of a request's path, from `perf trace` "
                         "(llft/bench/hops.py; needs perf and root)")
+    p.add_argument("--marks", action="store_true",
+                   help="one client: each hop of a request's path, untraced, from marks "
+                        "the processes record (llft/runtime/marks.py)")
     p.add_argument("--quick", action="store_true", help="--replicas 1 --duration 3")
     p.add_argument("--results", default=report.DEFAULT_RESULTS_DIR)
 
@@ -130,6 +134,41 @@ def _hop_threads(target, procs, duration: float, out: dict) -> None:
             pass
 
 
+def _marks_table(target, procs, folder: str, load: dict, results: str) -> str:
+    """Each process writes its marks at SIGUSR2 (llft/runtime/marks.py); the primary's
+    and the gateway's are chained into one request's path (hops.chain_marks)."""
+    primary = next((a.get("agent_pid") for a in _agents(target)
+                    if a.get("role") == "primary"), None)
+    roles = {"primary": primary, "gateway": procs["gateway"].pid if "gateway" in procs
+             else None}
+    paths = {r: os.path.join(folder, f"{'gateway' if r == 'gateway' else 'agent'}-{pid}.marks")
+             for r, pid in roles.items() if pid is not None}
+    for r, pid in roles.items():
+        if pid is not None:
+            os.kill(pid, signal.SIGUSR2)
+    deadline = time.monotonic() + MARKS_TIMEOUT_S
+    while not all(os.path.exists(p) for p in paths.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)        # polling for the files the signal makes them write
+    lat = sorted(load["latencies"])
+    title = (f"One request's path at 1 client, hop by hop, untraced (marks; the client's "
+             f"round trip: p50 {1e6 * lat[len(lat) // 2]:.0f} µs)")
+    tb = report.Table("profile_marks", title, ["hop", "median_us", "p90_us", "requests"])
+    try:
+        got = {r: marks.read(p) for r, p in paths.items()}
+    except OSError as e:
+        print(f"llft bench profile --marks: {e}")
+        got = {}
+    if len(got) == 2:
+        for row in hops.summary_marks(hops.chain_marks(got, SIZE)):
+            tb.add(**row)
+    if not tb.rows:
+        print(f"llft bench profile --marks: no request seen whole (primary {primary}, "
+              f"files {sorted(paths.values())})")
+    tb.print()
+    tb.write_csv(results)
+    return tb.markdown()
+
+
 def _hops_table(traced: dict, results: str) -> str:
     tb = report.Table("profile_hops", "One request's path at 1 client, hop by hop (perf "
                       "trace: every traced call is slower; compare the hops, not the sum)",
@@ -172,17 +211,24 @@ def run(args) -> int:
             print(f"llft bench profile --hops: {why}")
             return 2
         args.clients, args.mode = 1, "persistent"
+    if args.marks:
+        args.clients, args.mode = 1, "persistent"
     mode = "echo_conn" if args.mode == "conn" else "echo"
     with tempfile.TemporaryDirectory(prefix="llft-bench-profile-") as tmp:
         prof_dir = os.path.join(tmp, "profiles")
         os.makedirs(prof_dir)
+        marks_dir = os.path.join(tmp, "marks")
+        os.makedirs(marks_dir)
         if args.cprofile:
             os.environ[profiling.ENV] = prof_dir     # inherited by the cluster's processes
+        if args.marks:
+            os.environ[marks.ENV] = marks_dir
         try:
             setup = Setup(tmp, proxy=False)
             t = setup.add_cluster(args.replicas)
         finally:
             os.environ.pop(profiling.ENV, None)
+            os.environ.pop(marks.ENV, None)
         recording = None
         try:
             if t.error is not None:
@@ -260,6 +306,8 @@ def run(args) -> int:
             sections.append(msgs.markdown())
             if args.hops:
                 sections.append(_hops_table(traced, args.results))
+            if args.marks:
+                sections.append(_marks_table(t, procs, marks_dir, a, args.results))
             if args.cprofile and window:
                 n_win = rps * (window["t1"] - window["t0"])     # requests in the window
                 for f in sorted(os.listdir(prof_dir)):

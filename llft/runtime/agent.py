@@ -163,7 +163,7 @@ from llft.replica.framing import ENTRY as FRAME_ENTRY
 from llft.replica.framing import Framer, Made
 from llft.runtime import config as config_mod
 from llft.runtime import keys
-from llft.runtime import logs, proctree, profiling, pulse, stalls
+from llft.runtime import logs, marks, proctree, profiling, pulse, stalls
 from llft.runtime import status as status_files
 from llft.runtime.application import (AppMode, Application, batch_scheduling,
                                       raise_agent_priority, raise_fd_limit)
@@ -445,6 +445,7 @@ class Agent:
         logs.install_loop_handler(loop, log)
         stalls.start_from_env(loop, log)
         profiling.start_from_env(loop, log, "agent")
+        marks.start_from_env(loop, log, "agent")
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
         proctree.become_subreaper()

@@ -115,7 +115,7 @@ from dataclasses import dataclass
 
 from llft.runtime.application import batch_scheduling, raise_fd_limit
 from llft.runtime import config as cluster_config
-from llft.runtime import logs, profiling, stalls
+from llft.runtime import logs, marks, profiling, stalls
 from llft.runtime import status as status_files
 from llft.runtime.driver import Driver
 from llft.runtime.outbox import Outbox
@@ -644,6 +644,7 @@ class Gateway:
         logs.install_loop_handler(loop, log)
         stalls.start_from_env(loop, log)
         profiling.start_from_env(loop, log, "gateway")
+        marks.start_from_env(loop, log, "gateway")
         stop = self.stop_event = asyncio.Event()
         host, port = self.listen
         try:

@@ -139,3 +139,16 @@ def test_profile_hops(tmp_path):
     assert len(rows) == 9, rows
     n = {int(r["requests"]) for r in rows}
     assert len(n) == 1 and n.pop() >= 20
+
+
+@pytest.mark.slow
+def test_profile_marks(tmp_path):
+    """`llft bench profile --marks`: the primary and the gateway write their marks at
+    SIGUSR2 (LLFT_MARKS_DIR) and most requests are chained whole, untraced."""
+    out = str(tmp_path / "results")
+    assert main(["bench", "profile", "--marks", "--replicas", "1", "--duration", "2",
+                 "--results", out]) == 0
+    rows = read_csv(os.path.join(out, "profile_marks.csv"))
+    assert len(rows) == 8 + 4, rows
+    n = {int(r["requests"]) for r in rows}
+    assert len(n) == 1 and n.pop() >= 20
