@@ -26,6 +26,7 @@ import signal
 import time
 
 ENV = "LLFT_MARKS_DIR"
+MAX_MARKS = 500_000         # kept between two writes (~50 MB); later ones are not recorded
 
 # (module, class, method) -> (tag at entry, tag at return, the size it records)
 #   size: "data" -- len() of the argument named so; None -- 0
@@ -57,6 +58,8 @@ def _wrap(fn, enter: str | None, leave: str | None, size_arg: str | None):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if len(_marks) >= MAX_MARKS:
+            return fn(*args, **kwargs)
         if enter is not None:
             size = len(args[si]) if si is not None and si < len(args) else 0
             at = args[ai] if ai is not None and ai < len(args) else kwargs.get("at_us")
