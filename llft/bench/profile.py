@@ -212,6 +212,9 @@ def run(args) -> int:
             return 2
         args.clients, args.mode = 1, "persistent"
     if args.marks:
+        if args.cprofile:       # one SIGUSR2 each; and cProfile's cost would be in the marks
+            print("llft bench profile: --marks and --cprofile are measured in separate runs")
+            return 2
         args.clients, args.mode = 1, "persistent"
     mode = "echo_conn" if args.mode == "conn" else "echo"
     with tempfile.TemporaryDirectory(prefix="llft-bench-profile-") as tmp:

@@ -25,6 +25,8 @@ import os
 import signal
 import time
 
+from llft.runtime import profiling
+
 ENV = "LLFT_MARKS_DIR"
 MAX_MARKS = 500_000         # kept between two writes (~50 MB); later ones are not recorded
 
@@ -90,11 +92,8 @@ def dump(path: str) -> None:
 def start_from_env(loop: asyncio.AbstractEventLoop, log: logging.Logger, name: str) -> bool:
     """Wrap `POINTS` and install the SIGUSR2 handler if LLFT_MARKS_DIR is set; True if
     so. Called before the process handles its first message."""
-    folder = os.environ.get(ENV, "")
-    if not folder:
-        return False
-    if not os.path.isdir(folder):
-        log.warning(f"{ENV}={folder!r} is not a folder: no marks")
+    folder = profiling.folder_from_env(ENV, log, "marks")
+    if folder is None:
         return False
     install()
     path = os.path.join(folder, f"{name}-{os.getpid()}.marks")

@@ -19,13 +19,20 @@ import signal
 ENV = "LLFT_PROFILE_DIR"
 
 
+def folder_from_env(env: str, log: logging.Logger, what: str) -> str | None:
+    """The folder a diagnostic writes to (`env` names it), or None: unset, or not a
+    folder (said once in the log)."""
+    folder = os.environ.get(env, "")
+    if folder and not os.path.isdir(folder):
+        log.warning(f"{env}={folder!r} is not a folder: no {what}")
+        return None
+    return folder or None
+
+
 def start_from_env(loop: asyncio.AbstractEventLoop, log: logging.Logger, name: str) -> bool:
     """Install the SIGUSR1/SIGUSR2 handlers if LLFT_PROFILE_DIR is set; True if so."""
-    folder = os.environ.get(ENV, "")
-    if not folder:
-        return False
-    if not os.path.isdir(folder):
-        log.warning(f"{ENV}={folder!r} is not a folder: no profiling")
+    folder = folder_from_env(ENV, log, "profiling")
+    if folder is None:
         return False
     prof = cProfile.Profile()
     path = os.path.join(folder, f"{name}-{os.getpid()}.prof")
