@@ -10,7 +10,7 @@ signal keeps its default action.
 
 Why not `perf trace` (`--hops`): tracing every system call made each one tens of µs
 slower, so its hops could only be read against each other. A mark costs a Python call
-(~0.3 µs), and every process reads the same monotonic clock (`time.perf_counter_ns`),
+(~0.4 µs), and every process reads the same monotonic clock (`time.perf_counter_ns`),
 so a datagram's hop from its sender's `sendto` to the receiver's loop is measured
 directly, split by the kernel's own arrival stamp (the one the transport already reads
 for the failure detector) into delivery and wake-up.
