@@ -16,13 +16,18 @@ connection or (`--mode conn`) a connection per request. Per request, for every p
   cProfile switched on for the middle half of the run (`LLFT_PROFILE_DIR`, SIGUSR1 and
   SIGUSR2: llft/runtime/profiling.py); the top `--top` by own time, µs and calls per
   request (cProfile's own cost makes every µs about twice what it is without it: read
-  the shares and the call counts).
+  the shares and the call counts);
+- with `--hops` (one client), each hop of a request's path from `perf trace`, and with
+  `--marks` (one client) the same path untraced, from the moments the primary's agent
+  and the gateway record (`LLFT_MARKS_DIR`, SIGUSR2: llft/runtime/marks.py), each
+  datagram's hop split at its kernel arrival stamp (llft/bench/hops.py chains both).
 
 This is the tool the profiles in docs/BENCHMARKS.md were taken with. Its numbers are for
 comparisons made in the same run, or alternating runs of two trees (`PYTHONPATH=<a
 worktree> llft bench profile ...`): the machine's speed drifts by tens of percent.
 
-Writes `<results>/profile.md` and `profile_cpu.csv`.
+Writes `<results>/profile.md` and `profile_cpu.csv` (and `profile_hops.csv`,
+`profile_marks.csv`).
 """
 from __future__ import annotations
 
