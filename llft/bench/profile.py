@@ -40,7 +40,7 @@ import tempfile
 import threading
 import time
 
-from llft.bench import hops, report
+from llft.bench import hops, report, wakeup
 from llft.bench.echo import SIZE, _agents, _cpu_s, _procs, _wait_status_fresh
 from llft.bench.service import Setup, measure_throughput
 from llft.runtime import marks, profiling, status
@@ -166,6 +166,12 @@ def _marks_table(target, procs, folder: str, load: dict, results: str) -> str:
     if len(got) == 2:
         for row in hops.summary_marks(hops.chain_marks(got, SIZE)):
             tb.add(**row)
+        # the machine's own wake-up, same run: a plain asyncio echo (llft/bench/wakeup.py)
+        for other, what in ((False, "any CPU"), (True, "pinned to the other CPU")):
+            w = wakeup.measure(other)
+            if w is not None:
+                tb.add(hop=f"baseline: a plain asyncio process's wake-up, {what}",
+                       median_us=w["median_us"], p90_us=w["p90_us"], requests=w["n"])
     if not tb.rows:
         print(f"llft bench profile --marks: no request seen whole (primary {primary}, "
               f"files {sorted(paths.values())})")

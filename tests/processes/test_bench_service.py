@@ -149,6 +149,22 @@ def test_profile_marks(tmp_path):
     assert main(["bench", "profile", "--marks", "--replicas", "1", "--duration", "2",
                  "--results", out]) == 0
     rows = read_csv(os.path.join(out, "profile_marks.csv"))
-    assert len(rows) == 8 + 4, rows
-    n = {int(r["requests"]) for r in rows}
+    hops = [r for r in rows if not r["hop"].startswith("baseline")]
+    assert len(hops) == 8 + 4, rows
+    n = {int(r["requests"]) for r in hops}
     assert len(n) == 1 and n.pop() >= 20
+    # the machine's own wake-up, measured in the same run
+    assert any(r["hop"].startswith("baseline") for r in rows), rows
+
+
+def test_wakeup_baseline():
+    """llft/bench/wakeup.py: a plain echo's wake-ups, one per round trip, in both
+    arrangements (the other CPU only where there are two)."""
+    from llft.bench import wakeup
+    got = wakeup.measure(other_cpu=False, rounds=30)
+    assert got is not None and got["n"] == 30 and 0 < got["median_us"] <= got["p90_us"]
+    pinned = wakeup.measure(other_cpu=True, rounds=30)
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert pinned is not None and pinned["n"] == 30
+    else:
+        assert pinned is None
