@@ -14,7 +14,7 @@ requests). Two arrangements:
   the send, as an agent finishing its loop turn does).
 
 On the VM of docs/BENCHMARKS.md ("Where a lone request's time goes") the two differed by
-an order of magnitude (7 µs against 45-115).
+by 4-5 times (11-16 µs against 54-58).
 """
 from __future__ import annotations
 
