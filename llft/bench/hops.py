@@ -25,10 +25,11 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import tempfile
 import time
+
+from llft.bench.report import summarize_us
 
 HOPS = ("G_in", "G_req", "P_in", "P_appw", "A_r", "A_w", "P_appr", "P_rep", "G_rep", "G_cw")
 WHERE = {                   # the hop ending at this call: who makes it, and what it waits on
@@ -151,15 +152,19 @@ def chain(text: str, size: int, gw: int, primary: int, app: set[int]) -> dict[st
     return hops
 
 
-def summary(hops: dict[str, list[float]]) -> list[dict]:
+def _rows(named) -> list[dict]:
+    """A table row per (hop's description, its durations) with any: median, p90, count."""
     rows = []
-    for h in HOPS[1:]:
-        d = sorted(hops[h])
-        if not d:
-            continue
-        rows.append({"hop": WHERE[h], "median_us": statistics.median(d),
-                     "p90_us": d[int(0.9 * (len(d) - 1))], "requests": len(d)})
+    for hop, d in named:
+        if d:
+            s = summarize_us(d)
+            rows.append({"hop": hop, "median_us": s["median_us"], "p90_us": s["p90_us"],
+                         "requests": s["n"]})
     return rows
+
+
+def summary(hops: dict[str, list[float]]) -> list[dict]:
+    return _rows((WHERE[h], hops[h]) for h in HOPS[1:])
 
 
 # ---- the same path from in-process marks (`--marks`: llft/runtime/marks.py) ------------
@@ -209,7 +214,7 @@ def chain_marks(marks: dict[str, list[tuple[str, int, int, int]]], payload: int
     got: list[tuple[int, int]] = []         # (ns, arrival ns) of the steps seen
     for ns, role, tag, size, at in events:
         k = len(got)
-        if (role, tag) == MARK_STEPS[0][:2] and _fits(size, "eq", payload):
+        if (role, tag) == MARK_STEPS[0][:2] and _fits(size, MARK_STEPS[0][2], payload):
             got = [(ns, 0)]                  # a request starts (again)
             continue
         if not got:
@@ -231,10 +236,4 @@ def chain_marks(marks: dict[str, list[tuple[str, int, int, int]]], payload: int
 
 
 def summary_marks(hops: dict[str, list[float]]) -> list[dict]:
-    rows = []
-    for hop, d in hops.items():
-        if d:
-            d = sorted(d)
-            rows.append({"hop": hop, "median_us": statistics.median(d),
-                         "p90_us": d[int(0.9 * (len(d) - 1))], "requests": len(d)})
-    return rows
+    return _rows(hops.items())

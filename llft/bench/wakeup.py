@@ -13,8 +13,8 @@ requests). Two arrangements:
   wakes an idle CPU (what a hop of llft's path pays when its sender keeps running after
   the send, as an agent finishing its loop turn does).
 
-On the VM of docs/BENCHMARKS.md ("Where a lone request's time goes") the two differed by
-by 4-5 times (11-16 µs against 54-58).
+On the VM of docs/BENCHMARKS.md ("Where a lone request's time goes") the two differed 4-5
+times (11-16 µs against 54-58).
 """
 from __future__ import annotations
 
@@ -22,11 +22,12 @@ import asyncio
 import json
 import os
 import socket
-import statistics
 import struct
 import subprocess
 import sys
 import time
+
+from llft.bench.report import summarize_us
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 ROUNDS = 1000
@@ -35,7 +36,7 @@ TIMEOUT_S = 30.0
 
 
 def _echo(cpu: int | None) -> None:
-    """The child: echo each datagram, note its wake-up; at b"stop" print the summary."""
+    """The child: echo each datagram, note its wake-up; at b"stop" print them all."""
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -52,10 +53,7 @@ def _echo(cpu: int | None) -> None:
             sec, nsec = struct.unpack("qq", anc[0][2][:16])
             waits.append((now - (sec * 1_000_000_000 + nsec)) / 1000)
         if data == b"stop":
-            waits.sort()
-            print(json.dumps({"median_us": statistics.median(waits) if waits else None,
-                              "p90_us": waits[int(0.9 * (len(waits) - 1))] if waits else None,
-                              "n": len(waits)}), flush=True)
+            print(json.dumps({"waits_us": waits}), flush=True)
             loop.stop()
             return
         s.sendto(data, addr)
@@ -66,16 +64,17 @@ def _echo(cpu: int | None) -> None:
 
 
 def measure(other_cpu: bool, rounds: int = ROUNDS) -> dict | None:
-    """One arrangement: {"median_us", "p90_us", "n"} of the echo's wake-ups, or None
-    (fewer than two CPUs for `other_cpu`, or the echo did not answer)."""
-    cpus = sorted(os.sched_getaffinity(0))
+    """One arrangement: the echo's wake-ups summarized (report.summarize_us: "n",
+    "median_us", "p90_us", ...), or None (fewer than two CPUs for `other_cpu`, or the
+    echo did not answer)."""
+    mine = os.sched_getaffinity(0)
+    cpus = sorted(mine)
     if other_cpu and len(cpus) < 2:
         return None
     child_cpu = cpus[1] if other_cpu else None
     p = subprocess.Popen([sys.executable, "-m", "llft.bench.wakeup", "--echo",
                           str(child_cpu if child_cpu is not None else -1)],
                          stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    mine = os.sched_getaffinity(0)
     c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         port = json.loads(p.stdout.readline())["port"]
@@ -88,9 +87,9 @@ def measure(other_cpu: bool, rounds: int = ROUNDS) -> dict | None:
             c.recv(65536)
             time.sleep(PAUSE_S)                     # the pause the arrangement needs
         c.sendto(b"stop", ("127.0.0.1", port))
-        out = json.loads(p.stdout.readline())
+        waits = json.loads(p.stdout.readline())["waits_us"]
         p.wait(timeout=TIMEOUT_S)
-        return out if out.get("n") else None
+        return summarize_us(waits) if waits else None
     except (OSError, ValueError, KeyError, subprocess.TimeoutExpired):
         return None
     finally:

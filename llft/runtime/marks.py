@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
+import inspect
 import logging
 import os
 import signal
@@ -52,7 +53,6 @@ _marks: list[tuple[str, int, int, int]] = []
 def _wrap(fn, enter: str | None, leave: str | None, size_arg: str | None):
     """`fn` recording `enter` before and `leave` after each call (its size from the
     argument `size_arg`, its kernel arrival from `at_us`, where it has them)."""
-    import inspect
     params = list(inspect.signature(fn).parameters)
     si = params.index(size_arg) if size_arg in params else None
     ai = params.index("at_us") if "at_us" in params else None
@@ -62,15 +62,14 @@ def _wrap(fn, enter: str | None, leave: str | None, size_arg: str | None):
     def wrapper(*args, **kwargs):
         if len(_marks) >= MAX_MARKS:
             return fn(*args, **kwargs)
+        size = len(args[si]) if si is not None and si < len(args) else 0
         if enter is not None:
-            size = len(args[si]) if si is not None and si < len(args) else 0
             at = args[ai] if ai is not None and ai < len(args) else kwargs.get("at_us")
             add((enter, now(), size, at * 1000 if at else 0))
         try:
             return fn(*args, **kwargs)
         finally:
             if leave is not None:
-                size = len(args[si]) if si is not None and si < len(args) else 0
                 add((leave, now(), size, 0))
     return wrapper
 
