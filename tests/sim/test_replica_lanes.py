@@ -47,11 +47,13 @@ def _run(n: int, campaign: int, first: int = 0, **params) -> tuple[list[str], Co
 def test_lanes_match_the_core_in_whole_replicas_with_streams_and_partitions():
     violations, n = _run(10, 7, streams=3, **FAULTS)
     assert violations == []
-    # (20 schedules of this campaign: 15,948 backup events in 4,398 loans, 643 events
-    # at lone primaries)
+    # (these 10: 10,968 backup events in 215 loans, 303 events at lone primaries; before
+    # the lane fired our own HEARTBEAT, which ended every loan that lived an interval,
+    # 20 schedules took 15,948 in 4,398)
     assert n["lane events: backups"] >= 3000, n
-    assert n["lane loans: backups"] >= 500, n
-    assert n["lane events: backups"] > 2 * n["lane loans: backups"], n    # loans outlive events
+    assert n["lane loans: backups"] >= 100, n
+    # loans outlive our own heartbeats (rule 3): tens of events each
+    assert n["lane events: backups"] > 10 * n["lane loans: backups"], n
 
 
 def test_lanes_match_the_core_on_plain_connections(monkeypatch):

@@ -49,9 +49,11 @@ The lane takes only the steady form of each event; the comments name the core's 
     (`_on_order_info`: its section accepted, the report at once);
   * a remote backup's SECOND_ACK on a known connection with a remote view
     (`_on_second_ack_at_backup`): `heard`, and the gap up to its ack (`_expect`);
-  * rule 3, the loan's timers when none of the core's is due (`handle_timer`):
-    WATERMARK_REPORT and ORDER_INFO_ACK send the report (`_order_info_ack`), NACK the
-    local NACK of the gaps (`_nack`), KEEPALIVE (a primary's) is cleared;
+  * rule 3, the loan's timers when none of the core's is due (`handle_timer`): our own
+    HEARTBEAT (`_heartbeat_due`: its body read from constants of the loan and
+    membership's hooks, a quiet one repeated), WATERMARK_REPORT and ORDER_INFO_ACK send
+    the report (`_order_info_ack`), NACK the local NACK of the gaps (`_nack`),
+    KEEPALIVE (a primary's) is cleared;
   * rule 5, the app's output on a lent, known connection whose stream goes on (`send`
     at a backup: `log_segment` per max_payload_bytes, `_trim_log`), and `send_space`.
 Anything else returns False with nothing changed: the owner (`LanedEndpoint`) takes the
@@ -70,7 +72,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llft.protocol.messages import DATA_TYPES, ROLES, Message, MsgType, Role, Send
+from llft.protocol.messages import (DATA_TYPES, ROLES, Message, MsgType, Pulse, Role, Send,
+                                    pulse_lease_us, pulse_until_us)
 from llft.protocol.messaging.actions import Closed, Deliver, DeliverOrderInfo
 from llft.protocol.messaging.config import INTRA_CONN_SEQ
 from llft.protocol.messaging.lane import LaneBase
@@ -79,7 +82,6 @@ from llft.protocol.messaging.timers import Timer
 from llft.protocol.messaging.trailer import section_end, unpack_trailer
 
 # the endpoint timers a backup loan carries (out of the core's registry while lent)
-# (HEARTBEAT: only moved earlier while lent, by `_hb_soon`; its firing reclaims)
 BACKUP_LANE_TIMERS = (Timer.HEARTBEAT, Timer.WATERMARK_REPORT, Timer.ORDER_INFO_ACK)
 _RANK = {t: i for i, t in enumerate(Timer)}      # the core's firing order (_TIMER_RANK)
 # what the lane takes from a remote primary besides data, and from the other backups
@@ -174,6 +176,15 @@ class BackupLoan:
     direct_ack_us: int          # order_info_direct_ack_us (not 0: refused)
     max_log_bytes: int          # (send_space at a backup)
     max_payload_bytes: int      # (a logged segment's size)
+    # what our own HEARTBEAT says (`_heartbeat` at a backup; constant while lent but
+    # the membership hooks, called when it fires) and the last one sent (`_last_hb`)
+    rank: int
+    lineage: int
+    change: int
+    hooks: tuple                # (wait_of, replay_of, rm_of): membership's, read then
+    frees: bytes                # `_heartbeat_frees` (no cut asked, nothing carried)
+    last_hb: Message | None
+    pulse_intervals: int
     stats: dict[str, int] = field(default_factory=dict)    # counted while lent
 
 
@@ -306,10 +317,10 @@ class BackupLane(LaneBase):
 
     def handle_timer(self, now_us: int, core_next_us: int | None) -> bool:
         """Rule 3 (`handle_timer` at a backup) when only the loan's timers are due (the
-        core's own next deadline is `core_next_us`): WATERMARK_REPORT and ORDER_INFO_ACK
-        send the report (`_order_info_ack`), NACK the local NACK of the view's gaps
-        (`_nack`), a KEEPALIVE (a primary's) is cleared; then `_after_event`. Else False
-        (our HEARTBEAT due: the core's)."""
+        core's own next deadline is `core_next_us`): our HEARTBEAT (`_heartbeat_due`),
+        WATERMARK_REPORT and ORDER_INFO_ACK send the report (`_order_info_ack`), NACK the
+        local NACK of the view's gaps (`_nack`), a KEEPALIVE (a primary's) is cleared;
+        then `_after_event`. Else False (a timer of the core due)."""
         s = self.loan
         now = max(s.now, now_us)
         if core_next_us is not None and core_next_us <= now:
@@ -319,7 +330,7 @@ class BackupLane(LaneBase):
         due = sorted((k for k, d in t.items() if d <= now),
                      key=lambda k: (-1, _RANK[k]) if isinstance(k, Timer)
                      else (order[k[1]], _RANK[k[0]]))
-        if not due or Timer.HEARTBEAT in due:
+        if not due:
             return False
         s.now = now
         local_nacks: list[list] = []
@@ -327,7 +338,9 @@ class BackupLane(LaneBase):
             d = t.get(k)
             if d is None or d > now:
                 continue                # (an earlier handler cleared or moved it)
-            if k is Timer.WATERMARK_REPORT:
+            if k is Timer.HEARTBEAT:
+                self._heartbeat_due()
+            elif k is Timer.WATERMARK_REPORT:
                 del t[k]                # _watermark_report_due
                 if self._ts_w() > s.reported_w or s.oi_acked != s.oi_delivered:
                     self._order_info_ack()
@@ -341,6 +354,42 @@ class BackupLane(LaneBase):
             self._send_intra(MsgType.NACK, {"missing": local_nacks}, back=0, ack=0)
         self._after_event()
         return True
+
+    def _heartbeat_due(self) -> None:
+        """`_heartbeat_due` at a backup: `_heartbeat` (our watermark as `back`, now
+        reported; the same message again when it would say what the last one said: a
+        quiet one, repeated by the driver), `_after_heartbeat`, the next deadline."""
+        s = self.loan
+        back = s.reported_w = self._ts_w()             # _heartbeat_back
+        wait_of, replay_of, rm_of = s.hooks
+        body = {"rank": s.rank, "served": 0, "lineage": s.lineage, "change": s.change,
+                "wait": wait_of(), "replay": replay_of(), "rm": rm_of(),
+                "done": s.oi_executed}
+        hb, k = s.heartbeat_us, s.pulse_intervals
+        msg = s.last_hb
+        quiet = (k > 1 and msg is not None and msg.pvn == s.pvn
+                 and msg.precedence == s.precedence and msg.back == back
+                 and msg.ack == s.digest and msg.order_info == s.frees and msg.body == body)
+        if not quiet:
+            s.clock += 1                                # _intra
+            msg = s.last_hb = Message(
+                type=MsgType.HEARTBEAT, src_group=s.group, dst_group=s.group,
+                conn_seq=INTRA_CONN_SEQ, role=Role.CLIENT, pvn=s.pvn,
+                precedence=s.precedence, sender=s.birth_id, ack=s.digest, back=back,
+                ts=s.clock, body=body, order_info=s.frees)
+        if k == 1:
+            self.actions.append(Send(s.group, msg))
+        else:
+            self.actions.append(Pulse(s.group, msg, hb, s.now + pulse_until_us(k, hb),
+                                      pulse_lease_us(hb)))
+        s.timers.pop(Timer.WATERMARK_REPORT, None)     # _after_heartbeat
+        if s.oi_acked != s.oi_delivered and Timer.ORDER_INFO_ACK not in s.timers:
+            s.timers[Timer.ORDER_INFO_ACK] = s.now + s.order_info_ack_us
+        s.hb_quiet = quiet
+        if s.has_backups:
+            s.timers[Timer.HEARTBEAT] = s.now + (hb * k if quiet else hb)
+        else:
+            s.timers.pop(Timer.HEARTBEAT, None)
 
     def _order_info_ack(self) -> None:
         """`_order_info_ack`: the report to our primary (order info delivered and

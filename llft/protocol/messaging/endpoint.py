@@ -729,13 +729,16 @@ class MessagingEndpoint:
             nack_retry_us=cfg.nack_retry_us, max_nack_msns=cfg.max_nack_msns,
             keepalive_us=cfg.keepalive_us, heartbeat_us=cfg.heartbeat_us,
             direct_ack_us=cfg.order_info_direct_ack_us, max_log_bytes=cfg.max_log_bytes,
-            max_payload_bytes=cfg.max_payload_bytes)
+            max_payload_bytes=cfg.max_payload_bytes, rank=self.rank(), lineage=self.lineage,
+            change=self.change, hooks=(self.wait_of, self.replay_of, self.rm_of),
+            frees=self._heartbeat_frees(), last_hb=self._last_hb,
+            pulse_intervals=cfg.pulse_intervals)
 
     def reclaim_backup(self, loan: BackupLoan) -> None:
         """Take back a backup's state lent with `lend_backup`, as its lane left it."""
         self.clock, self._now, self.gw = loan.clock, loan.now, loan.gw
         self.max_data_ts, self.reported_w = loan.max_data_ts, loan.reported_w
-        self._hb_quiet = loan.hb_quiet
+        self._hb_quiet, self._last_hb = loan.hb_quiet, loan.last_hb
         oi = self.order_info
         oi.delivered, oi.acked, oi.done_acked = loan.oi_delivered, loan.oi_acked, \
             loan.oi_done_acked

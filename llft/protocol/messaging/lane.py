@@ -511,10 +511,10 @@ class LanedEndpoint:
                     # (the hooks a replica node gives its core -- wait_of, replay_of,
                     # rm_of, probe_state_of -- read membership: shared, not copied)
                     ep = self.endpoint
-                    self._copy = copy.deepcopy(ep, {id(getattr(ep, k)): getattr(ep, k)
-                                                    for k in _HOOKS})
+                    hooks = {id(getattr(ep, k)): getattr(ep, k) for k in _HOOKS}
+                    self._copy = copy.deepcopy(ep, dict(hooks))
                     getattr(self._copy, getattr(engine, "reclaim_with", "reclaim"))(
-                        copy.deepcopy(loan))
+                        copy.deepcopy(loan, dict(hooks)))   # (a backup's loan has them)
                     self._copy._actions = []    # (the owner's until taken)
         return self.lane
 
