@@ -1,4 +1,5 @@
-"""cffi builder for native._llft_lane: a steady lane in C (native/lane/).
+"""cffi builder for native._llft_lane: the steady lanes in C (native/lane/): a lone
+primary's (llft_lane.c) and a backup's (llft_backup.c, appended to the same unit).
 
 Like native/wire_build.py: the C source lives in its own folder (out of the preload
 shim's glob native/*.c), its text is read at build time, and the cdef is the header's
@@ -17,6 +18,8 @@ LANE = os.path.join(HERE, "lane")
 WIRE = os.path.join(HERE, "wire")
 HEADER = os.path.join(LANE, "llft_lane.h")
 SOURCE = os.path.join(LANE, "llft_lane.c")
+BACKUP_HEADER = os.path.join(LANE, "llft_backup.h")     # a backup's lane: the same unit
+BACKUP_SOURCE = os.path.join(LANE, "llft_backup.c")
 
 
 # native/pulse_build.py's, run by its path: pip runs this file in an isolated build
@@ -24,14 +27,15 @@ SOURCE = os.path.join(LANE, "llft_lane.c")
 header_cdef = runpy.run_path(os.path.join(HERE, "pulse_build.py"))["header_cdef"]
 
 ffibuilder = FFI()
-ffibuilder.cdef(header_cdef(HEADER))
+ffibuilder.cdef(header_cdef(HEADER) + header_cdef(BACKUP_HEADER))
 ffibuilder.set_source(
     "native._llft_lane",
-    f'#line 1 "{SOURCE}"\n' + open(SOURCE).read(),
+    f'#line 1 "{SOURCE}"\n' + open(SOURCE).read()
+    + f'\n#line 1 "{BACKUP_SOURCE}"\n' + open(BACKUP_SOURCE).read(),
     include_dirs=[LANE, WIRE],
     libraries=["crypto"],
     extra_compile_args=["-O2", "-Wall", "-Wextra"],
-    depends=[HEADER, SOURCE, os.path.join(WIRE, "llft_wire.h"),
+    depends=[HEADER, SOURCE, BACKUP_HEADER, BACKUP_SOURCE, os.path.join(WIRE, "llft_wire.h"),
              os.path.join(WIRE, "llft_wire.c")],
 )
 

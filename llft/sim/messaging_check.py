@@ -277,7 +277,7 @@ class Schedule:
                     core.set_view(1, bids[0], members, b, now_us=0)
                     if self.lanes:
                         core = LanedEndpoint(core, shadow=True)
-                        core.backup_engine = BackupLane     # (its backups' lane too)
+                        core.backup_engine = self.backup_engine()   # (its backups' too)
                         core.backup_shadow_every = BACKUP_SHADOW_EVERY
                     reps.append(_Replica(f"{g}.{i}", g, b, core, i == 0))
                 self.groups[g] = reps
@@ -524,6 +524,11 @@ class Schedule:
             self.trace(f"{sim.now_us / 1000:10.3f} ms  {' '.join(line[2:])}")
             fn(sim)
         return traced
+
+    def backup_engine(self):
+        """What runs a backup's loan with lanes on: the model (tests put the C engine,
+        native_backup_lane, in its place, with this schedule's key and MTU)."""
+        return BackupLane
 
     def run(self) -> list[str]:
         sim = self.sim

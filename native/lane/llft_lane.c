@@ -60,9 +60,11 @@ llft_lane_codec *llft_lane_codec_new(const uint8_t *key, size_t key_len) {
     static const uint8_t masks[] = {LLFT_WIRE_INT, LLFT_WIRE_BYTES, LLFT_WIRE_INT};
     if (llft_wire_schema(c->w, LLFT_LANE_REQUEST, 1, 3, names, masks) != 0
         || llft_wire_schema(c->w, LLFT_LANE_REPLY, 1, 3, names, masks) != 0
-        /* and the two control messages a lane takes: empty bodies */
+        /* and the control messages the lanes take: empty bodies (a SECOND_ACK: the
+         * backup's lane, llft_backup.c; this lane refuses it as another type) */
         || llft_wire_schema(c->w, LLFT_LANE_KEEP_ALIVE, 0, 0, "", masks) != 0
-        || llft_wire_schema(c->w, LLFT_LANE_FIRST_ACK, 0, 0, "", masks) != 0) {
+        || llft_wire_schema(c->w, LLFT_LANE_FIRST_ACK, 0, 0, "", masks) != 0
+        || llft_wire_schema(c->w, LLFT_LANE_SECOND_ACK, 0, 0, "", masks) != 0) {
         llft_wire_free(c->w);
         free(c);
         return NULL;
@@ -472,13 +474,13 @@ static size_t sec_size(const sec_t *s) {
     return size;
 }
 
-/* Store a section as the core would hold it (its list, packed again: canonical), or
- * leave the buffer as it was if it does not fit (0). */
-static int sec_store(llft_lane *L, int which, const sec_t *s) {
+/* Pack a section as the core would hold it (its list, packed again: canonical) into
+ * buf (cap bytes) and describe it in *m, or leave both as they were if it does not fit
+ * (0). (The backup lane, llft_backup.c, keeps its connections' sections this way too.) */
+static int sec_pack(uint8_t *buf, size_t cap, const sec_t *s, llft_lane_section *m) {
     size_t size = sec_size(s);
-    if (size == 0 || size > L->mtu) return 0;
-    uint8_t *buf = L->sec[which];
-    wr_t w = {buf, buf + L->mtu, 1};
+    if (size == 0 || size > cap) return 0;
+    wr_t w = {buf, buf + cap, 1};
     wr_byte(&w, 0x93);
     wr_int(&w, s->pvn);
     wr_uint(&w, s->first);
@@ -494,8 +496,6 @@ static int sec_store(llft_lane *L, int which, const sec_t *s) {
         wr_raw(&w, d, l);
     }
     if (!w.ok) return 0;
-    llft_lane_section *m = which == LLFT_LANE_TO_REFLECT ? &L->st.to_reflect
-                                                         : &L->st.last_order_info;
     m->has = 1;
     m->len = (uint32_t)(w.p - buf);
     m->pvn = int_put(s->pvn);
@@ -503,6 +503,12 @@ static int sec_store(llft_lane *L, int which, const sec_t *s) {
     m->nchunks = s->n;
     m->chunks_at = (uint32_t)at;
     return 1;
+}
+
+/* Store a section in one of the lane's two buffers (sec_pack) */
+static int sec_store(llft_lane *L, int which, const sec_t *s) {
+    return sec_pack(L->sec[which], L->mtu, s,
+                    which == LLFT_LANE_TO_REFLECT ? &L->st.to_reflect : &L->st.last_order_info);
 }
 
 /* section_end of a held section: (pvn, first + n - 1) */

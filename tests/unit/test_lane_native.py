@@ -627,9 +627,13 @@ def test_hostile_datagrams_change_nothing(loans):
                  lib.LLFT_LANE_R_SIZE)
         for frag in wire.encode(big, KEY, mtu_bytes=MTU):           # its fragments
             _refuses(lane, frag, lib.LLFT_LANE_R_WIRE)
-        other_type = Message(**{**vars_of(good), "type": MsgType.SECOND_ACK, "msn": 0,
-                                "body": {}})
+        other_type = Message(**{**vars_of(good), "type": MsgType.NACK, "msn": 0,
+                                "body": {"missing": []}})
         _refuses(lane, wire.encode(other_type, KEY)[0], lib.LLFT_LANE_R_WIRE)
+        # (a type the shared codec parses for the backups' lane: refused as not this one's)
+        second_ack = Message(**{**vars_of(good), "type": MsgType.SECOND_ACK, "msn": 0,
+                                "body": {}})
+        _refuses(lane, wire.encode(second_ack, KEY)[0], lib.LLFT_LANE_R_HEADER)
         for ctl in (MsgType.KEEP_ALIVE, MsgType.FIRST_ACK):     # own order info, ahead
             for trailer in (good.order_info, pack_trailer(loan.upto + 1, None, None, [],
                                                           loan.delivered)):

@@ -473,27 +473,30 @@ class LanedEndpoint:
     lane alone, judged by the campaign's checks like any replica)."""
 
     def __init__(self, endpoint, *, shadow: bool = False, engine=None,
-                 backup_engine=None, backup_shadow_every: int = 1):
+                 backup_engine=None, backup_shadow_every: int = 1, lone: bool = True):
         """`engine`: what runs a loan (a class taking a `Loan`, with SteadyLane's
         methods); SteadyLane by default. `backup_engine`: what runs a backup's loan
         (`MessagingEndpoint.lend_backup`, backup_lane.py: its primary's steady
         HEARTBEAT, the remote primaries' steady data messages); None: a backup lends
-        nothing."""
+        nothing. `lone` False: a lone primary lends nothing (a backup's lane alone)."""
         engine = engine or SteadyLane
         self.__dict__.update(endpoint=endpoint, lane=None, shadow=shadow, _copy=None,
                              backup_shadow_every=backup_shadow_every, shadowing=False,
                              lane_events=0, loans=0, reclaims=Counter(), engine=engine,
                              backup_engine=backup_engine, backup_events=0,
-                             backup_loans=0,
-                             # its engine handles whole datagrams (a native lane)
-                             takes_datagrams=hasattr(engine, "handle_datagram"))
+                             backup_loans=0, lone=lone,
+                             # a lane whose raw path refused the datagram being decoded
+                             _raw_refused=None,
+                             # an engine handles whole datagrams (a native lane)
+                             takes_datagrams=(lone and hasattr(engine, "handle_datagram"))
+                             or hasattr(backup_engine, "handle_datagram"))
 
     # -- ownership ---------------------------------------------------------------------
     def _lend(self, msg: Message | None = None) -> SteadyLane | None:
         """Lend if steady; a backup lends only for a message its lane may take."""
         if self.lane is None:
             ep = self.endpoint
-            loan = ep.lend()
+            loan = ep.lend() if self.lone else None
             engine = self.engine
             if (loan is None and msg is not None and self.backup_engine is not None
                     and self.backup_engine.candidate(ep, msg)):
@@ -563,16 +566,25 @@ class LanedEndpoint:
         else:
             deadlines = {k: core.timers.due(k, cid) for k in LANE_TIMERS
                          if core.timers.due(k, cid) is not None}
-        if deadlines != self.lane.loan.timers:
-            raise LaneDivergence(f"{event}: lane timers {self.lane.loan.timers} != "
-                                 f"core's {deadlines}")
+        # (a native backup lane answers without reading its whole loan back)
+        mine_t = getattr(self.lane, "loan_timers", None)
+        mine_t = mine_t() if mine_t is not None else self.lane.loan.timers
+        if deadlines != mine_t:
+            raise LaneDivergence(f"{event}: lane timers {mine_t} != core's {deadlines}")
 
     # -- the sans-IO surface -------------------------------------------------------------
     def handle_message(self, msg: Message, now_us: int) -> None:
         # An engine that takes datagrams had this message's bytes first and refused them
         # (or it came another way -- reassembled, from the pulse port --: no steady one
         # either), unless a shadow checks the lane: then every message comes this way.
+        # A backup's lane sees what its raw path did not refuse: its group's messages
+        # come decoded (membership reads them too), and without a loan out the raw path
+        # could not lend (a backup lends for a message its lane may take).
         offer = self.shadow or not self.takes_datagrams
+        if not offer and self.backup_engine is not None:
+            lane = self.lane
+            offer = lane is None or (lane.cid is None and lane is not self._raw_refused)
+        self._raw_refused = None
         lane = self._lend(msg) if offer else self.lane
         if lane is not None:
             since = len(lane.actions)
@@ -589,7 +601,11 @@ class LanedEndpoint:
         # (with a shadow every message goes through handle_message, which it checks;
         # the engine's handle_message takes the same raw path after encoding it)
         lane = None if self.shadow else self._lend()
-        if lane is None or not lane.handle_datagram(datagram, now_us):
+        raw = getattr(lane, "handle_datagram", None)     # (a Python backup lane has none)
+        if raw is None or not raw(datagram, now_us):
+            # (the decoded message then goes to the core, unless the lane takes it
+            # decoded only: a backup's lane, its group's messages)
+            self._raw_refused = lane if getattr(lane, "raw_refused", True) else None
             return False
         self.lane_events += 1
         return True
