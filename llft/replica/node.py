@@ -485,6 +485,27 @@ class ReplicaNode:
             self._order_info_before_state(msg)
         self._settle()
 
+    @property
+    def takes_datagrams(self) -> bool:
+        """Its messaging core takes whole datagrams (a native lane): the driver offers
+        each one before decoding it (`handle_datagram`)."""
+        return getattr(self.messaging, "takes_datagrams", False)
+
+    def handle_datagram(self, datagram: bytes, now_us: int) -> bool:
+        """A datagram as received, to a messaging lane that handles steady ones raw: a
+        remote primary's message on a lent connection (a backup's lane). False: not
+        taken, nothing changed (the driver decodes it and calls `handle_message`).
+        What `handle_message` does besides messaging is for our own group's messages,
+        PROBEs and membership's, which no lane takes raw."""
+        if not self.live:
+            return False
+        raw = getattr(self.messaging, "handle_datagram", None)
+        if raw is None or not raw(datagram, now_us):
+            return False
+        self._now = max(self._now, now_us)
+        self._settle()
+        return True
+
     def _order_info_before_state(self, msg: Message) -> None:
         """A joiner whose state is on its way keeps the order info its primary sends the
         backups meanwhile and says how much of it it holds without a hole (JOINER_OI_ACK,

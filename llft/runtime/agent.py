@@ -156,6 +156,9 @@ from determinizer import orderinfo
 from determinizer.grpcrelay import Relay, relay_env
 from llft.protocol import messaging as mg
 from llft.protocol.messages import Role
+from llft.protocol.messaging.backup_lane import BackupLane
+from llft.protocol.messaging.lane import LanedEndpoint
+from llft.protocol.messaging.native_backup_lane import native_available, native_backup_engine
 from llft.protocol.streams import Credit, FrameDecoder, FrameError, Kind, StreamTable, window_value
 from llft.replica import actions
 from llft.replica import node as rp
@@ -299,6 +302,23 @@ class AppSocket(StreamSocket):
         self.agent._feed_app(self.c)
 
 
+def backup_lane_wrapper(key: bytes, mtu_bytes: int) -> tuple[str, Callable | None]:
+    """What runs a backup's steady events (docs/BACKUP_LANE.md), from `LLFT_LANE` as the
+    gateway reads it: `native` (the default when built) the C engine on raw datagrams
+    (native/lane/llft_backup.c), `python` its model (backup_lane.py: measured no cheaper
+    than the core, kept to compare), `off` the core alone. A lone primary lends nothing
+    here (the gateway's lane is the lone primary's). Returns (kind, wrapper)."""
+    kind = os.environ.get("LLFT_LANE", "native")
+    if kind not in ("native", "python", "off"):
+        raise config_mod.ConfigError(f"LLFT_LANE={kind!r}: use native, python or off")
+    if kind == "native" and not native_available():
+        kind = "off"                    # (the model costs as much as the core: no gain)
+    if kind == "off":
+        return kind, None
+    engine = native_backup_engine(key, mtu_bytes) if kind == "native" else BackupLane
+    return kind, lambda core: LanedEndpoint(core, backup_engine=engine, lone=False)
+
+
 class Agent:
     def __init__(self, cfg: config_mod.ClusterConfig, group: str, cmd: list[str]):
         self.cfg = cfg
@@ -330,10 +350,13 @@ class Agent:
         self.messaging_config = cfg.messaging_config(self.endpoint.encoder.mtu_bytes,
                                                      max_piggyback_bytes=PIGGYBACK_BYTES)
         self.rng = random.Random(os.getpid() ^ time.monotonic_ns())
+        self.lane_kind, self.lane_wrapper = backup_lane_wrapper(
+            self.key, self.endpoint.encoder.mtu_bytes)
         self.node = rp.ReplicaNode(group, self.rng, membership_config=self.membership_config,
                                    messaging_config=self.messaging_config, app_state=self,
                                    log_cap_bytes=cfg.log_cap_bytes,
-                                   log_cap_entries=cfg.log_cap_entries)
+                                   log_cap_entries=cfg.log_cap_entries,
+                                   wrap_messaging=self.lane_wrapper)
         self.node.membership.wall_ms_of = lambda: time.time_ns() // 1_000_000  # (lineages)
         self.driver = Driver(self.endpoint, self.node, on_action=self._on_action)
         self._handlers = self._action_handlers()
@@ -1669,12 +1692,22 @@ class Agent:
                                             for g in self.group_conns.values())},
             "rss_kb": _rss_kb(),
             "diverged": app.divergence,
+            "lane": self._lane_status(),
             "counters": {**self.counters, **{f"node_{k}": v for k, v in node_stats.items()},
                          **{f"framer_{k}": v for k, v in self.framer.stats.items()}},
             "transport": transport,
             "events": self.events[-20:],
             "written_mono": time.monotonic(),
         }
+
+    def _lane_status(self) -> dict:
+        """The backup lane's events, loans and what took each loan back, since the
+        messaging core was last made (a reset makes a new one); none: LLFT_LANE=off."""
+        m = self.node.messaging
+        return {"kind": self.lane_kind,
+                "events": getattr(m, "backup_events", 0),
+                "loans": getattr(m, "backup_loans", 0),
+                "reclaimed_for": dict(getattr(m, "reclaims", {}))}
 
     def _write_status(self) -> None:
         path = os.path.join(self.cfg.status_dir(self.group), f"{self.node.birth:x}.json")
