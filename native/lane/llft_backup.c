@@ -313,11 +313,7 @@ static int bk_keep_section(llft_bk *L, uint32_t c, const sec_t *sec) {
 int llft_bk_load_section(llft_bk *L, uint32_t conn, const char *raw, size_t n) {
     if (conn >= LLFT_BK_MAX_CONNS) return LLFT_BK_STATE;
     rd_t rd;
-    memset(&rd, 0, sizeof rd);
-    rd.base = rd.p = (const uint8_t *)raw;
-    rd.end = rd.p + n;
-    rd.max_array = n;
-    rd.max_map = n / 2;
+    rd_over(&rd, (const uint8_t *)raw, n);
     sec_t s;
     if (tr_section(&rd, 0, &s) != 1 || rd.p != rd.end) return LLFT_BK_STATE;
     if (s.pvn < -((i128)1 << 63)) return LLFT_BK_STATE;
@@ -647,49 +643,6 @@ static void bk_order_info_ack(llft_bk *L) {
     bk_hb_soon(s);
 }
 
-/* The trailer as unpack_trailer reads it, where this lane takes it: 0 absent (None), 1
- * read (into t), -1 refused (malformed -- the core ignores it; this lane leaves it to
- * the core -- or another connection listed, which the core declares). */
-typedef struct {
-    i128 sent_upto;
-    int has_own, has_refl, has_delivered;
-    sec_t own, refl;
-    uint64_t delivered;
-} bk_trailer_t;
-
-static int bk_trailer(const uint8_t *t, size_t n, bk_trailer_t *out) {
-    memset(out, 0, sizeof *out);
-    if (n == 0) return 0;
-    rd_t rd;
-    memset(&rd, 0, sizeof rd);
-    rd_t *r = &rd;
-    r->base = r->p = t;
-    r->end = t + n;
-    r->max_array = n;           /* unpackb's defaults: len(buffer), len(buffer) // 2 */
-    r->max_map = n / 2;
-    uint64_t count;
-    int is_map;
-    if (tr_head(r, &count, &is_map) != 1 || is_map || count < 3 || count > 5) return -1;
-    if (!tr_open(r, 0, count, 0)) return -1;
-    if (tr_int(r, 1, &out->sent_upto) != 1) return -1;
-    int k = tr_section(r, 1, &out->own);
-    if (k < 0) return -1;
-    out->has_own = k;
-    k = tr_section(r, 1, &out->refl);
-    if (k < 0) return -1;
-    out->has_refl = k;
-    if (count >= 4 && tr_others(r, 1) != 0) return -1;
-    if (count == 5) {
-        val_t v;
-        if (!tr_value(r, 1, &v)) return -1;
-        if (v.cls == C_INT) {
-            out->has_delivered = 1;
-            out->delivered = v.u;
-        }
-    }
-    return r->p == r->end ? 1 : -1;
-}
-
 /* the lent connection of (remote group named by span, seq, cid role), or -1 */
 static int bk_find_conn(const llft_bk *L, const uint8_t *dg, size_t n, uint64_t span,
                      uint64_t seq, uint64_t role) {
@@ -801,11 +754,11 @@ int llft_bk_receive(llft_bk *L, const char *dg_chars, size_t n, int64_t now_us) 
         return LLFT_BK_REFUSE;
     }
     /* _steady_trailer (and what this lane leaves to the core) */
-    bk_trailer_t tr;
+    trailer_t tr;
     uint64_t oi = v[14], oi_at = oi >> 32, oi_len = oi & 0xffffffffu;
     if (oi_at > n || oi_len > n - oi_at) return LLFT_BK_REFUSE;
-    int has_tr = bk_trailer(dg + oi_at, oi_len, &tr);
-    if (has_tr < 0) return LLFT_BK_REFUSE;
+    int has_tr = tr_read(dg + oi_at, oi_len, &tr);
+    if (has_tr < 0 || tr.others) return LLFT_BK_REFUSE;    /* (others: the core's) */
     i128 own_last = 0;
     int keep_own = 0;           /* _on_trailer keeps the remote's own order info */
     if (has_tr && tr.has_own) {
@@ -1012,9 +965,9 @@ int llft_bk_intra(llft_bk *L, unsigned type, uint64_t sender, uint64_t pvn, uint
     /* _order_info: our primary's direct ORDER_INFO of our view (the adapter refuses
      * it when order_info_direct_ack_us is set) */
     const uint8_t *oi = (const uint8_t *)oi_chars;
-    bk_trailer_t tr;
-    int k = bk_trailer(oi, oi_len, &tr);
-    if (k < 0) return LLFT_BK_REFUSE;           /* (malformed: the core ignores it) */
+    trailer_t tr;
+    int k = tr_read(oi, oi_len, &tr);
+    if (k < 0 || tr.others) return LLFT_BK_REFUSE;  /* (malformed: the core ignores it) */
     int sec = k && tr.has_own && tr.own.pvn == (i128)s->pvn;
     if (sec && (s->oi_pending || (i128)tr.own.first > (i128)s->oi_delivered + 1))
         return LLFT_BK_REFUSE;

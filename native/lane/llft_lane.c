@@ -399,49 +399,68 @@ static int tr_others(rd_t *r, unsigned depth) {
     return 0;
 }
 
-typedef struct {
-    i128 sent_upto;
-    int has_own;
-    sec_t own;
-    int has_delivered;
-    uint64_t delivered;
-} trailer_t;
-
-/* The trailer as SteadyLane takes it: 1 if unpack_trailer gives [sent_upto, own, None,
- * [], delivered] (own, delivered: anything, None included), else 0 (absent, malformed,
- * a reflection, other connections). */
-static int tr_parse(const uint8_t *t, size_t n, trailer_t *out) {
-    if (n == 0) return 0;
-    rd_t rd;
-    memset(&rd, 0, sizeof rd);
-    rd_t *r = &rd;
+/* A reader over n bytes at t, with msgpack.unpackb's default limits */
+static void rd_over(rd_t *r, const uint8_t *t, size_t n) {
+    memset(r, 0, sizeof *r);
     r->base = r->p = t;
     r->end = t + n;
     r->max_array = n;           /* unpackb's defaults: len(buffer), len(buffer) // 2 */
     r->max_map = n / 2;
+}
+
+/* The trailer as unpack_trailer reads it: [sent_upto, own, refl, others, delivered] */
+typedef struct {
+    i128 sent_upto;
+    int has_own, has_refl;      /* a section (else None) */
+    sec_t own, refl;
+    int others;                 /* `others` lists a connection (read no further then) */
+    int has_delivered;
+    uint64_t delivered;
+} trailer_t;
+
+/* 1: read into out; 0: absent (n == 0); -1: malformed, or not what unpack_trailer takes
+ * (both lanes leave those to the core). */
+static int tr_read(const uint8_t *t, size_t n, trailer_t *out) {
+    memset(out, 0, sizeof *out);
+    if (n == 0) return 0;
+    rd_t rd;
+    rd_t *r = &rd;
+    rd_over(r, t, n);
     uint64_t count;
     int is_map;
-    if (tr_head(r, &count, &is_map) != 1 || is_map || count < 3 || count > 5) return 0;
-    if (!tr_open(r, 0, count, 0)) return 0;
-    i128 x;
-    if (tr_int(r, 1, &x) != 1) return 0;                    /* sent_upto: an int */
-    out->sent_upto = x;
+    if (tr_head(r, &count, &is_map) != 1 || is_map || count < 3 || count > 5) return -1;
+    if (!tr_open(r, 0, count, 0)) return -1;
+    if (tr_int(r, 1, &out->sent_upto) != 1) return -1;     /* sent_upto: an int */
     int k = tr_section(r, 1, &out->own);
-    if (k < 0) return 0;
+    if (k < 0) return -1;
     out->has_own = k;                                       /* (not a section: None) */
-    sec_t refl;
-    if (tr_section(r, 1, &refl) != 0) return 0;             /* a reflection, or an error */
-    if (count >= 4 && tr_others(r, 1) != 0) return 0;
-    out->has_delivered = 0;
+    k = tr_section(r, 1, &out->refl);
+    if (k < 0) return -1;
+    out->has_refl = k;
+    if (count >= 4) {
+        k = tr_others(r, 1);
+        if (k < 0) return -1;
+        if (k) {
+            out->others = 1;
+            return 1;
+        }
+    }
     if (count == 5) {
         val_t v;
-        if (!tr_value(r, 1, &v)) return 0;
+        if (!tr_value(r, 1, &v)) return -1;
         if (v.cls == C_INT) {                               /* an int >= 0, else None */
             out->has_delivered = 1;
             out->delivered = v.u;
         }
     }
-    return r->p == r->end;                                  /* else ExtraData */
+    return r->p == r->end ? 1 : -1;                         /* else ExtraData */
+}
+
+/* The trailer as SteadyLane takes it: 1 if unpack_trailer gives [sent_upto, own, None,
+ * [], delivered] (own, delivered: anything, None included), else 0 (absent, malformed,
+ * a reflection, other connections). */
+static int tr_parse(const uint8_t *t, size_t n, trailer_t *out) {
+    return tr_read(t, n, out) == 1 && !out->has_refl && !out->others;
 }
 
 /* ---- sections in the lane's buffers ----------------------------------------------------- */
@@ -574,11 +593,7 @@ int llft_lane_load_section(llft_lane *L, int which, const char *raw, size_t n) {
     if (which != LLFT_LANE_TO_REFLECT && which != LLFT_LANE_LAST_ORDER_INFO)
         return LLFT_LANE_R_STATE;
     rd_t rd;
-    memset(&rd, 0, sizeof rd);
-    rd.base = rd.p = (const uint8_t *)raw;
-    rd.end = rd.p + n;
-    rd.max_array = n;
-    rd.max_map = n / 2;
+    rd_over(&rd, (const uint8_t *)raw, n);
     sec_t s;
     if (tr_section(&rd, 0, &s) != 1 || rd.p != rd.end) return LLFT_LANE_R_STATE;
     if (s.pvn < -((i128)1 << 63)) return LLFT_LANE_R_STATE;    /* (msgpack's range) */

@@ -31,7 +31,6 @@ every event (`inert` says why; the engine counts them).
 """
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import msgpack
@@ -43,7 +42,8 @@ from llft.protocol.messaging.actions import Closed, Deliver, DeliverOrderInfo
 from llft.protocol.messaging.backup_lane import BackupLane, BackupLoan, HeldConn
 from llft.protocol.messaging.config import INTRA_CONN_SEQ
 from llft.protocol.messaging.lane import LaneDivergence
-from llft.protocol.messaging.native_lane import _Engine, native_available
+from llft.protocol.messaging.native_lane import (NativeLaneBase, _Engine, _Unfit,
+                                                native_available)
 from llft.protocol.messaging.timers import Timer
 
 try:
@@ -72,10 +72,6 @@ _CONN_FIELDS = ("delivered", "covered", "term", "upto", "ts", "max_data_ts", "fa
                 "next_msn", "fa_msn", "last_back", "last_send_us")
 
 
-class _Unfit(Exception):
-    """A loan the C struct cannot hold (the lane is inert)."""
-
-
 def _check_agreement() -> None:
     """What the C engine hard-codes must be what messages.py says."""
     lib = _lib
@@ -94,12 +90,11 @@ def native_backup_engine(key: bytes, mtu_bytes: int) -> type["NativeBackupLane"]
     `mtu_bytes` long: a NativeBackupLane class whose `engine` is that codec."""
     engine = _Engine(key, mtu_bytes, materialize=True)
     _check_agreement()
-    engine.bk_spare = []
-    engine.bk_inert = Counter()
+    engine.bk_spare = []            # released C lanes (this engine's inert counts its own)
     return type("NativeBackupLane", (NativeBackupLane,), {"engine": engine})
 
 
-class NativeBackupLane:
+class NativeBackupLane(NativeLaneBase):
     """BackupLane's interface over the C engine (module docstring)."""
     engine: _Engine | None = None
     cid = None
@@ -129,7 +124,7 @@ class NativeBackupLane:
         except (_Unfit, OverflowError, TypeError, ValueError) as e:
             why = str(e) if isinstance(e, _Unfit) else type(e).__name__
             self.inert = why
-            engine.bk_inert[why] += 1
+            engine.inert[why] += 1
             self._c = None
             return
         self._st = _lib.llft_bk_state_of(self._c)
@@ -141,15 +136,9 @@ class NativeBackupLane:
     def read(self, name: str):
         return self._loan0.pvn if name == "pvn" else False
 
-    def take_actions(self) -> list[Any]:
-        a, self.actions = self.actions, []
-        return a
-
-    def next_timer_us(self) -> int | None:
-        if self._c is None:
-            t = self._loan0.timers
-            return min(t.values()) if t else None
-        return self._at[0] if _lib.llft_bk_next_timer(self._c, self._at) else None
+    @staticmethod
+    def _next_timer(c, at) -> int:
+        return _lib.llft_bk_next_timer(c, at)
 
     def handle_message(self, msg: Message, now_us: int) -> bool:
         c = self._c
@@ -470,6 +459,16 @@ class NativeBackupLane:
             self._decoded[key] = msg
         return msg
 
+    def _add(self, c, m: Message) -> int:
+        """A message the loan brings, made in C (its index there; C names it by ref)."""
+        body = m.body
+        idx = _lib.llft_bk_add_msg(c, m.msn, m.ts, body["offset"], m.pvn, body["flags"],
+                                   len(body["data"]), len(self._objs))
+        if idx < 0:
+            raise MemoryError("llft_bk_add_msg")
+        self._objs.append(m)
+        return idx
+
     def _load(self, loan: BackupLoan):
         """The loan, written into a C lane (raises _Unfit, OverflowError, ...)."""
         lib, eng = _lib, self._eng
@@ -531,7 +530,6 @@ class NativeBackupLane:
             for j, (s, u) in enumerate(acks.items()):
                 p.sender[j], p.upto[j] = s, u
         st.nconns = len(loan.conns)
-        objs = self._objs
         for i, hc in enumerate(loan.conns):
             cc = st.conns[i]
             cc.remote, cc.seq, cc.role = remotes[hc.cid[0]], hc.cid[1], int(hc.cid[2])
@@ -556,30 +554,16 @@ class NativeBackupLane:
                 if d is not None:
                     j = getattr(lib, name)
                     cc.timer_set[j], cc.timer_at[j] = 1, d
-            made: dict[int, int] = {}
+            made: dict[int, int] = {}       # (a message on both lists is one)
             for which, msgs in ((1, hc.received), (0, hc.held)):
                 for m in msgs:
                     idx = made.get(id(m))
                     if idx is None:
-                        body = m.body
-                        idx = lib.llft_bk_add_msg(c, m.msn, m.ts, body["offset"], m.pvn,
-                                                  body["flags"], len(body["data"]), len(objs))
-                        if idx < 0:
-                            raise MemoryError("llft_bk_add_msg")
-                        objs.append(m)
-                        made[id(m)] = idx
+                        idx = made[id(m)] = self._add(c, m)
                     if lib.llft_bk_push(c, i, which, idx):
                         raise _Unfit("lists")
             for msn, m in hc.slots.items():
-                if m is None:
-                    idx = -1
-                else:
-                    body = m.body
-                    idx = lib.llft_bk_add_msg(c, m.msn, m.ts, body["offset"], m.pvn,
-                                              body["flags"], len(body["data"]), len(objs))
-                    if idx < 0:
-                        raise MemoryError("llft_bk_add_msg")
-                    objs.append(m)
+                idx = -1 if m is None else self._add(c, m)
                 if lib.llft_bk_load_slot(c, i, msn, idx, msn in hc.nacks):
                     raise _Unfit("slots")
             for msn, off, data in hc.log:

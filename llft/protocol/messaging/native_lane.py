@@ -161,7 +161,28 @@ def native_engine(key: bytes, mtu_bytes: int, *,
                 {"engine": _Engine(key, mtu_bytes, materialize)})
 
 
-class NativeLane:
+class NativeLaneBase:
+    """What the adapters of the C lanes share (this one's, native_backup_lane's): the
+    actions emitted since last taken, the earliest deadline the loan carries (an inert
+    lane's: the loan it was given)."""
+    actions: list
+
+    def take_actions(self) -> list[Any]:
+        a, self.actions = self.actions, []
+        return a
+
+    def next_timer_us(self) -> int | None:
+        if self._c is None:
+            t = self._loan0.timers
+            return min(t.values()) if t else None
+        return self._at[0] if self._next_timer(self._c, self._at) else None
+
+    @staticmethod
+    def _next_timer(c, at) -> int:
+        return _lib.llft_lane_next_timer(c, at)
+
+
+class NativeLane(NativeLaneBase):
     """SteadyLane's interface over the C engine (module docstring). Made by the class
     `native_engine` returns (its `engine`), or given one."""
     engine: _Engine | None = None
@@ -192,16 +213,6 @@ class NativeLane:
         self._at = _ffi.new("int64_t *")
 
     # ------------------------------------------------------------- SteadyLane's API ---
-    def take_actions(self) -> list[Any]:
-        a, self.actions = self.actions, []
-        return a
-
-    def next_timer_us(self) -> int | None:
-        if self._c is None:
-            t = self._loan0.timers
-            return min(t.values()) if t else None
-        return self._at[0] if _lib.llft_lane_next_timer(self._c, self._at) else None
-
     def in_flight(self) -> int:
         """Messages sent and not covered yet (SteadyLane.in_flight; no Loan built)."""
         return len(self._loan0.sent) if self._c is None else self._st.sent_count
