@@ -40,6 +40,7 @@ from __future__ import annotations
 import copy
 import enum
 from collections import Counter
+from types import MethodType
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -484,7 +485,7 @@ class LanedEndpoint:
                              backup_shadow_every=backup_shadow_every, shadowing=False,
                              lane_events=0, loans=0, reclaims=Counter(), engine=engine,
                              backup_engine=backup_engine, backup_events=0,
-                             backup_loans=0, lone=lone,
+                             backup_loans=0, lone=lone, _cached=set(),
                              # a lane whose raw path refused the datagram being decoded
                              _raw_refused=None,
                              # an engine handles whole datagrams (a native lane)
@@ -505,6 +506,10 @@ class LanedEndpoint:
                 if loan is not None:
                     self.backup_loans += 1
             if loan is not None:
+                d = self.__dict__
+                for k in d["_cached"]:       # (a loan out: the core's methods reclaim)
+                    del d[k]
+                d["_cached"].clear()
                 self.lane = engine(loan)
                 self.loans += 1
                 self.shadowing = self.shadow and (
@@ -689,7 +694,16 @@ class LanedEndpoint:
         if "endpoint" not in d:
             raise AttributeError(name)  # (not made by __init__: copy, pickle)
         ep, lane = d["endpoint"], d["lane"]
-        if lane is not None and name in getattr(lane, "READS", ()):
+        if lane is None:
+            # nothing lent: the core's. A method of its class is kept here until a loan
+            # goes out (`_lend` drops them): a core that never lends (a primary) is read
+            # through this wrapper several times a request, on its critical path.
+            v = getattr(ep, name)
+            if type(v) is MethodType and v.__self__ is ep and name not in vars(ep):
+                d[name] = v
+                d["_cached"].add(name)
+            return v
+        if name in getattr(lane, "READS", ()):
             mine = lane.read(name)      # (answered by the loan: it stays lent)
             if d["shadowing"] and getattr(d["_copy"], name) != mine:
                 raise LaneDivergence(f"{name}: lane answers {mine!r}, core "
@@ -702,9 +716,13 @@ class LanedEndpoint:
         return getattr(self.endpoint, name)
 
     def __setattr__(self, name: str, value) -> None:
-        if name in self.__dict__:
-            self.__dict__[name] = value
+        d = self.__dict__
+        if name in d and name not in d["_cached"]:
+            d[name] = value
             return
+        if name in d:                   # (a method kept from the core: set the core's)
+            del d[name]
+            d["_cached"].discard(name)
         self.reclaim(name)
         setattr(self.endpoint, name, value)
 
