@@ -118,14 +118,7 @@ class NativeBackupLane(NativeLaneBase):
         self._decoded: dict[tuple[int, int], Message] = {}
         self._last_hb = loan.last_hb        # our last HEARTBEAT (the adapter's: its body)
         self._hb_body: dict | None = None
-        self._c = None
-        try:
-            self._c = self._load(loan)
-        except (_Unfit, OverflowError, TypeError, ValueError) as e:
-            why = str(e) if isinstance(e, _Unfit) else type(e).__name__
-            self.inert = why
-            engine.inert[why] += 1
-            self._c = None
+        if not self._load_or_inert(loan, engine):
             return
         self._st = _lib.llft_bk_state_of(self._c)
         self._n = _ffi.new("uint32_t *")

@@ -181,6 +181,18 @@ class NativeLaneBase:
     def _next_timer(c, at) -> int:
         return _lib.llft_lane_next_timer(c, at)
 
+    def _load_or_inert(self, loan, engine) -> bool:
+        """The loan written into a C lane (`_load`); False if C cannot hold it: the lane
+        is inert (`inert` says why, the engine counts it) and refuses every event."""
+        try:
+            self._c = self._load(loan)
+            return True
+        except (_Unfit, OverflowError, TypeError, ValueError, KeyError) as e:
+            self.inert = str(e) if isinstance(e, _Unfit) else f"{type(e).__name__}: {e}"
+            engine.inert[str(e) if isinstance(e, _Unfit) else type(e).__name__] += 1
+            self._c = None
+            return False
+
 
 class NativeLane(NativeLaneBase):
     """SteadyLane's interface over the C engine (module docstring). Made by the class
@@ -200,12 +212,7 @@ class NativeLane(NativeLaneBase):
         self._remote = loan.cid[0]
         self._msgs: dict[int, Message] = {}     # msn -> the message read from C's bytes
         engine.loans += 1
-        try:
-            self._c = self._load(loan)
-        except (_Unfit, OverflowError, TypeError, ValueError, KeyError) as e:
-            self.inert = str(e) if isinstance(e, _Unfit) else f"{type(e).__name__}: {e}"
-            engine.inert[str(e) if isinstance(e, _Unfit) else type(e).__name__] += 1
-            self._c = None
+        if not self._load_or_inert(loan, engine):
             return
         self._st = _lib.llft_lane_state_of(self._c)
         self._rx = _ffi.new("llft_lane_rx *")
