@@ -46,7 +46,8 @@ dup P reorder P corrupt P`, `set messaging payload B window N` (optional after t
 scenarios recorded before it changed, campaign.TIMING_KEYS), `set lanes` (every lone primary lends its steady connection to a lane,
 llft/protocol/messaging/lane.py, and every backup its steady state for its primary's
 HEARTBEAT, the remote primaries' data messages, keep-alives and acks and its own
-report and NACK timers to a backup lane, backup_lane.py,
+report and NACK timers and its own heartbeat to a backup lane, backup_lane.py; with
+`set native` the lanes are the C engines, native/lane/,
 each run in lockstep with a copy of the core: a lane that acts or ends up otherwise than
 the core fails the schedule), `seed sim N` (the kernel),
 `seed app N` (the applications' pacing), `group G BID...` (birth ids in rank order, the
@@ -72,6 +73,8 @@ from llft.protocol.messaging import (BufferFull, Closed, Deliver, DeliverOrderIn
                                      MessagingConfig, MessagingEndpoint)
 from llft.protocol.messaging.backup_lane import BackupLane
 from llft.protocol.messaging.lane import LanedEndpoint, LaneDivergence
+from llft.protocol.messaging.native_backup_lane import native_backup_engine
+from llft.protocol.messaging.native_lane import native_engine
 from llft.sim.campaign import (Campaign, Outcome, Param, Script, ScenarioError,
                                messaging_timing, run_until_done, sides, us)
 from llft.sim.kernel import NetConfig, Sim
@@ -113,7 +116,7 @@ def _sizes(rng: random.Random, total: int) -> list[int]:
 
 def generate(seed: int, loss: float = 0.0, dup: float = 0.0, reorder: float = 0.0,
              failover: float = 0.0, die: float = 0.0, lanes: float = 1.0,
-             gateway: float = 0.0) -> Script:
+             gateway: float = 0.0, native: float = 0.0) -> Script:
     """The schedule of `seed`, written out (every decision is made here, before it runs)."""
     rng = random.Random(seed)
     sim_seed = rng.getrandbits(64)
@@ -124,6 +127,8 @@ def generate(seed: int, loss: float = 0.0, dup: float = 0.0, reorder: float = 0.
             ("seed", "sim", sim_seed)]
     if lanes:       # (no draw: a schedule is the same with and without lanes)
         head.append(("set", "lanes"))
+        if native:
+            head.append(("set", "native"))
     # the gateway's shape (drawn only when asked: other schedules stay as they were):
     # g0, a lone primary, has one long connection to g1 and no order info of its own
     shaped = bool(gateway) and rng.random() < gateway
@@ -261,6 +266,10 @@ class Schedule:
         # HEARTBEAT and for remote data (backup_lane.py), checked in lockstep against a
         # copy of the core
         self.lanes = any(tuple(ln[:2]) == ("set", "lanes") for ln in script.lines)
+        # `set native`: the lanes are the C engines (native/lane/), on this schedule's
+        # key and MTU, checked the same way
+        self.native = any(tuple(ln[:2]) == ("set", "native") for ln in script.lines)
+        self._engines: tuple | None = None
         self.groups: dict[str, list[_Replica]] = {}
         self.conns = []             # (client group, server group, conn_seq, streams)
         conn_index: dict[str, int] = {}
@@ -276,9 +285,9 @@ class Schedule:
                     core = MessagingEndpoint(g, b, self.cfg)
                     core.set_view(1, bids[0], members, b, now_us=0)
                     if self.lanes:
-                        core = LanedEndpoint(core, shadow=True)
-                        core.backup_engine = self.backup_engine()   # (its backups' too)
-                        core.backup_shadow_every = BACKUP_SHADOW_EVERY
+                        core = LanedEndpoint(core, shadow=True, engine=self.lane_engine(),
+                                             backup_engine=self.backup_engine(),
+                                             backup_shadow_every=BACKUP_SHADOW_EVERY)
                     reps.append(_Replica(f"{g}.{i}", g, b, core, i == 0))
                 self.groups[g] = reps
                 self.pvn[g] = 1
@@ -525,10 +534,20 @@ class Schedule:
             fn(sim)
         return traced
 
+    def _native_engines(self) -> tuple:
+        """The C engines for this schedule's key and MTU (made once: a codec each)."""
+        if self._engines is None:
+            key, mtu = self.sim.key, self.sim.net.mtu_bytes
+            self._engines = (native_engine(key, mtu), native_backup_engine(key, mtu))
+        return self._engines
+
+    def lane_engine(self):
+        """What runs a lone primary's loan with lanes on: the model, or its C engine."""
+        return self._native_engines()[0] if self.native else None
+
     def backup_engine(self):
-        """What runs a backup's loan with lanes on: the model (tests put the C engine,
-        native_backup_lane, in its place, with this schedule's key and MTU)."""
-        return BackupLane
+        """What runs a backup's loan with lanes on: the model, or its C engine."""
+        return self._native_engines()[1] if self.native else BackupLane
 
     def run(self) -> list[str]:
         sim = self.sim
@@ -683,9 +702,9 @@ def _cut(data: bytes, sizes: list[int]) -> list[bytes]:
 
 def run_seed(seed: int, *, loss: float = 0.0, dup: float = 0.0, reorder: float = 0.0,
              failover: float = 0.0, die: float = 0.0, lanes: float = 1.0,
-             gateway: float = 0.0, trace=None) -> Outcome:
-    return run_script(generate(seed, loss, dup, reorder, failover, die, lanes, gateway),
-                      trace=trace)
+             gateway: float = 0.0, native: float = 0.0, trace=None) -> Outcome:
+    return run_script(generate(seed, loss, dup, reorder, failover, die, lanes, gateway,
+                               native), trace=trace)
 
 
 def gateway_schedules(seeds, **faults):
@@ -723,5 +742,8 @@ CAMPAIGN = Campaign(
                             "lockstep against a copy of the core; 0: the core alone"),
         Param("gateway", 0.0, "chance that a schedule has the gateway's shape: a lone "
                               "primary with one long connection and no order info "
-                              "(what a lane owns)")))
+                              "(what a lane owns)"),
+        Param("native", 0.0, "1 (with lanes): the lanes are the C engines (native/lane/: "
+                             "a lone primary's and a backup's, on raw datagrams), checked "
+                             "in lockstep against a copy of the core as the models are")))
 add_arguments, run = CAMPAIGN.add_arguments, CAMPAIGN.run

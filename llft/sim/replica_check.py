@@ -108,7 +108,8 @@ scenarios recorded before it changed, campaign.TIMING_KEYS), `set replicas c N s
 `set server-block B` (the server writes its output in blocks of B bytes, a salt each), `set random-cuts
 yes|no`, `request SEQ SIZE...` (the client's writes on connection SEQ), `set streams N`
 (instead of `request` lines: N streams in one connection, planned from the app seed),
-`set lanes` (every core lends its steady state to a lane, checked in lockstep),
+`set lanes` (every core lends its steady state to a lane, checked in lockstep; `set
+native`: the lanes are the C engines),
 `seed sim N` (the kernel and the nodes), `seed app N` (the applications' pacing); events `start NODE`, `crash
 NODE` (skipped if it held its group's last state), `leave NODE` (its LEAVE, then its crash), `pause NODE US` (stopped for US
 microseconds), `restart NODE` (a new incarnation), `partition A.. | B..` (nodes on
@@ -126,6 +127,8 @@ from dataclasses import dataclass
 from llft.protocol import messaging as mg
 from llft.protocol.messaging.backup_lane import BackupLane
 from llft.protocol.messaging.lane import LanedEndpoint
+from llft.protocol.messaging.native_backup_lane import native_backup_engine
+from llft.protocol.messaging.native_lane import native_engine
 from llft.sim.messaging_check import BACKUP_SHADOW_EVERY
 from llft.protocol.messages import Role
 from llft.protocol.streams import (END_KINDS, FrameDecoder, FrameError,
@@ -836,6 +839,9 @@ class Schedule:
         # (lone primaries: lane.py; backups: backup_lane.py), each loan checked in
         # lockstep against a copy of the core (a divergence is a violation)
         self.lanes = any(tuple(ln[:2]) == ("set", "lanes") for ln in source.lines)
+        # `set native`: the lanes are the C engines (native/lane/), on this schedule's key
+        self.native = any(tuple(ln[:2]) == ("set", "native") for ln in source.lines)
+        self._engines: tuple | None = None
         self.laned: list[LanedEndpoint] = []
         self.events = [(us(line[1]), line[2:]) for line in source.lines if line[0] == "at"]
         self.end_us = next((t for t, w in self.events if w[0] == "quiet"), None)
@@ -861,12 +867,14 @@ class Schedule:
     @classmethod
     def generate(cls, seed: int, *, random_cuts: bool = False, partition: float = 0.0,
                  machine_cuts: float = 0.0, streams: int = 0, leave: float = 0.0,
-                 lanes: bool = False, trace=None) -> "Schedule":
+                 lanes: bool = False, native: bool = False, trace=None) -> "Schedule":
         """The schedule of `seed`: its parameters now, its faults as it runs (`run`)."""
         rng = random.Random(seed)
         script = Script(KIND)
         if lanes:       # (no draw: a schedule is the same with and without lanes)
             script.add("set", "lanes")
+            if native:
+                script.add("set", "native")
         script.add("set", "faults", "loss", rng.choice([0, 0.01, 0.05]),
                    "dup", rng.choice([0, 0.02, 0.05]), "reorder", rng.choice([0, 0.05, 0.1]))
         script.add("seed", "sim", rng.getrandbits(64))
@@ -1032,7 +1040,13 @@ class Schedule:
         """A replica's core with lanes (`set lanes`): its lone primary's loans checked
         in lockstep, and one backup loan in BACKUP_SHADOW_EVERY (each copies the core,
         and a plain connection's backup lends hundreds of times a schedule)."""
-        laned = LanedEndpoint(core, shadow=True, backup_engine=BackupLane,
+        engine, backup_engine = None, BackupLane
+        if self.native:
+            if self._engines is None:
+                key, mtu = self.sim.key, self.sim.net.mtu_bytes
+                self._engines = (native_engine(key, mtu), native_backup_engine(key, mtu))
+            engine, backup_engine = self._engines
+        laned = LanedEndpoint(core, shadow=True, engine=engine, backup_engine=backup_engine,
                               backup_shadow_every=BACKUP_SHADOW_EVERY)
         self.laned.append(laned)
         return laned
@@ -1502,10 +1516,10 @@ def request_bytes(seq: int, n: int) -> bytes:
 
 def run_seed(seed: int, *, random_cuts: bool = False, partition: float = 0.0,
              machine_cuts: float = 0.0, streams: int = 0, leave: float = 0.0,
-             lanes: bool = False, trace=None) -> Outcome:
+             lanes: bool = False, native: bool = False, trace=None) -> Outcome:
     return Schedule.generate(seed, random_cuts=random_cuts, partition=partition,
                              machine_cuts=machine_cuts, streams=streams, leave=leave,
-                             lanes=lanes, trace=trace).run()
+                             lanes=lanes, native=native, trace=trace).run()
 
 
 def run_script(script: Script, *, trace=None) -> Outcome:
@@ -1530,5 +1544,7 @@ CAMPAIGN = Campaign(
         Param("lanes", False, "every replica's messaging core lends its steady state to "
                               "a lane (lone primaries: lane.py; backups: backup_lane.py), "
                               "each loan checked in lockstep against a copy of the core "
-                              "(about 3x slower)"),))
+                              "(about 3x slower)"),
+        Param("native", False, "with --lanes: the lanes are the C engines (native/lane/: a "
+                               "lone primary's and a backup's), checked the same way"),))
 add_arguments, run = CAMPAIGN.add_arguments, CAMPAIGN.run

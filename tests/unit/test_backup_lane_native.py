@@ -2,8 +2,8 @@
 native_backup_lane.py) against its specification, BackupLane (backup_lane.py), and the
 core:
 
-  1. `llft simulate messaging` schedules, every backup lending to the C lane, each loan
-     in lockstep with a copy of the core (actions, timers, the whole endpoint at each
+  1. `llft simulate messaging --native` schedules, every backup lending to the C lane,
+     each loan in lockstep with a copy of the core (actions, timers, the whole endpoint at each
      reclaim), under loss/dup/reorder and under changes of primary and dead groups;
   2. the C lane and the model fed the same events from the same loans (recorded in
      those schedules, and mutations of their messages) give the same answers, actions
@@ -39,18 +39,9 @@ FAULTS = dict(loss=0.05, dup=0.02, reorder=0.05)
 CHANGES = dict(loss=0.05, failover=0.5, die=0.2)
 
 
-def _engine(schedule):
-    """The C lane for a schedule's key and MTU (one codec per schedule)."""
-    e = getattr(schedule, "_native_backup", None)
-    if e is None:
-        e = schedule._native_backup = native_backup_engine(schedule.sim.key,
-                                                           schedule.sim.net.mtu_bytes)
-    return e
-
-
 def _run(seeds, faults, record: list | None = None, first_only=False):
-    """(violations, counts) of the default schedules of `seeds`, every backup loan run
-    by the C lane in lockstep. `record`: (loan, [events]) of each loan is appended (the
+    """(violations, counts) of the default schedules of `seeds` on the C engines
+    (`--native`: a lone primary's lane too), every backup loan in lockstep. `record`: (loan, [events]) of each loan is appended (the
     loan as it was lent, each event as (method, args), the codec's key and MTU)."""
     n = Counter()
     real = {k: getattr(NativeBackupLane, k) for k in
@@ -87,12 +78,11 @@ def _run(seeds, faults, record: list | None = None, first_only=False):
     violations = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(mc, "BACKUP_SHADOW_EVERY", 1)
-        mp.setattr(mc.Schedule, "backup_engine", _engine)
         mp.setattr(NativeBackupLane, "__init__", init)
         for name in ("handle_message", "handle_timer", "set_executed", "send"):
             mp.setattr(NativeBackupLane, name, wrap(name))
         for seed in seeds:
-            s = mc.Schedule(mc.generate(seed, **faults))
+            s = mc.Schedule(mc.generate(seed, native=1, **faults))
             try:
                 violations += s.run()
             except LaneDivergence as e:

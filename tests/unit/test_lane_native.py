@@ -56,8 +56,9 @@ class _KeyedSim(Sim):
 def _use_engine(mp, make) -> None:
     """messaging_check wraps every core with `make(sim)` as its lane engine."""
     class Laned(LanedEndpoint):
-        def __init__(self, endpoint, *, shadow=False, engine=None):
-            super().__init__(endpoint, shadow=shadow, engine=make(_KeyedSim.last))
+        def __init__(self, endpoint, **kw):
+            kw["engine"] = make(_KeyedSim.last)
+            super().__init__(endpoint, **kw)
     mp.setattr(mc, "Sim", _KeyedSim)
     mp.setattr(mc, "LanedEndpoint", Laned)
 
