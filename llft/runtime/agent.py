@@ -308,11 +308,8 @@ def backup_lane_wrapper(key: bytes, mtu_bytes: int) -> tuple[str, Callable | Non
     (native/lane/llft_backup.c), `python` its model (backup_lane.py: measured no cheaper
     than the core, kept to compare), `off` the core alone. A lone primary lends nothing
     here (the gateway's lane is the lone primary's). Returns (kind, wrapper)."""
-    kind = os.environ.get("LLFT_LANE", "native")
-    if kind not in ("native", "python", "off"):
-        raise config_mod.ConfigError(f"LLFT_LANE={kind!r}: use native, python or off")
-    if kind == "native" and not native_available():
-        kind = "off"                    # (the model costs as much as the core: no gain)
+    # (unbuilt: off -- the model costs as much as the core, no gain)
+    kind = config_mod.lane_setting(native_available(), unbuilt="off")
     if kind == "off":
         return kind, None
     engine = native_backup_engine(key, mtu_bytes) if kind == "native" else BackupLane

@@ -88,6 +88,17 @@ class ConfigError(Exception):
     """An unusable configuration; str() is one line saying what to fix."""
 
 
+def lane_setting(native_built: bool, unbuilt: str) -> str:
+    """`LLFT_LANE` (environment of `llft run` and `llft gateway`): what runs a process's
+    steady messaging events -- `native` (the default: the C engines, native/lane/), their
+    Python models (`python`) or the core alone (`off`); `native` is `unbuilt` where the C
+    engines are not built. A bad value is a ConfigError (one line)."""
+    kind = os.environ.get("LLFT_LANE", "native")
+    if kind not in ("native", "python", "off"):
+        raise ConfigError(f"LLFT_LANE={kind!r}: use native, python or off")
+    return unbuilt if kind == "native" and not native_built else kind
+
+
 @dataclass(frozen=True)
 class GroupConfig:
     name: str

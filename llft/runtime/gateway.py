@@ -238,11 +238,7 @@ class Gateway:
         # its steady group connection runs on a lane (llft/protocol/messaging/lane.py):
         # the C engine on raw datagrams when it is built (LLFT_LANE=python: the model,
         # off: the core alone)
-        lane = os.environ.get("LLFT_LANE", "native")
-        if lane not in ("native", "python", "off"):
-            raise GatewayError(f"LLFT_LANE={lane!r}: use native, python or off")
-        if lane == "native" and not native_available():
-            lane = "python"
+        lane = cluster_config.lane_setting(native_available(), unbuilt="python")
         if lane == "native":
             self.core = LanedEndpoint(self.core, engine=native_engine(
                 key, self.endpoint.encoder.mtu_bytes, materialize=False))

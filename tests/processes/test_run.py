@@ -197,3 +197,17 @@ def test_a_command_that_cannot_start_is_one_clear_line(tmp_path):
     assert len(errors) == 1 and f"cannot start the application {bad}: [Errno 8]" in errors[0], \
         r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_an_unknown_lane_setting_is_one_clear_line(tmp_path):
+    """`LLFT_LANE` (what runs a backup's steady events) with a value it does not know:
+    one line naming it, status 2, before the replica joins."""
+    import subprocess
+    lc = LocalCluster(str(tmp_path))
+    argv = lc.llft_argv("run", "--config", lc.config_path, "--group", lc.group, "--",
+                        "true")
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "LLFT_LANE": "fast"})
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "llft run: LLFT_LANE='fast': use native, python or off"], r.stderr
