@@ -269,7 +269,7 @@ class Schedule:
         # `set native`: the lanes are the C engines (native/lane/), on this schedule's
         # key and MTU, checked the same way
         self.native = any(tuple(ln[:2]) == ("set", "native") for ln in script.lines)
-        self._engines: tuple | None = None
+        engine, backup_engine = lane_engines(self.sim, self.native)
         self.groups: dict[str, list[_Replica]] = {}
         self.conns = []             # (client group, server group, conn_seq, streams)
         conn_index: dict[str, int] = {}
@@ -285,8 +285,8 @@ class Schedule:
                     core = MessagingEndpoint(g, b, self.cfg)
                     core.set_view(1, bids[0], members, b, now_us=0)
                     if self.lanes:
-                        core = LanedEndpoint(core, shadow=True, engine=self.lane_engine(),
-                                             backup_engine=self.backup_engine(),
+                        core = LanedEndpoint(core, shadow=True, engine=engine,
+                                             backup_engine=backup_engine,
                                              backup_shadow_every=BACKUP_SHADOW_EVERY)
                     reps.append(_Replica(f"{g}.{i}", g, b, core, i == 0))
                 self.groups[g] = reps
@@ -534,21 +534,6 @@ class Schedule:
             fn(sim)
         return traced
 
-    def _native_engines(self) -> tuple:
-        """The C engines for this schedule's key and MTU (made once: a codec each)."""
-        if self._engines is None:
-            key, mtu = self.sim.key, self.sim.net.mtu_bytes
-            self._engines = (native_engine(key, mtu), native_backup_engine(key, mtu))
-        return self._engines
-
-    def lane_engine(self):
-        """What runs a lone primary's loan with lanes on: the model, or its C engine."""
-        return self._native_engines()[0] if self.native else None
-
-    def backup_engine(self):
-        """What runs a backup's loan with lanes on: the model, or its C engine."""
-        return self._native_engines()[1] if self.native else BackupLane
-
     def run(self) -> list[str]:
         sim = self.sim
         self.injected = 0
@@ -698,6 +683,16 @@ def _cut(data: bytes, sizes: list[int]) -> list[bytes]:
     if i != len(data):
         raise ScenarioError(f"messaging: writes of {i} bytes for a stream of {len(data)}")
     return out
+
+
+def lane_engines(sim: Sim, native: bool) -> tuple:
+    """What runs the loans of a simulated kernel's cores with lanes on: (a lone
+    primary's engine, a backup's) -- the models (None: SteadyLane), or with `native` the
+    C engines on the kernel's key and MTU (a codec each, for the whole schedule)."""
+    if not native:
+        return None, BackupLane
+    key, mtu = sim.key, sim.net.mtu_bytes
+    return native_engine(key, mtu), native_backup_engine(key, mtu)
 
 
 def run_seed(seed: int, *, loss: float = 0.0, dup: float = 0.0, reorder: float = 0.0,

@@ -125,11 +125,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from llft.protocol import messaging as mg
-from llft.protocol.messaging.backup_lane import BackupLane
 from llft.protocol.messaging.lane import LanedEndpoint
-from llft.protocol.messaging.native_backup_lane import native_backup_engine
-from llft.protocol.messaging.native_lane import native_engine
-from llft.sim.messaging_check import BACKUP_SHADOW_EVERY
+from llft.sim.messaging_check import BACKUP_SHADOW_EVERY, lane_engines
 from llft.protocol.messages import Role
 from llft.protocol.streams import (END_KINDS, FrameDecoder, FrameError,
                                    Kind, StreamTable, frame, window_value)
@@ -841,7 +838,7 @@ class Schedule:
         self.lanes = any(tuple(ln[:2]) == ("set", "lanes") for ln in source.lines)
         # `set native`: the lanes are the C engines (native/lane/), on this schedule's key
         self.native = any(tuple(ln[:2]) == ("set", "native") for ln in source.lines)
-        self._engines: tuple | None = None
+        self.lane_engines = lane_engines(self.sim, self.native)
         self.laned: list[LanedEndpoint] = []
         self.events = [(us(line[1]), line[2:]) for line in source.lines if line[0] == "at"]
         self.end_us = next((t for t, w in self.events if w[0] == "quiet"), None)
@@ -1040,12 +1037,7 @@ class Schedule:
         """A replica's core with lanes (`set lanes`): its lone primary's loans checked
         in lockstep, and one backup loan in BACKUP_SHADOW_EVERY (each copies the core,
         and a plain connection's backup lends hundreds of times a schedule)."""
-        engine, backup_engine = None, BackupLane
-        if self.native:
-            if self._engines is None:
-                key, mtu = self.sim.key, self.sim.net.mtu_bytes
-                self._engines = (native_engine(key, mtu), native_backup_engine(key, mtu))
-            engine, backup_engine = self._engines
+        engine, backup_engine = self.lane_engines
         laned = LanedEndpoint(core, shadow=True, engine=engine, backup_engine=backup_engine,
                               backup_shadow_every=BACKUP_SHADOW_EVERY)
         self.laned.append(laned)
