@@ -15,7 +15,6 @@ typedef struct {
     uint32_t head, n, cap;
 } bk_segs;
 
-static int bk_segs_push(bk_segs *l, llft_bk_seg seg);
 
 /* a connection's receive window: the slots (upto, upto + max_placeholders], msn at
  * msn % cap (every slot lies in that window: _expect and _rx_data stay inside it, and
@@ -49,21 +48,36 @@ struct llft_bk {
 
 /* ---- lists ------------------------------------------------------------------------------- */
 
-static int bk_list_push(bk_list *l, llft_bk_msg *m) {
-    if (l->head + l->n == l->cap) {
-        if (l->head > 0) {                      /* room at the front: move down */
-            memmove(l->v, l->v + l->head, sizeof *l->v * l->n);
-            l->head = 0;
-        } else {
-            uint32_t cap = l->cap ? 2 * l->cap : 64;
-            llft_bk_msg **v = realloc(l->v, sizeof *v * cap);
-            if (v == NULL) return 0;
-            l->v = v;
-            l->cap = cap;
-        }
-    }
-    l->v[l->head + l->n++] = m;
+/* An array of `size`-byte elements at *v, cap of them, doubled (64 to start); 0: no
+ * memory (nothing changed). */
+static int bk_grow(void **v, uint32_t *cap, size_t size) {
+    uint32_t c = *cap ? 2 * *cap : 64;
+    void *p = realloc(*v, size * c);
+    if (p == NULL) return 0;
+    *v = p;
+    *cap = c;
     return 1;
+}
+
+/* Room for one more element at the end of a queue (n elements of `size` bytes from
+ * *head in an array of *cap): what it holds moved to the front, or the array doubled.
+ * 0: no memory (nothing changed). */
+static int bk_room(void **v, uint32_t *head, uint32_t n, uint32_t *cap, size_t size) {
+    if (*head + n < *cap) return 1;
+    if (*head > 0) {
+        memmove(*v, (char *)*v + (size_t)*head * size, (size_t)n * size);
+        *head = 0;
+        return 1;
+    }
+    return bk_grow(v, cap, size);
+}
+
+static int bk_list_push(bk_list *l, llft_bk_msg *m) {
+    void *v = l->v;
+    int ok = bk_room(&v, &l->head, l->n, &l->cap, sizeof *l->v);
+    l->v = v;
+    if (ok) l->v[l->head + l->n++] = m;
+    return ok;
 }
 
 static llft_bk_msg *bk_list_first(const bk_list *l) { return l->n ? l->v[l->head] : NULL; }
@@ -71,15 +85,23 @@ static llft_bk_msg *bk_list_last(const bk_list *l) {
     return l->n ? l->v[l->head + l->n - 1] : NULL;
 }
 
-/* the first message leaves a list; one no list holds goes to the grave (an action of
- * this event may name it) */
 static void bk_release(llft_bk *L, llft_bk_msg *m);
 
+/* the first message leaves a list; one no list holds goes to the grave (an action of
+ * this event may name it) */
 static void bk_list_pop(llft_bk *L, bk_list *l) {
     llft_bk_msg *m = l->v[l->head];
     l->head++;
     if (--l->n == 0) l->head = 0;
     bk_release(L, m);
+}
+
+static int bk_segs_push(bk_segs *l, llft_bk_seg seg) {
+    void *v = l->v;
+    int ok = bk_room(&v, &l->head, l->n, &l->cap, sizeof *l->v);
+    l->v = v;
+    if (ok) l->v[l->head + l->n++] = seg;
+    return ok;
 }
 
 /* the first segment of a log leaves it (its bytes freed) */
@@ -97,23 +119,6 @@ static int bk_segs_add(bk_segs *l, uint64_t msn, uint64_t offset, const char *da
     memcpy(copy, data, len);
     llft_bk_seg seg = {msn, offset, len, copy};
     if (!bk_segs_push(l, seg)) { free(copy); return 0; }
-    return 1;
-}
-
-static int bk_segs_push(bk_segs *l, llft_bk_seg seg) {
-    if (l->head + l->n == l->cap) {
-        if (l->head > 0) {
-            memmove(l->v, l->v + l->head, sizeof *l->v * l->n);
-            l->head = 0;
-        } else {
-            uint32_t cap = l->cap ? 2 * l->cap : 64;
-            llft_bk_seg *v = realloc(l->v, sizeof *v * cap);
-            if (v == NULL) return 0;
-            l->v = v;
-            l->cap = cap;
-        }
-    }
-    l->v[l->head + l->n++] = seg;
     return 1;
 }
 
@@ -427,11 +432,10 @@ static void bk_begin(llft_bk *L) {
 
 static llft_bk_action *bk_act(llft_bk *L, uint8_t kind) {
     if (L->nacts == L->cap_acts) {
-        uint32_t cap = L->cap_acts ? 2 * L->cap_acts : 64;
-        llft_bk_action *a = realloc(L->acts, sizeof *a * cap);
-        if (a == NULL) abort();     /* (an action cannot be dropped: out of memory) */
-        L->acts = a;
-        L->cap_acts = cap;
+        void *v = L->acts;
+        if (!bk_grow(&v, &L->cap_acts, sizeof *L->acts))
+            abort();                /* (an action cannot be dropped: out of memory) */
+        L->acts = v;
     }
     llft_bk_action *a = &L->acts[L->nacts++];
     memset(a, 0, sizeof *a);
@@ -996,11 +1000,9 @@ static int bk_nack(llft_bk *L, uint32_t c) {
         uint64_t msn = hc->upto + j;                /* sorted(nacks)[:max_nack_msns] */
         if (!sl->nack[bk_slot_index(L, c, msn)]) continue;
         if (L->nnack_msns == L->cap_nack_msns) {
-            uint32_t cap = L->cap_nack_msns ? 2 * L->cap_nack_msns : 64;
-            uint64_t *v = realloc(L->nack_msns, sizeof *v * cap);
-            if (v == NULL) abort();
+            void *v = L->nack_msns;
+            if (!bk_grow(&v, &L->cap_nack_msns, sizeof *L->nack_msns)) abort();
             L->nack_msns = v;
-            L->cap_nack_msns = cap;
         }
         L->nack_msns[L->nnack_msns++] = msn;
         k++;
