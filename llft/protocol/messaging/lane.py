@@ -605,7 +605,10 @@ class LanedEndpoint:
         decodes it and calls `handle_message`)."""
         # (with a shadow every message goes through handle_message, which it checks;
         # the engine's handle_message takes the same raw path after encoding it)
-        lane = None if self.shadow else self._lend()
+        # (without a message only a lone primary can lend: a backup's lane takes a
+        # datagram only while a loan is out -- so a primary behind llft run's wrapper,
+        # which lends nothing, pays no lending attempt per datagram)
+        lane = None if self.shadow else self._lend() if self.lone else self.lane
         raw = getattr(lane, "handle_datagram", None)     # (a Python backup lane has none)
         if raw is None or not raw(datagram, now_us):
             # (the decoded message then goes to the core, unless the lane takes it
