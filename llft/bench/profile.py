@@ -98,6 +98,63 @@ def _thread_cpu(procs) -> dict[tuple[str, str], float]:
     return out
 
 
+def _switches(procs) -> dict[str, tuple[int, int]]:
+    """process -> (voluntary, involuntary) context switches of its live threads so far
+    (/proc/PID/task/*/status). Voluntary: the thread blocked (a wait for input, a
+    futex: the determinized app's threads wait for their turns); involuntary: it was
+    preempted. Each costs the machine a switch whatever the process's own CPU says."""
+    out: dict[str, tuple[int, int]] = {}
+    for name, p in procs.items():
+        vol = invol = 0
+        try:
+            tids = os.listdir(f"/proc/{p.pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p.pid}/task/{tid}/status") as f:
+                    for line in f:
+                        if line.startswith("voluntary_ctxt_switches:"):
+                            vol += int(line.split()[1])
+                        elif line.startswith("nonvoluntary_ctxt_switches:"):
+                            invol += int(line.split()[1])
+            except OSError:
+                continue
+        out[name] = (vol, invol)
+    return out
+
+
+def _machine() -> dict[str, float]:
+    """The whole machine so far (/proc/stat): CPU seconds by kind and context switches.
+    With the processes' own figures it says what the load client and the kernel's
+    work outside any of them (softirqs of loopback delivery) cost, and how idle the
+    cores were while the load ran."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            parts = line.split()
+            if parts[0] == "cpu":
+                # user nice system idle iowait irq softirq steal
+                v = [int(x) / tick for x in parts[1:9]]
+                out["user"], out["sys"] = v[0] + v[1], v[2] + v[5] + v[6]
+                out["idle"], out["steal"] = v[3] + v[4], v[7]
+            elif parts[0] == "ctxt":
+                out["switches"] = float(parts[1])
+    return out
+
+
+def _mid_load(procs, duration: float, out: dict) -> None:
+    """Context switches and the machine's CPU over the middle half of the load: a
+    thread's counts leave /proc with it, and an app's connection threads end with the
+    load's connections."""
+    time.sleep(duration / 4)
+    t0, out["sw0"], out["m0"] = time.monotonic(), _switches(procs), _machine()
+    time.sleep(duration / 2)
+    out["sw1"], out["m1"] = _switches(procs), _machine()
+    out["s"] = time.monotonic() - t0
+
+
 def _counters(target) -> dict[int, tuple[str, dict]]:
     """birth -> (role, transport counters) of every agent and gateway now."""
     lc = target.cluster
@@ -268,9 +325,14 @@ def run(args) -> int:
                 prof.start()
             _wait_status_fresh(t, time.monotonic(), gateways=True)
             m0, c0, th0 = _counters(t), _cpu_s(procs), _thread_cpu(procs)
+            mid: dict = {}
+            sampler = threading.Thread(target=_mid_load, args=(procs, args.duration, mid),
+                                       daemon=True)
+            sampler.start()
             acc: dict = {}
             measure_throughput([t], [args.clients], SIZE, args.duration, 1, 0, acc, mode=mode)
             c1, th1 = _cpu_s(procs), _thread_cpu(procs)
+            sampler.join()
             if recording is not None:
                 traced["text"], recording = recording.stop(), None
             if prof is not None:
@@ -286,21 +348,39 @@ def run(args) -> int:
             sections = [f"{args.replicas} replicas, {args.clients} clients, {args.mode} "
                         f"connections, {args.duration:g} s: {n} replies, {rps:.0f} req/s\n"]
             print(sections[0])
-            cpu = report.Table("profile_cpu", "CPU µs per request, by process and thread",
+            cpu = report.Table("profile_cpu", "CPU µs per request, by process and thread; "
+                               "context switches per request (voluntary / involuntary)",
                                ["process", "cpu_us_per_req", "sys", "loop", "llft_pulse",
-                                "other"])
+                                "other", "switches_vol", "switches_invol"])
             for name in procs:
                 per = {k: 1e6 * (th1.get((name, k), 0) - th0.get((name, k), 0)) / n
                        for (pn, k) in th1 if pn == name}
                 sys_us = per.pop("sys", 0.0)
                 total = 1e6 * (c1[name] - c0[name]) / n
+                n_mid = rps * mid["s"]          # requests in the middle half
+                v0, i0 = mid["sw0"].get(name, (0, 0))
+                v1, i1 = mid["sw1"].get(name, (v0, i0))
                 cpu.add(process=name, cpu_us_per_req=total, sys=sys_us,
                         loop=per.get("loop", 0.0),
                         llft_pulse=per.get("llft-pulse", 0.0),
-                        other=max(0.0, total - sum(per.values())))
+                        other=max(0.0, total - sum(per.values())),
+                        switches_vol=(v1 - v0) / n_mid, switches_invol=(i1 - i0) / n_mid)
+            # the machine: everything above, the load client, the kernel's own work
+            mc0, mc1 = mid["m0"], mid["m1"]
+            busy = {k: mc1[k] - mc0[k] for k in ("user", "sys", "idle", "steal")}
+            cpu.add(process="machine (all cores; idle not counted)",
+                    cpu_us_per_req=1e6 * (busy["user"] + busy["sys"]) / n_mid,
+                    sys=1e6 * busy["sys"] / n_mid,
+                    switches_vol=(mc1["switches"] - mc0["switches"]) / n_mid)
+            cores_s = sum(busy.values())
+            idle_note = (f"Switches and the machine's row: the middle half of the load. The "
+                         f"cores were idle {100 * busy['idle'] / cores_s:.0f} % of it (steal "
+                         f"{100 * busy['steal'] / cores_s:.0f} %); the machine's switches "
+                         "are all of them.\n" if cores_s else "")
             cpu.print()
+            print(idle_note)
             cpu.write_csv(args.results)
-            sections.append(cpu.markdown())
+            sections.append(cpu.markdown() + "\n" + idle_note)
             keys = sorted({k for b in m1 for k in m1[b][1]
                            if isinstance(m1[b][1][k], (int, float))
                            and (k.startswith(("sent_", "accepted_", "loop_waits",

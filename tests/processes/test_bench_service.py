@@ -118,6 +118,12 @@ def test_profile_quick(tmp_path):
     rows = {r["process"]: r for r in read_csv(os.path.join(out, "profile_cpu.csv"))}
     assert "r1" in rows and "gateway" in rows and any(p.startswith("r1.app") for p in rows)
     assert float(rows["r1"]["cpu_us_per_req"]) > 0 and float(rows["r1"]["loop"]) > 0
+    # every request wakes the agent's loop at least once somewhere in its path; the
+    # machine's row counts every process's switches, the load client's and the kernel's
+    assert float(rows["r1"]["switches_vol"]) > 0
+    machine = next(r for p, r in rows.items() if p.startswith("machine"))
+    assert float(machine["switches_vol"]) >= float(rows["r1"]["switches_vol"])
+    assert float(machine["cpu_us_per_req"]) >= float(rows["r1"]["cpu_us_per_req"]) * 0.5
     md = open(os.path.join(out, "profile.md")).read()
     assert "sent_REPLY" in md and "loop_waits" in md
     assert md.count("top 5 functions of the loop thread") == 2     # the agent, the gateway
