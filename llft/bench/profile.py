@@ -70,12 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", default=report.DEFAULT_RESULTS_DIR)
 
 
-def _thread_cpu(procs) -> dict[tuple[str, str], float]:
-    """(process, thread kind) -> CPU seconds so far; (process, "sys") -> the kernel's
-    share of its live threads' time (system calls, softirqs: what no user-space code
-    change removes, only fewer calls do)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out: dict[tuple[str, str], float] = {}
+def _tasks(procs, leaf: str):
+    """(process name, its pid, thread id, the text of /proc/PID/task/TID/<leaf>) for
+    every live thread of each process (a thread or process gone meanwhile is skipped)."""
     for name, p in procs.items():
         try:
             tids = os.listdir(f"/proc/{p.pid}/task")
@@ -83,18 +80,27 @@ def _thread_cpu(procs) -> dict[tuple[str, str], float]:
             continue
         for tid in tids:
             try:
-                with open(f"/proc/{p.pid}/task/{tid}/stat") as f:
-                    stat = f.read()
+                with open(f"/proc/{p.pid}/task/{tid}/{leaf}") as f:
+                    yield name, p.pid, int(tid), f.read()
             except OSError:
                 continue
-            comm = stat[stat.index("(") + 1:stat.rindex(")")]
-            fields = stat[stat.rindex(")") + 2:].split()
-            kind = "loop" if int(tid) == p.pid else comm if comm.startswith("llft-") else None
-            out[(name, "sys")] = out.get((name, "sys"), 0.0) + int(fields[12]) / tick
-            if kind is not None:        # the rest: the process's total minus these (a
-                # thread that ended is gone from /proc, its CPU still in the process's)
-                out[(name, kind)] = out.get((name, kind), 0.0) + (
-                    int(fields[11]) + int(fields[12])) / tick
+
+
+def _thread_cpu(procs) -> dict[tuple[str, str], float]:
+    """(process, thread kind) -> CPU seconds so far; (process, "sys") -> the kernel's
+    share of its live threads' time (system calls, softirqs: what no user-space code
+    change removes, only fewer calls do)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[tuple[str, str], float] = {}
+    for name, pid, tid, stat in _tasks(procs, "stat"):
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        kind = "loop" if tid == pid else comm if comm.startswith("llft-") else None
+        out[(name, "sys")] = out.get((name, "sys"), 0.0) + int(fields[12]) / tick
+        if kind is not None:        # the rest: the process's total minus these (a
+            # thread that ended is gone from /proc, its CPU still in the process's)
+            out[(name, kind)] = out.get((name, kind), 0.0) + (
+                int(fields[11]) + int(fields[12])) / tick
     return out
 
 
@@ -104,22 +110,13 @@ def _switches(procs) -> dict[str, tuple[int, int]]:
     futex: the determinized app's threads wait for their turns); involuntary: it was
     preempted. Each costs the machine a switch whatever the process's own CPU says."""
     out: dict[str, tuple[int, int]] = {}
-    for name, p in procs.items():
-        vol = invol = 0
-        try:
-            tids = os.listdir(f"/proc/{p.pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{p.pid}/task/{tid}/status") as f:
-                    for line in f:
-                        if line.startswith("voluntary_ctxt_switches:"):
-                            vol += int(line.split()[1])
-                        elif line.startswith("nonvoluntary_ctxt_switches:"):
-                            invol += int(line.split()[1])
-            except OSError:
-                continue
+    for name, _, _, status in _tasks(procs, "status"):
+        vol, invol = out.get(name, (0, 0))
+        for line in status.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                vol += int(line.split()[1])
+            elif line.startswith("nonvoluntary_ctxt_switches:"):
+                invol += int(line.split()[1])
         out[name] = (vol, invol)
     return out
 
