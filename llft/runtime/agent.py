@@ -168,7 +168,7 @@ from llft.runtime import config as config_mod
 from llft.runtime import keys
 from llft.runtime import logs, marks, proctree, profiling, pulse, stalls
 from llft.runtime import status as status_files
-from llft.runtime.application import (AppMode, Application, batch_scheduling,
+from llft.runtime.application import (AppMode, Application, batch_scheduling, own_session,
                                       raise_agent_priority, raise_fd_limit)
 from llft.runtime.driver import Driver
 from llft.runtime.outbox import Outbox
@@ -1734,6 +1734,7 @@ def run(args) -> int:
         print(f"llft run: {cmd[0]}: command not found (not on PATH, or not an executable "
               "file)", file=sys.stderr)
         return 2
+    own_session()                       # its CPU boost is for it alone (application.py)
     why_not = raise_agent_priority()    # before any thread starts (nice is per thread)
     batch_scheduling()                  # ... as is the policy
     raise_fd_limit()

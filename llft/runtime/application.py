@@ -140,6 +140,29 @@ def remove_private_tmp(folder: str | None) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def own_session() -> bool:
+    """Make this process the leader of a session of its own (setsid), if it is not one
+    already and may: then the autogroup that `raise_agent_priority` boosts holds the
+    agent alone. In the session it was started in, everything that shares it got the
+    boost too: three CPU hogs started by the same test as the agents, at autogroup nice
+    -10, left each application's session ~0.2 % of a core, the backups' replay fell
+    seconds behind, the primary held its clients for them, and 4 replies came in 15 s of
+    load (with sessions of their own: 40,495, longest gap 43 ms; docs/RELIABILITY.md,
+    "Sessions and the CPU"). A process-group leader (a
+    job of an interactive shell, foreground or `&`) may not setsid and stays where it
+    is, sharing its boost with that shell: nothing else changes for it. A process that
+    is not one was started by a program or a non-interactive script, whose terminal
+    signals an `&` job ignores already. Call it before `raise_agent_priority`. True if
+    this process leads its session now."""
+    if os.getsid(0) == os.getpid():
+        return True                     # a service manager's child, or done already
+    try:
+        os.setsid()
+    except OSError:                     # EPERM: a process-group leader
+        return False
+    return True
+
+
 def raise_agent_priority() -> str | None:
     """Give this process AGENT_NICE, if permitted. Call it before any thread starts
     (Linux nice is per thread; threads inherit their creator's). None, or why not."""
@@ -197,8 +220,9 @@ def set_autogroup_nice(nice: int) -> bool:
     Spark JVM's session got as much CPU as the session of the agents at nice -10, and on
     a 2-core box with three JVMs the agents went unscheduled for 100-400 ms (live
     primaries replaced, backups removed; their CPU use was ~10%). The autogroup's nice
-    is what ranks sessions. It is the session's: for an agent started from a shell, the
-    shell and what else runs in it share the boost. The applications' sessions keep
+    is what ranks sessions. It is the session's: the agent takes a session of its own
+    first where it may (`own_session`); a terminal's job shares the boost with its
+    shell and what else runs in that session. The applications' sessions keep
     autogroup nice 0, what they would have had without llft (an autogroup nice of
     APP_NICE starved a Spark driver against the machine's other sessions at load 28).
     False where there is no autogroup or no permission."""

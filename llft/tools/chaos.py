@@ -414,9 +414,11 @@ class Campaign:
         raise ValueError(f"unknown fault kind {f.kind!r}")
 
     def _spawn(self, argv: list[str]) -> subprocess.Popen:
+        """A fault's own program (CPU hogs, a JVM): another program on the machine, in a
+        session of its own as a user's would be (autogroup scheduling ranks sessions)."""
         with open(os.path.join(self.workdir, "faults.log"), "ab") as log:
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                 cwd=self.workdir)
+                                 cwd=self.workdir, start_new_session=True)
         self.extra.append(p)
         self._remember(p.pid)
         return p

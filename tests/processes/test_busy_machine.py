@@ -2,7 +2,8 @@
 
 Three `llft run` replicas of the unmodified examples/kv_counter.py are started at the
 same moment with the default configuration (fault_timeout_ms = 100, heartbeat 5 ms),
-next to busy-loop processes at the agents' own priority, one per core and one more; a
+next to busy-loop processes, other programs at the default priority (each in a session
+of its own), one per core and one more; a
 gateway and 4 counter clients (llft.tools.loadclient checks every reply) run for ~10 s.
 On a loaded 2-core machine this once reset each backup ~20 times in a run (false
 suspicions, then rejoins replaying the whole log, loading the machine more). The bound
@@ -35,8 +36,12 @@ VIEW_LINE = re.compile(r"\bview (\d+)\.(\d+): ")
 
 
 def start_hogs(n: int) -> list[subprocess.Popen]:
-    # same niceness as the agents (which run their apps at +5): a fair fight for the CPU
-    return [subprocess.Popen(CPU_HOG_ARGV, stdin=subprocess.DEVNULL) for _ in range(n)]
+    # other programs on the machine: each in a session of its own, at the default nice
+    # (with autogroup scheduling a session is what competes for the CPU first). Hogs in
+    # the test's own session competed as one program, and with the agents' boost while
+    # the agents shared that session (llft.runtime.application.own_session)
+    return [subprocess.Popen(CPU_HOG_ARGV, stdin=subprocess.DEVNULL, start_new_session=True)
+            for _ in range(n)]
 
 
 def stop_hogs(hogs: list[subprocess.Popen]) -> None:

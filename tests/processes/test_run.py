@@ -145,6 +145,7 @@ def test_agents_outrank_their_applications_sessions(tmp_path):
     from llft.runtime.application import AGENT_NICE
     if os.geteuid() != 0 or not os.path.exists(f"/proc/{os.getpid()}/autogroup"):
         pytest.skip("needs root and a kernel with autogroup scheduling")
+    ours = _competing_nice(os.getpid())
     with LocalCluster(str(tmp_path)) as lc:
         lc.start_replica("r1", COUNTER)
         st = lc.wait_members(1)
@@ -153,6 +154,11 @@ def test_agents_outrank_their_applications_sessions(tmp_path):
         assert agent is not None and app is not None
         assert agent[1] == AGENT_NICE, (agent, app)
         assert app[0] != agent[0], (agent, app)     # the app runs in a session of its own
+        # started by a program, the agent leads a session of its own (own_session): its
+        # boost stays its own, not its starter's (CPU hogs started by the same test got it)
+        assert os.getsid(m["agent_pid"]) == m["agent_pid"]
+        if ours is not None and ours[0] != "root":
+            assert agent[0] != ours[0] and _competing_nice(os.getpid()) == ours, (agent, ours)
         if app[0] != "root":
             assert app[1] == 0, (agent, app)        # its session keeps the share it had
         assert agent[1] < app[1], (agent, app)
