@@ -1668,7 +1668,7 @@ class Agent:
         app = self.app
         return {
             "group": self.group, **replica, "host": socket.gethostname(),
-            "agent_pid": os.getpid(),
+            "agent_pid": os.getpid(), "agent_start": status_files.OWN_START,
             "app_pid": app.pid,
             "app_mode": app.mode.value,
             "order_info": {

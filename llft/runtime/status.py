@@ -128,21 +128,31 @@ class StatusFile:
             self.path = None
 
 
-def _alive(pid) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie is dead for our purposes
+def process_start(pid: int) -> int | None:
+    """When process `pid` started (clock ticks after boot, /proc/PID/stat field 22): with
+    the pid, what names one process; None if there is none, or it is a zombie."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
+        return None
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+OWN_START = process_start(os.getpid())    # this process's, for its own status file
+
+
+def _alive(pid, start=None) -> bool:
+    """Whether the process a status file names still runs: `pid`, and when the file says
+    that process started (`start`; older files do not say). The pid alone is not enough:
+    an agent killed by SIGKILL leaves its file, and on a busy machine its pid is soon
+    another process's or thread's (pid_max 32768 here; a chaos run's JVMs and apps went
+    round it): the dead agent was read as alive and "joining", and the group never
+    looked settled."""
+    if not isinstance(pid, int) or pid <= 0:
         return False
+    now = process_start(pid)            # (a thread's id answers too, with its own start)
+    return now is not None and (start is None or now == start)
 
 
 def read_files(status_dir: str) -> tuple[list[dict], list[dict], list[dict]]:
@@ -156,10 +166,10 @@ def read_files(status_dir: str) -> tuple[list[dict], list[dict], list[dict]]:
             continue            # being replaced, or not ours
         name = os.path.basename(path)
         if name.startswith("gateway-"):
-            if _alive(st.get("pid")):
+            if _alive(st.get("pid"), st.get("pid_start")):
                 gateways.append(st)
             continue
-        if _alive(st.get("agent_pid")):
+        if _alive(st.get("agent_pid"), st.get("agent_start")):
             agents.append(st)
         elif st.get("diverged"):
             departed.append(st)

@@ -70,3 +70,22 @@ def test_a_joiner_without_a_primary_report_shows_its_own_lag(tmp_path):
     b = st["members"][1]
     assert (b["sync"], b["lag_ms"], b["lag_entries"]) == ("catching-up", 812.0, None)
     assert "catching-up" in render(st) and "backpressure" not in render(st)
+
+
+def test_a_killed_agents_file_whose_pid_is_reused_is_not_a_live_agent(tmp_path):
+    """A SIGKILLed agent leaves its status file; its pid is soon another process's. The
+    file says when its process started (`agent_start`): a file naming a live pid with
+    another start is a dead agent's (it was read as live and "joining", and `llft chaos`
+    waited 120 s for a group that had settled). A file that does not say (older) still
+    goes by the pid."""
+    from llft.runtime.status import OWN_START, process_start
+    assert OWN_START == process_start(os.getpid()) and OWN_START is not None
+    stale = _agent(B, 2, agent_start=OWN_START - 1)      # this pid, another process
+    st = _status(tmp_path, _agent(P, 1, agent_start=OWN_START), stale)
+    assert [m["birth"] for m in st["members"]] == [P, B]
+    assert st["members"][1]["agent_pid"] is None        # read as gone: no status of it
+    assert st["joining"] == []
+    older = tmp_path / "older"
+    older.mkdir()
+    st = _status(older, _agent(P, 1, agent_start=OWN_START), _agent(B, 2))
+    assert st["members"][1]["agent_pid"] == os.getpid()  # no start in the file: the pid
