@@ -468,8 +468,16 @@ class Campaign:
             out.settled = time.monotonic() <= deadline
             out.settle_s = time.monotonic() - t0
             if not out.settled:
-                out.errors.append(f"not settled in {SETTLE_TIMEOUT_S:.0f} s: "
-                                  f"{json.dumps(self.lc.status()['members'])[:600]}")
+                st = self.lc.status()
+                # what `_settled` compares: the members' agents against ours, and who else
+                # claims to be joining (a stale status file once stood there for 120 s)
+                brief = [{k: m.get(k) for k in ("birth_hex", "role", "agent_pid", "app_pid",
+                                                "app_mode", "sync")}
+                         for m in st["members"] + st["joining"]]
+                out.errors.append(f"not settled in {SETTLE_TIMEOUT_S:.0f} s: ours "
+                                  f"{sorted(self.lc.procs[n].pid for n in self.replicas)}, "
+                                  f"{len(st['members'])} members + {len(st['joining'])} "
+                                  f"joining: {json.dumps(brief)[:900]}")
             with got:
                 base = replies[0]
             out.resumed = wait_replies(base + self.wl.resume_replies, REPLY_TIMEOUT_S)
