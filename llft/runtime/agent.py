@@ -1646,18 +1646,20 @@ class Agent:
             moved = c["accepted_messages"] + c["sent_datagrams"]
             period = STATUS_PERIOD_S if moved != last_moved else STATUS_IDLE_PERIOD_S
             last_moved = moved
-            t = time.monotonic()
+            t, times = time.monotonic(), stalls.thread_times()
             await asyncio.sleep(period)             # a reporting period
             # how late the loop woke: a busy or starved agent misses heartbeats
-            lag_ms = int((time.monotonic() - t - period) * 1000)
+            elapsed = time.monotonic() - t
+            lag_ms = int((elapsed - period) * 1000)
             if lag_ms > self.counters.get("loop_lag_max_ms", 0):
                 self.counters["loop_lag_max_ms"] = lag_ms
             if lag_ms >= self.cfg.fault_timeout_ms:
                 # as long as a peer's detector waits: says which side a takeover's
                 # "silent for" was (this agent stalled, or its peer's judgement)
                 self.counters["loop_lags_logged"] = self.counters.get("loop_lags_logged", 0) + 1
+                why = stalls.stood_still(elapsed, times, stalls.thread_times())
                 log.info(f"event loop woke {lag_ms} ms late (a detector's floor is "
-                         f"{self.cfg.fault_timeout_ms:g} ms)")
+                         f"{self.cfg.fault_timeout_ms:g} ms)" + (f": {why}" if why else ""))
 
     def status(self) -> dict:
         replica = self.node.status_snapshot()

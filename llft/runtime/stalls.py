@@ -51,3 +51,31 @@ def _trace(loop, tid: int, threshold_s: float, log: logging.Logger) -> None:
                      + where.rstrip())
             ran.wait()
         time.sleep(PERIOD_S)
+
+
+def thread_times() -> tuple[int, int] | None:
+    """(ns on a CPU, ns runnable but waiting for one) of the calling thread since it
+    started (/proc/thread-self/schedstat); None where the kernel does not say."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            run_ns, wait_ns = f.read().split()[:2]
+        return int(run_ns), int(wait_ns)
+    except (OSError, ValueError):
+        return None
+
+
+def stood_still(elapsed_s: float, before: tuple[int, int] | None,
+                after: tuple[int, int] | None) -> str:
+    """What the loop's thread did over `elapsed_s` between two `thread_times` readings:
+    ran, waited for a CPU (a busy machine, or the VM's CPU taken away), or neither
+    (blocked: a disk, a page fault, a lock; or simply asleep, as a loop between events
+    is). An agent that stood still 1.5 s, every thread of it, left only "woke 1495 ms
+    late" to go by (docs/RELIABILITY.md, "Sessions and the CPU"); "" without readings."""
+    if before is None or after is None:
+        return ""
+    ran = max(0, after[0] - before[0]) / 1e6
+    waited = max(0, after[1] - before[1]) / 1e6
+    rest = max(0.0, elapsed_s * 1000 - ran - waited)
+    return (f"in the last {elapsed_s * 1000:.0f} ms the loop's thread ran {ran:.0f} ms, "
+            f"waited {waited:.0f} ms for a CPU and was off a CPU otherwise {rest:.0f} ms "
+            "(asleep, or blocked on a disk, a page fault or a lock)")

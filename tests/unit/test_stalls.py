@@ -44,3 +44,25 @@ def test_off_by_default_and_a_bad_value_is_one_warning(monkeypatch, caplog):
             "LLFT_STALL_TRACE='soon' is not a number of milliseconds: no stall tracing"]
     finally:
         loop.close()
+
+
+def test_a_late_wake_up_says_whether_the_thread_ran_waited_or_was_off_a_cpu():
+    """`stood_still` splits a stall into the loop thread's CPU time, its wait for a CPU
+    and the rest: a busy turn shows as ran, a blocking call as off a CPU."""
+    before = stalls.thread_times()
+    if before is None:
+        import pytest
+        pytest.skip("no /proc/thread-self/schedstat on this kernel")
+    t = time.monotonic()
+    end = t + 0.15
+    while time.monotonic() < end:      # a busy loop turn
+        pass
+    time.sleep(0.15)                   # a call that waits on the machine
+    elapsed = time.monotonic() - t
+    text = stalls.stood_still(elapsed, before, stalls.thread_times())
+    ms = [float(x) for x in __import__("re").findall(r"(\d+) ms", text)]
+    total, ran, waited, rest = ms[0], ms[1], ms[2], ms[3]
+    assert ran + waited >= 140, text   # the busy part: on a CPU or waiting for one
+    assert rest >= 140, text           # the sleep: off a CPU
+    assert abs(ran + waited + rest - total) <= 2, text
+    assert stalls.stood_still(1.0, None, before) == ""
