@@ -148,12 +148,12 @@ def own_session() -> bool:
     -10, left each application's session ~0.2 % of a core, the backups' replay fell
     seconds behind, the primary held its clients for them, and 4 replies came in 15 s of
     load (with sessions of their own: 40,495, longest gap 43 ms; docs/RELIABILITY.md,
-    "Sessions and the CPU"). A process-group leader (a
-    job of an interactive shell, foreground or `&`) may not setsid and stays where it
-    is, sharing its boost with that shell: nothing else changes for it. A process that
-    is not one was started by a program or a non-interactive script, whose terminal
-    signals an `&` job ignores already. Call it before `raise_agent_priority`. True if
-    this process leads its session now."""
+    "Sessions and the CPU"). A process-group leader (a job of an interactive shell,
+    foreground or `&`) may not setsid and stays where it is, sharing its boost with
+    that shell: nothing else changes for it. A process that is not one was started by a
+    program or a non-interactive script, whose terminal signals an `&` job ignores
+    already. Call it before `raise_agent_priority`. True if this process leads its
+    session now."""
     if os.getsid(0) == os.getpid():
         return True                     # a service manager's child, or done already
     try:

@@ -195,6 +195,20 @@ def tree(root: int | None, sid: int | None, exclude=()) -> list[psutil.Process]:
     return list(found.values())
 
 
+def running(pid: int, created: float | None = None) -> psutil.Process | None:
+    """Process `pid` if it runs (a zombie does not) and, when `created` is given, is the
+    one created then (psutil's create_time: a pid soon names another process, or a
+    thread); None otherwise. A pid with its create time is how a process is named."""
+    try:
+        p = psutil.Process(pid)
+        if (created is None or p.create_time() == created) and \
+                p.status() != psutil.STATUS_ZOMBIE:
+            return p
+    except psutil.Error:
+        pass
+    return None
+
+
 def _gone(p: psutil.Process) -> bool:
     try:
         return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE

@@ -37,6 +37,7 @@ import sys
 import threading
 
 from llft.runtime import config as config_mod
+from llft.runtime import proctree
 
 
 def write_file(path: str, text: str) -> None:
@@ -128,31 +129,17 @@ class StatusFile:
             self.path = None
 
 
-def process_start(pid: int) -> int | None:
-    """When process `pid` started (clock ticks after boot, /proc/PID/stat field 22): with
-    the pid, what names one process; None if there is none, or it is a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] == "Z" else int(fields[19])
-
-
-OWN_START = process_start(os.getpid())    # this process's, for its own status file
+OWN_START = proctree.running(os.getpid()).create_time()  # for this process's status file
 
 
 def _alive(pid, start=None) -> bool:
     """Whether the process a status file names still runs: `pid`, and when the file says
-    that process started (`start`; older files do not say). The pid alone is not enough:
-    an agent killed by SIGKILL leaves its file, and on a busy machine its pid is soon
-    another process's or thread's (pid_max 32768 here; a chaos run's JVMs and apps went
-    round it): the dead agent was read as alive and "joining", and the group never
-    looked settled."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    now = process_start(pid)            # (a thread's id answers too, with its own start)
-    return now is not None and (start is None or now == start)
+    that process was created (`start`, psutil's create_time; older files do not say).
+    The pid alone is not enough: an agent killed by SIGKILL leaves its file, and on a
+    busy machine its pid is soon another process's or thread's (pid_max 32768 here; a
+    chaos run's JVMs and apps went round it): the dead agent was read as alive and
+    "joining", and the group never looked settled."""
+    return isinstance(pid, int) and pid > 0 and proctree.running(pid, start) is not None
 
 
 def read_files(status_dir: str) -> tuple[list[dict], list[dict], list[dict]]:

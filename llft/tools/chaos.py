@@ -547,15 +547,8 @@ class Campaign:
 
 def _alive(seen: dict[int, float]) -> list[psutil.Process]:
     """The processes of {pid: create time} still running (a reused pid is another)."""
-    out = []
-    for pid, created in seen.items():
-        try:
-            p = psutil.Process(pid)
-            if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
+    return [p for p in (proctree.running(pid, created) for pid, created in seen.items())
+            if p is not None]
 
 
 def _until_gone(alive, timeout_s: float) -> list[psutil.Process]:

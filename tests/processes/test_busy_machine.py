@@ -3,14 +3,14 @@
 Three `llft run` replicas of the unmodified examples/kv_counter.py are started at the
 same moment with the default configuration (fault_timeout_ms = 100, heartbeat 5 ms),
 next to busy-loop processes, other programs at the default priority (each in a session
-of its own), one per core and one more; a
-gateway and 4 counter clients (llft.tools.loadclient checks every reply) run for ~10 s.
-On a loaded 2-core machine this once reset each backup ~20 times in a run (false
-suspicions, then rejoins replaying the whole log, loading the machine more). The bound
-asserted does not depend on the machine's speed: no replica that was never killed is
-ever reset, no primary change happens without a kill, and no backup's application falls
-behind for good (the primary never gives up holding its clients for one). Then the primary is SIGKILLed
-under the same load: a backup takes over and the replies stay correct.
+of its own), one per core and one more; a gateway and 4 counter clients
+(llft.tools.loadclient checks every reply) run for ~10 s. On a loaded 2-core machine
+this once reset each backup ~20 times in a run (false suspicions, then rejoins replaying
+the whole log, loading the machine more). The bound asserted does not depend on the
+machine's speed: no replica that was never killed is ever reset, no primary change
+happens without a kill, and no backup's application falls behind for good (the primary
+never gives up holding its clients for one). Then the primary is SIGKILLed under the
+same load: a backup takes over and the replies stay correct.
 
 Every wait is on a condition (status files, the clients' progress) with a deadline; the
 hogs are the test's own processes, killed and reaped at the end.

@@ -78,8 +78,9 @@ def test_a_killed_agents_file_whose_pid_is_reused_is_not_a_live_agent(tmp_path):
     another start is a dead agent's (it was read as live and "joining", and `llft chaos`
     waited 120 s for a group that had settled). A file that does not say (older) still
     goes by the pid."""
-    from llft.runtime.status import OWN_START, process_start
-    assert OWN_START == process_start(os.getpid()) and OWN_START is not None
+    import psutil
+    from llft.runtime.status import OWN_START
+    assert OWN_START == psutil.Process().create_time()
     stale = _agent(B, 2, agent_start=OWN_START - 1)      # this pid, another process
     st = _status(tmp_path, _agent(P, 1, agent_start=OWN_START), stale)
     assert [m["birth"] for m in st["members"]] == [P, B]
