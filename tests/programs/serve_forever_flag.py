@@ -30,9 +30,11 @@ for i in range(20):
     # work between requests while the server polls: a random amount (on an idle machine
     # a fixed amount let plain runs repeat the same poll count; replay fixes the draws),
     # in bytecode, so the GIL can pass to the server meanwhile (`sum(range(n))` is one C
-    # call holding it: the server then polled only between requests, 2 per request, and
-    # 6 plain runs on a loaded machine all printed "polls 40")
-    for _ in range(random.randint(50_000, 250_000)):
+    # call holding it: the server then polled only between requests, 2 per request).
+    # The server gets the GIL mid-loop only after CPython's 5 ms switch interval, so the
+    # amount spans 5 ms even on a fast machine (10 ns an iteration: 1-20 ms); 50k-250k
+    # iterations took under 5 ms on a CI box, and 6 plain runs all printed "polls 39".
+    for _ in range(random.randint(100_000, 2_000_000)):
         pass
 server.shutdown()
 t.join()
