@@ -1670,7 +1670,7 @@ class Agent:
         app = self.app
         return {
             "group": self.group, **replica, "host": socket.gethostname(),
-            "agent_pid": os.getpid(), "agent_start": status_files.OWN_START,
+            "agent_pid": os.getpid(), "agent_start": status_files.own_start(),
             "app_pid": app.pid,
             "app_mode": app.mode.value,
             "order_info": {

@@ -70,10 +70,12 @@ import resource
 import queue
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from typing import Callable
 
+from llft.lifetime import die_with
 from llft.runtime import proctree
 
 log = logging.getLogger("llft.run")
@@ -142,25 +144,64 @@ def remove_private_tmp(folder: str | None) -> None:
 
 def own_session() -> bool:
     """Make this process the leader of a session of its own (setsid), if it is not one
-    already and may: then the autogroup that `raise_agent_priority` boosts holds the
-    agent alone. In the session it was started in, everything that shares it got the
-    boost too: three CPU hogs started by the same test as the agents, at autogroup nice
-    -10, left each application's session ~0.2 % of a core, the backups' replay fell
-    seconds behind, the primary held its clients for them, and 4 replies came in 15 s of
-    load (with sessions of their own: 40,495, longest gap 43 ms; docs/RELIABILITY.md,
-    "Sessions and the CPU"). A process-group leader (a job of an interactive shell,
-    foreground or `&`) may not setsid and stays where it is, sharing its boost with
-    that shell: nothing else changes for it. A process that is not one was started by a
-    program or a non-interactive script, whose terminal signals an `&` job ignores
-    already. Call it before `raise_agent_priority`. True if this process leads its
-    session now."""
+    already: then the autogroup that `raise_agent_priority` boosts holds the agent
+    alone. In the session it was started in, everything that shares it got the boost
+    too: three CPU hogs started by the same test as the agents, at autogroup nice -10,
+    left each application's session ~0.2 % of a core, the backups' replay fell seconds
+    behind, the primary held its clients for them, and 4 replies came in 15 s of load
+    (with sessions of their own: 40,495, longest gap 43 ms; docs/RELIABILITY.md,
+    "Sessions and the CPU"). Call it before `raise_agent_priority`, before any thread
+    starts. True if this process leads its session now.
+
+    A process-group leader may not setsid: a job of an interactive shell (`llft run ...`
+    typed at a prompt, foreground or `&`) is one. Boosting that shell's session would
+    boost whatever the user starts from the shell next (a Spark JVM beside the agent),
+    and the boost would outlast the agent. So such a process forks (`_stand_in`): the
+    child, not a group leader, takes a session of its own and goes on as the agent;
+    this process stays the shell's job and only waits for it."""
     if os.getsid(0) == os.getpid():
         return True                     # a service manager's child, or done already
     try:
         os.setsid()
     except OSError:                     # EPERM: a process-group leader
-        return False
+        _stand_in()                     # returns in the child only
+        os.setsid()
     return True
+
+
+STAND_IN_RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+                    signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _stand_in() -> None:
+    """Fork; return in the child. The parent stays what the shell knows as its job and
+    stands in for the child until it exits: it passes on the signals a terminal or a
+    `kill` sends the job (STAND_IN_RELAYED: ^C and SIGTERM reach the agent as they
+    would have; ^Z stops the stand-in alone, a replica does not pause), and exits with
+    the child's status (a signal's death as the same signal). The child dies with it
+    (`die_with`: SIGKILL of `llft run` is still a crash of the replica, as if its
+    machine died). Signals are blocked across the fork, so one that comes before the
+    parent relays is delivered after, and the child starts with the dispositions and
+    mask this process had."""
+    parent = os.getpid()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STAND_IN_RELAYED)
+    pid = os.fork()
+    if pid == 0:
+        die_with(parent, 1)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        return
+    for sig in STAND_IN_RELAYED:
+        signal.signal(sig, lambda s, _frame: os.kill(pid, s))
+    signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    status = os.waitpid(pid, 0)[1]      # retried after a relayed signal (PEP 475)
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:                        # killed by a signal: so is the stand-in
+        signal.signal(-code, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
+        os.kill(parent, -code)
+        code = 128 - code
+    sys.stdout.flush()
+    os._exit(code)
 
 
 def raise_agent_priority() -> str | None:

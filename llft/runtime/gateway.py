@@ -568,7 +568,7 @@ class Gateway:
         c = self.counters
         return {
             "kind": "gateway", "group": self.group, "gateway_group": self.gateway_group,
-            "pid": os.getpid(), "pid_start": status_files.OWN_START, "birth": self.birth,
+            "pid": os.getpid(), "pid_start": status_files.own_start(), "birth": self.birth,
             "listen": list(self.bound or ()),
             "started": self.started, "updated": time.time(), "written_mono": time.monotonic(),
             # clients still sending (a client that half-closed waits for the group's end)

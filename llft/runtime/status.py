@@ -129,7 +129,16 @@ class StatusFile:
             self.path = None
 
 
-OWN_START = proctree.running(os.getpid()).create_time()  # for this process's status file
+_own_start: dict[int, float] = {}
+
+
+def own_start() -> float:
+    """This process's create time, for its status file (per pid: `llft run` may fork
+    after this module is imported, application.py `own_session`)."""
+    pid = os.getpid()
+    if pid not in _own_start:
+        _own_start[pid] = proctree.running(pid).create_time()
+    return _own_start[pid]
 
 
 def _alive(pid, start=None) -> bool:

@@ -32,6 +32,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from determinizer.shm import Shm
 from llft.runtime.application import PRIVATE_TMP_PREFIX
@@ -214,3 +215,47 @@ def test_reset_kills_the_old_tree(tmp_path):
         lc.kill("r1", signal.SIGTERM)
         assert_all_gone(procs)
         assert_no_tmp_left(tmp_path)
+
+
+# `llft run` typed at an interactive shell: the shell makes each job a process group of
+# its own, so `llft run` leads its group (and may not setsid). Here: the same exec.
+SHELL_JOB = [sys.executable, "-c",
+             "import os, sys; os.setpgid(0, 0); os.execvp(sys.argv[1], sys.argv[1:])"]
+
+
+def _autogroup(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_shell_jobs_agent_has_a_session_of_its_own_and_dies_with_the_job(tmp_path, sig):
+    """A process-group leader cannot setsid, so `llft run` forks (application.py
+    `own_session`): the agent, its child, leads a session of its own and the CPU boost
+    it gives that session leaves the shell's session (here: the test's) as it was; the
+    job stands in for the agent: SIGTERM reaches the agent (exit status 0, as without
+    the fork), SIGKILL of the job kills the agent (PR_SET_PDEATHSIG), and in both cases
+    the whole tree goes."""
+    ours = _autogroup(os.getpid())
+    with cluster(tmp_path) as lc:
+        job = lc.start_replica("r1", app_cmd(), wrap=lambda argv: SHELL_JOB + argv)
+        agent = lc.wait_members(1)["members"][0]["agent_pid"]
+        assert agent != job.pid and psutil.Process(agent).ppid() == job.pid
+        assert os.getsid(agent) == agent, "the agent leads a session of its own"
+        assert os.getsid(job.pid) == os.getsid(0) and os.getpgid(job.pid) == job.pid
+        assert _autogroup(os.getpid()) == ours, "the shell's session kept its nice"
+        procs = full_tree(job.pid)
+        assert any(p.pid == agent for p in procs)
+        wait_app_tmp(tmp_path, 1)
+        if sig == signal.SIGKILL:
+            lc.wait_status(lambda st: st["members"] and st["members"][0]["counters"].get(
+                "escapees_watched", 0) >= 1, 30, "the escaped daemon named to the watchdog")
+        lc.kill("r1", sig)
+        assert job.returncode == (0 if sig == signal.SIGTERM else -signal.SIGKILL), \
+            lc.log_tail("r1")
+        assert_all_gone(procs)
+        assert_no_tmp_left(tmp_path)
+        assert_no_shm_left(agent)

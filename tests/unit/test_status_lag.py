@@ -79,14 +79,15 @@ def test_a_killed_agents_file_whose_pid_is_reused_is_not_a_live_agent(tmp_path):
     waited 120 s for a group that had settled). A file that does not say (older) still
     goes by the pid."""
     import psutil
-    from llft.runtime.status import OWN_START
-    assert OWN_START == psutil.Process().create_time()
-    stale = _agent(B, 2, agent_start=OWN_START - 1)      # this pid, another process
-    st = _status(tmp_path, _agent(P, 1, agent_start=OWN_START), stale)
+    from llft.runtime.status import own_start
+    start = own_start()
+    assert start == psutil.Process().create_time()
+    stale = _agent(B, 2, agent_start=start - 1)      # this pid, another process
+    st = _status(tmp_path, _agent(P, 1, agent_start=start), stale)
     assert [m["birth"] for m in st["members"]] == [P, B]
     assert st["members"][1]["agent_pid"] is None        # read as gone: no status of it
     assert st["joining"] == []
     older = tmp_path / "older"
     older.mkdir()
-    st = _status(older, _agent(P, 1, agent_start=OWN_START), _agent(B, 2))
+    st = _status(older, _agent(P, 1, agent_start=start), _agent(B, 2))
     assert st["members"][1]["agent_pid"] == os.getpid()  # no start in the file: the pid
