@@ -4,6 +4,9 @@ plain one-hop forwarder, plus what the group costs when idle and after load.
 Configurations, measured in ONE run (same machine, same moment):
   tcp        examples/echo.py (a plain threaded echo server), reached directly
   proxy      the same process through a plain asyncio TCP forwarder (one hop, no llft)
+  proxy_x2   through two such forwarders in a row: the process hops of llft's path
+             (client, gateway, the primary's agent, the app) with no protocol work, the
+             floor of that shape on this machine (its wake-ups, its two extra hops)
   llft_Nr    N replicas under `llft run` (DEFAULT configuration), reached through
              `llft gateway` (N from `--replicas`, default 1,2,3)
 
@@ -82,8 +85,10 @@ def _procs(setup: Setup, target) -> dict[str, psutil.Process]:
                 pass
     else:
         add("server", setup.procs[0].pid)
-        if target.name == "proxy":
+        if target.name in ("proxy", "proxy_x2"):
             add("forwarder", setup.procs[1].pid)
+        if target.name == "proxy_x2":
+            add("forwarder2", setup.procs[2].pid)
     return out
 
 
@@ -204,7 +209,7 @@ def run(args) -> int:
     idle_rows: list[dict] = []
     failed = []
     with tempfile.TemporaryDirectory(prefix="llft-bench-echo-") as tmp:
-        setup = Setup(tmp, proxy=True, heartbeat_ms=args.heartbeat_ms)
+        setup = Setup(tmp, proxy=True, heartbeat_ms=args.heartbeat_ms, proxy_chain=True)
         try:
             for phase, r in enumerate(replicas):
                 t = setup.add_cluster(r)
@@ -306,7 +311,7 @@ def run(args) -> int:
     for name in dict.fromkeys(r["config"] for r in rows):
         pts = [(c, r[f"rps_{c}"]) for r in rows if r["config"] == name for c in clients
                if r.get(f"rps_{c}")]
-        if name in ("tcp", "proxy"):       # pooled over phases: the first phase's
+        if name in ("tcp", "proxy", "proxy_x2"):   # pooled over phases: the first phase's
             pts = pts[:len(clients)]
         if pts:
             series[name] = ([x for x, _ in pts], [y for _, y in pts])
@@ -314,7 +319,8 @@ def run(args) -> int:
                       "concurrent clients", "requests per second", series,
                       logx=True, logy=True, xticks=clients)
     notes = ("Server: examples/echo.py (threaded). proxy: a plain asyncio TCP forwarder "
-             "(one hop, no replication). llft_Nr: N replicas under `llft run` with the "
+             "(one hop, no replication). proxy_x2: two of them in a row (llft's process "
+             "hops, no protocol work). llft_Nr: N replicas under `llft run` with the "
              "DEFAULT configuration behind `llft gateway`. Idle CPU from psutil cpu_times "
              "of each agent; datagrams from the agents' transport counters. conn_rps_N: N "
              "clients, each request on a connection of its own. view_changes, replicas_replaced: "

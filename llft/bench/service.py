@@ -137,10 +137,14 @@ class Setup:
 
     def __init__(self, tmp: str, proxy: bool, fault_timeout_ms: float | None = None,
                  app: str = ECHO, probe: tuple[bytes, bytes] = (b"ping\n", b"ping\n"),
-                 group_prefix: str = "echo", heartbeat_ms: float | None = None):
+                 group_prefix: str = "echo", heartbeat_ms: float | None = None,
+                 proxy_chain: bool = False):
         """`app`: the service program (run as `python APP PORT`); `probe`: one request
         and its exact reply, sent through each new group's whole path first;
-        `fault_timeout_ms`, `heartbeat_ms` None: the configuration's defaults."""
+        `fault_timeout_ms`, `heartbeat_ms` None: the configuration's defaults;
+        `proxy_chain` (with `proxy`): also `proxy_x2`, a second forwarder in front of the
+        first: client, forwarder, forwarder, server, the process hops of llft's path
+        (client, gateway, primary's agent, app) with no protocol work in them."""
         self.tmp = tmp
         self.fault_timeout_ms = fault_timeout_ms
         self.heartbeat_ms = heartbeat_ms
@@ -167,6 +171,16 @@ class Setup:
                 px.fail("the TCP proxy did not start")
             else:
                 px.port = int(ev["port"])
+        if proxy and proxy_chain and px.error is None:
+            px2 = Target("proxy_x2")
+            self.baselines.append(px2)
+            p = self._spawn([sys.executable, "-m", "llft.bench.service", "--proxy-to",
+                             f"{px.host}:{px.port}"], "proxy_x2", stdout=subprocess.PIPE)
+            ev = read_event(p, "ready", 20)
+            if ev is None:
+                px2.fail("the second TCP proxy did not start")
+            else:
+                px2.port = int(ev["port"])
 
     @property
     def targets(self) -> list[Target]:

@@ -93,18 +93,21 @@ def test_echo_quick(tmp_path):
     out = str(tmp_path / "results")
     assert main(["bench", "echo", "--quick", "--results", out]) == 0
     rows = read_csv(os.path.join(out, "echo.csv"))
-    assert [r["config"] for r in rows] == ["tcp", "proxy", "llft_1r"]
+    assert [r["config"] for r in rows] == ["tcp", "proxy", "proxy_x2", "llft_1r"]
     for r in rows:
         assert r["error"] == "", r
         assert r["p50_us"] and r["p99_us"] and r["rps_1"] and r["rps_16"], r
         assert r["conn_rps_1"] and r["conn_rps_16"], r
     # a lone replica has no one to suspect it: its view and birth never change
-    assert (rows[2]["view_changes"], rows[2]["replicas_replaced"]) == ("0", "0"), rows[2]
+    assert (rows[3]["view_changes"], rows[3]["replicas_replaced"]) == ("0", "0"), rows[3]
     (idle,) = read_csv(os.path.join(out, "echo_idle.csv"))
     assert idle["config"] == "llft_1r" and idle["agent_cpu_pct_max"] != ""
     assert idle["after_load_datagrams_per_s"] and idle["after_load_2nd_s_datagrams_per_s"]
     cpu = read_csv(os.path.join(out, "echo_cpu.csv"))
-    assert "gateway=" in cpu[2]["cpu_us_per_req_1"] and "r1=" in cpu[2]["cpu_us_per_req_1"]
+    assert "gateway=" in cpu[3]["cpu_us_per_req_1"] and "r1=" in cpu[3]["cpu_us_per_req_1"]
+    # the chained forwarders: both forwarders and the server counted
+    assert all(f"{n}=" in cpu[2]["cpu_us_per_req_1"] for n in ("forwarder", "forwarder2",
+                                                               "server")), cpu[2]
 
 
 @pytest.mark.slow
