@@ -176,9 +176,10 @@ STAND_IN_RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT
 def _stand_in() -> None:
     """Fork; return in the child. The parent stays what the shell knows as its job and
     stands in for the child until it exits: it passes on the signals a terminal or a
-    `kill` sends the job (STAND_IN_RELAYED: ^C and SIGTERM reach the agent as they
-    would have; ^Z stops the stand-in alone, a replica does not pause), and exits with
-    the child's status (a signal's death as the same signal). The child dies with it
+    `kill` sends the job (STAND_IN_RELAYED, those it does not ignore: ^C and SIGTERM
+    reach the agent as they would have; ^Z stops the stand-in alone, a replica does not
+    pause), and exits with the child's status (a signal's death as the same signal),
+    relaying nothing once the child is reaped (its pid may be reused). The child dies with it
     (`die_with`: SIGKILL of `llft run` is still a crash of the replica, as if its
     machine died). Signals are blocked across the fork, so one that comes before the
     parent relays is delivered after, and the child starts with the dispositions and
@@ -191,12 +192,16 @@ def _stand_in() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
         return
     for sig in STAND_IN_RELAYED:
-        signal.signal(sig, lambda s, _frame: os.kill(pid, s))
+        if signal.getsignal(sig) != signal.SIG_IGN:     # `nohup llft run ... &`: not HUP
+            signal.signal(sig, lambda s, _frame: os.kill(pid, s))
     signal.pthread_sigmask(signal.SIG_SETMASK, old)
     status = os.waitpid(pid, 0)[1]      # retried after a relayed signal (PEP 475)
+    for sig in STAND_IN_RELAYED:
+        signal.signal(sig, signal.SIG_IGN)
     code = os.waitstatus_to_exitcode(status)
     if code < 0:                        # killed by a signal: so is the stand-in
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
         os.kill(parent, -code)
         code = 128 - code
