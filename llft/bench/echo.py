@@ -280,10 +280,17 @@ def run(args) -> int:
         px = next((p for p in rows if p["phase"] == row["phase"] and p["config"] == "proxy"), None)
         if px and isinstance(row.get("p50_us"), float) and px.get("p50_us"):
             row["p50_vs_proxy"] = row["p50_us"] / px["p50_us"]
+        # what llft adds beyond its process shape's floor (two forwarders in a row)
+        px2 = next((p for p in rows if p["phase"] == row["phase"]
+                    and p["config"] == "proxy_x2"), None)
+        if (row["replicas"] and px2 and isinstance(row.get("p50_us"), float)
+                and px2.get("p50_us")):
+            row["p50_vs_proxy_x2"] = row["p50_us"] / px2["p50_us"]
         for k in [f"rps_{c}" for c in clients] + [f"conn_rps_{c}" for c in conn_clients]:
             if px and row.get(k) and px.get(k):
                 row[f"{k}_vs_proxy"] = row[k] / px[k]
-    cols = (["phase", "config", "replicas", "p50_us", "p99_us", "p50_vs_proxy"]
+    cols = (["phase", "config", "replicas", "p50_us", "p99_us", "p50_vs_proxy",
+             "p50_vs_proxy_x2"]
             + [k for c in clients for k in (f"rps_{c}", f"rps_{c}_vs_proxy")]
             + [k for c in conn_clients for k in (f"conn_rps_{c}", f"conn_rps_{c}_vs_proxy")]
             + ["view_changes", "replicas_replaced", "error"])

@@ -98,6 +98,8 @@ def test_echo_quick(tmp_path):
         assert r["error"] == "", r
         assert r["p50_us"] and r["p99_us"] and r["rps_1"] and r["rps_16"], r
         assert r["conn_rps_1"] and r["conn_rps_16"], r
+    # llft's p50 also against its process shape's floor (two forwarders in a row)
+    assert rows[3]["p50_vs_proxy_x2"] and not rows[1]["p50_vs_proxy_x2"]
     # a lone replica has no one to suspect it: its view and birth never change
     assert (rows[3]["view_changes"], rows[3]["replicas_replaced"]) == ("0", "0"), rows[3]
     (idle,) = read_csv(os.path.join(out, "echo_idle.csv"))
