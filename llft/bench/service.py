@@ -162,25 +162,22 @@ class Setup:
         if not wait_listening(tcp.host, tcp.port, 20):
             tcp.fail(f"{app_name} did not listen on {tcp.port}")
         if proxy:
-            px = Target("proxy")
-            self.baselines.append(px)
-            p = self._spawn([sys.executable, "-m", "llft.bench.service", "--proxy-to",
-                             f"{tcp.host}:{tcp.port}"], "proxy", stdout=subprocess.PIPE)
-            ev = read_event(p, "ready", 20)
-            if ev is None:
-                px.fail("the TCP proxy did not start")
-            else:
-                px.port = int(ev["port"])
-        if proxy and proxy_chain and px.error is None:
-            px2 = Target("proxy_x2")
-            self.baselines.append(px2)
-            p = self._spawn([sys.executable, "-m", "llft.bench.service", "--proxy-to",
-                             f"{px.host}:{px.port}"], "proxy_x2", stdout=subprocess.PIPE)
-            ev = read_event(p, "ready", 20)
-            if ev is None:
-                px2.fail("the second TCP proxy did not start")
-            else:
-                px2.port = int(ev["port"])
+            px = self._proxy("proxy", tcp)
+            if proxy_chain and px.error is None:
+                self._proxy("proxy_x2", px)
+
+    def _proxy(self, name: str, to: Target) -> Target:
+        """A baseline: a plain TCP forwarder to `to`, started as a child."""
+        px = Target(name)
+        self.baselines.append(px)
+        p = self._spawn([sys.executable, "-m", "llft.bench.service", "--proxy-to",
+                         f"{to.host}:{to.port}"], name, stdout=subprocess.PIPE)
+        ev = read_event(p, "ready", 20)
+        if ev is None:
+            px.fail(f"the TCP forwarder {name} did not start")
+        else:
+            px.port = int(ev["port"])
+        return px
 
     @property
     def targets(self) -> list[Target]:
