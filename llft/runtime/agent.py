@@ -169,7 +169,7 @@ from llft.runtime import keys
 from llft.runtime import logs, marks, proctree, profiling, pulse, stalls
 from llft.runtime import status as status_files
 from llft.runtime.application import (AppMode, Application, batch_scheduling, own_session,
-                                      raise_agent_priority, raise_fd_limit)
+                                      raise_agent_priority, raise_fd_limit, role_priority)
 from llft.runtime.driver import Driver
 from llft.runtime.outbox import Outbox
 from llft.runtime.sockets import (LeanTransport, StreamSocket, connect_at_once, connect_lean,
@@ -1081,6 +1081,7 @@ class Agent:
         self.stop_event.set()
 
     def _become_primary(self, pvn: int) -> None:
+        role_priority(primary=True)         # before the promotion's replay
         if self.mode is AppMode.NONE:
             self._relay_up()
             self.framer.primary = True
@@ -1128,6 +1129,7 @@ class Agent:
                     fed=app.fed_entries)
 
     def _start_backup(self, a: actions.Restored) -> None:
+        role_priority(primary=False)
         app = self._restored_app or {}
         env = dict(app.get("env") or self.env)
         self.app.start_backup(env)

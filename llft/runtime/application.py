@@ -94,7 +94,17 @@ APP_NICE = 5
 # runaway agent must not be able to freeze the machine. The app keeps the priority it
 # would have had (the agent's former nice + APP_NICE).
 AGENT_NICE = -10
+# A backup's agent gives its session less than the primary's (`role_priority`): on a
+# host with more than one replica (tests, the demo, one-host benchmarks) a REQUEST wakes
+# every agent at once, and backups at the primary's -10 took the cores from the
+# primary, the gateway and the clients: same group, the backups' autogroup alternated
+# -10 / -5, 3 replicas, 1 KB echo: p50 533 -> 456 µs (median of 4), 16 clients 5,231 ->
+# 5,938 req/s, -5 ahead in each of the 4 pairs; 2 replicas 445 -> 410 µs, 7,219 -> 7,839
+# (docs/BENCHMARKS.md, "A backup's agent below its primary's"). -5 still outranks the
+# applications and the machine's other work (0) threefold, what the boost is for.
+BACKUP_NICE = -5
 _app_nice = APP_NICE                 # increment from the agent's nice to the app's
+_boosted = False                     # raise_agent_priority set our autogroup's nice
 # The agent and the gateway run SCHED_BATCH (same priority and share as SCHED_OTHER, but a
 # thread of theirs that wakes does not preempt the one running; it runs at the next
 # scheduling point, within a tick). They wake each other and the apps for every datagram
@@ -212,7 +222,7 @@ def _stand_in() -> None:
 def raise_agent_priority() -> str | None:
     """Give this process AGENT_NICE, if permitted. Call it before any thread starts
     (Linux nice is per thread; threads inherit their creator's). None, or why not."""
-    global _app_nice
+    global _app_nice, _boosted
     base = os.getpriority(os.PRIO_PROCESS, 0)
     if base <= AGENT_NICE:
         return None
@@ -222,8 +232,16 @@ def raise_agent_priority() -> str | None:
         return (f"the agent keeps nice {base} (nice {AGENT_NICE} needs root or "
                 "CAP_SYS_NICE): a busy machine may get it suspected")
     _app_nice = base + APP_NICE - AGENT_NICE
-    set_autogroup_nice(AGENT_NICE)
+    _boosted = set_autogroup_nice(AGENT_NICE)
     return None
+
+
+def role_priority(primary: bool) -> None:
+    """Our session's autogroup nice for our role: AGENT_NICE as the primary (and while
+    joining), BACKUP_NICE as a backup; nothing unless `raise_agent_priority` set it.
+    Without autogroup scheduling the agent's threads keep AGENT_NICE whatever the role."""
+    if _boosted:
+        set_autogroup_nice(AGENT_NICE if primary else BACKUP_NICE)
 
 
 def batch_scheduling() -> None:

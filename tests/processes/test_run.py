@@ -137,31 +137,38 @@ def _competing_nice(pid: int) -> tuple[str, int] | None:
 
 def test_agents_outrank_their_applications_sessions(tmp_path):
     """With autogroup scheduling the CPU is shared between sessions first: the agent's
-    session gets AGENT_NICE, each application (its own session) keeps 0, so a busy
-    application (a Spark JVM) cannot starve its agent's heartbeats. Whatever the
-    arrangement the kernel made (both in autogroups, or one of them in the root group), the
-    entity the agent competes as outranks the application's."""
+    session gets AGENT_NICE as the primary and BACKUP_NICE as a backup, each application
+    (its own session) keeps 0, so a busy application (a Spark JVM) cannot starve its
+    agent's heartbeats. Whatever the arrangement the kernel made (both in autogroups, or
+    one of them in the root group), the entity the agent competes as outranks the
+    application's. A backup that takes over gets the primary's nice."""
     import pytest
-    from llft.runtime.application import AGENT_NICE
+    from llft.runtime.application import AGENT_NICE, BACKUP_NICE
     if os.geteuid() != 0 or not os.path.exists(f"/proc/{os.getpid()}/autogroup"):
         pytest.skip("needs root and a kernel with autogroup scheduling")
     ours = _competing_nice(os.getpid())
     with LocalCluster(str(tmp_path)) as lc:
         lc.start_replica("r1", COUNTER)
-        st = lc.wait_members(1)
-        m = st["members"][0]
-        agent, app = _competing_nice(m["agent_pid"]), _competing_nice(m["app_pid"])
-        assert agent is not None and app is not None
-        assert agent[1] == AGENT_NICE, (agent, app)
-        assert app[0] != agent[0], (agent, app)     # the app runs in a session of its own
-        # started by a program, the agent leads a session of its own (own_session): its
-        # boost stays its own, not its starter's (CPU hogs started by the same test got it)
-        assert os.getsid(m["agent_pid"]) == m["agent_pid"]
-        if ours is not None and ours[0] != "root":
-            assert agent[0] != ours[0] and _competing_nice(os.getpid()) == ours, (agent, ours)
-        if app[0] != "root":
-            assert app[1] == 0, (agent, app)        # its session keeps the share it had
-        assert agent[1] < app[1], (agent, app)
+        lc.wait_members(1)
+        lc.start_replica("r2", COUNTER)
+        st = lc.wait_members(2)
+        for m in st["members"]:
+            agent, app = _competing_nice(m["agent_pid"]), _competing_nice(m["app_pid"])
+            assert agent is not None and app is not None
+            want = AGENT_NICE if m["role"] == "primary" else BACKUP_NICE
+            assert agent[1] == want, (m["role"], agent, app)
+            assert app[0] != agent[0], (agent, app)     # the app runs in a session of its own
+            # started by a program, the agent leads a session of its own (own_session): its
+            # boost stays its own, not its starter's (CPU hogs started by the same test got it)
+            assert os.getsid(m["agent_pid"]) == m["agent_pid"]
+            if ours is not None and ours[0] != "root":
+                assert agent[0] != ours[0] and _competing_nice(os.getpid()) == ours, (agent, ours)
+            if app[0] != "root":
+                assert app[1] == 0, (agent, app)        # its session keeps the share it had
+            assert agent[1] < app[1], (agent, app)
+        old = lc.kill_primary()
+        new = lc.wait_primary(other_than=old["birth"])
+        assert _competing_nice(new["agent_pid"])[1] == AGENT_NICE
 
 
 def test_agents_run_batch_and_their_applications_keep_their_policy(tmp_path):
