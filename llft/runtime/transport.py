@@ -277,11 +277,20 @@ class ArrivalClock:
             return None
         mono = time.monotonic_ns()
         if mono - self._synced_ns >= ARRIVAL_RESYNC_NS:
-            self._offset_ns = time.time_ns() - mono
-            self._synced_ns = mono
+            self._resync(mono)
         at_us = (sec * 1_000_000_000 + nsec - self._offset_ns) // 1000
         age_us = mono // 1000 - at_us
+        if age_us < 0 and self._synced_ns != mono:
+            # a stamp from the future: the realtime clock was slewed or stepped since the
+            # offset was taken (on this VM it was, and most of a run's stamps were lost)
+            self._resync(mono)
+            at_us = (sec * 1_000_000_000 + nsec - self._offset_ns) // 1000
+            age_us = mono // 1000 - at_us
         return at_us if 0 <= age_us < ARRIVAL_MAX_AGE_US else None
+
+    def _resync(self, mono: int) -> None:
+        self._offset_ns = time.time_ns() - mono
+        self._synced_ns = mono
 
 
 SO_ATTACH_FILTER = 26                 # linux/asm-generic/socket.h
