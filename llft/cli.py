@@ -50,6 +50,7 @@ BENCHMARKS: dict[str, str] = {
     "bulk": "llft.bench.bulk",
     "profile": "llft.bench.profile",
     "ab": "llft.bench.ab",
+    "priority": "llft.bench.priority",
     "all": "llft.bench.all",
 }
 
