@@ -23,6 +23,7 @@ import tempfile
 
 from llft.bench import report
 from llft.bench.service import Setup, measure_latency, measure_throughput
+from llft.runtime.application import set_autogroup_nice
 
 SIZE = 1024
 CLIENTS = 16
@@ -39,12 +40,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 2 replicas, levels -10,-5, 200 rounds, 1 s, 2 repeats")
     p.add_argument("--results", default=report.DEFAULT_RESULTS_DIR)
-
-
-def _set_nice(pids: list[int], nice: int) -> None:
-    for pid in pids:
-        with open(f"/proc/{pid}/autogroup", "w") as f:
-            f.write(str(nice))
 
 
 def run(args) -> int:
@@ -69,11 +64,9 @@ def run(args) -> int:
             view = st["view"]
             for rep in range(args.repeat):
                 for nice in (levels if rep % 2 == 0 else levels[::-1]):
-                    try:
-                        _set_nice(backups, nice)
-                    except OSError as e:
+                    if not all([set_autogroup_nice(nice, pid) for pid in backups]):
                         print(f"llft bench priority: cannot set the backups' autogroup nice "
-                              f"to {nice} ({e}): run as root, on a kernel with autogroups")
+                              f"to {nice}: run as root, on a kernel with autogroups")
                         return 2
                     lat: dict = {}
                     measure_latency([t], [SIZE], args.rounds, args.rounds // 10, 1, rep, lat)

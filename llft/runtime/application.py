@@ -70,7 +70,6 @@ import resource
 import queue
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 from typing import Callable
@@ -152,7 +151,7 @@ def remove_private_tmp(folder: str | None) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def own_session() -> bool:
+def own_session() -> None:
     """Make this process the leader of a session of its own (setsid), if it is not one
     already: then the autogroup that `raise_agent_priority` boosts holds the agent
     alone. In the session it was started in, everything that shares it got the boost
@@ -161,7 +160,7 @@ def own_session() -> bool:
     behind, the primary held its clients for them, and 4 replies came in 15 s of load
     (with sessions of their own: 40,495, longest gap 43 ms; docs/RELIABILITY.md,
     "Sessions and the CPU"). Call it before `raise_agent_priority`, before any thread
-    starts. True if this process leads its session now.
+    starts.
 
     A process-group leader may not setsid: a job of an interactive shell (`llft run ...`
     typed at a prompt, foreground or `&`) is one. Boosting that shell's session would
@@ -170,13 +169,12 @@ def own_session() -> bool:
     child, not a group leader, takes a session of its own and goes on as the agent;
     this process stays the shell's job and only waits for it."""
     if os.getsid(0) == os.getpid():
-        return True                     # a service manager's child, or done already
+        return                          # a service manager's child, or done already
     try:
         os.setsid()
     except OSError:                     # EPERM: a process-group leader
         _stand_in()                     # returns in the child only
         os.setsid()
-    return True
 
 
 STAND_IN_RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
@@ -215,7 +213,6 @@ def _stand_in() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
         os.kill(parent, -code)
         code = 128 - code
-    sys.stdout.flush()
     os._exit(code)
 
 
@@ -276,22 +273,22 @@ def raise_fd_limit() -> int:
     return soft
 
 
-def set_autogroup_nice(nice: int) -> bool:
-    """Give this process's autogroup `nice`. With autogroup scheduling (Linux's
-    sched_autogroup_enabled, on by default in the common distributions' kernels) the CPU is
-    shared fairly between *sessions* first, and a thread's nice counts only inside its
-    session: every application runs in a session of its own (start_new_session), so a
-    Spark JVM's session got as much CPU as the session of the agents at nice -10, and on
-    a 2-core box with three JVMs the agents went unscheduled for 100-400 ms (live
-    primaries replaced, backups removed; their CPU use was ~10%). The autogroup's nice
-    is what ranks sessions. It is the session's: the agent takes a session of its own
-    first where it may (`own_session`); a terminal's job shares the boost with its
-    shell and what else runs in that session. The applications' sessions keep
-    autogroup nice 0, what they would have had without llft (an autogroup nice of
-    APP_NICE starved a Spark driver against the machine's other sessions at load 28).
-    False where there is no autogroup or no permission."""
+def set_autogroup_nice(nice: int, pid: int | str = "self") -> bool:
+    """Give the autogroup of process `pid` (this one by default) `nice`. With autogroup
+    scheduling (Linux's sched_autogroup_enabled, on by default in the common
+    distributions' kernels) the CPU is shared fairly between *sessions* first, and a
+    thread's nice counts only inside its session: every application runs in a session of
+    its own (start_new_session), so a Spark JVM's session got as much CPU as the session
+    of the agents at nice -10, and on a 2-core box with three JVMs the agents went
+    unscheduled for 100-400 ms (live primaries replaced, backups removed; their CPU use
+    was ~10%). The autogroup's nice is what ranks sessions. It is the session's: the
+    agent takes a session of its own first (`own_session`; a shell's job forks an agent
+    that can). The applications' sessions keep autogroup nice 0, what they would have
+    had without llft (an autogroup nice of APP_NICE starved a Spark driver against the
+    machine's other sessions at load 28). False where there is no autogroup or no
+    permission."""
     try:
-        with open("/proc/self/autogroup", "w") as f:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
             f.write(str(nice))
         return True
     except OSError:

@@ -38,6 +38,7 @@ from determinizer.shm import Shm
 from llft.runtime.application import PRIVATE_TMP_PREFIX
 from llft.tools.cluster import LocalCluster
 from polling import wait_for
+from test_run import competing_nice
 
 TREE_APP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tree_app.py")
 POLL_S = 0.02
@@ -223,14 +224,6 @@ SHELL_JOB = [sys.executable, "-c",
              "import os, sys; os.setpgid(0, 0); os.execvp(sys.argv[1], sys.argv[1:])"]
 
 
-def _autogroup(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/autogroup") as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_a_shell_jobs_agent_has_a_session_of_its_own_and_dies_with_the_job(tmp_path, sig):
     """A process-group leader cannot setsid, so `llft run` forks (application.py
@@ -239,14 +232,14 @@ def test_a_shell_jobs_agent_has_a_session_of_its_own_and_dies_with_the_job(tmp_p
     job stands in for the agent: SIGTERM reaches the agent (exit status 0, as without
     the fork), SIGKILL of the job kills the agent (PR_SET_PDEATHSIG), and in both cases
     the whole tree goes."""
-    ours = _autogroup(os.getpid())
+    ours = competing_nice(os.getpid())
     with cluster(tmp_path) as lc:
         job = lc.start_replica("r1", app_cmd(), wrap=lambda argv: SHELL_JOB + argv)
         agent = lc.wait_members(1)["members"][0]["agent_pid"]
         assert agent != job.pid and psutil.Process(agent).ppid() == job.pid
         assert os.getsid(agent) == agent, "the agent leads a session of its own"
         assert os.getsid(job.pid) == os.getsid(0) and os.getpgid(job.pid) == job.pid
-        assert _autogroup(os.getpid()) == ours, "the shell's session kept its nice"
+        assert competing_nice(os.getpid()) == ours, "the shell's session kept its nice"
         procs = full_tree(job.pid)
         assert any(p.pid == agent for p in procs)
         wait_app_tmp(tmp_path, 1)

@@ -119,7 +119,7 @@ def test_two_replicas_kill_and_rejoin_then_takeover(tmp_path):
         no_divergence(lc)
 
 
-def _competing_nice(pid: int) -> tuple[str, int] | None:
+def competing_nice(pid: int) -> tuple[str, int] | None:
     """The scheduling entity `pid` competes with at the top level, and its nice. In an
     autogroup of its own session ("/autogroup-N nice K") that is the autogroup, weighted
     by K. Where the file is empty (newer kernels print nothing for the default autogroup,
@@ -146,14 +146,14 @@ def test_agents_outrank_their_applications_sessions(tmp_path):
     from llft.runtime.application import AGENT_NICE, BACKUP_NICE
     if os.geteuid() != 0 or not os.path.exists(f"/proc/{os.getpid()}/autogroup"):
         pytest.skip("needs root and a kernel with autogroup scheduling")
-    ours = _competing_nice(os.getpid())
+    ours = competing_nice(os.getpid())
     with LocalCluster(str(tmp_path)) as lc:
         lc.start_replica("r1", COUNTER)
         lc.wait_members(1)
         lc.start_replica("r2", COUNTER)
         st = lc.wait_members(2)
         for m in st["members"]:
-            agent, app = _competing_nice(m["agent_pid"]), _competing_nice(m["app_pid"])
+            agent, app = competing_nice(m["agent_pid"]), competing_nice(m["app_pid"])
             assert agent is not None and app is not None
             want = AGENT_NICE if m["role"] == "primary" else BACKUP_NICE
             assert agent[1] == want, (m["role"], agent, app)
@@ -162,13 +162,13 @@ def test_agents_outrank_their_applications_sessions(tmp_path):
             # boost stays its own, not its starter's (CPU hogs started by the same test got it)
             assert os.getsid(m["agent_pid"]) == m["agent_pid"]
             if ours is not None and ours[0] != "root":
-                assert agent[0] != ours[0] and _competing_nice(os.getpid()) == ours, (agent, ours)
+                assert agent[0] != ours[0] and competing_nice(os.getpid()) == ours, (agent, ours)
             if app[0] != "root":
                 assert app[1] == 0, (agent, app)        # its session keeps the share it had
             assert agent[1] < app[1], (agent, app)
         old = lc.kill_primary()
         new = lc.wait_primary(other_than=old["birth"])
-        assert _competing_nice(new["agent_pid"])[1] == AGENT_NICE
+        assert competing_nice(new["agent_pid"])[1] == AGENT_NICE
 
 
 def test_agents_run_batch_and_their_applications_keep_their_policy(tmp_path):

@@ -25,7 +25,7 @@ import pytest
 
 from llft import EXAMPLES_DIR
 from llft.tools.cluster import LocalCluster
-from test_run import Load, check_reply_log
+from test_run import Load, check_reply_log, competing_nice
 
 COUNTER = f"{sys.executable} {os.path.join(EXAMPLES_DIR, 'kv_counter.py')} 9000"
 BASH = "/bin/bash"
@@ -65,10 +65,6 @@ class Shell:
             pass
         os.close(self.fd)
 
-    def session_nice(self) -> str:
-        with open(f"/proc/{self.pid}/autogroup") as f:
-            return f.read().split()[-1]
-
 
 def _ppid(pid: int) -> int:
     return psutil.Process(pid).ppid()
@@ -81,10 +77,10 @@ def test_replicas_typed_at_shells_fail_over_rejoin_and_stop(tmp_path):
     procs: list[psutil.Process] = []
     try:
         for s in shells:
-            s.type("echo ready\n")
-            s.wait_output("ready\r\n")          # the typed line's echo, then the output
-        nices = [s.session_nice() if os.path.exists(f"/proc/{s.pid}/autogroup") else None
-                 for s in shells]
+            s.type("echo $((6 * 7))\n")
+            s.wait_output("42")                 # bash's answer (the terminal echoes the line
+            # as typed, before bash has even started: its session not made yet)
+        nices = [competing_nice(s.pid) for s in shells]
         run = (f"{sys.executable} -m llft run --config {lc.config_path} --group {lc.group} "
                f"-- {COUNTER} 2>>{tmp_path}/%s.log; echo exit=$?\n")
         for i, s in enumerate(shells):          # together, as users do
@@ -132,8 +128,7 @@ def test_replicas_typed_at_shells_fail_over_rejoin_and_stop(tmp_path):
         check_reply_log(r, at_least=500)
 
         for s, nice in zip(shells, nices):
-            if nice is not None:
-                assert s.session_nice() == nice, "the agents' boost reached the shell's session"
+            assert competing_nice(s.pid) == nice, "the agents' boost reached the shell's session"
         for s in shells:
             s.type("\x03")                      # the last replica (and nothing elsewhere)
         psutil.wait_procs(procs, timeout=15)
