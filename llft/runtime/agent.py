@@ -91,7 +91,11 @@ The agent and the app live and die together: the app gets SIGKILL when the agent
 (PR_SET_PDEATHSIG), and the agent exits with the app's status when the app ends.
 SIGTERM: a backup says LEAVE and stops at once (its primary removes it without waiting
 out its timeout); a primary first waits (bounded) until its backups hold all its order
-info, so the backup that takes over is exactly where it was, then says LEAVE.
+info, so the backup that takes over is exactly where it was, then says LEAVE. An app
+that ends by itself (the OOM killer's SIGKILL, a crash, an exit) stops its replica the
+same way: the group need not wait for its detector. Its sockets end before its exit
+status can be read, and those ends are its death's, not closes it made
+(`_app_closed`, `Application.dying`): framed, they reached every client.
 
 No process left behind (llft/runtime/proctree.py): each app runs in a session of its
 own; the agent is a child subreaper (orphaned descendants come back to it, and it reaps
@@ -361,6 +365,7 @@ class Agent:
         self._joining = asyncio.Event()     # set while not a member: the founding guard's
         self._joining.set()
         self.exit_code = 0
+        self.app_status: int | None = None  # the app's exit status, once it exited
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("LLFT_")}
         # the app's gRPC client channels are relayed (determinizer/grpcrelay/): the
         # primary's relay makes the calls, backups read its answers from the order info;
@@ -484,11 +489,13 @@ class Agent:
             _log(f"group {self.group}: birth {self.node.birth:x} joining "
                  f"({self.gcfg.address.mcast_addr}:{self.gcfg.address.port})")
             await self.stop_event.wait()
-            if self.exit_code == 0:
+            if self.exit_code == 0 or self.app_status is not None:
+                # SIGTERM, or the app ended (an OOM kill of it, a crash) while this
+                # agent is well: the backups get every order-info entry the app made,
                 if self.mode is AppMode.PRIMARY:
                     await self._flush_before_exit()
-                # a primary's senior backup takes over now, not after its detector; a
-                # backup is removed now, not after its primary's timeout (membership)
+                # and a primary's senior backup takes over now, not after its detector;
+                # a backup is removed now, not after its primary's timeout (membership)
                 if self.driver.call(self.node.leave, self.driver.clock_us()):
                     self._count("left")
         finally:
@@ -587,17 +594,20 @@ class Agent:
                                                 "connector")
 
     async def _flush_before_exit(self) -> None:
-        """A primary leaving on SIGTERM: its backups must hold every order-info entry
-        (and the app's output must be out) before it goes, so the next primary continues
-        exactly where this one stopped."""
+        """A primary leaving (SIGTERM, or its app ended): its backups must hold every
+        order-info entry (and the app's output must be out) before it goes, so the next
+        primary continues exactly where this one stopped. An app that ended makes no
+        more: a record it had begun when killed stays uncommitted for ever, and what
+        was committed before it is all there is."""
         self.app.stop_draining()
         self.app.owe_drain()
         self._take_order_info()
+        ended = self.app_status is not None
 
         def flushed() -> bool:
-            if not self.app.owed_drained():
+            if not (ended or self.app.owed_drained()):
                 self._take_order_info()     # no watcher any more: drain on each progress
-            return (self.app.owed_drained() and not self._oi_pending
+            return ((ended or self.app.owed_drained()) and not self._oi_pending
                     and self.node.backups_hold_all_order_info())
         await self.driver.wait_for(flushed, TERM_FLUSH_S)
 
@@ -1077,6 +1087,7 @@ class Agent:
         else:
             _log(f"the application exited with status {rc}: this replica stops")
         self.exit_code = rc if rc > 0 else (128 - rc if rc < 0 else 0)
+        self.app_status = rc
         self._event("app_exit", status=rc)
         self.stop_event.set()
 
@@ -1304,6 +1315,8 @@ class Agent:
                     break
                 except OSError as e:
                     if e.errno not in (errno.EMFILE, errno.ENFILE):
+                        if app is not self.app or app.closed or app.dying():
+                            return          # its listener went with it: its exit stops us
                         raise
                     # out of descriptors (the hard limit): the app's closes free them
                     if not self.counters.get("connect_fd_waits"):
@@ -1386,9 +1399,15 @@ class Agent:
 
     def _app_closed(self, app: Application, c: AppConn, abort: bool) -> None:
         """The app closed (FIN) or reset its side of `c`: our side of the stream ends
-        there. Not when the app itself is going (killed by a reset, or the agent
-        stopping)."""
+        there. Not when the app itself is going: killed by a reset, the agent stopping,
+        or dying by itself (the OOM killer's SIGKILL, a crash: the kernel closed its
+        sockets, the app closed nothing; its exit, reaped soon, stops this replica,
+        and the streams go on at the backup that takes over. Framed here, those ends
+        reached every client: the backups follow the primary's entries)."""
         if app is not self.app or app.closed or self.stop_event.is_set():
+            return
+        if self.framer.primary and app.dying():     # (a backup frames the primary's ends)
+            self._count("ends_at_app_death")
             return
         if not abort and c.index >= 0 and app.app_reset(c.index):
             abort = True                    # it closed after SO_LINGER 0 (native/shim_group.c)

@@ -382,6 +382,7 @@ class Application:
         self.shm = None
         self.tmp: str | None = None           # its private temporary folder
         self.proc = None                      # set by the spawner thread
+        self._exit_watch: proctree.ExitWatch | None = None   # `dying`, once asked
         self.spawn_error: Exception | None = None   # why the spawner could not start it
         self._spawn_done = threading.Event()  # no spawn under way
         self._spawn_done.set()
@@ -618,6 +619,19 @@ class Application:
         if self._mapped:
             self.shm.forget_app_reset(conn)
 
+    def dying(self) -> bool:
+        """Whether the process holding the app's group connections (the one the shim
+        activated in: `llft run -- sh -c ...` wraps it) is exiting. Its connections'
+        ends are then its death's (the OOM killer's SIGKILL, a crash), read before its
+        exit status can be, not closes the app made (proctree.ExitWatch)."""
+        if self._exit_watch is None:
+            pid = (self.shm.active_pid if self._mapped else 0) or (
+                self.proc.pid if self.proc is not None else 0)
+            if pid <= 0:
+                return False
+            self._exit_watch = proctree.ExitWatch(pid)
+        return self._exit_watch.exiting()
+
     @property
     def fed_entries(self) -> int | None:
         return self._feeder.fed_entries if self._feeder else None
@@ -650,6 +664,8 @@ class Application:
         if self.closed:
             return self.stopped
         self.closed = True
+        if self._exit_watch is not None:
+            self._exit_watch.close()
         self.stop_draining()
         if self._feeder is not None:
             self._feeder.stopped = True

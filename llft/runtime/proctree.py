@@ -209,6 +209,69 @@ def running(pid: int, created: float | None = None) -> psutil.Process | None:
     return None
 
 
+PF_EXITING = 0x4            # include/linux/sched.h: the task has begun its exit
+
+
+def _flag_exiting(stat: bytes) -> bool:
+    """PF_EXITING from a task's stat line (its 9th field: the 7th past the command
+    name's closing parenthesis)."""
+    return bool(int(stat.rpartition(b")")[2].split()[6]) & PF_EXITING)
+
+
+def _task_exiting(stat_path: str) -> bool | None:
+    """A task's PF_EXITING flag from its stat file; None: the task is gone. A file that
+    cannot be read otherwise (no descriptor left: EMFILE) says nothing: not exiting."""
+    try:
+        with open(stat_path, "rb") as f:
+            return _flag_exiting(f.read())
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+def _all_threads_exiting(pid: int) -> bool:
+    """Every thread of `pid` has begun its exit or is gone (its main thread did)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    except OSError:
+        return False
+    return all(_task_exiting(f"/proc/{pid}/task/{t}/stat") is not False for t in tids)
+
+
+class ExitWatch:
+    """Whether one process is dying: every thread of it has begun its exit (or is gone),
+    or the process is. The kernel closes a dying process's descriptors inside its exit,
+    after every thread set PF_EXITING and before anybody can wait for it, so a socket's
+    end read from such a process was its death, not a close it made. Asked at each such
+    end: the main thread's stat file is kept open and read again (pread, ~5 µs against
+    ~12 for an open; and the descriptor names this process: once it is reaped, a read
+    fails, whoever has its pid since). The other threads are read only when the main
+    one is exiting (a C program's main thread may end alone)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self._fd: int | None = None
+
+    def exiting(self) -> bool:
+        try:
+            if self._fd is None:
+                self._fd = os.open(f"/proc/{self.pid}/stat", os.O_RDONLY)
+            main = _flag_exiting(os.pread(self._fd, 4096, 0))
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        except (OSError, IndexError, ValueError):
+            return False                    # (no descriptor left: no news of a death)
+        return main and _all_threads_exiting(self.pid)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 def _gone(p: psutil.Process) -> bool:
     try:
         return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE

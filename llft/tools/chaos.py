@@ -31,6 +31,10 @@ fault of it alone with `--only INDEX`. Kinds:
   restart         SIGTERM a member (primary or backup) and start a new one: the clean
                   leave and the start-up of a new replica (interpreter, shim, replay of
                   the group's log) while the clients run
+  kill_app        (only when asked for in --kinds) SIGKILL a member's application alone
+                  (primary or backup: what the OOM killer picks, the big process); its
+                  agent stops with the app's status and says LEAVE (a primary's senior
+                  backup takes over at once); healed by starting a new replica
   partition       (only when asked for in --kinds; needs root and `ip`) every replica
                   runs in a network namespace of its own on a private bridge
                   (llft/tools/netns.py), the gateway on the bridge in the root
@@ -83,9 +87,10 @@ from llft.tools.procs import CPU_HOG_ARGV, free_port
 KINDS = ("kill_primary", "kill_backup", "kill_both", "pause_primary", "pause_backup",
          "cpu_hog", "jvm_start", "restart")
 # asked for by name only (not in the default mix, so the schedules of existing seeds stay):
-# `partition` runs every replica in a network namespace of its own (llft/tools/netns.py)
-# and cuts one member's link for the hold time
-EXTRA_KINDS = ("partition",)
+# `kill_app` kills an application alone; `partition` runs every replica in a network
+# namespace of its own (llft/tools/netns.py) and cuts one member's link for the hold time
+EXTRA_KINDS = ("kill_app", "partition")
+APP_DEATH_EXIT_S = 30.0         # kill_app: the agent stops within this once its app died
 HOLD_S = {"partition": (0.5, 3.0), "pause_primary": (0.2, 3.0), "pause_backup": (0.2, 3.0), "cpu_hog": (0.5, 3.0),
           "jvm_start": (0.5, 3.0)}
 DELAY_S = (0.1, 1.5)            # the random moment: after the round's clients got replies
@@ -204,7 +209,8 @@ class Campaign:
         self.seen: dict[int, float] = {}        # pid -> create time, for the leftover check
         self.tree_seen: dict[int, float] = {}   # the same for the replicas' process trees
         self.extra: list[subprocess.Popen] = []  # hogs and JVMs the campaign started
-        self.term_failures = 0               # replicas that did not leave on SIGTERM
+        self.term_failures = 0               # replicas that did not stop when told (SIGTERM)
+                                             # or when their app died
         self.departed: set[int] = set()
         self.exits = 0
         self.host, self.port = "", 0
@@ -385,6 +391,22 @@ class Campaign:
                 pass
             _stop(p)
             return f"JVM start-up + 64 threads for {f.hold_s:.2f} s"
+        if f.kind == "kill_app":
+            if not ms:
+                return "no member"
+            m = ms[f.pick % len(ms)]
+            os.kill(m["app_pid"], signal.SIGKILL)
+            try:
+                rc = self.lc.procs[m["name"]].wait(timeout=APP_DEATH_EXIT_S)
+                how = f"its agent stopped (status {rc})"
+            except subprocess.TimeoutExpired:
+                # a replica must stop when its app dies: a failure of this fault
+                self.lc.kill(m["name"], signal.SIGKILL)
+                how = f"its agent did NOT stop in {APP_DEATH_EXIT_S:g} s (SIGKILLed)"
+                self.term_failures += 1
+            self.replicas.remove(m["name"])
+            return (f"{m['name']} ({m['role']}): application killed, {how}; "
+                    f"started {self._new_replica()}")
         if f.kind == "restart":
             if not ms:
                 return "no member"
@@ -458,7 +480,7 @@ class Campaign:
             self._remember_trees()              # what the fault may kill or reset
             out.target = self.inject(f)
             if self.term_failures > term_failures:
-                out.errors.append(f"{out.target}: a replica ignored SIGTERM")
+                out.errors.append(f"{out.target}: a replica did not stop")
             t0 = time.monotonic()
             deadline = t0 + SETTLE_TIMEOUT_S
             while not self._settled():

@@ -1,0 +1,97 @@
+"""An application that dies while its agent lives: the OOM killer's SIGKILL, a crash.
+
+The app is the replica's big process (a JVM beside it, a Python heap): the kernel's OOM
+killer takes it, not the agent. Its death must look to the clients like its machine's:
+a backup takes over and every connection goes on. Until 2026-12-03 the primary's agent
+read the ends of its app's sockets (the kernel closes a dying process's descriptors)
+before the app's exit status, took them for closes the app made, and framed a FIN or
+RST on every stream: all 16 clients of a 3-replica echo group lost their connections
+at once, and the backups, which follow the primary's entries, could not undo it.
+
+Real processes: 3 `llft run` replicas of examples/echo.py started together (default
+configuration), the gateway, 8 clients on persistent connections and 8 making a
+connection per request, every reply checked. SIGKILL of the primary's app, then of a
+backup's app.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+import psutil
+
+from llft import EXAMPLES_DIR
+from llft.tools.cluster import LocalCluster
+from llft.tools.loadclient import run_load
+from membership.core import short_id
+from test_no_leftovers import assert_all_gone, tree
+
+ECHO = [sys.executable, os.path.join(EXAMPLES_DIR, "echo.py"), "9000"]
+STEP_BYTES = 200_000        # request bytes the primary delivers between the steps
+
+
+def _load(host: str, port: int, mode: str, stop: threading.Event, out: dict):
+    t = threading.Thread(target=lambda: out.setdefault(mode, run_load(
+        host, port, clients=8, requests=10 ** 9, mode=mode, size=1024, timeout_s=60,
+        stop=stop)), daemon=True)
+    t.start()
+    return t
+
+
+def _wait_delivered(lc: LocalCluster, more: int, loads) -> None:
+    target = lc.primary_delivered_bytes() + more
+    lc.wait_status(lambda st: lc.primary_delivered_bytes() >= target
+                   or not all(t.is_alive() for t in loads), 120,
+                   f"{more} more request bytes delivered at the primary")
+    assert all(t.is_alive() for t in loads), "a load ended early"
+
+
+def _kill_app(lc: LocalCluster, member: dict) -> tuple[str, list[psutil.Process]]:
+    """SIGKILL of `member`'s application alone; its agent's name and whole tree."""
+    name = lc.name_of(member["agent_pid"])
+    procs = [psutil.Process(member["agent_pid"])] + tree(member["agent_pid"])
+    os.kill(member["app_pid"], signal.SIGKILL)
+    return name, procs
+
+
+def test_an_application_killed_alone_is_a_failover_no_client_sees(tmp_path):
+    with LocalCluster(str(tmp_path)) as lc:
+        host, port = lc.start_service(("r1", "r2", "r3"), ECHO)
+        stop, results = threading.Event(), {}
+        loads = [_load(host, port, mode, stop, results) for mode in ("echo", "echo_conn")]
+        _wait_delivered(lc, STEP_BYTES, loads)
+
+        # the primary's app: its agent stops with the app's status and says LEAVE, so
+        # the senior backup takes over at once (not after its detector); the streams
+        # go on there
+        old = lc.primary()
+        name, procs = _kill_app(lc, old)
+        assert lc.procs[name].wait(timeout=60) == 128 + signal.SIGKILL, lc.log_tail(name)
+        new = lc.wait_primary(other_than=old["birth"])
+        assert f"took over: primary {short_id(old['birth'])} of view {old['pvn']} left" \
+            in lc.log_tail(lc.name_of(new["agent_pid"]), 100_000)
+        assert_all_gone(procs)
+        _wait_delivered(lc, STEP_BYTES, loads)
+
+        # a backup's app: its primary removes it at once and serves on alone
+        backup = next(m for m in lc.status()["members"] if m["role"] == "backup")
+        name, procs = _kill_app(lc, backup)
+        assert lc.procs[name].wait(timeout=60) == 128 + signal.SIGKILL, lc.log_tail(name)
+        st = lc.wait_members(1)
+        assert st["primary"] == new["birth"], "the primary was not replaced"
+        assert_all_gone(procs)
+        _wait_delivered(lc, STEP_BYTES, loads)
+
+        stop.set()
+        for t in loads:
+            t.join(timeout=120)
+        for mode in ("echo", "echo_conn"):
+            r = results[mode]
+            assert r.ok and not r.errors, (mode, r.errors[:5])
+            assert r.replies == r.requests > 0, mode
+        st = lc.status()
+        # one change of primary (the backup's removal keeps the primary's view)
+        assert st["view"] == new["pvn"] == old["pvn"] + 1
+        assert all(m["diverged"] is None for m in st["members"])
