@@ -95,7 +95,10 @@ info, so the backup that takes over is exactly where it was, then says LEAVE. An
 that ends by itself (the OOM killer's SIGKILL, a crash, an exit) stops its replica the
 same way: the group need not wait for its detector. Its sockets end before its exit
 status can be read, and those ends are its death's, not closes it made
-(`_app_closed`, `Application.dying`): framed, they reached every client.
+(`_app_closed`, `Application.dying`): framed, they reached every client. A child of the
+app that the kernel's OOM killer takes (a PySpark driver's JVM) fails the replica too
+(`_watch_children`, `_failed_here`): the app is stopped before anything it made of the
+death is drained or sent, and the replica leaves (status 71).
 
 No process left behind (llft/runtime/proctree.py): each app runs in a session of its
 own; the agent is a child subreaper (orphaned descendants come back to it, and it reaps
@@ -207,6 +210,8 @@ PIGGYBACK_BYTES = 16 << 10       # order info a message may carry (output commit
 APP_STATE_VERSION = 1
 EXIT_TASK_FAILED = 70            # a background task of the agent failed (EX_SOFTWARE)
 EXIT_JOIN_REFUSED = 69           # the group admits no new replica (EX_UNAVAILABLE)
+EXIT_APP_PROCESS_KILLED = 71     # the OOM killer took a process of the app (EX_OSERR)
+CHILD_EXIT_WAIT_S = 1.0          # a child of the app's that began its exit, before a drain
 LOOP_HANG_S = 20.0               # the event loop silent this long: stacks to the log
 SLOW_ACTION_MS = 30             # one node action handled this long is logged (heartbeats wait)
 CONNECT_FD_RETRY_S = 0.05       # out of descriptors: retry a connection to the app this often
@@ -366,6 +371,8 @@ class Agent:
         self._joining.set()
         self.exit_code = 0
         self.app_status: int | None = None  # the app's exit status, once it exited
+        self.local_failure: str | None = None   # why this replica failed while alive
+        self._children: proctree.ChildWatch | None = None   # the app's (`_watch_children`)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("LLFT_")}
         # the app's gRPC client channels are relayed (determinizer/grpcrelay/): the
         # primary's relay makes the calls, backups read its answers from the order info;
@@ -489,10 +496,11 @@ class Agent:
             _log(f"group {self.group}: birth {self.node.birth:x} joining "
                  f"({self.gcfg.address.mcast_addr}:{self.gcfg.address.port})")
             await self.stop_event.wait()
-            if self.exit_code == 0 or self.app_status is not None:
+            if self.exit_code == 0 or self.app_status is not None or self.local_failure:
                 # SIGTERM, or the app ended (an OOM kill of it, a crash) while this
-                # agent is well: the backups get every order-info entry the app made,
-                if self.mode is AppMode.PRIMARY:
+                # agent is well: the backups get every order-info entry the app made
+                # (not after a local failure: the app's reaction to it may be among them),
+                if self.mode is AppMode.PRIMARY and not self.local_failure:
                     await self._flush_before_exit()
                 # and a primary's senior backup takes over now, not after its detector;
                 # a backup is removed now, not after its primary's timeout (membership)
@@ -1091,6 +1099,48 @@ class Agent:
         self._event("app_exit", status=rc)
         self.stop_event.set()
 
+    def _watch_children(self) -> None:
+        """Watch the app's children (a PySpark driver's JVM, a helper it runs) for the
+        kernel's OOM killer (proctree.ChildWatch); once a second, from the status loop."""
+        app = self.app
+        if app.closed or app.main_pid <= 0:
+            return
+        w = self._children
+        if w is None or w.pid != app.main_pid:
+            if w is not None:                   # a reset app's
+                for fd in w.fds.values():
+                    self.loop.remove_reader(fd)
+                w.close()
+            w = self._children = proctree.ChildWatch(app.main_pid)
+        for pid, fd in w.scan():
+            self.loop.add_reader(fd, self._child_exited, app, w, pid)
+        self.counters["children_watched"] = len(w.fds)
+
+    def _child_exited(self, app: Application, w: proctree.ChildWatch, pid: int) -> None:
+        if pid not in w.fds:
+            return                              # (seen already, by a drain's poll)
+        self.loop.remove_reader(w.fds[pid])
+        name = proctree.comm(pid) or w.names.get(pid, "?")     # (it may have exec'd)
+        if w.oom_killed(pid) and app is self.app and not app.closed \
+                and not self.stop_event.is_set():
+            self._failed_here(f"the kernel's OOM killer killed process {pid} ({name}) of "
+                              "the application")
+
+    def _failed_here(self, why: str) -> None:
+        """This replica failed, though its agent and app live: a process of the app
+        (a PySpark driver's JVM) was taken by this machine. The app's reaction to it
+        (failed calls, closed connections) must not leave this replica: a takeover
+        would repeat it at every replica. So the app is stopped now (nothing more of it
+        is read, drained or sent), and the replica leaves without handing its backups
+        what was not drained yet; the backup that takes over holds only what came
+        before, and its own process serves on."""
+        log.error(f"{why}: this replica stops (its backups take over)")
+        self.local_failure = why
+        self.exit_code = EXIT_APP_PROCESS_KILLED
+        self._event("local_failure", why=why)
+        self._stop_app()
+        self.stop_event.set()
+
     def _become_primary(self, pvn: int) -> None:
         role_priority(primary=True)         # before the promotion's replay
         if self.mode is AppMode.NONE:
@@ -1224,6 +1274,17 @@ class Agent:
         False where nothing is drained (no shim, or not the primary)."""
         if self.app.shm is None or self.mode is not AppMode.PRIMARY:
             return False
+        if self._children is not None and self._children.fds:
+            # a child's death first, so that none of what the app made of it is drained:
+            # an OOM kill's victim is waited for (its sockets closed before it ends); a
+            # child's other exits may take long (a big heap's release) and are no failure
+            w = self._children
+            for pid in w.dying():
+                if w.oom_rose():
+                    w.wait_exit(pid, CHILD_EXIT_WAIT_S)
+                    self._child_exited(self.app, w, pid)
+            if self.app.closed:
+                return False
         owed = not self.app.owed_drained()
         data = self.app.drain()
         if owed and self.app.owed_drained():
@@ -1371,6 +1432,8 @@ class Agent:
             if self.mode is AppMode.PRIMARY:
                 self.app.owe_drain()    # what the app recorded before it, all of it
             self._drain_order_info()
+            if self.app.closed:
+                return                  # it failed here (`_failed_here`): nothing goes
             last = self._oi_pending[-1] if self._oi_pending else b""
             if last[:1] == TAG_FRAME and len(last) < MAX_OI_PIECE:
                 self._oi_pending[-1] = last + records
@@ -1658,6 +1721,7 @@ class Agent:
                 next_orphan_check = time.monotonic() + proctree.ORPHAN_CHECK_S
                 proctree.reap_orphans()
                 self.watchdog.report_escapees(self._sessions)
+                self._watch_children()
                 self.counters["escapees_watched"] = len(self.watchdog.reported)
                 self.counters.update(proctree.SCAN_STATS)   # their count and cost
             # a quiet agent's cost is its wake-ups, and writing its status is one of the

@@ -619,17 +619,21 @@ class Application:
         if self._mapped:
             self.shm.forget_app_reset(conn)
 
+    @property
+    def main_pid(self) -> int:
+        """The process holding the app's group connections: the one the shim activated
+        in (`llft run -- sh -c ...` wraps it), or the one spawned; 0 before either."""
+        return (self.shm.active_pid if self._mapped else 0) or (
+            self.proc.pid if self.proc is not None else 0)
+
     def dying(self) -> bool:
-        """Whether the process holding the app's group connections (the one the shim
-        activated in: `llft run -- sh -c ...` wraps it) is exiting. Its connections'
-        ends are then its death's (the OOM killer's SIGKILL, a crash), read before its
-        exit status can be, not closes the app made (proctree.ExitWatch)."""
+        """Whether the app's main process is exiting. Its connections' ends are then its
+        death's (the OOM killer's SIGKILL, a crash), read before its exit status can be,
+        not closes the app made (proctree.ExitWatch)."""
         if self._exit_watch is None:
-            pid = (self.shm.active_pid if self._mapped else 0) or (
-                self.proc.pid if self.proc is not None else 0)
-            if pid <= 0:
+            if self.main_pid <= 0:
                 return False
-            self._exit_watch = proctree.ExitWatch(pid)
+            self._exit_watch = proctree.ExitWatch(self.main_pid)
         return self._exit_watch.exiting()
 
     @property

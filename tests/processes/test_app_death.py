@@ -17,16 +17,22 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 
 import psutil
+import pytest
 
+import memcgroup
 from llft import EXAMPLES_DIR
 from llft.tools.cluster import LocalCluster
 from llft.tools.loadclient import run_load
 from membership.core import short_id
+from polling import wait_for
 from test_no_leftovers import assert_all_gone, tree
+
+PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "programs")
 
 ECHO = [sys.executable, os.path.join(EXAMPLES_DIR, "echo.py"), "9000"]
 STEP_BYTES = 200_000        # request bytes the primary delivers between the steps
@@ -34,8 +40,8 @@ STEP_BYTES = 200_000        # request bytes the primary delivers between the ste
 
 def _load(host: str, port: int, mode: str, stop: threading.Event, out: dict):
     t = threading.Thread(target=lambda: out.setdefault(mode, run_load(
-        host, port, clients=8, requests=10 ** 9, mode=mode, size=1024, timeout_s=60,
-        stop=stop)), daemon=True)
+        host, port, clients=8 if mode != "counter" else 4, requests=10 ** 9, mode=mode,
+        size=1024, timeout_s=60, stop=stop)), daemon=True)
     t.start()
     return t
 
@@ -95,3 +101,57 @@ def test_an_application_killed_alone_is_a_failover_no_client_sees(tmp_path):
         # one change of primary (the backup's removal keeps the primary's view)
         assert st["view"] == new["pvn"] == old["pvn"] + 1
         assert all(m["diverged"] is None for m in st["members"])
+
+
+ENGINE_APP = [sys.executable, os.path.join(PROGRAMS, "engine_app.py"), "9000"]
+ENGINE_LIMIT_BYTES = 96 << 20       # the primary's engine: ~10 MB now, OOM-killed at LEAK
+
+
+def _ask(addr: tuple[str, int], line: str, timeout_s: float = 60) -> str:
+    with socket.create_connection(addr, timeout=timeout_s) as s:
+        s.sendall(line.encode() + b"\n")
+        return s.makefile("rb").readline().decode().strip()
+
+
+@pytest.mark.skipif(memcgroup.why_not() is not None, reason=str(memcgroup.why_not()))
+def test_a_process_of_the_application_taken_by_the_oom_killer_is_a_failover(tmp_path):
+    """A PySpark driver's JVM is the replica's biggest process: the OOM killer's pick.
+    Its app sees the death first (its private connection to it ends) and would fail its
+    requests and close its clients' connections; every replica would repeat that after a
+    takeover. The agent watches the app's children (pidfds) and tells the OOM killer's
+    kill from the app's own (the kernel's count rose), stops the app before anything
+    it made of the death is drained or sent, and leaves: the backup takes over, and the
+    very request that made the primary's engine run out of memory is answered there."""
+    with LocalCluster(str(tmp_path)) as lc:
+        addr = lc.start_service(("r1", "r2", "r3"), ENGINE_APP)
+        stop, results = threading.Event(), {}
+        loads = [_load(addr[0], addr[1], "counter", stop, results)]
+        lc.wait_status(lambda st: all(m["sync"] in ("primary", "ready")
+                                      for m in st["members"]), 120, "backups ready")
+        _wait_delivered(lc, STEP_BYTES // 10, loads)
+        old = lc.primary()
+        name = lc.name_of(old["agent_pid"])
+        engine = wait_for(lambda: [p.pid for p in psutil.Process(old["app_pid"]).children()],
+                          "the primary's engine", 60)[0]
+        lc.wait_status(lambda st: any(m["birth"] == old["birth"] and m["counters"].get(
+            "children_watched") for m in st["members"]), 30, "the engine watched")
+        procs = [psutil.Process(old["agent_pid"])] + tree(old["agent_pid"])
+        with memcgroup.MemoryCgroup(ENGINE_LIMIT_BYTES) as cg:
+            cg.add(engine)
+            # every replica's engine takes 200 MB more; the primary's cannot
+            assert _ask(addr, "LEAK 200") == "OK leaked 200"
+            assert lc.procs[name].wait(timeout=60) == 71, lc.log_tail(name)
+            assert_all_gone(procs)
+        log = lc.log_tail(name, 100_000)
+        assert f"the kernel's OOM killer killed process {engine} (python) of the " \
+               "application: this replica stops" in log
+        new = lc.wait_primary(other_than=old["birth"])
+        assert f"took over: primary {short_id(old['birth'])} of view {old['pvn']} left" \
+            in lc.log_tail(lc.name_of(new["agent_pid"]), 100_000)
+        _wait_delivered(lc, STEP_BYTES // 10, loads)
+        stop.set()
+        loads[0].join(timeout=120)
+        r = results["counter"]
+        assert r.ok and not r.errors, r.errors[:5]
+        assert r.replies == r.requests > 0 and r.global_repeats == 0
+        assert all(m["diverged"] is None for m in lc.status()["members"])

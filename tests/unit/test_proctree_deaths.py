@@ -1,15 +1,25 @@
-"""`proctree.ExitWatch`: a process is dying only once every thread of it is (PF_EXITING).
+"""How the agent tells a death from an app's own doing (llft/runtime/proctree.py).
 
-The agent asks it when its app's sockets end (llft/runtime/agent.py `_app_closed`): a
-dying app's ends are its death's, a live app's are closes it made.
+`ExitWatch`: a process is dying only once every thread of it is (PF_EXITING); the agent
+asks it when its app's sockets end (`_app_closed`): a dying app's ends are its death's,
+a live app's are closes it made. `ChildWatch`: a child of the app taken by the kernel's
+OOM killer (a real one: a memory cgroup around it) is told from one that exited or that
+was killed by somebody else.
 """
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 
+import pytest
+
+import memcgroup
 from llft.runtime import proctree
 from polling import wait_for
+
+SLEEPER = [sys.executable, "-c", "import sys; sys.stdin.readline()"]
 
 
 def test_a_running_process_is_not_exiting():
@@ -73,3 +83,53 @@ def test_no_descriptor_left_says_nothing():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+def _parent_of(child_argv: list[str]) -> tuple[subprocess.Popen, int]:
+    """A process (the app) that starts `child_argv` and waits; (it, the child's pid)."""
+    code = ("import subprocess, sys\n"
+            f"c = subprocess.Popen({child_argv!r}, stdin=subprocess.PIPE)\n"
+            "print(c.pid, flush=True)\n"
+            "sys.stdin.readline()\n"
+            "c.stdin.write(b'go\\n'); c.stdin.flush()\n"
+            "c.wait()\n"
+            "sys.stdin.readline()\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE)
+    return p, int(p.stdout.readline())
+
+
+def _judge(child_argv, act) -> bool:
+    """Watch the parent's children, `act(child)`, wait for the exit: the verdict."""
+    parent, child = _parent_of(child_argv)
+    w = proctree.ChildWatch(parent.pid)
+    try:
+        assert [c for c, _ in w.scan()] == [child] and w.scan() == []
+        assert w.dying() == [] and w.exited() == []
+        act(child)
+        parent.stdin.write(b"go\n")
+        parent.stdin.flush()
+        w.wait_exit(child, 30)
+        assert w.exited() == [child] == w.dying()
+        return w.oom_killed(child)
+    finally:
+        w.close()
+        parent.kill()
+        parent.wait()
+
+
+def test_a_child_that_exits_is_no_failure():
+    assert not _judge(SLEEPER, lambda child: None)
+
+
+def test_a_child_killed_by_somebody_else_is_no_failure():
+    """The app may kill its children itself (`subprocess.run(timeout=...)`): every
+    replica does the same, and a takeover would not help."""
+    assert not _judge(SLEEPER, lambda child: os.kill(child, signal.SIGKILL))
+
+
+@pytest.mark.skipif(memcgroup.why_not() is not None, reason=str(memcgroup.why_not()))
+def test_a_child_the_oom_killer_took_is_a_failure():
+    hog = [sys.executable, "-c", "import sys; sys.stdin.readline(); kept = b'1' * (200 << 20)"]
+    with memcgroup.MemoryCgroup(64 << 20) as cg:
+        assert _judge(hog, cg.add)

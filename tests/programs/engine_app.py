@@ -1,0 +1,77 @@
+"""A service in front of an engine process it starts, like a PySpark driver and its JVM.
+
+The counter service of examples/kv_counter.py (INCR only), but the counts live in a child
+process (the "engine") that the app starts at start-up and talks to over one private
+loopback TCP connection under a lock, as py4j does with a JVM; the engine's port comes
+back on a pipe. `LEAK <MB>` makes the engine take that much more memory and keep it (a
+leak), so that a test can have the kernel's OOM killer take one replica's engine (a
+memory cgroup around it alone).
+
+    python tests/programs/engine_app.py PORT
+"""
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "examples"))
+import kv_counter  # noqa: E402  (its connection loop)
+
+ENGINE = r"""
+import socket, sys
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(1)
+print(srv.getsockname()[1], flush=True)
+conn, _ = srv.accept()
+f = conn.makefile("rwb")
+counts, total, kept = {}, 0, []
+for line in f:
+    cmd, _, arg = line.decode().strip().partition(" ")
+    if cmd == "INCR":
+        counts[arg] = counts.get(arg, 0) + 1
+        total += 1
+        f.write(f"{counts[arg]} {total}\n".encode())
+    elif cmd == "LEAK":
+        kept.append(b"\1" * (int(arg) << 20))          # written: resident
+        f.write(f"leaked {arg}\n".encode())
+    f.flush()
+"""
+
+lock = threading.Lock()
+
+
+def main() -> int:
+    engine = subprocess.Popen([sys.executable, "-c", ENGINE], stdout=subprocess.PIPE)
+    port = int(engine.stdout.readline())
+    conn = socket.create_connection(("127.0.0.1", port))
+    f = conn.makefile("rwb")
+
+    def ask(request: str) -> str:
+        with lock:
+            f.write(request.encode() + b"\n")
+            f.flush()
+            answer = f.readline().decode().strip()
+        if not answer:
+            raise ConnectionError("the engine is gone")
+        return answer
+
+    def handle(line: str) -> str:
+        cmd, _, arg = line.partition(" ")
+        if cmd == "INCR" and arg:
+            n, g = ask(f"INCR {arg}").split()
+            return f"OK {arg} {n} {g} {time.time()!r} {random.getrandbits(32):08x}"
+        if cmd == "LEAK" and arg.isdigit():
+            return "OK " + ask(f"LEAK {arg}")
+        return f"ERR unknown request {line[:80]!r} (INCR key | LEAK MB)"
+
+    kv_counter.serve_forever(int(sys.argv[1]), handle, name="engine_app")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
