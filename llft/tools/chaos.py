@@ -35,6 +35,11 @@ fault of it alone with `--only INDEX`. Kinds:
                   (primary or backup: what the OOM killer picks, the big process); its
                   agent stops with the app's status and says LEAVE (a primary's senior
                   backup takes over at once); healed by starting a new replica
+  oom_child       (only when asked for in --kinds; needs root) the first child of a
+                  member's application (a PySpark driver's JVM) is put in a memory
+                  cgroup that lets it allocate OOM_CHILD_LIMIT_BYTES more, so the kernel's
+                  OOM killer takes it at its next allocations; its agent stops (status
+                  71) and says LEAVE; healed by starting a new replica
   partition       (only when asked for in --kinds; needs root and `ip`) every replica
                   runs in a network namespace of its own on a private bridge
                   (llft/tools/netns.py), the gateway on the bridge in the root
@@ -79,7 +84,7 @@ import psutil
 
 from llft import EXAMPLES_DIR
 from llft.runtime import proctree
-from llft.tools import netns
+from llft.tools import memcgroup, netns
 from llft.tools.cluster import ClusterError, LocalCluster
 from llft.tools.loadclient import LoadResult, run_load
 from llft.tools.procs import CPU_HOG_ARGV, free_port
@@ -87,10 +92,13 @@ from llft.tools.procs import CPU_HOG_ARGV, free_port
 KINDS = ("kill_primary", "kill_backup", "kill_both", "pause_primary", "pause_backup",
          "cpu_hog", "jvm_start", "restart")
 # asked for by name only (not in the default mix, so the schedules of existing seeds stay):
-# `kill_app` kills an application alone; `partition` runs every replica in a network
-# namespace of its own (llft/tools/netns.py) and cuts one member's link for the hold time
-EXTRA_KINDS = ("kill_app", "partition")
+# `kill_app` kills an application alone, `oom_child` has the OOM killer take its child;
+# `partition` runs every replica in a network namespace of its own (llft/tools/netns.py)
+# and cuts one member's link for the hold time
+EXTRA_KINDS = ("kill_app", "oom_child", "partition")
 APP_DEATH_EXIT_S = 30.0         # kill_app: the agent stops within this once its app died
+OOM_CHILD_LIMIT_BYTES = 16 << 20    # oom_child: what the child may allocate after the move
+OOM_CHILD_EXIT_S = 120.0        # ... and how soon it must have done so and its agent stopped
 HOLD_S = {"partition": (0.5, 3.0), "pause_primary": (0.2, 3.0), "pause_backup": (0.2, 3.0), "cpu_hog": (0.5, 3.0),
           "jvm_start": (0.5, 3.0)}
 DELAY_S = (0.1, 1.5)            # the random moment: after the round's clients got replies
@@ -406,6 +414,30 @@ class Campaign:
                 self.term_failures += 1
             self.replicas.remove(m["name"])
             return (f"{m['name']} ({m['role']}): application killed, {how}; "
+                    f"started {self._new_replica()}")
+        if f.kind == "oom_child":
+            if not ms:
+                return "no member"
+            why = memcgroup.why_not()
+            if why:
+                return f"no memory cgroup ({why})"
+            m = ms[f.pick % len(ms)]
+            kids = proctree.child_pids(m["app_pid"]) or []
+            if not kids:
+                return f"{m['name']} ({m['role']}): its application has no child"
+            name = proctree.comm(kids[0])
+            with memcgroup.MemoryCgroup(OOM_CHILD_LIMIT_BYTES) as cg:
+                cg.add(kids[0])
+                try:
+                    rc = self.lc.procs[m["name"]].wait(timeout=OOM_CHILD_EXIT_S)
+                    how = f"its agent stopped (status {rc})"
+                except subprocess.TimeoutExpired:
+                    self.lc.kill(m["name"], signal.SIGKILL)
+                    how = f"its agent did NOT stop in {OOM_CHILD_EXIT_S:g} s (SIGKILLed)"
+                    self.term_failures += 1
+            self.replicas.remove(m["name"])
+            return (f"{m['name']} ({m['role']}): its application's child {kids[0]} ({name}) "
+                    f"limited to {OOM_CHILD_LIMIT_BYTES >> 20} MB more, {how}; "
                     f"started {self._new_replica()}")
         if f.kind == "restart":
             if not ms:

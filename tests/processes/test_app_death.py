@@ -24,7 +24,7 @@ import threading
 import psutil
 import pytest
 
-import memcgroup
+from llft.tools import memcgroup
 from llft import EXAMPLES_DIR
 from llft.tools.cluster import LocalCluster
 from llft.tools.loadclient import run_load

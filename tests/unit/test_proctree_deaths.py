@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-import memcgroup
+from llft.tools import memcgroup
 from llft.runtime import proctree
 from polling import wait_for
 

@@ -1,8 +1,11 @@
 """A memory cgroup around one process, so that the kernel's real OOM killer takes it.
 
-Made under the test's own memory cgroup (v1 `memory.limit_in_bytes`, or v2 `memory.max`
-where the unified hierarchy has the memory controller), removed at close. Needs root
-(or a delegated cgroup); `why_not()` says why it cannot be made here.
+For `llft chaos --kinds oom_child` and the tests of an app's child taken by the OOM
+killer (tests/processes/test_app_death.py). Made under the caller's own memory cgroup
+(v1 `memory.limit_in_bytes`, or v2 `memory.max` where the unified hierarchy has the
+memory controller), removed at close. A process moved in keeps its memory charged where
+it was: the limit counts what it allocates from then on. Needs root (or a delegated
+cgroup); `why_not()` says why it cannot be made here.
 """
 from __future__ import annotations
 
