@@ -404,15 +404,7 @@ class Campaign:
                 return "no member"
             m = ms[f.pick % len(ms)]
             os.kill(m["app_pid"], signal.SIGKILL)
-            try:
-                rc = self.lc.procs[m["name"]].wait(timeout=APP_DEATH_EXIT_S)
-                how = f"its agent stopped (status {rc})"
-            except subprocess.TimeoutExpired:
-                # a replica must stop when its app dies: a failure of this fault
-                self.lc.kill(m["name"], signal.SIGKILL)
-                how = f"its agent did NOT stop in {APP_DEATH_EXIT_S:g} s (SIGKILLed)"
-                self.term_failures += 1
-            self.replicas.remove(m["name"])
+            how = self._stops_by_itself(m["name"], APP_DEATH_EXIT_S)
             return (f"{m['name']} ({m['role']}): application killed, {how}; "
                     f"started {self._new_replica()}")
         if f.kind == "oom_child":
@@ -428,14 +420,7 @@ class Campaign:
             name = proctree.comm(kids[0])
             with memcgroup.MemoryCgroup(OOM_CHILD_LIMIT_BYTES) as cg:
                 cg.add(kids[0])
-                try:
-                    rc = self.lc.procs[m["name"]].wait(timeout=OOM_CHILD_EXIT_S)
-                    how = f"its agent stopped (status {rc})"
-                except subprocess.TimeoutExpired:
-                    self.lc.kill(m["name"], signal.SIGKILL)
-                    how = f"its agent did NOT stop in {OOM_CHILD_EXIT_S:g} s (SIGKILLed)"
-                    self.term_failures += 1
-            self.replicas.remove(m["name"])
+                how = self._stops_by_itself(m["name"], OOM_CHILD_EXIT_S)
             return (f"{m['name']} ({m['role']}): its application's child {kids[0]} ({name}) "
                     f"limited to {OOM_CHILD_LIMIT_BYTES >> 20} MB more, {how}; "
                     f"started {self._new_replica()}")
@@ -466,6 +451,19 @@ class Campaign:
                 self.seg.heal(i)
             return f"{m['name']} ({m['role']}) cut off {f.hold_s:.2f} s"
         raise ValueError(f"unknown fault kind {f.kind!r}")
+
+    def _stops_by_itself(self, name: str, timeout_s: float) -> str:
+        """Replica `name`'s agent must stop by itself (its app, or a child of it, died):
+        how it did; SIGKILLed after `timeout_s` (a failure of the fault). It is gone
+        from the campaign's replicas either way."""
+        try:
+            how = f"its agent stopped (status {self.lc.procs[name].wait(timeout=timeout_s)})"
+        except subprocess.TimeoutExpired:
+            self.lc.kill(name, signal.SIGKILL)
+            how = f"its agent did NOT stop in {timeout_s:g} s (SIGKILLed)"
+            self.term_failures += 1
+        self.replicas.remove(name)
+        return how
 
     def _spawn(self, argv: list[str]) -> subprocess.Popen:
         """A fault's own program (CPU hogs, a JVM): another program on the machine, in a
