@@ -1274,7 +1274,8 @@ class Agent:
         False where nothing is drained (no shim, or not the primary)."""
         if self.app.shm is None or self.mode is not AppMode.PRIMARY:
             return False
-        if self._children is not None and self._children.fds:
+        if (self._children is not None and self._children.fds
+                and self._children.pid == self.app.main_pid):     # (not a reset app's)
             # a child's death first, so that none of what the app made of it is drained:
             # an OOM kill's victim is waited for (its sockets closed before it ends); a
             # child's other exits may take long (a big heap's release) and are no failure

@@ -49,13 +49,33 @@ def _base() -> tuple[str, str] | None:
     return None
 
 
+_why_not: list = []     # the probe's answer, once asked
+
+
 def why_not() -> str | None:
+    """Why no limited memory cgroup can be made here (None: it can). Found by making
+    one and removing it (a read-only cgroup file system, a cgroup v2 whose memory
+    controller is not delegated to ours), once."""
+    if not _why_not:
+        _why_not.append(_probe())
+    return _why_not[0]
+
+
+def _probe() -> str | None:
     base = _base()
     if base is None:
         return "no memory cgroup controller is mounted"
-    if not os.access(base[0], os.W_OK):
-        return f"cannot make a cgroup in {base[0]} (not root)"
-    return None
+    path = os.path.join(base[0], f"llft-probe-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        os.mkdir(path)
+    except OSError as e:
+        return f"cannot make a cgroup in {base[0]}: {e.strerror}"
+    try:
+        if not os.path.exists(os.path.join(path, base[1])):
+            return f"a cgroup made in {base[0]} has no {base[1]}"
+        return None
+    finally:
+        os.rmdir(path)
 
 
 class MemoryCgroup:
