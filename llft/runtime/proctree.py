@@ -213,10 +213,15 @@ def running(pid: int, created: float | None = None) -> psutil.Process | None:
 PF_EXITING = 0x4            # include/linux/sched.h: the task has begun its exit
 
 
+def _stat_fields(stat: bytes) -> list[bytes]:
+    """A stat line's fields from the 3rd (state) on: what follows the command name's
+    closing parenthesis (the name itself may hold spaces and parentheses)."""
+    return stat.rpartition(b")")[2].split()
+
+
 def _flag_exiting(stat: bytes) -> bool:
-    """PF_EXITING from a task's stat line (its 9th field: the 7th past the command
-    name's closing parenthesis)."""
-    return bool(int(stat.rpartition(b")")[2].split()[6]) & PF_EXITING)
+    """PF_EXITING from a task's stat line (its 9th field)."""
+    return bool(int(_stat_fields(stat)[6]) & PF_EXITING)
 
 
 def _task_exiting(stat_path: str) -> bool | None:
@@ -300,8 +305,7 @@ def _killed_by(pid: int) -> int | None:
     52nd field, its wait status); None: it exited, or it was reaped already."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            rest = f.read().rpartition(b")")[2].split()
-        status = int(rest[49])
+            status = int(_stat_fields(f.read())[49])
     except (OSError, IndexError, ValueError):
         return None
     return (status & 0x7F) or None
@@ -360,8 +364,9 @@ class ChildWatch:
         gone = self.exited()
         for c in list(self.fds)[:COMPANIONS]:
             if c not in gone:
-                x = self._exit.get(c) or self._exit.setdefault(c, ExitWatch(c))
-                if x.exiting():
+                if c not in self._exit:
+                    self._exit[c] = ExitWatch(c)
+                if self._exit[c].exiting():
                     gone.append(c)
         return gone
 
@@ -371,7 +376,9 @@ class ChildWatch:
 
     def oom_rose(self) -> bool:
         """The kernel's OOM kill count rose since the last look."""
-        now = oom_kills()
+        return self._rose(oom_kills())
+
+    def _rose(self, now: int | None) -> bool:
         return now is not None and self._oom is not None and now > self._oom
 
     def oom_killed(self, child: int) -> bool:
@@ -385,7 +392,7 @@ class ChildWatch:
             x.close()
         sig = _killed_by(child)
         now = oom_kills()
-        rose = now is not None and self._oom is not None and now > self._oom
+        rose = self._rose(now)
         self._oom = now
         return rose and sig in (signal.SIGKILL, None)
 

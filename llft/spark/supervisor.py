@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from llft.runtime import proctree
 from llft.spark import sparkrun
 from llft.tools.procs import free_port
 
@@ -139,36 +140,9 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-# ---- process helpers (Linux /proc) -------------------------------------------------------
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, ppid) of a process, None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            rest = f.read().rsplit(")", 1)[1].split()
-        return rest[0], int(rest[1])
-    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-        return None
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of pid (a PySpark driver's: its gateway JVM)."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = _stat(int(name))
-            if st is not None:
-                children.setdefault(st[1], []).append(int(name))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
+# ---- process helpers -------------------------------------------------------------------
 def alive(pid: int) -> bool:
-    st = _stat(pid)
-    return st is not None and st[0] not in ("Z", "X")
+    return proctree.running(pid) is not None        # (a zombie is gone)
 
 
 def wait_gone(pids: list[int], timeout_s: float, poll_s: float = 0.01) -> float | None:
@@ -209,7 +183,7 @@ def supervised(workdir: str, wl: sparkrun.Workload, kill_after: list[int] = (),
 
         def kill(k: int) -> tuple[float, dict]:
             pid, lives = sup.pid, len(sup.lives)
-            jvm = descendants(pid)
+            jvm = proctree.descendant_pids(pid)     # its gateway JVM
             os.kill(pid, signal.SIGKILL)
             t_kill = time.monotonic()
             say(f"SIGKILL driver pid {pid} after window {k - 1} (its JVM: {jvm})")
