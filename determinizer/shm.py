@@ -217,6 +217,23 @@ class Shm:
             return None
         return (self._get(CtlWord.DIV_CONN), lib.llft_div_offset(self._base))
 
+    def signals_sent(self) -> list[tuple[int, int]]:
+        """The latest signals the app sent other processes (kill/killpg, noted before
+        they were sent): (target, signal) pairs, the target as kill() takes it (< 0: a
+        process group, 0: the app's own). At most LLFT_NOTE_SLOTS, in no order."""
+        return self._notes(0)
+
+    def children_reaped(self) -> dict[int, int]:
+        """The latest children the app reaped (waitpid): pid -> real wait status."""
+        return dict(self._notes(1))
+
+    def _notes(self, reaped: int) -> list[tuple[int, int]]:
+        if self._base is None:
+            return []
+        out = ffi.new("int32_t[]", 2 * lib.LLFT_NOTE_SLOTS)
+        n = lib.llft_proc_notes(self._base, reaped, out)
+        return [(out[2 * i], out[2 * i + 1]) for i in range(n)]
+
     @property
     def report(self) -> str:
         return ffi.string(lib.llft_report(self._base)).decode(errors="replace").strip()

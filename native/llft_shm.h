@@ -41,11 +41,13 @@
 #include <sys/syscall.h>
 
 #define LLFT_SHM_MAGIC        0x314654464c4c0000ULL
-#define LLFT_SHM_VERSION      7u   /* 2: group connections (ctl.group_*, ctl.div_*); 3: GIL records; 4: ctl.hold;
+#define LLFT_SHM_VERSION      8u   /* 2: group connections (ctl.group_*, ctl.div_*); 3: GIL records; 4: ctl.hold;
                                       5: thread ids reused (THREAD_EXIT records);
                                       6: output commit of external sends (ctl.commit_*);
                                       7: group connections over AF_UNIX (ctl.group_id,
-                                         ctl.agent_pid, ctl.resets) */
+                                         ctl.agent_pid, ctl.resets);
+                                      8: the app's signals and reaped children
+                                         (ctl.sent, ctl.reaped) */
 
 /* ==== cdef begin ====================================================================
  * Everything up to cdef end is also read by cffi (native/shm_build.py): the Python
@@ -60,7 +62,8 @@ enum llft_bound {
     LLFT_TRING_CAP_BYTES = 128 << 10,   /* backup ring, per logical thread */
     LLFT_MAX_DATA_BYTES  = 32 << 10,    /* payload of one record (reads are clamped) */
     LLFT_REPORT_BYTES    = 2048,
-    LLFT_RESET_SLOTS     = 64           /* group connection resets in flight (ctl.resets) */
+    LLFT_RESET_SLOTS     = 64,          /* group connection resets in flight (ctl.resets) */
+    LLFT_NOTE_SLOTS      = 64           /* the app's latest signals sent and children reaped */
 };
 
 /* ctl.resets: who reset a group connection (OR-ed with its index + 1, below 2^30). */
@@ -68,6 +71,13 @@ enum llft_reset { LLFT_RESET_BY_AGENT = 0, LLFT_RESET_BY_APP = 0x40000000, LLFT_
 
 /* The exit status of a process that diverged (or stalled) at a backup. */
 enum llft_exit { LLFT_EXIT_DIVERGED = 86 };
+
+/* ctl.sent / ctl.reaped: one thing the app did to another process. */
+struct llft_proc_note {
+    int32_t pid;     /* sent: kill()'s target (< 0: a process group; 0: the app's own group);
+                        reaped: the child */
+    int32_t value;   /* sent: the signal; reaped: the child's wait status */
+};
 
 /* ctl.mode */
 enum llft_mode { LLFT_MODE_OFF = 0, LLFT_MODE_PRIMARY = 1, LLFT_MODE_BACKUP = 2 };
@@ -225,6 +235,17 @@ struct llft_ctl {
     uint32_t commit_req;
     uint32_t commit_done;
     uint32_t pad_commit;
+    /* what the app did to other processes (shim_process.c), for the agent to tell a child
+     * the app killed or reaped itself from one killed from outside (llft/runtime/
+     * proctree.py ChildWatch): the signals it sent with kill/killpg (before the call
+     * makes them) and its children's wait statuses as waitpid reaped them (the real
+     * ones, also at a backup). Rings of the latest LLFT_NOTE_SLOTS each (llft_note): a
+     * writer claims slot count % LLFT_NOTE_SLOTS by bumping count, then writes it. Every
+     * process that maps the block writes them: the app, and its forks before an exec. */
+    uint32_t sent_count;
+    uint32_t reaped_count;
+    struct llft_proc_note sent[LLFT_NOTE_SLOTS];
+    struct llft_proc_note reaped[LLFT_NOTE_SLOTS];
 };
 struct llft_shm {
     struct llft_ctl  ctl;
@@ -236,6 +257,18 @@ struct llft_shm {
 
 /* The group listener's abstract UNIX name (after its leading NUL): active pid, group id. */
 #define LLFT_GROUP_NAME "llft-group-%u-%u"
+
+/* ---- what the app did to other processes (ctl.sent, ctl.reaped) -------------------- */
+
+/* The writer: any thread of any process mapping the block (several at once: the slot
+ * is claimed by a fetch-and-add, so two never share one; a reader may see a slot of a
+ * note still being written, which only a burst of LLFT_NOTE_SLOTS notes makes stale). */
+static inline void llft_note(uint32_t *count, struct llft_proc_note *ring, int32_t pid,
+                             int32_t value) {
+    uint32_t i = __atomic_fetch_add(count, 1, __ATOMIC_ACQ_REL) % LLFT_NOTE_SLOTS;
+    __atomic_store_n(&ring[i].pid, pid, __ATOMIC_RELAXED);
+    __atomic_store_n(&ring[i].value, value, __ATOMIC_RELEASE);
+}
 
 /* ---- group connection resets (ctl.resets), shared by both sides -------------------- */
 

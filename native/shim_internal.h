@@ -10,7 +10,8 @@
  *   shim_threads.c  pthread_create, thread ends (logical thread ids, reused)
  *   shim_gil.c      the GIL's hand-offs (ordered once a second thread exists)
  *   shim_signals.c  signal handlers: which record a signal interrupted
- *   shim_process.c  stat and waitpid (the app's private companions)
+ *   shim_process.c  stat and waitpid (the app's private companions); kill/killpg and
+ *                   waitpid noted for the agent (ctl.sent, ctl.reaped)
  *   shim_net.c      sockets (CSCS): the fd table, kinds, private and external sockets,
  *                   readiness; every socket hook
  *   shim_group.c    group connections (the agent's side of the service port), listen

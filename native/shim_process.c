@@ -46,13 +46,29 @@ EXPORT pid_t getpid(void) {
     pid_t real = R(getpid)();
     return real == g_pid ? g_group_pid : real;   /* a forked child: its own */
 }
+/* A signal the app (or a fork of it) sends another process is noted before it is sent
+ * (ctl.sent): the agent tells a child the app killed (every replica does the same) from
+ * one killed from outside (a failure of this machine). */
+static void note_sent(pid_t pid, int sig) {
+    if (g_ctl && sig > 0 && pid != R(getpid)())
+        llft_note(&g_ctl->sent_count, g_ctl->sent, (int32_t)pid, sig);
+}
 EXPORT int kill(pid_t pid, int sig) {
-    if (!g_active) return R(kill)(pid, sig);
+    if (!g_active) {
+        note_sent(pid, sig);
+        return R(kill)(pid, sig);
+    }
     if (g_group_pid && pid == g_group_pid && R(getpid)() == g_pid) pid = g_pid;
+    note_sent(pid, sig);
     sig_sending(1);   /* a signal this thread gets now is its own (shim_signals.c) */
     int r = R(kill)(pid, sig);
     sig_sending(0);
     return r;
+}
+/* glibc's killpg calls its kill internally: interposed on its own, for the note. */
+EXPORT int killpg(pid_t pgrp, int sig) {
+    if (pgrp < 0) { errno = EINVAL; return -1; }
+    return kill(-pgrp, sig);
 }
 
 /* File timestamps are clock readings the kernel took: a file the run wrote has the
@@ -148,6 +164,13 @@ EXPORT int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) 
     HOOK(app_started(), R(fstatat64)(dirfd, path, st, flags), stat_ordered(&c, st));
 }
 
+/* A child the app reaped, with its real wait status (ctl.reaped): once reaped, its death
+ * can no longer be read from /proc, and the agent asks how it died (see note_sent). */
+static void note_reaped(pid_t r, int st) {
+    if (g_ctl && r > 0 && (WIFEXITED(st) || WIFSIGNALED(st)))
+        llft_note(&g_ctl->reaped_count, g_ctl->reaped, (int32_t)r, st);
+}
+
 static pid_t waitpid_ordered(pid_t pid, int *status, int options) {
     uint64_t op = thread_op();
     pid_t r;
@@ -164,20 +187,33 @@ static pid_t waitpid_ordered(pid_t pid, int *status, int options) {
                 R(nanosleep)(&ms, NULL);
                 stall_check(&sw, "a child the primary saw change state", LLFT_C_WAITPID, op);
             }
-            if (r > 0) st = (int)b.h.aux;   /* the primary's status */
+            if (r > 0) {
+                note_reaped(r, st);
+                st = (int)b.h.aux;   /* the primary's status */
+            }
         }
         bk_end(&b);
     } else {
         r = R(waitpid)(pid, &st, options);
         e = r < 0 ? errno : 0;
+        note_reaped(r, st);
         pr_append(LLFT_C_WAITPID, op, r, e, (uint32_t)st, 0, NULL, 0);
     }
     if (status && r > 0) *status = st;
     errno = e ? e : errno;
     return r;
 }
+static pid_t waitpid_noted(pid_t pid, int *status, int options) {
+    int st = 0;
+    pid_t r = R(waitpid)(pid, &st, options);
+    int e = errno;
+    note_reaped(r, st);
+    if (status && r > 0) *status = st;
+    errno = e;
+    return r;
+}
 EXPORT pid_t waitpid(pid_t pid, int *status, int options) {
-    HOOK(app_started(), R(waitpid)(pid, status, options), waitpid_ordered(pid, status, options));
+    HOOK(app_started(), waitpid_noted(pid, status, options), waitpid_ordered(pid, status, options));
 }
 
 /* Pipes (subprocess.communicate, asyncio's pipe transports, script_helper's children):

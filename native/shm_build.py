@@ -48,6 +48,7 @@ FUNCTIONS = """
     int64_t llft_oi_walk(const uint8_t *buf, size_t len, size_t start, uint64_t max_entries,
                          uint64_t max_bytes, uint64_t *end);
     uint32_t llft_get(void *base, int what);
+    int llft_proc_notes(void *base, int reaped, int32_t *out);
     int llft_group_name(void *base, char *buf, size_t n);
     int llft_conn_reset_mark(void *base, uint32_t by, uint32_t conn);
     int llft_conn_reset_take(void *base, uint32_t by, uint32_t conn);
@@ -294,6 +295,20 @@ uint32_t llft_get(void *base, int what) {
     case LLFT_CTL_COMMIT_DONE: return __atomic_load_n(&c->commit_done, __ATOMIC_ACQUIRE);
     }
     return 0;
+}
+/* The app's latest notes (ctl.sent, or ctl.reaped if `reaped`), as (pid, value) pairs into
+ * out[2 * LLFT_NOTE_SLOTS]; returns how many (all the slots written so far, at most
+ * LLFT_NOTE_SLOTS), in no particular order. */
+int llft_proc_notes(void *base, int reaped, int32_t *out) {
+    struct llft_ctl *c = &((struct llft_shm *)base)->ctl;
+    uint32_t n = __atomic_load_n(reaped ? &c->reaped_count : &c->sent_count, __ATOMIC_ACQUIRE);
+    struct llft_proc_note *ring = reaped ? c->reaped : c->sent;
+    int k = n < LLFT_NOTE_SLOTS ? (int)n : LLFT_NOTE_SLOTS;
+    for (int i = 0; i < k; i++) {
+        out[2 * i + 1] = __atomic_load_n(&ring[i].value, __ATOMIC_ACQUIRE);
+        out[2 * i] = __atomic_load_n(&ring[i].pid, __ATOMIC_RELAXED);
+    }
+    return k;
 }
 /* The group listener's abstract UNIX name without its leading NUL (LLFT_GROUP_NAME), or 0
  * bytes before the app's listen(). */

@@ -96,9 +96,10 @@ that ends by itself (the OOM killer's SIGKILL, a crash, an exit) stops its repli
 same way: the group need not wait for its detector. Its sockets end before its exit
 status can be read, and those ends are its death's, not closes it made
 (`_app_closed`, `Application.dying`): framed, they reached every client. A child of the
-app that the kernel's OOM killer takes (a PySpark driver's JVM) fails the replica too
-(`_watch_children`, `_failed_here`): the app is stopped before anything it made of the
-death is drained or sent, and the replica leaves (status 71).
+app that this machine takes (a PySpark driver's JVM: the kernel's OOM killer, a kill the
+app did not send) fails the replica too (`_watch_children`, `_failed_here`), if another
+replica can take over: the app is stopped before anything it made of the death is
+drained or sent, and the replica leaves (status 71).
 
 No process left behind (llft/runtime/proctree.py): each app runs in a session of its
 own; the agent is a child subreaper (orphaned descendants come back to it, and it reaps
@@ -373,6 +374,7 @@ class Agent:
         self.app_status: int | None = None  # the app's exit status, once it exited
         self.local_failure: str | None = None   # why this replica failed while alive
         self._children: proctree.ChildWatch | None = None   # the app's (`_watch_children`)
+        self._view_size = 0                 # members of the current view (`_child_exited`)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("LLFT_")}
         # the app's gRPC client channels are relayed (determinizer/grpcrelay/): the
         # primary's relay makes the calls, backups read its answers from the order info;
@@ -682,6 +684,7 @@ class Agent:
 
     def _membership_changed(self, a: actions.MembershipChanged) -> None:
         role = "primary" if a.my_rank == 1 else f"backup rank {a.my_rank}"
+        self._view_size = len(a.members)
         _log(f"view {a.pvn}.{a.change}: {role} of {len(a.members)} "
              f"[{' '.join(mb.short_id(k.birth) for k in a.members)}]: "
              f"{a.reason or 'membership changed'}")
@@ -1100,8 +1103,9 @@ class Agent:
         self.stop_event.set()
 
     def _watch_children(self) -> None:
-        """Watch the app's children (a PySpark driver's JVM, a helper it runs) for the
-        kernel's OOM killer (proctree.ChildWatch); once a second, from the status loop."""
+        """Watch the app's children (a PySpark driver's JVM, a helper it runs) for a
+        death this machine caused: the kernel's OOM killer, a kill from outside the app
+        (proctree.ChildWatch); once a second, from the status loop."""
         app = self.app
         if app.closed or app.main_pid <= 0:
             return
@@ -1120,11 +1124,20 @@ class Agent:
         if pid not in w.fds:
             return                              # (seen already, by a drain's poll)
         self.loop.remove_reader(w.fds[pid])
+        self._count("children_ended")
         name = proctree.comm(pid) or w.names.get(pid, "?")     # (it may have exec'd)
-        if w.oom_killed(pid) and app is self.app and not app.closed \
-                and not self.stop_event.is_set():
-            self._failed_here(f"the kernel's OOM killer killed process {pid} ({name}) of "
-                              "the application")
+        shm = app.shm
+        by = w.failure(pid, None if shm is None else shm.signals_sent(),
+                       {} if shm is None else shm.children_reaped())
+        if by is None or app is not self.app or app.closed or self.stop_event.is_set():
+            return
+        why = f"{by} killed process {pid} ({name}) of the application"
+        if self._view_size < 2:
+            # nobody to take over: the app sees it, as it would without llft
+            self._count("children_lost_alone")
+            log.warning(f"{why}; no other replica to take over: the application goes on")
+            return
+        self._failed_here(why)
 
     def _failed_here(self, why: str) -> None:
         """This replica failed, though its agent and app live: a process of the app
@@ -1277,11 +1290,12 @@ class Agent:
         if (self._children is not None and self._children.fds
                 and self._children.pid == self.app.main_pid):     # (not a reset app's)
             # a child's death first, so that none of what the app made of it is drained:
-            # an OOM kill's victim is waited for (its sockets closed before it ends); a
-            # child's other exits may take long (a big heap's release) and are no failure
+            # one that may be this machine's doing (the OOM killer, a kill from outside)
+            # is waited for (its sockets closed before it ends) and judged; a child's
+            # other exits may take long (a big heap's release) and are no failure
             w = self._children
             for pid in w.dying():
-                if w.oom_rose():
+                if w.may_fail(pid):
                     w.wait_exit(pid, CHILD_EXIT_WAIT_S)
                     self._child_exited(self.app, w, pid)
             if self.app.closed:

@@ -301,8 +301,10 @@ def comm(pid: int) -> str | None:
 
 
 def _killed_by(pid: int) -> int | None:
-    """The signal that ended `pid`, read from its stat file while it is a zombie (the
-    52nd field, its wait status); None: it exited, or it was reaped already."""
+    """The signal that ended `pid`, read from its stat file (the 52nd field, its exit
+    code) once its exit has begun (the kernel sets the code before it releases the
+    process's memory and descriptors) or while it is a zombie; None: it is not ending
+    by a signal (or not yet known, or it was reaped already)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             status = int(_stat_fields(f.read())[49])
@@ -312,23 +314,34 @@ def _killed_by(pid: int) -> int | None:
 
 
 COMPANIONS = 2             # ChildWatch.dying: the children whose exit is seen as it begins
+# Signals only a process sends (kill), never the kernel for a process's own doing (a
+# fault, a broken pipe, its own alarm): a child ended by one that the app did not send
+# was killed from outside. (SIGKILL is the OOM killer's too, and a hard CPU limit's.)
+SENT_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
+                          signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2})
 
 
 class ChildWatch:
     """The children of one process (an application's: a PySpark driver's JVM, a helper
-    it runs), each by a pidfd, which is readable once the child has exited. Tells the
-    kernel's OOM killer taking one (a failure of this machine, which a takeover masks)
-    from a child that ended or that the application killed itself (its own doing,
-    which every replica repeats): a child killed by SIGKILL, or reaped already, while
-    the kernel's OOM kill count rose since the last look (`scan`, `oom_killed`)."""
+    it runs), each by a pidfd, which is readable once the child has exited. Tells a
+    child taken by this machine (a failure, which a takeover masks) from one that ended
+    or that the application killed itself (its own doing, which every replica repeats):
+    `failure`. Taken by the machine: the kernel's OOM killer's SIGKILL (its kill count
+    rose meanwhile), or a signal only a process sends that the application did not send
+    it (an operator's `kill -9`, a container's or a supervisor's kill)."""
 
     def __init__(self, pid: int):
         self.pid = pid
         self.fds: dict[int, int] = {}           # child pid -> its pidfd
         self.names: dict[int, str] = {}         # ... its command name
+        self.groups: dict[int, int] = {}        # ... its process group (at `scan`)
         self._exit: dict[int, ExitWatch] = {}   # ... its exit's start (`dying`)
         self._poll = select.poll()              # every pidfd
         self._oom = oom_kills()
+        try:
+            self.own_group = os.getpgid(pid)
+        except OSError:
+            self.own_group = pid
 
     def scan(self) -> list[tuple[int, int]]:
         """The children not watched yet, now watched: (pid, pidfd) of each."""
@@ -338,6 +351,7 @@ class ChildWatch:
                 continue
             try:
                 fd = os.pidfd_open(c)
+                self.groups[c] = os.getpgid(c)
             except OSError:
                 continue                        # gone meanwhile
             self.fds[c] = fd
@@ -370,31 +384,57 @@ class ChildWatch:
                     gone.append(c)
         return gone
 
+    def may_fail(self, child: int) -> bool:
+        """`child`, dying, may be a failure (`failure`): it is ending by a signal only a
+        process sends, or the OOM kill count rose. (Its other ends -- an exit, a crash
+        -- are no failure and need not be waited for: a big heap's release takes long.)"""
+        return _killed_by(child) in SENT_SIGNALS or self._rose(oom_kills())
+
     def wait_exit(self, child: int, timeout_s: float) -> None:
         """Until `child`'s pidfd is readable (its exit done), at most `timeout_s`."""
         select.select([self.fds[child]], [], [], timeout_s)
 
-    def oom_rose(self) -> bool:
-        """The kernel's OOM kill count rose since the last look."""
-        return self._rose(oom_kills())
-
     def _rose(self, now: int | None) -> bool:
         return now is not None and self._oom is not None and now > self._oom
 
-    def oom_killed(self, child: int) -> bool:
-        """`child` exited (its pidfd is readable; it is watched no more): the OOM killer's?"""
+    def failure(self, child: int, sent: list[tuple[int, int]] | None,
+                reaped: dict[int, int]) -> str | None:
+        """`child` exited (its pidfd is readable; it is watched no more): what took it,
+        if this machine did ("the kernel's OOM killer", "SIGKILL from outside the
+        application"), else None. `sent`: the signals the app sent (shim notes: target,
+        signal; None if unknown: then only the OOM killer is told); `reaped`: children
+        the app reaped, with their wait statuses (how one reaped already ended)."""
         fd = self.fds.pop(child)
         self._poll.unregister(fd)
         os.close(fd)
         self.names.pop(child, None)
+        group = self.groups.pop(child, None)
         x = self._exit.pop(child, None)
         if x is not None:
             x.close()
         sig = _killed_by(child)
+        if sig is None and child in reaped:
+            sig = (reaped[child] & 0x7F) or None
         now = oom_kills()
         rose = self._rose(now)
         self._oom = now
-        return rose and sig in (signal.SIGKILL, None)
+        if rose and sig in (signal.SIGKILL, None):
+            return "the kernel's OOM killer"
+        if sent is not None and sig in SENT_SIGNALS and not self._sent_by_app(
+                child, group, sig, sent):
+            return f"{signal.Signals(sig).name} from outside the application"
+        return None
+
+    def _sent_by_app(self, child: int, group: int | None, sig: int,
+                     sent: list[tuple[int, int]]) -> bool:
+        """The app sent `sig` to `child`: to it, to its process group, to the app's own
+        group with it in it, or to every process it may signal."""
+        targets = {child, -1}
+        if group is not None:
+            targets.add(-group)
+            if group == self.own_group:
+                targets.add(0)
+        return any(s == sig and t in targets for t, s in sent)
 
     def close(self) -> None:
         for fd in self.fds.values():
@@ -404,6 +444,7 @@ class ChildWatch:
             x.close()
         self.fds.clear()
         self.names.clear()
+        self.groups.clear()
         self._exit.clear()
 
 

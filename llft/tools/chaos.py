@@ -40,6 +40,10 @@ fault of it alone with `--only INDEX`. Kinds:
                   cgroup that lets it allocate OOM_CHILD_LIMIT_BYTES more, so the kernel's
                   OOM killer takes it at its next allocations; its agent stops (status
                   71) and says LEAVE; healed by starting a new replica
+  kill_child      (only when asked for in --kinds) SIGKILL of the first child of a
+                  member's application (an operator's `kill -9` of a PySpark driver's
+                  JVM); its agent stops (status 71) and says LEAVE; healed by starting
+                  a new replica
   partition       (only when asked for in --kinds; needs root and `ip`) every replica
                   runs in a network namespace of its own on a private bridge
                   (llft/tools/netns.py), the gateway on the bridge in the root
@@ -92,10 +96,10 @@ from llft.tools.procs import CPU_HOG_ARGV, free_port
 KINDS = ("kill_primary", "kill_backup", "kill_both", "pause_primary", "pause_backup",
          "cpu_hog", "jvm_start", "restart")
 # asked for by name only (not in the default mix, so the schedules of existing seeds stay):
-# `kill_app` kills an application alone, `oom_child` has the OOM killer take its child;
-# `partition` runs every replica in a network namespace of its own (llft/tools/netns.py)
-# and cuts one member's link for the hold time
-EXTRA_KINDS = ("kill_app", "oom_child", "partition")
+# `kill_app` kills an application alone, `oom_child` has the OOM killer take its child,
+# `kill_child` kills that child; `partition` runs every replica in a network namespace of
+# its own (llft/tools/netns.py) and cuts one member's link for the hold time
+EXTRA_KINDS = ("kill_app", "oom_child", "kill_child", "partition")
 APP_DEATH_EXIT_S = 30.0         # kill_app: the agent stops within this once its app died
 OOM_CHILD_LIMIT_BYTES = 16 << 20    # oom_child: what the child may allocate after the move
 OOM_CHILD_EXIT_S = 120.0        # ... and how soon it must have done so and its agent stopped
@@ -407,10 +411,10 @@ class Campaign:
             how = self._stops_by_itself(m["name"], APP_DEATH_EXIT_S)
             return (f"{m['name']} ({m['role']}): application killed, {how}; "
                     f"started {self._new_replica()}")
-        if f.kind == "oom_child":
+        if f.kind in ("oom_child", "kill_child"):
             if not ms:
                 return "no member"
-            why = memcgroup.why_not()
+            why = memcgroup.why_not() if f.kind == "oom_child" else None
             if why:
                 return f"no memory cgroup ({why})"
             m = ms[f.pick % len(ms)]
@@ -418,12 +422,17 @@ class Campaign:
             if not kids:
                 return f"{m['name']} ({m['role']}): its application has no child"
             name = proctree.comm(kids[0])
-            with memcgroup.MemoryCgroup(OOM_CHILD_LIMIT_BYTES) as cg:
-                cg.add(kids[0])
-                how = self._stops_by_itself(m["name"], OOM_CHILD_EXIT_S)
+            if f.kind == "kill_child":
+                os.kill(kids[0], signal.SIGKILL)
+                how = self._stops_by_itself(m["name"], APP_DEATH_EXIT_S)
+                done = "killed (SIGKILL)"
+            else:
+                with memcgroup.MemoryCgroup(OOM_CHILD_LIMIT_BYTES) as cg:
+                    cg.add(kids[0])
+                    how = self._stops_by_itself(m["name"], OOM_CHILD_EXIT_S)
+                done = f"limited to {OOM_CHILD_LIMIT_BYTES >> 20} MB more"
             return (f"{m['name']} ({m['role']}): its application's child {kids[0]} ({name}) "
-                    f"limited to {OOM_CHILD_LIMIT_BYTES >> 20} MB more, {how}; "
-                    f"started {self._new_replica()}")
+                    f"{done}, {how}; started {self._new_replica()}")
         if f.kind == "restart":
             if not ms:
                 return "no member"

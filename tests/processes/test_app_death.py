@@ -155,3 +155,49 @@ def test_a_process_of_the_application_taken_by_the_oom_killer_is_a_failover(tmp_
         assert r.ok and not r.errors, r.errors[:5]
         assert r.replies == r.requests > 0 and r.global_repeats == 0
         assert all(m["diverged"] is None for m in lc.status()["members"])
+
+
+def test_a_process_of_the_application_killed_from_outside_is_a_failover(tmp_path):
+    """An operator's `kill -9` of a driver's JVM (or a supervisor's, a container's) is
+    this replica's failure, as the OOM killer's is; the app's own kill of its engine
+    (`RESTART`: SIGKILL and a new engine, as a program does a child that hangs) is every
+    replica's doing and changes nothing in the group. The shim notes the signals the app
+    sends and the children it reaps; the agent tells the two apart by them."""
+    with LocalCluster(str(tmp_path)) as lc:
+        addr = lc.start_service(("r1", "r2", "r3"), ENGINE_APP)
+        lc.wait_status(lambda st: len(st["members"]) == 3 and all(
+            m["sync"] in ("primary", "ready") and m["counters"].get("children_watched")
+            for m in st["members"]), 120, "backups ready, every engine watched")
+        view = lc.status()["view"]
+        assert _ask(addr, "RESTART") == "OK restarted (the old engine's status -9)"
+        # every replica's app killed its engine, every agent saw that child end and
+        # watches the new one; nobody failed
+        st = lc.wait_status(lambda st: len(st["members"]) == 3 and all(
+            m["counters"].get("children_ended") and m["counters"].get("children_watched")
+            for m in st["members"]), 60, "every replica's old engine ended, the new watched")
+        assert st["view"] == view and all(p.poll() is None for p in lc.procs.values())
+
+        stop, results = threading.Event(), {}
+        loads = [_load(addr[0], addr[1], "counter", stop, results)]
+        _wait_delivered(lc, STEP_BYTES // 10, loads)
+        old = lc.primary()
+        name = lc.name_of(old["agent_pid"])
+        engine = psutil.Process(old["app_pid"]).children()[0].pid
+        procs = [psutil.Process(old["agent_pid"])] + tree(old["agent_pid"])
+        os.kill(engine, signal.SIGKILL)
+        assert lc.procs[name].wait(timeout=60) == 71, lc.log_tail(name)
+        assert_all_gone(procs)
+        assert f"SIGKILL from outside the application killed process {engine} (python) " \
+               "of the application: this replica stops" in lc.log_tail(name, 100_000)
+        new = lc.wait_primary(other_than=old["birth"])
+        assert f"took over: primary {short_id(old['birth'])} of view {old['pvn']} left" \
+            in lc.log_tail(lc.name_of(new["agent_pid"]), 100_000)
+        _wait_delivered(lc, STEP_BYTES // 10, loads)
+        stop.set()
+        loads[0].join(timeout=120)
+        r = results["counter"]
+        assert r.ok and not r.errors, r.errors[:5]
+        assert r.replies == r.requests > 0 and r.global_repeats == 0
+        st = lc.status()
+        assert st["view"] == view + 1 and len(st["members"]) == 2
+        assert all(m["diverged"] is None for m in st["members"])

@@ -5,7 +5,8 @@ process (the "engine") that the app starts at start-up and talks to over one pri
 loopback TCP connection under a lock, as py4j does with a JVM; the engine's port comes
 back on a pipe. `LEAK <MB>` makes the engine take that much more memory and keep it (a
 leak), so that a test can have the kernel's OOM killer take one replica's engine (a
-memory cgroup around it alone).
+memory cgroup around it alone). `RESTART` makes the app kill its engine itself (SIGKILL)
+and start another, as a program does a child that hangs: its own doing, at every replica.
 
     python tests/programs/engine_app.py PORT
 """
@@ -45,29 +46,47 @@ for line in f:
 lock = threading.Lock()
 
 
-def main() -> int:
+def start_engine():
     engine = subprocess.Popen([sys.executable, "-c", ENGINE], stdout=subprocess.PIPE)
     port = int(engine.stdout.readline())
     conn = socket.create_connection(("127.0.0.1", port))
-    f = conn.makefile("rwb")
+    return {"engine": engine, "conn": conn, "f": conn.makefile("rwb")}
+
+
+def main() -> int:
+    state = start_engine()
 
     def ask(request: str) -> str:
-        with lock:
-            f.write(request.encode() + b"\n")
-            f.flush()
-            answer = f.readline().decode().strip()
+        f = state["f"]
+        f.write(request.encode() + b"\n")
+        f.flush()
+        answer = f.readline().decode().strip()
         if not answer:
             raise ConnectionError("the engine is gone")
         return answer
 
+    def restart() -> str:
+        """The app kills its own engine (as `subprocess.run(timeout=...)` does a child
+        that hangs) and starts another: the counts start again."""
+        state["engine"].kill()
+        status = state["engine"].wait()
+        state["f"].close()
+        state["conn"].close()
+        state["engine"].stdout.close()
+        state.update(start_engine())
+        return f"restarted (the old engine's status {status})"
+
     def handle(line: str) -> str:
         cmd, _, arg = line.partition(" ")
-        if cmd == "INCR" and arg:
-            n, g = ask(f"INCR {arg}").split()
-            return f"OK {arg} {n} {g} {time.time()!r} {random.getrandbits(32):08x}"
-        if cmd == "LEAK" and arg.isdigit():
-            return "OK " + ask(f"LEAK {arg}")
-        return f"ERR unknown request {line[:80]!r} (INCR key | LEAK MB)"
+        with lock:
+            if cmd == "INCR" and arg:
+                n, g = ask(f"INCR {arg}").split()
+                return f"OK {arg} {n} {g} {time.time()!r} {random.getrandbits(32):08x}"
+            if cmd == "LEAK" and arg.isdigit():
+                return "OK " + ask(f"LEAK {arg}")
+            if cmd == "RESTART":
+                return "OK " + restart()
+        return f"ERR unknown request {line[:80]!r} (INCR key | LEAK MB | RESTART)"
 
     kv_counter.serve_forever(int(sys.argv[1]), handle, name="engine_app")
     return 0

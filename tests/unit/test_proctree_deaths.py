@@ -3,8 +3,8 @@
 `ExitWatch`: a process is dying only once every thread of it is (PF_EXITING); the agent
 asks it when its app's sockets end (`_app_closed`): a dying app's ends are its death's,
 a live app's are closes it made. `ChildWatch`: a child of the app taken by the kernel's
-OOM killer (a real one: a memory cgroup around it) is told from one that exited or that
-was killed by somebody else.
+OOM killer (a real one: a memory cgroup around it) or killed from outside the app is told
+from one that exited, crashed or that the app killed itself.
 """
 from __future__ import annotations
 
@@ -85,22 +85,30 @@ def test_no_descriptor_left_says_nothing():
     assert out.stdout.split() == ["False", "False"], out.stderr
 
 
-def _parent_of(child_argv: list[str]) -> tuple[subprocess.Popen, int]:
-    """A process (the app) that starts `child_argv` and waits; (it, the child's pid)."""
-    code = ("import subprocess, sys\n"
+def _parent_of(child_argv: list[str], reap: bool = False) -> tuple[subprocess.Popen, int]:
+    """A process (the app) that starts `child_argv`, then at each line it reads: tells
+    the child to go on, then (`reap`) reaps it and prints its wait status. (The
+    child's pid.)"""
+    code = ("import os, subprocess, sys\n"
             f"c = subprocess.Popen({child_argv!r}, stdin=subprocess.PIPE)\n"
             "print(c.pid, flush=True)\n"
             "sys.stdin.readline()\n"
-            "c.stdin.write(b'go\\n'); c.stdin.flush()\n"
-            "c.wait()\n"
+            "try:\n"
+            "    c.stdin.write(b'go\\n'); c.stdin.flush()\n"
+            "except BrokenPipeError:\n"
+            "    pass\n"
+            "sys.stdin.readline()\n"
+            "print(os.waitpid(c.pid, 0)[1], flush=True)\n"
             "sys.stdin.readline()\n")
     p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE)
     return p, int(p.stdout.readline())
 
 
-def _judge(child_argv, act) -> bool:
-    """Watch the parent's children, `act(child)`, wait for the exit: the verdict."""
+def _judge(child_argv, act, sent=(), reap: bool = False) -> str | None:
+    """Watch the parent's children, `act(child)`, wait for the exit: the verdict, the
+    app having sent the signals `sent` ((target, signal); None: unknown), and (`reap`)
+    after the parent reaped the child, its status told as the shim tells it."""
     parent, child = _parent_of(child_argv)
     w = proctree.ChildWatch(parent.pid)
     try:
@@ -111,7 +119,14 @@ def _judge(child_argv, act) -> bool:
         parent.stdin.flush()
         w.wait_exit(child, 30)
         assert w.exited() == [child] == w.dying()
-        return w.oom_killed(child)
+        reaped = {}
+        if reap:
+            parent.stdin.write(b"reap\n")
+            parent.stdin.flush()
+            reaped[child] = int(parent.stdout.readline())
+            assert proctree._killed_by(child) is None       # (it is gone from /proc)
+        return w.failure(child, None if sent is None else [(child if t == "child" else t, s)
+                                                           for t, s in sent], reaped)
     finally:
         w.close()
         parent.kill()
@@ -119,17 +134,40 @@ def _judge(child_argv, act) -> bool:
 
 
 def test_a_child_that_exits_is_no_failure():
-    assert not _judge(SLEEPER, lambda child: None)
+    assert _judge(SLEEPER, lambda child: None) is None
+    assert _judge(SLEEPER, lambda child: None, reap=True) is None
 
 
-def test_a_child_killed_by_somebody_else_is_no_failure():
+def test_a_child_killed_from_outside_the_app_is_a_failure():
+    """An operator's `kill -9` of a driver's JVM, a supervisor's SIGTERM: not the app's
+    doing, and only this replica's. Told also once the app reaped the child."""
+    kill9 = lambda child: os.kill(child, signal.SIGKILL)    # noqa: E731
+    assert _judge(SLEEPER, kill9) == "SIGKILL from outside the application"
+    assert _judge(SLEEPER, kill9, reap=True) == "SIGKILL from outside the application"
+    assert _judge(SLEEPER, lambda child: os.kill(child, signal.SIGTERM),
+                  sent=[("child", signal.SIGKILL)]) == "SIGTERM from outside the application"
+
+
+def test_a_child_the_app_killed_is_no_failure():
     """The app may kill its children itself (`subprocess.run(timeout=...)`): every
-    replica does the same, and a takeover would not help."""
-    assert not _judge(SLEEPER, lambda child: os.kill(child, signal.SIGKILL))
+    replica does the same, and a takeover would not help. Its kill reaches the child,
+    its process group or the app's own group (the shim notes each before it is sent)."""
+    kill9 = lambda child: os.kill(child, signal.SIGKILL)    # noqa: E731
+    assert _judge(SLEEPER, kill9, sent=[(123, 15), ("child", signal.SIGKILL)]) is None
+    assert _judge(SLEEPER, kill9, sent=[(0, signal.SIGKILL)], reap=True) is None
+    assert _judge(SLEEPER, kill9, sent=None) is None        # (no shim: only the OOM killer)
+
+
+def test_a_child_that_crashes_is_no_failure():
+    """A crash (SIGSEGV, SIGABRT) may be the app's input's doing at every replica: the
+    app sees it, as it would without llft."""
+    crash = [sys.executable, "-c", "import os, sys; sys.stdin.readline(); os.abort()"]
+    assert _judge(crash, lambda child: None) is None
 
 
 @pytest.mark.skipif(memcgroup.why_not() is not None, reason=str(memcgroup.why_not()))
 def test_a_child_the_oom_killer_took_is_a_failure():
     hog = [sys.executable, "-c", "import sys; sys.stdin.readline(); kept = b'1' * (200 << 20)"]
-    with memcgroup.MemoryCgroup(64 << 20) as cg:
-        assert _judge(hog, cg.add)
+    for reap in (False, True):
+        with memcgroup.MemoryCgroup(64 << 20) as cg:
+            assert _judge(hog, cg.add, reap=reap) == "the kernel's OOM killer"
