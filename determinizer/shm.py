@@ -220,19 +220,32 @@ class Shm:
     def signals_sent(self) -> list[tuple[int, int]]:
         """The latest signals the app sent other processes (kill/killpg, noted before
         they were sent): (target, signal) pairs, the target as kill() takes it (< 0: a
-        process group, 0: the app's own). At most LLFT_NOTE_SLOTS, in no order."""
-        return self._notes(0)
+        process group, 0: the app's own). At most LLFT_NOTE_SLOTS, oldest first."""
+        return self._notes(0)[1]
 
     def children_reaped(self) -> dict[int, int]:
         """The latest children the app reaped (waitpid): pid -> real wait status."""
-        return dict(self._notes(1))
+        return dict(self._notes(1)[1])
 
-    def _notes(self, reaped: int) -> list[tuple[int, int]]:
+    def reaped_since(self, seen: int) -> tuple[int, list[tuple[int, int]]]:
+        """The children reaped after the first `seen` reaps, (pid, wait status) oldest
+        first (the latest LLFT_NOTE_SLOTS at most), and the count of reaps so far."""
+        count, notes = self._notes(1)
+        return count, notes[max(0, len(notes) - (count - seen)):]
+
+    @property
+    def child_news(self) -> int:
+        """A number that moves when the app may have learnt of a child's death: it met
+        the end of a private connection or a pipe, or reaped a child."""
+        return self._get(CtlWord.CHILD_NEWS)
+
+    def _notes(self, reaped: int) -> tuple[int, list[tuple[int, int]]]:
         if self._base is None:
-            return []
+            return 0, []
         out = ffi.new("int32_t[]", 2 * lib.LLFT_NOTE_SLOTS)
-        n = lib.llft_proc_notes(self._base, reaped, out)
-        return [(out[2 * i], out[2 * i + 1]) for i in range(n)]
+        count = ffi.new("uint32_t *")
+        n = lib.llft_proc_notes(self._base, reaped, out, count)
+        return count[0], [(out[2 * i], out[2 * i + 1]) for i in range(n)]
 
     @property
     def report(self) -> str:

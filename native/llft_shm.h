@@ -144,7 +144,7 @@ enum llft_ctl_word {
     LLFT_CTL_MODE = 0, LLFT_CTL_ACTIVE_PID, LLFT_CTL_FEED_DONE, LLFT_CTL_DIVERGED,
     LLFT_CTL_NEXT_TID, LLFT_CTL_PROGRESS, LLFT_CTL_GROUP_ID,
     LLFT_CTL_DIV_SET, LLFT_CTL_DIV_CONN, LLFT_CTL_HOLD, LLFT_CTL_COMMIT_REQ,
-    LLFT_CTL_COMMIT_DONE
+    LLFT_CTL_COMMIT_DONE, LLFT_CTL_CHILD_NEWS
 };
 
 /* One order-information entry (t, o, n, d). d = (ret, err, aux, payload). The wire
@@ -246,6 +246,11 @@ struct llft_ctl {
     uint32_t reaped_count;
     struct llft_proc_note sent[LLFT_NOTE_SLOTS];
     struct llft_proc_note reaped[LLFT_NOTE_SLOTS];
+    /* ends the app met on its private connections and pipes (a read's EOF, a reset, a
+     * broken pipe): how it learns that a child died, besides reaping it. The agent
+     * looks for children it does not watch yet when this or reaped_count moved. */
+    uint32_t ends_count;
+    uint32_t pad_ends;
 };
 struct llft_shm {
     struct llft_ctl  ctl;

@@ -238,6 +238,7 @@ void diverge_group(uint32_t conn, uint64_t off, const char *fmt, ...);
 
 int64_t cts_offset(clockid_t clk);   /* shim_time.c */
 ssize_t pipe_read(int fd, void *buf, size_t n);   /* shim_process.c */
+void note_private_end(ssize_t r, int e);           /* shim_process.c */
 void fd_set_kind(int fd, int kind, uint64_t lid);  /* shim_net.c */
 
 /* ------------------------------------------------------------------ record / replay */

@@ -823,6 +823,7 @@ static ssize_t priv_recv(int fd, void *buf, size_t n, int flags, int kindcall) {
     } else {
         r = kindcall == 1 ? R(read)(fd, buf, n) : R(recv)(fd, buf, n, flags);
         e = r < 0 ? errno : 0;
+        if (n && !(flags & MSG_PEEK)) note_private_end(r, e);
         pr_append(LLFT_C_PRIVATE_RECV, op, r, e, 0, 0, NULL, 0);
     }
     errno = e ? e : errno;
@@ -1032,15 +1033,29 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags) {
     return GUARDED(ext_recv(fd, m->msg_iov[0].iov_base, m->msg_iov[0].iov_len, flags,
                   (struct sockaddr *)m->msg_name, m->msg_name ? &m->msg_namelen : NULL, 2));
 }
+/* A write to a private stream whose peer is another process (a child: the JVM), or to a
+ * pipe, passed through; a broken pipe or a reset is noted (note_private_end). */
+static ssize_t priv_send_out(int fd, const void *buf, size_t n, int flags, int kindcall) {
+    ssize_t r = kindcall == 1 ? R(write)(fd, buf, n) : R(send)(fd, buf, n, flags);
+    if (r < 0) {
+        int e = errno;
+        note_private_end(r, e);
+        errno = e;
+    }
+    return r;
+}
 EXPORT ssize_t write(int fd, const void *buf, size_t n) {
     if (GROUP_ENTER(fd)) return GUARDED(group_send_buf(fd, buf, n, 0));
     if (PRIV_SEND_ENTER(fd)) return GUARDED(priv_send_local(fd, buf, n, 0, 1));
+    if (PRIV_ENTER(fd) || (active_here() && fd_kind(fd) == FDK_PIPE))
+        return priv_send_out(fd, buf, n, 0, 1);
     if (!EXT_ENTER(fd)) return R(write)(fd, buf, n);
     return GUARDED(ext_send(fd, buf, n, 0, NULL, 0, 1));
 }
 EXPORT ssize_t send(int fd, const void *buf, size_t n, int flags) {
     if (GROUP_ENTER(fd)) return GUARDED(group_send_buf(fd, buf, n, flags));
     if (PRIV_SEND_ENTER(fd)) return GUARDED(priv_send_local(fd, buf, n, flags, 0));
+    if (PRIV_ENTER(fd)) return priv_send_out(fd, buf, n, flags, 0);
     if (!EXT_ENTER(fd)) return R(send)(fd, buf, n, flags);
     return GUARDED(ext_send(fd, buf, n, flags, NULL, 0, 0));
 }

@@ -171,6 +171,15 @@ static void note_reaped(pid_t r, int st) {
         llft_note(&g_ctl->reaped_count, g_ctl->reaped, (int32_t)r, st);
 }
 
+/* The app met the end of a private connection or a pipe (a read's EOF, a reset, a broken
+ * pipe): maybe a child's death (ctl.ends_count; the agent then looks for children it
+ * does not watch yet). Keeps errno. */
+void note_private_end(ssize_t r, int e) {
+    if (g_ctl && (r == 0 || (r < 0 && (e == EPIPE || e == ECONNRESET || e == ECONNABORTED
+                                       || e == ENOTCONN))))
+        __atomic_fetch_add(&g_ctl->ends_count, 1, __ATOMIC_ACQ_REL);
+}
+
 static pid_t waitpid_ordered(pid_t pid, int *status, int options) {
     uint64_t op = thread_op();
     pid_t r;
@@ -276,6 +285,7 @@ ssize_t pipe_read(int fd, void *buf, size_t n) {
     } else {
         r = R(read)(fd, buf, n);
         e = r < 0 ? errno : 0;
+        if (n) note_private_end(r, e);
         if (got == BK_PRIMARY) pr_append(LLFT_C_PRIVATE_RECV, op, r, e, 0, 0, NULL, 0);
     }
     errno = e ? e : errno;

@@ -374,7 +374,8 @@ class Agent:
         self.app_status: int | None = None  # the app's exit status, once it exited
         self.local_failure: str | None = None   # why this replica failed while alive
         self._children: proctree.ChildWatch | None = None   # the app's (`_watch_children`)
-        self._view_size = 0                 # members of the current view (`_child_exited`)
+        self._view_size = 0                 # members of the current view (`_child_lost`)
+        self._child_news = 0                # the app's shim's child news seen (`_drain_order_info`)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("LLFT_")}
         # the app's gRPC client channels are relayed (determinizer/grpcrelay/): the
         # primary's relay makes the calls, backups read its answers from the order info;
@@ -1115,7 +1116,7 @@ class Agent:
                 for fd in w.fds.values():
                     self.loop.remove_reader(fd)
                 w.close()
-            w = self._children = proctree.ChildWatch(app.main_pid)
+            w = self._children = proctree.ChildWatch(app.main_pid, notes=app.shm)
         for pid, fd in w.scan():
             self.loop.add_reader(fd, self._child_exited, app, w, pid)
         self.counters["children_watched"] = len(w.fds)
@@ -1126,9 +1127,13 @@ class Agent:
         self.loop.remove_reader(w.fds[pid])
         self._count("children_ended")
         name = proctree.comm(pid) or w.names.get(pid, "?")     # (it may have exec'd)
-        shm = app.shm
-        by = w.failure(pid, None if shm is None else shm.signals_sent(),
-                       {} if shm is None else shm.children_reaped())
+        by = w.failure(pid)                     # (watched no more)
+        self.counters["children_watched"] = len(w.fds)
+        self._child_lost(app, pid, name, by)
+
+    def _child_lost(self, app: Application, pid: int, name: str, by: str | None) -> None:
+        """Child `pid` of `app` died, taken by `by` (this machine), or by its app or
+        itself (None)."""
         if by is None or app is not self.app or app.closed or self.stop_event.is_set():
             return
         why = f"{by} killed process {pid} ({name}) of the application"
@@ -1287,6 +1292,19 @@ class Agent:
         False where nothing is drained (no shim, or not the primary)."""
         if self.app.shm is None or self.mode is not AppMode.PRIMARY:
             return False
+        news = self.app.shm.child_news
+        if news != self._child_news:
+            # the app met the end of a private connection or pipe, or reaped a child: a
+            # child younger than the last scan may have died (a JVM just started), so
+            # scan now, and judge the children it reaped that were never watched
+            self._child_news = news
+            self._count("children_scans_early")
+            self._watch_children()
+            if self._children is not None and self._children.pid == self.app.main_pid:
+                for pid, by in self._children.reaped_unwatched():
+                    self._child_lost(self.app, pid, "?", by)
+                    if self.app.closed:
+                        return False
         if (self._children is not None and self._children.fds
                 and self._children.pid == self.app.main_pid):     # (not a reset app's)
             # a child's death first, so that none of what the app made of it is drained:

@@ -328,16 +328,24 @@ class ChildWatch:
     or that the application killed itself (its own doing, which every replica repeats):
     `failure`. Taken by the machine: the kernel's OOM killer's SIGKILL (its kill count
     rose meanwhile), or a signal only a process sends that the application did not send
-    it (an operator's `kill -9`, a container's or a supervisor's kill)."""
+    it (an operator's `kill -9`, a container's or a supervisor's kill).
 
-    def __init__(self, pid: int):
+    `notes`: what the app's shim noted (determinizer/shm.py `Shm`: `signals_sent()`,
+    (target, signal) pairs; `children_reaped()`, pid -> wait status); None without a
+    shim: then the app's own kills cannot be told from others, and only the OOM killer
+    counts."""
+
+    def __init__(self, pid: int, notes=None):
         self.pid = pid
+        self.notes = notes
         self.fds: dict[int, int] = {}           # child pid -> its pidfd
         self.names: dict[int, str] = {}         # ... its command name
         self.groups: dict[int, int] = {}        # ... its process group (at `scan`)
         self._exit: dict[int, ExitWatch] = {}   # ... its exit's start (`dying`)
         self._poll = select.poll()              # every pidfd
         self._oom = oom_kills()
+        self._judged: dict[int, None] = {}      # the latest children judged (`failure`)
+        self._reaped_seen = 0                   # the app's reaps looked at (`reaped_unwatched`)
         try:
             self.own_group = os.getpgid(pid)
         except OSError:
@@ -388,7 +396,16 @@ class ChildWatch:
         """`child`, dying, may be a failure (`failure`): it is ending by a signal only a
         process sends, or the OOM kill count rose. (Its other ends -- an exit, a crash
         -- are no failure and need not be waited for: a big heap's release takes long.)"""
-        return _killed_by(child) in SENT_SIGNALS or self._rose(oom_kills())
+        return self._signal(child) in SENT_SIGNALS or self._rose(oom_kills())
+
+    def _signal(self, child: int) -> int | None:
+        """The signal ending `child`: from /proc while it exits or is a zombie, else
+        from the shim's note of the app's reap of it."""
+        sig = _killed_by(child)
+        if sig is None and self.notes is not None:
+            status = self.notes.children_reaped().get(child)
+            sig = None if status is None else (status & 0x7F) or None
+        return sig
 
     def wait_exit(self, child: int, timeout_s: float) -> None:
         """Until `child`'s pidfd is readable (its exit done), at most `timeout_s`."""
@@ -397,13 +414,10 @@ class ChildWatch:
     def _rose(self, now: int | None) -> bool:
         return now is not None and self._oom is not None and now > self._oom
 
-    def failure(self, child: int, sent: list[tuple[int, int]] | None,
-                reaped: dict[int, int]) -> str | None:
+    def failure(self, child: int) -> str | None:
         """`child` exited (its pidfd is readable; it is watched no more): what took it,
         if this machine did ("the kernel's OOM killer", "SIGKILL from outside the
-        application"), else None. `sent`: the signals the app sent (shim notes: target,
-        signal; None if unknown: then only the OOM killer is told); `reaped`: children
-        the app reaped, with their wait statuses (how one reaped already ended)."""
+        application"), else None."""
         fd = self.fds.pop(child)
         self._poll.unregister(fd)
         os.close(fd)
@@ -412,29 +426,45 @@ class ChildWatch:
         x = self._exit.pop(child, None)
         if x is not None:
             x.close()
-        sig = _killed_by(child)
-        if sig is None and child in reaped:
-            sig = (reaped[child] & 0x7F) or None
+        return self._judge(child, self._signal(child), group)
+
+    def reaped_unwatched(self) -> list[tuple[int, str]]:
+        """The children the app reaped since the last look that were never watched
+        (younger than the last `scan`) and that this machine took: (pid, what took it).
+        Their death is known from the shim's note of the app's reap alone."""
+        if self.notes is None:
+            return []
+        self._reaped_seen, reaped = self.notes.reaped_since(self._reaped_seen)
+        return [(pid, why) for pid, status in reaped
+                if pid not in self.fds and pid not in self._judged
+                and (why := self._judge(pid, (status & 0x7F) or None, None))]
+
+    def _judge(self, child: int, sig: int | None, group: int | None) -> str | None:
+        self._judged[child] = None
+        if len(self._judged) > 4 * COMPANIONS + 256:
+            del self._judged[next(iter(self._judged))]
         now = oom_kills()
         rose = self._rose(now)
         self._oom = now
         if rose and sig in (signal.SIGKILL, None):
             return "the kernel's OOM killer"
-        if sent is not None and sig in SENT_SIGNALS and not self._sent_by_app(
-                child, group, sig, sent):
+        if self.notes is not None and sig in SENT_SIGNALS and not self._sent_by_app(
+                child, group, sig):
             return f"{signal.Signals(sig).name} from outside the application"
         return None
 
-    def _sent_by_app(self, child: int, group: int | None, sig: int,
-                     sent: list[tuple[int, int]]) -> bool:
+    def _sent_by_app(self, child: int, group: int | None, sig: int) -> bool:
         """The app sent `sig` to `child`: to it, to its process group, to the app's own
-        group with it in it, or to every process it may signal."""
+        group with it in it, or to every process it may signal. (`group` None: not
+        known, any of those groups counts.)"""
         targets = {child, -1}
-        if group is not None:
-            targets.add(-group)
-            if group == self.own_group:
-                targets.add(0)
-        return any(s == sig and t in targets for t, s in sent)
+        if group is None:
+            return any(s == sig and (t in targets or t <= 0)
+                       for t, s in self.notes.signals_sent())
+        targets.add(-group)
+        if group == self.own_group:
+            targets.add(0)
+        return any(s == sig and t in targets for t, s in self.notes.signals_sent())
 
     def close(self) -> None:
         for fd in self.fds.values():

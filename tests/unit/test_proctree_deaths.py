@@ -105,12 +105,27 @@ def _parent_of(child_argv: list[str], reap: bool = False) -> tuple[subprocess.Po
     return p, int(p.stdout.readline())
 
 
+class _Notes:
+    """What the shim would have noted (determinizer/shm.py Shm's two readers)."""
+
+    def __init__(self, sent: list[tuple[int, int]]):
+        self.sent, self.reaped = sent, {}
+
+    def signals_sent(self) -> list[tuple[int, int]]:
+        return self.sent
+
+    def children_reaped(self) -> dict[int, int]:
+        return self.reaped
+
+
 def _judge(child_argv, act, sent=(), reap: bool = False) -> str | None:
     """Watch the parent's children, `act(child)`, wait for the exit: the verdict, the
     app having sent the signals `sent` ((target, signal); None: unknown), and (`reap`)
     after the parent reaped the child, its status told as the shim tells it."""
     parent, child = _parent_of(child_argv)
-    w = proctree.ChildWatch(parent.pid)
+    notes = None if sent is None else _Notes(
+        [(child if t == "child" else t, s) for t, s in sent])
+    w = proctree.ChildWatch(parent.pid, notes)
     try:
         assert [c for c, _ in w.scan()] == [child] and w.scan() == []
         assert w.dying() == [] and w.exited() == []
@@ -119,14 +134,15 @@ def _judge(child_argv, act, sent=(), reap: bool = False) -> str | None:
         parent.stdin.flush()
         w.wait_exit(child, 30)
         assert w.exited() == [child] == w.dying()
-        reaped = {}
         if reap:
             parent.stdin.write(b"reap\n")
             parent.stdin.flush()
-            reaped[child] = int(parent.stdout.readline())
+            status = int(parent.stdout.readline())
             assert proctree._killed_by(child) is None       # (it is gone from /proc)
-        return w.failure(child, None if sent is None else [(child if t == "child" else t, s)
-                                                           for t, s in sent], reaped)
+            if notes is not None:
+                notes.reaped[child] = status
+                assert w.may_fail(child) == (status & 0x7F in proctree.SENT_SIGNALS)
+        return w.failure(child)
     finally:
         w.close()
         parent.kill()
