@@ -303,17 +303,18 @@ def comm(pid: int) -> str | None:
 def _killed_by(pid: int) -> int | None:
     """The signal that ended `pid`, read from its stat file (the 52nd field, its exit
     code) once its exit has begun (the kernel sets the code before it releases the
-    process's memory and descriptors) or while it is a zombie; None: it is not ending
-    by a signal (or not yet known, or it was reaped already)."""
+    process's memory and descriptors) or while it is a zombie; 0: it is not ending by
+    a signal (or its code is not set yet); None: not known (it was reaped already)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             status = int(_stat_fields(f.read())[49])
     except (OSError, IndexError, ValueError):
         return None
-    return (status & 0x7F) or None
+    return status & 0x7F
 
 
 COMPANIONS = 2             # ChildWatch.dying: the children whose exit is seen as it begins
+JUDGED_KEPT = 256          # ChildWatch: the latest children judged, not judged again
 # Signals only a process sends (kill), never the kernel for a process's own doing (a
 # fault, a broken pipe, its own alarm): a child ended by one that the app did not send
 # was killed from outside. (SIGKILL is the OOM killer's too, and a hard CPU limit's.)
@@ -399,12 +400,12 @@ class ChildWatch:
         return self._signal(child) in SENT_SIGNALS or self._rose(oom_kills())
 
     def _signal(self, child: int) -> int | None:
-        """The signal ending `child`: from /proc while it exits or is a zombie, else
-        from the shim's note of the app's reap of it."""
+        """The signal ending `child` (0: none, an exit): from /proc while it exits or is
+        a zombie, else from the shim's note of the app's reap of it; None: not known."""
         sig = _killed_by(child)
         if sig is None and self.notes is not None:
             status = self.notes.children_reaped().get(child)
-            sig = None if status is None else (status & 0x7F) or None
+            sig = None if status is None else status & 0x7F
         return sig
 
     def wait_exit(self, child: int, timeout_s: float) -> None:
@@ -437,11 +438,13 @@ class ChildWatch:
         self._reaped_seen, reaped = self.notes.reaped_since(self._reaped_seen)
         return [(pid, why) for pid, status in reaped
                 if pid not in self.fds and pid not in self._judged
-                and (why := self._judge(pid, (status & 0x7F) or None, None))]
+                and (why := self._judge(pid, status & 0x7F, None))]
 
     def _judge(self, child: int, sig: int | None, group: int | None) -> str | None:
+        """What took `child`, ended by `sig` (0: an exit; None: not known), if this
+        machine did. (An unknown end counts as the OOM killer's if its count rose.)"""
         self._judged[child] = None
-        if len(self._judged) > 4 * COMPANIONS + 256:
+        if len(self._judged) > JUDGED_KEPT:
             del self._judged[next(iter(self._judged))]
         now = oom_kills()
         rose = self._rose(now)

@@ -113,6 +113,29 @@ def _ask(addr: tuple[str, int], line: str, timeout_s: float = 60) -> str:
         return s.makefile("rb").readline().decode().strip()
 
 
+def _check_child_failover(lc: LocalCluster, old: dict, procs: list[psutil.Process], why: str,
+                          loads, stop: threading.Event, results: dict) -> dict:
+    """`old`'s agent stopped (71) for the death of its app's child, saying `why`, and
+    left nothing behind; its backup took over at its LEAVE and served on; every reply
+    of the counter load right, no member diverged. The group's status after."""
+    name = lc.name_of(old["agent_pid"])
+    assert lc.procs[name].wait(timeout=60) == 71, lc.log_tail(name)
+    assert_all_gone(procs)
+    assert f"{why}: this replica stops" in lc.log_tail(name, 100_000)
+    new = lc.wait_primary(other_than=old["birth"])
+    assert f"took over: primary {short_id(old['birth'])} of view {old['pvn']} left" \
+        in lc.log_tail(lc.name_of(new["agent_pid"]), 100_000)
+    _wait_delivered(lc, STEP_BYTES // 10, loads)
+    stop.set()
+    loads[0].join(timeout=120)
+    r = results["counter"]
+    assert r.ok and not r.errors, r.errors[:5]
+    assert r.replies == r.requests > 0 and r.global_repeats == 0
+    st = lc.status()
+    assert all(m["diverged"] is None for m in st["members"])
+    return st
+
+
 @pytest.mark.skipif(memcgroup.why_not() is not None, reason=str(memcgroup.why_not()))
 def test_a_process_of_the_application_taken_by_the_oom_killer_is_a_failover(tmp_path):
     """A PySpark driver's JVM is the replica's biggest process: the OOM killer's pick.
@@ -142,19 +165,8 @@ def test_a_process_of_the_application_taken_by_the_oom_killer_is_a_failover(tmp_
             assert _ask(addr, "LEAK 200") == "OK leaked 200"
             assert lc.procs[name].wait(timeout=60) == 71, lc.log_tail(name)
             assert_all_gone(procs)
-        log = lc.log_tail(name, 100_000)
-        assert f"the kernel's OOM killer killed process {engine} (python) of the " \
-               "application: this replica stops" in log
-        new = lc.wait_primary(other_than=old["birth"])
-        assert f"took over: primary {short_id(old['birth'])} of view {old['pvn']} left" \
-            in lc.log_tail(lc.name_of(new["agent_pid"]), 100_000)
-        _wait_delivered(lc, STEP_BYTES // 10, loads)
-        stop.set()
-        loads[0].join(timeout=120)
-        r = results["counter"]
-        assert r.ok and not r.errors, r.errors[:5]
-        assert r.replies == r.requests > 0 and r.global_repeats == 0
-        assert all(m["diverged"] is None for m in lc.status()["members"])
+        _check_child_failover(lc, old, procs, f"the kernel's OOM killer killed process "
+                              f"{engine} (python) of the application", loads, stop, results)
 
 
 def test_a_process_of_the_application_killed_from_outside_is_a_failover(tmp_path):
@@ -181,26 +193,13 @@ def test_a_process_of_the_application_killed_from_outside_is_a_failover(tmp_path
         assert st["view"] == view and all(p.poll() is None for p in lc.procs.values())
 
         old = lc.primary()
-        name = lc.name_of(old["agent_pid"])
         procs = [psutil.Process(old["agent_pid"])] + tree(old["agent_pid"])
         assert _ask(addr, "RESTART") == "OK restarted (the old engine's status -9)"
         engine = psutil.Process(old["app_pid"]).children()[0].pid
         os.kill(engine, signal.SIGKILL)
         stop, results = threading.Event(), {}
         loads = [_load(addr[0], addr[1], "counter", stop, results)]
-        assert lc.procs[name].wait(timeout=60) == 71, lc.log_tail(name)
-        assert_all_gone(procs)
-        assert f"SIGKILL from outside the application killed process {engine} (python) " \
-               "of the application: this replica stops" in lc.log_tail(name, 100_000)
-        new = lc.wait_primary(other_than=old["birth"])
-        assert f"took over: primary {short_id(old['birth'])} of view {old['pvn']} left" \
-            in lc.log_tail(lc.name_of(new["agent_pid"]), 100_000)
-        _wait_delivered(lc, STEP_BYTES // 10, loads)
-        stop.set()
-        loads[0].join(timeout=120)
-        r = results["counter"]
-        assert r.ok and not r.errors, r.errors[:5]
-        assert r.replies == r.requests > 0 and r.global_repeats == 0
-        st = lc.status()
+        st = _check_child_failover(lc, old, procs, f"SIGKILL from outside the application "
+                                   f"killed process {engine} (python) of the application",
+                                   loads, stop, results)
         assert st["view"] == view + 1 and len(st["members"]) == 2
-        assert all(m["diverged"] is None for m in st["members"])

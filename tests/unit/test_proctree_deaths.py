@@ -117,6 +117,9 @@ class _Notes:
     def children_reaped(self) -> dict[int, int]:
         return self.reaped
 
+    def reaped_since(self, seen: int) -> tuple[int, list[tuple[int, int]]]:
+        return len(self.reaped), list(self.reaped.items())[seen:]
+
 
 def _judge(child_argv, act, sent=(), reap: bool = False) -> str | None:
     """Watch the parent's children, `act(child)`, wait for the exit: the verdict, the
@@ -172,6 +175,20 @@ def test_a_child_the_app_killed_is_no_failure():
     assert _judge(SLEEPER, kill9, sent=[(123, 15), ("child", signal.SIGKILL)]) is None
     assert _judge(SLEEPER, kill9, sent=[(0, signal.SIGKILL)], reap=True) is None
     assert _judge(SLEEPER, kill9, sent=None) is None        # (no shim: only the OOM killer)
+
+
+def test_children_reaped_before_they_were_watched_are_judged_from_the_notes():
+    """A child younger than the agent's scan, reaped by the app at once (`subprocess.run`):
+    only the shim's note of the reap says how it died. Each is judged once."""
+    notes = _Notes([(0, signal.SIGTERM)])
+    w = proctree.ChildWatch(os.getpid(), notes)
+    notes.reaped.update({101: 0, 102: signal.SIGKILL, 103: 3 << 8, 104: signal.SIGTERM,
+                         105: signal.SIGSEGV})
+    assert w.reaped_unwatched() == [(102, "SIGKILL from outside the application")]
+    assert w.reaped_unwatched() == []
+    notes.reaped[106] = signal.SIGKILL
+    assert w.reaped_unwatched() == [(106, "SIGKILL from outside the application")]
+    w.close()
 
 
 def test_a_child_that_crashes_is_no_failure():
