@@ -170,7 +170,9 @@ struct llft_rec {
 #define LLFT_REC_HDR ((uint32_t)sizeof(struct llft_rec))
 _Static_assert(sizeof(struct llft_rec) == 56, "wire layout of a record is fixed");
 
-struct llft_ring {
+/* 64-aligned, so that the producer's words and the consumer's (each with its pad) are
+ * on cache lines of their own wherever the ring lies in the block. */
+struct __attribute__((aligned(64))) llft_ring {
     /* producer side */
     uint64_t head;          /* bytes reserved (monotonic) */
     uint32_t pub_seq;       /* futex: bumped after each commit */
