@@ -442,10 +442,13 @@ class ChildWatch:
 
     def _judge(self, child: int, sig: int | None, group: int | None) -> str | None:
         """What took `child`, ended by `sig` (0: an exit; None: not known), if this
-        machine did. (An unknown end counts as the OOM killer's if its count rose.)"""
-        self._judged[child] = None
-        if len(self._judged) > JUDGED_KEPT:
-            del self._judged[next(iter(self._judged))]
+        machine did. (An unknown end counts as the OOM killer's if its count rose; it
+        is judged again once the shim notes the app's reap of it, `reaped_unwatched`:
+        the app's waitpid returns a moment before its note is written.)"""
+        if sig is not None:
+            self._judged[child] = None
+            if len(self._judged) > JUDGED_KEPT:
+                del self._judged[next(iter(self._judged))]
         now = oom_kills()
         rose = self._rose(now)
         self._oom = now

@@ -191,6 +191,27 @@ def test_children_reaped_before_they_were_watched_are_judged_from_the_notes():
     w.close()
 
 
+def test_a_child_reaped_before_its_note_is_judged_again_from_the_note():
+    """The app's waitpid returns a moment before the shim notes the reap: a watched
+    child judged in that moment has no known end, and is judged once the note is there."""
+    notes = _Notes([])
+    parent, child = _parent_of(SLEEPER)
+    w = proctree.ChildWatch(parent.pid, notes)
+    try:
+        w.scan()
+        os.kill(child, signal.SIGKILL)
+        parent.stdin.write(b"go\nreap\n")
+        parent.stdin.flush()
+        status = int(parent.stdout.readline())
+        assert w.exited() == [child] and w.failure(child) is None     # no note yet
+        notes.reaped[child] = status
+        assert w.reaped_unwatched() == [(child, "SIGKILL from outside the application")]
+    finally:
+        w.close()
+        parent.kill()
+        parent.wait()
+
+
 def test_a_child_that_crashes_is_no_failure():
     """A crash (SIGSEGV, SIGABRT) may be the app's input's doing at every replica: the
     app sees it, as it would without llft."""
