@@ -518,9 +518,10 @@ class Agent:
             await asyncio.to_thread(self._leave_no_process, stopped)
             for t in self._relay_stops:
                 await asyncio.to_thread(t.join)
-        if self.app.divergence is None:
+        if self.app.divergence is None and self.local_failure is None:
             self.status_file.remove()
-        await asyncio.to_thread(self.status_file.close)   # a diverged one stays behind
+        # a diverged one stays behind, and one that failed here (`llft status`: departed)
+        await asyncio.to_thread(self.status_file.close)
         return self.exit_code
 
     def _leave_no_process(self, stopped) -> None:
@@ -1809,6 +1810,7 @@ class Agent:
                                             for g in self.group_conns.values())},
             "rss_kb": _rss_kb(),
             "diverged": app.divergence,
+            "local_failure": self.local_failure,
             "lane": self._lane_status(),
             "counters": {**self.counters, **{f"node_{k}": v for k, v in node_stats.items()},
                          **{f"framer_{k}": v for k, v in self.framer.stats.items()}},

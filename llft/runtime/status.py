@@ -5,7 +5,9 @@ Every agent (and gateway) of this host writes its status file under
 process is alive, takes the view (members, ranks, precedences, primary) from the member
 with the highest view number, and joins each member's own line: role, host, agent and
 application pids, order-info lag behind the primary, divergence, counters. A diverged
-replica leaves its file behind when it stops: it is listed under `departed`.
+replica leaves its file behind when it stops, and so does one that failed while its agent
+lived (a process of its application killed: `failure` says which): it is listed under
+`departed`.
 
 Limit: only replicas of this host have status files; members on other hosts appear in
 the view with host "?" and no pids.
@@ -167,7 +169,7 @@ def read_files(status_dir: str) -> tuple[list[dict], list[dict], list[dict]]:
             continue
         if _alive(st.get("agent_pid"), st.get("agent_start")):
             agents.append(st)
-        elif st.get("diverged"):
+        elif st.get("diverged") or st.get("local_failure"):
             departed.append(st)
     return agents, gateways, departed
 
@@ -226,7 +228,8 @@ def group_status(cfg: config_mod.ClusterConfig, group: str) -> dict:
             "primary": ref.get("primary") if ref else None,
             "members": members, "joining": others, "gateways": gateways,
             "departed": [{"birth": d["birth"], "host": d.get("host"),
-                          "diverged": d.get("diverged")} for d in departed]}
+                          "diverged": d.get("diverged"),
+                          "failure": d.get("local_failure")} for d in departed]}
 
 
 def _ms(v) -> str:
@@ -274,7 +277,8 @@ def render(st: dict) -> str:
     for g in st["gateways"]:
         lines.append(f"gateway pid {g.get('pid')}: {json.dumps(g.get('counters', {}))}")
     for d in st["departed"]:
-        lines.append(f"departed {d['birth']:x} on {d['host']}: diverged {d['diverged']}")
+        lines.append(f"departed {d['birth']:x} on {d['host']}: "
+                     + (f"diverged {d['diverged']}" if d["diverged"] else d["failure"]))
     return "\n".join(lines)
 
 

@@ -318,7 +318,8 @@ class Campaign:
             self._remember(m.get("agent_pid"))
             self._remember(m.get("app_pid"))
         for d in st["departed"]:
-            self.departed.add(d["birth"])
+            if d["diverged"]:               # (not one that failed here: `failure`)
+                self.departed.add(d["birth"])
         return st
 
     def _settled(self) -> bool:

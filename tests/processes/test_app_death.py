@@ -133,6 +133,8 @@ def _check_child_failover(lc: LocalCluster, old: dict, procs: list[psutil.Proces
     assert r.replies == r.requests > 0 and r.global_repeats == 0
     st = lc.status()
     assert all(m["diverged"] is None for m in st["members"])
+    # `llft status` lists it as departed, with why
+    assert [d["failure"] for d in st["departed"] if d["birth"] == old["birth"]] == [why]
     return st
 
 
