@@ -54,12 +54,9 @@ static void note_sent(pid_t pid, int sig) {
         llft_note(&g_ctl->sent_count, g_ctl->sent, (int32_t)pid, sig);
 }
 EXPORT int kill(pid_t pid, int sig) {
-    if (!g_active) {
-        note_sent(pid, sig);
-        return R(kill)(pid, sig);
-    }
-    if (g_group_pid && pid == g_group_pid && R(getpid)() == g_pid) pid = g_pid;
+    if (g_active && g_group_pid && pid == g_group_pid && R(getpid)() == g_pid) pid = g_pid;
     note_sent(pid, sig);
+    if (!g_active) return R(kill)(pid, sig);
     sig_sending(1);   /* a signal this thread gets now is its own (shim_signals.c) */
     int r = R(kill)(pid, sig);
     sig_sending(0);

@@ -211,7 +211,7 @@ PIGGYBACK_BYTES = 16 << 10       # order info a message may carry (output commit
 APP_STATE_VERSION = 1
 EXIT_TASK_FAILED = 70            # a background task of the agent failed (EX_SOFTWARE)
 EXIT_JOIN_REFUSED = 69           # the group admits no new replica (EX_UNAVAILABLE)
-EXIT_APP_PROCESS_KILLED = 71     # the OOM killer took a process of the app (EX_OSERR)
+EXIT_APP_PROCESS_KILLED = 71     # this machine took a process of the app (EX_OSERR)
 CHILD_EXIT_WAIT_S = 1.0          # a child of the app's that began its exit, before a drain
 LOOP_HANG_S = 20.0               # the event loop silent this long: stacks to the log
 SLOW_ACTION_MS = 30             # one node action handled this long is logged (heartbeats wait)
@@ -374,7 +374,6 @@ class Agent:
         self.app_status: int | None = None  # the app's exit status, once it exited
         self.local_failure: str | None = None   # why this replica failed while alive
         self._children: proctree.ChildWatch | None = None   # the app's (`_watch_children`)
-        self._view_size = 0                 # members of the current view (`_child_lost`)
         self._child_news = 0                # the app's shim's child news seen (`_drain_order_info`)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("LLFT_")}
         # the app's gRPC client channels are relayed (determinizer/grpcrelay/): the
@@ -686,7 +685,6 @@ class Agent:
 
     def _membership_changed(self, a: actions.MembershipChanged) -> None:
         role = "primary" if a.my_rank == 1 else f"backup rank {a.my_rank}"
-        self._view_size = len(a.members)
         _log(f"view {a.pvn}.{a.change}: {role} of {len(a.members)} "
              f"[{' '.join(mb.short_id(k.birth) for k in a.members)}]: "
              f"{a.reason or 'membership changed'}")
@@ -1138,7 +1136,7 @@ class Agent:
         if by is None or app is not self.app or app.closed or self.stop_event.is_set():
             return
         why = f"{by} killed process {pid} ({name}) of the application"
-        if self._view_size < 2:
+        if len(self.node.membership.members) < 2:
             # nobody to take over: the app sees it, as it would without llft
             self._count("children_lost_alone")
             log.warning(f"{why}; no other replica to take over: the application goes on")
@@ -1293,27 +1291,24 @@ class Agent:
         False where nothing is drained (no shim, or not the primary)."""
         if self.app.shm is None or self.mode is not AppMode.PRIMARY:
             return False
+        # a child's death first, so that none of what the app made of it is drained
         news = self.app.shm.child_news
-        if news != self._child_news:
+        scanned = news != self._child_news
+        if scanned:
             # the app met the end of a private connection or pipe, or reaped a child: a
-            # child younger than the last scan may have died (a JVM just started), so
-            # scan now, and judge the children it reaped that were never watched
+            # child younger than the last scan may have died (a JVM just started)
             self._child_news = news
             self._count("children_scans_early")
             self._watch_children()
-            if self._children is not None and self._children.pid == self.app.main_pid:
-                for pid, by in self._children.reaped_unwatched():
-                    self._child_lost(self.app, pid, "?", by)
-                    if self.app.closed:
-                        return False
-        if (self._children is not None and self._children.fds
-                and self._children.pid == self.app.main_pid):     # (not a reset app's)
-            # a child's death first, so that none of what the app made of it is drained:
-            # one that may be this machine's doing (the OOM killer, a kill from outside)
-            # is waited for (its sockets closed before it ends) and judged; a child's
-            # other exits may take long (a big heap's release) and are no failure
-            w = self._children
-            for pid in w.dying():
+        w = self._children
+        if w is not None and w.pid == self.app.main_pid:     # (not a reset app's)
+            # the children it reaped that were never watched (after a scan), then one
+            # that may be this machine's doing (the OOM killer, a kill from outside),
+            # waited for (its sockets closed before it ends) and judged; a child's other
+            # exits may take long (a big heap's release) and are no failure
+            for pid, by in w.reaped_unwatched() if scanned else ():
+                self._child_lost(self.app, pid, "?", by)
+            for pid in w.dying() if w.fds and not self.app.closed else ():
                 if w.may_fail(pid):
                     w.wait_exit(pid, CHILD_EXIT_WAIT_S)
                     self._child_exited(self.app, w, pid)

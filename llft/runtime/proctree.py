@@ -463,14 +463,13 @@ class ChildWatch:
         """The app sent `sig` to `child`: to it, to its process group, to the app's own
         group with it in it, or to every process it may signal. (`group` None: not
         known, any of those groups counts.)"""
-        targets = {child, -1}
-        if group is None:
-            return any(s == sig and (t in targets or t <= 0)
-                       for t, s in self.notes.signals_sent())
-        targets.add(-group)
-        if group == self.own_group:
-            targets.add(0)
-        return any(s == sig and t in targets for t, s in self.notes.signals_sent())
+        def reaches(t: int) -> bool:
+            if t in (child, -1):
+                return True
+            if group is None:
+                return t <= 0
+            return t == -group or (t == 0 and group == self.own_group)
+        return any(s == sig and reaches(t) for t, s in self.notes.signals_sent())
 
     def close(self) -> None:
         for fd in self.fds.values():
