@@ -2,7 +2,9 @@
 
 `pip install .` (or `pip install -e .`) does everything: it compiles the LD_PRELOAD shim
 (native/*.c -> native/libllft_preload.so, a plain C shared object with no Python
-symbols, so it can be preloaded into bash or a JVM) and the cffi module that maps the
+symbols, so it can be preloaded into bash or a JVM), the small library the programs an
+application starts are given instead (native/notes/ -> native/libllft_notes.so: the
+signals they send, noted), and the cffi module that maps the
 shared-memory layout (native/llft_shm.h) for the Python side, then installs the `llft`
 command. `cffi_modules` builds the mapping module; the shim is compiled in the same
 build_ext step with the same setuptools compiler cffi uses, linked as a plain .so.
@@ -16,6 +18,8 @@ from setuptools.command.build_ext import build_ext
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHIM_SOURCES = sorted(glob.glob(os.path.join("native", "*.c")))
 SHIM_NAME = "libllft_preload.so"
+NOTES_SOURCES = [os.path.join("native", "notes", "llft_notes.c")]
+NOTES_NAME = "libllft_notes.so"
 
 
 class BuildExtWithShim(build_ext):
@@ -26,16 +30,19 @@ class BuildExtWithShim(build_ext):
         self._build_shim()
 
     def _build_shim(self):
-        if not SHIM_SOURCES:
-            return
+        if SHIM_SOURCES:
+            self._link_preload(SHIM_SOURCES, SHIM_NAME, "shim")
+        self._link_preload(NOTES_SOURCES, NOTES_NAME, "notes")
+
+    def _link_preload(self, sources, name, tmp_name):
         from setuptools._distutils.ccompiler import new_compiler
         from setuptools._distutils.sysconfig import customize_compiler
 
         cc = new_compiler(verbose=self.verbose, force=self.force)
         customize_compiler(cc)
-        tmp = os.path.join(self.build_temp, "shim")
+        tmp = os.path.join(self.build_temp, tmp_name)
         objects = cc.compile(
-            SHIM_SOURCES,
+            sources,
             output_dir=tmp,
             include_dirs=["native"],
             extra_preargs=["-fPIC", "-O2", "-g", "-Wall", "-Wextra", "-Wno-unused-parameter",
@@ -46,13 +53,12 @@ class BuildExtWithShim(build_ext):
         else:
             out_dir = os.path.join(self.build_lib, "native")
         os.makedirs(out_dir, exist_ok=True)
-        # Link with the C driver only: no -lpython, the shim must load into any process.
+        # Link with the C driver only: no -lpython, it must load into any process.
         cc.link_shared_object(
-            objects, SHIM_NAME, output_dir=out_dir,
+            objects, name, output_dir=out_dir,
             libraries=["dl", "pthread"],
             extra_preargs=["-shared", "-Wl,-z,now", "-Wl,--no-undefined"],
         )
-
 
 CONNECT = ["pyspark>=4.0", "pandas>=2.2,<3", "pyarrow>=18", "grpcio>=1.76",
            "grpcio-status>=1.76", "googleapis-common-protos>=1.71", "zstandard>=0.25"]

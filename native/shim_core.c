@@ -528,7 +528,11 @@ static void llft_init(void) {
         root_setup();
         root = getenv("LLFT_ROOT_PID");
     }
-    if (getpid() != (pid_t)atoi(root)) { strip_env(); goto out; }  /* a descendant */
+    if (getpid() != (pid_t)atoi(root)) {                          /* a descendant */
+        notes_activate(path);   /* (the programs it runs note their signals) */
+        strip_env();
+        goto out;
+    }
     if (!dlsym(RTLD_DEFAULT, "Py_IsInitialized")) goto out;        /* bash wrapper, java */
     int fd = R(open)(path, O_RDWR | O_CLOEXEC);
     if (fd < 0) { R(write)(2, "llft: cannot open LLFT_SHM\n", 27); goto out; }
@@ -560,6 +564,7 @@ static void llft_init(void) {
     /* resolve every real symbol now, single-threaded, rather than on a hot path */
 #define REAL_RESOLVE(ret, name, args) R(name);
     LLFT_REAL_SYMBOLS(REAL_RESOLVE)
+    notes_activate(path);
     strip_env();
     pthread_atfork(NULL, NULL, child_after_fork);
     g_pid = R(getpid)();

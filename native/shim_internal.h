@@ -34,6 +34,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <semaphore.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -152,7 +153,15 @@ static inline void shim_futex_wake_bit(uint32_t *w, uint32_t key) {
     X(int, raise, (int)) \
     X(int, pthread_kill, (pthread_t, int)) \
     X(int, pipe, (int[2])) \
-    X(int, pipe2, (int[2], int))
+    X(int, pipe2, (int[2], int)) \
+    X(int, prctl, (int, ...)) \
+    X(int, execve, (const char *, char *const[], char *const[])) \
+    X(int, execvpe, (const char *, char *const[], char *const[])) \
+    X(int, fexecve, (int, char *const[], char *const[])) \
+    X(int, posix_spawn, (pid_t *, const char *, const posix_spawn_file_actions_t *, \
+                         const posix_spawnattr_t *, char *const[], char *const[])) \
+    X(int, posix_spawnp, (pid_t *, const char *, const posix_spawn_file_actions_t *, \
+                          const posix_spawnattr_t *, char *const[], char *const[]))
 
 void *resolve(const char *name);
 #define REAL_DECLARE(ret, name, args) \
@@ -328,6 +337,7 @@ void gc_activate(void);
 void net_activate(void);
 void group_activate(void);
 void threads_activate(void);
+void notes_activate(const char *shm_path); /* the app's descendants' notes (shim_process.c) */
 void process_activate(void);   /* once active: the group's process id (shim_process.c) */
 
 #endif /* LLFT_SHIM_INTERNAL_H */

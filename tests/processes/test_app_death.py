@@ -186,12 +186,15 @@ def test_a_process_of_the_application_killed_from_outside_is_a_failover(tmp_path
             m["sync"] in ("primary", "ready") and m["counters"].get("children_watched")
             for m in st["members"]), 120, "backups ready, every engine watched")
         view = lc.status()["view"]
-        assert _ask(addr, "RESTART") == "OK restarted (the old engine's status -9)"
-        # every replica's app killed its engine, every agent saw that child end; nobody
-        # failed
-        st = lc.wait_status(lambda st: len(st["members"]) == 3 and all(
-            m["counters"].get("children_ended") for m in st["members"]), 60,
-            "every replica's old engine ended")
+        # every replica's app killed its engine: itself, through a shell it ran, by
+        # having the engine kill itself; every agent saw each engine end (and watched
+        # the next one before the next kill); nobody failed
+        for ended, how in enumerate(("", " helper", " self"), 1):
+            assert _ask(addr, "RESTART" + how) == "OK restarted (the old engine's status -9)"
+            st = lc.wait_status(lambda st: len(st["members"]) == 3 and all(
+                m["counters"].get("children_ended", 0) >= ended
+                and m["counters"].get("children_watched") for m in st["members"]), 60,
+                f"every replica's engine {ended} ended, the next one watched")
         assert st["view"] == view and all(p.poll() is None for p in lc.procs.values())
 
         old = lc.primary()

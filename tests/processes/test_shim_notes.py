@@ -1,8 +1,10 @@
 """The shim notes what the app does to other processes (native/shim_process.c): every
 signal it sends with kill/killpg, before it is sent, and every child it reaps with
-waitpid, with the child's real wait status. The agent reads them when a child of the
-app dies (llft/runtime/proctree.py ChildWatch.failure): a child the app killed is its
-own doing, one killed from outside is this machine's failure."""
+waitpid, with the child's real wait status; and the programs the app starts (given
+libllft_notes.so by the shim's exec hooks) note the signals they send. The agent reads
+them when a child of the app dies (llft/runtime/proctree.py ChildWatch.failure): a child
+the app killed, itself or through a program it ran, is its own doing; one killed from
+outside is this machine's failure."""
 from __future__ import annotations
 
 import os
@@ -25,6 +27,26 @@ os.kill(c.pid, 0)                           # a probe: no signal sent
 os.kill(os.getpid(), 0)
 c.terminate(); c.wait()
 print(a.pid, b.pid, c.pid, os.getpid(), flush=True)
+# through the programs it runs: a shell's kill, a child that kills itself (started with
+# a copy of os.environ, as a PySpark driver starts its JVM), one that raises a signal,
+# one that kills a process group
+d = subprocess.Popen(sleeper)
+subprocess.run(["sh", "-c", f"kill -TERM {d.pid}"], check=True); d.wait()
+e = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), 9)"],
+                     env=dict(os.environ)); e.wait()
+f = subprocess.Popen([sys.executable, "-c", "import signal; signal.raise_signal(15)"]); f.wait()
+g = subprocess.Popen(sleeper, start_new_session=True)
+subprocess.run([sys.executable, "-c", f"import os; os.killpg({g.pid}, 10)"], check=True)
+g.wait()
+print(d.pid, e.pid, f.pid, g.pid, d.returncode, e.returncode, f.returncode, g.returncode,
+      flush=True)
+print(sorted(k for k in os.environ if k.startswith("LLFT_") or "llft" in os.environ[k]))
+# parent-death signals asked for: by a fork of the app before its exec, by a program
+import ctypes
+h = subprocess.Popen(sleeper, preexec_fn=lambda: ctypes.CDLL(None).prctl(1, 15))
+i = subprocess.Popen([sys.executable, "-c", "import ctypes; ctypes.CDLL(None).prctl(1, 12)"])
+i.wait(); h.kill(); h.wait()
+print(h.pid, i.pid, flush=True)
 """
 
 
@@ -37,12 +59,19 @@ def test_the_shim_notes_the_signals_sent_and_the_children_reaped(tmp_path):
                      stdout=subprocess.PIPE)
         while proc.poll() is None:          # the agent's drain (the ring must not fill)
             shm.drain(timeout_ms=50)
-        out = proc.stdout.read().decode().split()
-        assert proc.returncode == 0, out
+        lines = proc.stdout.read().decode().splitlines()
+        assert proc.returncode == 0, lines
         assert shm.active_pid, "the shim did not activate"
-        a, b, c, me = map(int, out)
+        a, b, c, me = map(int, lines[0].split())
+        d, e, f, g, *codes = map(int, lines[1].split())
+        assert codes == [-signal.SIGTERM, -signal.SIGKILL, -signal.SIGTERM, -signal.SIGUSR1]
+        assert lines[2] == "[]", "the app's own environment shows llft"
+        h, i = map(int, lines[3].split())
         assert sorted(shm.signals_sent()) == sorted(
-            [(a, signal.SIGKILL), (-b, signal.SIGTERM), (c, signal.SIGTERM)])
+            [(a, signal.SIGKILL), (-b, signal.SIGTERM), (c, signal.SIGTERM),
+             (d, signal.SIGTERM), (e, signal.SIGKILL), (f, signal.SIGTERM),
+             (-g, signal.SIGUSR1), (h, signal.SIGTERM), (i, signal.SIGUSR2),
+             (h, signal.SIGKILL)])
         assert all(t != me for t, _ in shm.signals_sent())
         reaped = shm.children_reaped()
         assert {k: v & 0x7F for k, v in reaped.items() if k in (a, b, c)} == {

@@ -7,6 +7,8 @@ back on a pipe. `LEAK <MB>` makes the engine take that much more memory and keep
 leak), so that a test can have the kernel's OOM killer take one replica's engine (a
 memory cgroup around it alone). `RESTART` makes the app kill its engine itself (SIGKILL)
 and start another, as a program does a child that hangs: its own doing, at every replica.
+`RESTART helper` has a shell the app runs kill it (`sh -c "kill -9 PID"`), `RESTART self`
+has the engine kill itself: the app's doing too.
 
     python tests/programs/engine_app.py PORT
 """
@@ -23,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import kv_counter  # noqa: E402  (its connection loop)
 
 ENGINE = r"""
-import socket, sys
+import os, socket, sys
 srv = socket.socket()
 srv.bind(("127.0.0.1", 0))
 srv.listen(1)
@@ -40,6 +42,9 @@ for line in f:
     elif cmd == "LEAK":
         kept.append(b"\1" * (int(arg) << 20))          # written: resident
         f.write(f"leaked {arg}\n".encode())
+    elif cmd == "DIE":
+        f.flush()
+        os.kill(os.getpid(), 9)
     f.flush()
 """
 
@@ -65,10 +70,17 @@ def main() -> int:
             raise ConnectionError("the engine is gone")
         return answer
 
-    def restart() -> str:
+    def restart(how: str) -> str:
         """The app kills its own engine (as `subprocess.run(timeout=...)` does a child
-        that hangs) and starts another: the counts start again."""
-        state["engine"].kill()
+        that hangs) and starts another: the counts start again. `how`: "" (the app's
+        kill), "helper" (a shell's), "self" (the engine's own)."""
+        if how == "helper":
+            subprocess.run(["sh", "-c", f"kill -9 {state['engine'].pid}"], check=True)
+        elif how == "self":
+            state["f"].write(b"DIE\n")
+            state["f"].flush()
+        else:
+            state["engine"].kill()
         status = state["engine"].wait()
         state["f"].close()
         state["conn"].close()
@@ -84,9 +96,10 @@ def main() -> int:
                 return f"OK {arg} {n} {g} {time.time()!r} {random.getrandbits(32):08x}"
             if cmd == "LEAK" and arg.isdigit():
                 return "OK " + ask(f"LEAK {arg}")
-            if cmd == "RESTART":
-                return "OK " + restart()
-        return f"ERR unknown request {line[:80]!r} (INCR key | LEAK MB | RESTART)"
+            if cmd == "RESTART" and arg in ("", "helper", "self"):
+                return "OK " + restart(arg)
+        return (f"ERR unknown request {line[:80]!r} "
+                "(INCR key | LEAK MB | RESTART [helper|self])")
 
     kv_counter.serve_forever(int(sys.argv[1]), handle, name="engine_app")
     return 0
