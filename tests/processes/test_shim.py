@@ -48,10 +48,12 @@ def test_inactive_in_bash_and_stripped_from_children(tmp_path):
             # what the shim injects (the preload library, LLFT_* variables), not the word
             # 'llft', which PATH and PWD contain when the checkout lives in a folder so named
             "env = subprocess.run(['env'], capture_output=True, text=True).stdout.splitlines()\n"
-            "print(sum('libllft_preload' in l or l.startswith('LLFT_') for l in env))\n")
+            "print(sum('libllft_preload' in l or l.startswith('LLFT_') for l in env))\n"
+            # ... but for the notes library and its block's path (native/notes/)
+            "print(sum(l.startswith('LD_PRELOAD=') and 'libllft_notes' in l for l in env))\n")
     trace2 = str(tmp_path / "t2")
     out, _ = record([PYTHON3, "-c", prog], trace2, str(tmp_path))
-    assert out.decode().split() == ["False", "[]", "0"]
+    assert out.decode().split() == ["False", "[]", "1", "1"]     # (the 1: LLFT_NOTES)
 
 
 def test_interpreter_timing_is_not_recorded(tmp_path):
