@@ -230,21 +230,34 @@ class Shm:
     def reaped_since(self, seen: int) -> tuple[int, list[tuple[int, int]]]:
         """The children reaped after the first `seen` reaps, (pid, wait status) oldest
         first (the latest LLFT_NOTE_SLOTS at most), and the count of reaps so far."""
-        count, notes = self._notes(1)
-        return count, notes[max(0, len(notes) - (count - seen)):]
+        return self._since(1, seen)
+
+    def signals_received(self) -> list[tuple[int, int]]:
+        """The latest SIGTERM, SIGINT and SIGHUP that a process sent a program the app
+        started and that its handler received (native/notes/): (receiver, signal)."""
+        return self._notes(2)[1]
+
+    def received_since(self, seen: int) -> tuple[int, list[tuple[int, int]]]:
+        """`signals_received` after the first `seen`, and the count so far."""
+        return self._since(2, seen)
 
     @property
     def child_news(self) -> int:
         """A number that moves when the app may have learnt of a child's death: it met
-        the end of a private connection or a pipe, or reaped a child."""
+        the end of a private connection or a pipe, or reaped a child; or when a program
+        it started received a signal that may end it (`signals_received`)."""
         return self._get(CtlWord.CHILD_NEWS)
 
-    def _notes(self, reaped: int) -> tuple[int, list[tuple[int, int]]]:
+    def _since(self, which: int, seen: int) -> tuple[int, list[tuple[int, int]]]:
+        count, notes = self._notes(which)
+        return count, notes[max(0, len(notes) - (count - seen)):]
+
+    def _notes(self, which: int) -> tuple[int, list[tuple[int, int]]]:
         if self._base is None:
             return 0, []
         out = ffi.new("int32_t[]", 2 * lib.LLFT_NOTE_SLOTS)
         count = ffi.new("uint32_t *")
-        n = lib.llft_proc_notes(self._base, reaped, out, count)
+        n = lib.llft_proc_notes(self._base, which, out, count)
         return count[0], [(out[2 * i], out[2 * i + 1]) for i in range(n)]
 
     @property

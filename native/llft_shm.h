@@ -41,13 +41,15 @@
 #include <sys/syscall.h>
 
 #define LLFT_SHM_MAGIC        0x314654464c4c0000ULL
-#define LLFT_SHM_VERSION      8u   /* 2: group connections (ctl.group_*, ctl.div_*); 3: GIL records; 4: ctl.hold;
+#define LLFT_SHM_VERSION      9u   /* 2: group connections (ctl.group_*, ctl.div_*); 3: GIL records; 4: ctl.hold;
                                       5: thread ids reused (THREAD_EXIT records);
                                       6: output commit of external sends (ctl.commit_*);
                                       7: group connections over AF_UNIX (ctl.group_id,
                                          ctl.agent_pid, ctl.resets);
                                       8: the app's signals and reaped children
-                                         (ctl.sent, ctl.reaped) */
+                                         (ctl.sent, ctl.reaped);
+                                      9: signals its programs' handlers received
+                                         (ctl.received) */
 
 /* ==== cdef begin ====================================================================
  * Everything up to cdef end is also read by cffi (native/shm_build.py): the Python
@@ -252,7 +254,13 @@ struct llft_ctl {
      * broken pipe): how it learns that a child died, besides reaping it. The agent
      * looks for children it does not watch yet when this or reaped_count moved. */
     uint32_t ends_count;
-    uint32_t pad_ends;
+    /* signals a program the app started received from a process and handled (a JVM
+     * runs its shutdown hooks on SIGTERM, SIGINT or SIGHUP and exits with status 128 +
+     * the signal: an exit, not a death by the signal), noted by its libllft_notes.so
+     * (native/notes/): (the receiver, the signal). The agent counts such an exit as
+     * the signal's kill (proctree.ChildWatch). */
+    uint32_t received_count;
+    struct llft_proc_note received[LLFT_NOTE_SLOTS];
 };
 struct llft_shm {
     struct llft_ctl  ctl;

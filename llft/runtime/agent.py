@@ -1130,12 +1130,13 @@ class Agent:
         self.counters["children_watched"] = len(w.fds)
         self._child_lost(app, pid, name, by)
 
-    def _child_lost(self, app: Application, pid: int, name: str, by: str | None) -> None:
-        """Child `pid` of `app` died, taken by `by` (this machine), or by its app or
-        itself (None)."""
+    def _child_lost(self, app: Application, pid: int, name: str, by: str | None,
+                    how: str = "killed") -> None:
+        """Child `pid` of `app` died (or was told to stop: `how`), taken by `by` (this
+        machine), or by its app or itself (None)."""
         if by is None or app is not self.app or app.closed or self.stop_event.is_set():
             return
-        why = f"{by} killed process {pid} ({name}) of the application"
+        why = f"{by} {how} process {pid} ({name}) of the application"
         if len(self.node.membership.members) < 2:
             # nobody to take over: the app sees it, as it would without llft
             self._count("children_lost_alone")
@@ -1308,6 +1309,8 @@ class Agent:
             # exits may take long (a big heap's release) and are no failure
             for pid, by in w.reaped_unwatched() if scanned else ():
                 self._child_lost(self.app, pid, "?", by)
+            for pid, by in w.stopped_from_outside() if scanned else ():
+                self._child_lost(self.app, pid, w.names.get(pid, "?"), by, "stopped")
             for pid in w.dying() if w.fds and not self.app.closed else ():
                 if w.may_fail(pid):
                     w.wait_exit(pid, CHILD_EXIT_WAIT_S)

@@ -300,17 +300,25 @@ def comm(pid: int) -> str | None:
         return None
 
 
-def _killed_by(pid: int) -> int | None:
-    """The signal that ended `pid`, read from its stat file (the 52nd field, its exit
-    code) once its exit has begun (the kernel sets the code before it releases the
-    process's memory and descriptors) or while it is a zombie; 0: it is not ending by
-    a signal (or its code is not set yet); None: not known (it was reaped already)."""
+def _zombie(pid: int) -> bool:
+    """`pid` exited and its parent has not reaped it (or it is gone)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            status = int(_stat_fields(f.read())[49])
+            return _stat_fields(f.read())[0] == b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _exit_status(pid: int) -> int | None:
+    """`pid`'s wait status, read from its stat file (the 52nd field, its exit code) once
+    its exit has begun (the kernel sets the code before it releases the process's memory
+    and descriptors) or while it is a zombie; 0 also while it runs; None: not known (it
+    was reaped already)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(_stat_fields(f.read())[49])
     except (OSError, IndexError, ValueError):
         return None
-    return status & 0x7F
 
 
 COMPANIONS = 2             # ChildWatch.dying: the children whose exit is seen as it begins
@@ -320,6 +328,13 @@ JUDGED_KEPT = 256          # ChildWatch: the latest children judged, not judged 
 # was killed from outside. (SIGKILL is the OOM killer's too, and a hard CPU limit's.)
 SENT_SIGNALS = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
                           signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2})
+# Signals a program may handle and then exit for with status 128 + the signal (a JVM runs
+# its shutdown hooks): such an exit is the signal's kill when its handler received it
+# (native/notes/, `Shm.signals_received`). TERM and INT mean "stop" at once, and the
+# primary acts when they are received, before the program's shutdown reaches the app;
+# HUP (a daemon's reload, as often) only once the program exited for it.
+HANDLED_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 
 
 class ChildWatch:
@@ -347,6 +362,7 @@ class ChildWatch:
         self._oom = oom_kills()
         self._judged: dict[int, None] = {}      # the latest children judged (`failure`)
         self._reaped_seen = 0                   # the app's reaps looked at (`reaped_unwatched`)
+        self._received_seen = 0                 # ... signals received (`stopped_from_outside`)
         try:
             self.own_group = os.getpgid(pid)
         except OSError:
@@ -356,8 +372,8 @@ class ChildWatch:
         """The children not watched yet, now watched: (pid, pidfd) of each."""
         new = []
         for c in child_pids(self.pid) or []:
-            if c in self.fds:
-                continue
+            if c in self.fds or (c in self._judged and _zombie(c)):
+                continue                        # (judged, not reaped by the app yet)
             try:
                 fd = os.pidfd_open(c)
                 self.groups[c] = os.getpgid(c)
@@ -402,11 +418,20 @@ class ChildWatch:
     def _signal(self, child: int) -> int | None:
         """The signal ending `child` (0: none, an exit): from /proc while it exits or is
         a zombie, else from the shim's note of the app's reap of it; None: not known."""
-        sig = _killed_by(child)
-        if sig is None and self.notes is not None:
+        status = _exit_status(child)
+        if status is None and self.notes is not None:
             status = self.notes.children_reaped().get(child)
-            sig = None if status is None else status & 0x7F
-        return sig
+        return None if status is None else self._ended_by(child, status)
+
+    def _ended_by(self, child: int, status: int) -> int:
+        """The signal `child` ended by, from its wait status: the one that killed it, or
+        one that its handler received and that it exited for (status 128 + it); 0: an
+        exit."""
+        sig = status & 0x7F
+        code = (status >> 8) & 0xFF
+        if sig or self.notes is None or code - 128 not in HANDLED_SIGNALS:
+            return sig
+        return code - 128 if (child, code - 128) in self.notes.signals_received() else 0
 
     def wait_exit(self, child: int, timeout_s: float) -> None:
         """Until `child`'s pidfd is readable (its exit done), at most `timeout_s`."""
@@ -438,7 +463,20 @@ class ChildWatch:
         self._reaped_seen, reaped = self.notes.reaped_since(self._reaped_seen)
         return [(pid, why) for pid, status in reaped
                 if pid not in self.fds and pid not in self._judged
-                and (why := self._judge(pid, status & 0x7F, None))]
+                and (why := self._judge(pid, self._ended_by(pid, status), None))]
+
+    def stopped_from_outside(self) -> list[tuple[int, str]]:
+        """The watched children told to stop (SIGTERM, SIGINT) by a process outside the
+        app since the last look, whose handler received it: (pid, who told it). The
+        program is on its way out (a JVM's shutdown hooks stop its SparkContext first,
+        and the app would see that before the exit); judged as they are received."""
+        if self.notes is None:
+            return []
+        self._received_seen, received = self.notes.received_since(self._received_seen)
+        return [(pid, f"{signal.Signals(sig).name} from outside the application")
+                for pid, sig in received
+                if pid in self.fds and sig in STOP_SIGNALS
+                and not self._sent_by_app(pid, self.groups.get(pid), sig)]
 
     def _judge(self, child: int, sig: int | None, group: int | None) -> str | None:
         """What took `child`, ended by `sig` (0: an exit; None: not known), if this

@@ -44,6 +44,8 @@ fault of it alone with `--only INDEX`. Kinds:
                   member's application (an operator's `kill -9` of a PySpark driver's
                   JVM); its agent stops (status 71) and says LEAVE; healed by starting
                   a new replica
+  term_child      (only when asked for in --kinds) the same with SIGTERM (an operator's
+                  plain `kill`: a JVM runs its shutdown hooks and exits with status 143)
   partition       (only when asked for in --kinds; needs root and `ip`) every replica
                   runs in a network namespace of its own on a private bridge
                   (llft/tools/netns.py), the gateway on the bridge in the root
@@ -97,9 +99,9 @@ KINDS = ("kill_primary", "kill_backup", "kill_both", "pause_primary", "pause_bac
          "cpu_hog", "jvm_start", "restart")
 # asked for by name only (not in the default mix, so the schedules of existing seeds stay):
 # `kill_app` kills an application alone, `oom_child` has the OOM killer take its child,
-# `kill_child` kills that child; `partition` runs every replica in a network namespace of
+# `kill_child` kills that child (`term_child`: SIGTERM); `partition` runs every replica in a network namespace of
 # its own (llft/tools/netns.py) and cuts one member's link for the hold time
-EXTRA_KINDS = ("kill_app", "oom_child", "kill_child", "partition")
+EXTRA_KINDS = ("kill_app", "oom_child", "kill_child", "term_child", "partition")
 APP_DEATH_EXIT_S = 30.0         # kill_app: the agent stops within this once its app died
 OOM_CHILD_LIMIT_BYTES = 16 << 20    # oom_child: what the child may allocate after the move
 OOM_CHILD_EXIT_S = 120.0        # ... and how soon it must have done so and its agent stopped
@@ -412,7 +414,7 @@ class Campaign:
             how = self._stops_by_itself(m["name"], APP_DEATH_EXIT_S)
             return (f"{m['name']} ({m['role']}): application killed, {how}; "
                     f"started {self._new_replica()}")
-        if f.kind in ("oom_child", "kill_child"):
+        if f.kind in ("oom_child", "kill_child", "term_child"):
             if not ms:
                 return "no member"
             why = memcgroup.why_not() if f.kind == "oom_child" else None
@@ -423,10 +425,11 @@ class Campaign:
             if not kids:
                 return f"{m['name']} ({m['role']}): its application has no child"
             name = proctree.comm(kids[0])
-            if f.kind == "kill_child":
-                os.kill(kids[0], signal.SIGKILL)
+            if f.kind in ("kill_child", "term_child"):
+                sig = signal.SIGKILL if f.kind == "kill_child" else signal.SIGTERM
+                os.kill(kids[0], sig)
                 how = self._stops_by_itself(m["name"], APP_DEATH_EXIT_S)
-                done = "killed (SIGKILL)"
+                done = f"killed ({sig.name})"
             else:
                 with memcgroup.MemoryCgroup(OOM_CHILD_LIMIT_BYTES) as cg:
                     cg.add(kids[0])

@@ -14,9 +14,16 @@
  * ctl.sent, llft_note): kill and killpg with the target as the kernel reads it (0 turned
  * into this process's group), sigqueue, raise (this process), and a parent-death signal
  * a process asks for (prctl PR_SET_PDEATHSIG: the kernel sends it when the thread that
- * started it ends, which is the application's doing). Nothing else is interposed; the
- * block is mapped at the first note, so a program that signals nobody pays nothing.
- * Not covered: static binaries, raw syscalls (pidfd_send_signal, tgkill).
+ * started it ends, which is the application's doing). The block is mapped at the first
+ * note, so a program that signals nobody pays nothing.
+ *
+ * It also notes, in ctl.received, a SIGTERM, SIGINT or SIGHUP that a process (kill,
+ * sigqueue: not the kernel, not a thread's pthread_kill) sent to a program that handles
+ * it: a JVM runs its shutdown hooks and exits with status 128 + the signal, which looks
+ * like an exit. sigaction and signal put a trampoline in front of the program's handler
+ * (it notes, then calls the handler as the program asked) and give the program back its
+ * own handler when it asks what is installed.
+ * Not covered: static binaries, raw syscalls (pidfd_send_signal, tgkill, rt_sigaction).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -25,7 +32,9 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -116,4 +125,73 @@ EXPORT int prctl(int option, ...) {
     if (option == PR_SET_PDEATHSIG)
         note_sent(getpid(), (int)a2);
     return p(option, a2, a3, a4, a5);
+}
+
+/* ---- signals received by a handler (ctl.received) ---------------------------------- */
+
+static const int WATCHED[] = {SIGTERM, SIGINT, SIGHUP};
+#define N_WATCHED 3
+static struct sigaction g_user[N_WATCHED];  /* the program's own handler, behind ours */
+
+static int watched(int sig) {
+    for (int i = 0; i < N_WATCHED; i++)
+        if (WATCHED[i] == sig) return i;
+    return -1;
+}
+
+static void trampoline(int sig, siginfo_t *si, void *uc) {
+    int i = watched(sig), e = errno;
+    struct llft_ctl *c = __atomic_load_n(&g_ctl, __ATOMIC_ACQUIRE);
+    if (c && si && (si->si_code == SI_USER || si->si_code == SI_QUEUE))
+        llft_note(&c->received_count, c->received, (int32_t)getpid(), sig);
+    errno = e;
+    if (i < 0) return;
+    struct sigaction u = g_user[i];
+    if (u.sa_flags & SA_SIGINFO) u.sa_sigaction(sig, si, uc);
+    else if (u.sa_handler != SIG_DFL && u.sa_handler != SIG_IGN) u.sa_handler(sig);
+}
+
+static int is_function(const struct sigaction *a) {
+    return (a->sa_flags & SA_SIGINFO) ? a->sa_sigaction != NULL
+                                      : a->sa_handler != SIG_DFL && a->sa_handler != SIG_IGN;
+}
+
+EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old) {
+    static int (*real_sa)(int, const struct sigaction *, struct sigaction *);
+    if (!real_sa)
+        real_sa = (int (*)(int, const struct sigaction *, struct sigaction *))real("sigaction");
+    int i = watched(sig);
+    if (i < 0) return real_sa(sig, act, old);
+    struct sigaction mine, before = g_user[i];
+    const struct sigaction *use = act;
+    if (act && is_function(act) && ctl()) {     /* (no block: nothing to note into) */
+        mine = *act;
+        mine.sa_flags |= SA_SIGINFO;
+        mine.sa_sigaction = trampoline;
+        g_user[i] = *act;                       /* before the kernel may call it */
+        use = &mine;
+    }
+    int r = real_sa(sig, use, old);
+    if (r != 0) {
+        g_user[i] = before;
+        return r;
+    }
+    if (old && (old->sa_flags & SA_SIGINFO) && old->sa_sigaction == trampoline)
+        *old = before;                          /* the program's own, as it gave it */
+    return r;
+}
+
+/* glibc's signal() installs through its internal sigaction, past the hook above */
+EXPORT sighandler_t signal(int sig, sighandler_t handler) {
+    static sighandler_t (*real_signal)(int, sighandler_t);
+    if (!real_signal) real_signal = (sighandler_t (*)(int, sighandler_t))real("signal");
+    if (watched(sig) < 0) return real_signal(sig, handler);
+    struct sigaction act, old;                  /* BSD semantics, as glibc's signal() */
+    memset(&act, 0, sizeof act);
+    act.sa_handler = handler;
+    sigemptyset(&act.sa_mask);
+    sigaddset(&act.sa_mask, sig);
+    act.sa_flags = SA_RESTART;
+    if (sigaction(sig, &act, &old) < 0) return SIG_ERR;
+    return (old.sa_flags & SA_SIGINFO) ? (sighandler_t)(void *)old.sa_sigaction : old.sa_handler;
 }

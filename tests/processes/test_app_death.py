@@ -121,7 +121,7 @@ def _check_child_failover(lc: LocalCluster, old: dict, procs: list[psutil.Proces
     name = lc.name_of(old["agent_pid"])
     assert lc.procs[name].wait(timeout=60) == 71, lc.log_tail(name)
     assert_all_gone(procs)
-    assert f"{why}: this replica stops" in lc.log_tail(name, 100_000)
+    assert f"{why}: this replica stops" in lc.log_tail(name, 100_000), lc.log_tail(name)
     new = lc.wait_primary(other_than=old["birth"])
     assert f"took over: primary {short_id(old['birth'])} of view {old['pvn']} left" \
         in lc.log_tail(lc.name_of(new["agent_pid"]), 100_000)
@@ -189,8 +189,10 @@ def test_a_process_of_the_application_killed_from_outside_is_a_failover(tmp_path
         # every replica's app killed its engine: itself, through a shell it ran, by
         # having the engine kill itself; every agent saw each engine end (and watched
         # the next one before the next kill); nobody failed
-        for ended, how in enumerate(("", " helper", " self"), 1):
-            assert _ask(addr, "RESTART" + how) == "OK restarted (the old engine's status -9)"
+        for ended, how in enumerate(("", " helper", " self", " term"), 1):
+            status = 143 if how == " term" else -9
+            assert _ask(addr, "RESTART" + how) == \
+                f"OK restarted (the old engine's status {status})"
             st = lc.wait_status(lambda st: len(st["members"]) == 3 and all(
                 m["counters"].get("children_ended", 0) >= ended
                 and m["counters"].get("children_watched") for m in st["members"]), 60,
@@ -208,3 +210,35 @@ def test_a_process_of_the_application_killed_from_outside_is_a_failover(tmp_path
                                    f"killed process {engine} (python) of the application",
                                    loads, stop, results)
         assert st["view"] == view + 1 and len(st["members"]) == 2
+
+
+def test_a_process_of_the_application_told_to_stop_from_outside_is_a_failover(tmp_path):
+    """An operator's plain `kill` of a driver's JVM sends SIGTERM: the JVM runs its
+    shutdown hooks (it stops the SparkContext, which the driver sees) and exits with
+    status 143, which looks like an exit. The engine here handles SIGTERM that way (half
+    a second of errors, then 143). Its notes library (native/notes/) notes what its
+    handler received, and the primary's agent acts on it at its next drain, before the
+    app's reaction to the shutdown is drained: the group fails over as for a kill -9 and
+    no client sees the engine's errors."""
+    with LocalCluster(str(tmp_path)) as lc:
+        addr = lc.start_service(("r1", "r2", "r3"), ENGINE_APP)
+        lc.wait_status(lambda st: len(st["members"]) == 3 and all(
+            m["sync"] in ("primary", "ready") and m["counters"].get("children_watched")
+            for m in st["members"]), 120, "backups ready, every engine watched")
+        old = lc.primary()
+        procs = [psutil.Process(old["agent_pid"])] + tree(old["agent_pid"])
+        engine = psutil.Process(old["app_pid"]).children()[0].pid
+        wait_for(lambda: _handles(engine, signal.SIGTERM), "the engine's SIGTERM handler", 60)
+        os.kill(engine, signal.SIGTERM)
+        stop, results = threading.Event(), {}
+        loads = [_load(addr[0], addr[1], "counter", stop, results)]
+        st = _check_child_failover(
+            lc, old, procs, f"SIGTERM from outside the application stopped process {engine} "
+                            "(python) of the application", loads, stop, results)
+        assert len(st["members"]) == 2
+
+
+def _handles(pid: int, sig: int) -> bool:
+    with open(f"/proc/{pid}/status") as f:
+        cgt = next(ln for ln in f if ln.startswith("SigCgt:")).split()[1]
+    return bool(int(cgt, 16) & (1 << (sig - 1)))

@@ -4,7 +4,8 @@ waitpid, with the child's real wait status; and the programs the app starts (giv
 libllft_notes.so by the shim's exec hooks) note the signals they send. The agent reads
 them when a child of the app dies (llft/runtime/proctree.py ChildWatch.failure): a child
 the app killed, itself or through a program it ran, is its own doing; one killed from
-outside is this machine's failure."""
+outside is this machine's failure. A signal a program's handler received is noted too
+(a JVM exits with status 143 after its shutdown on SIGTERM)."""
 from __future__ import annotations
 
 import os
@@ -47,6 +48,13 @@ h = subprocess.Popen(sleeper, preexec_fn=lambda: ctypes.CDLL(None).prctl(1, 15))
 i = subprocess.Popen([sys.executable, "-c", "import ctypes; ctypes.CDLL(None).prctl(1, 12)"])
 i.wait(); h.kill(); h.wait()
 print(h.pid, i.pid, flush=True)
+# a program that handles SIGTERM (a JVM's shutdown): what its handler received is noted
+j = subprocess.Popen([sys.executable, "-c", "import os, signal, sys\n"
+                      "signal.signal(15, lambda *a: os._exit(143))\n"
+                      "print(flush=True); sys.stdin.readline()"],
+                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+j.stdout.readline(); j.terminate()
+print(j.pid, j.wait(), flush=True)
 """
 
 
@@ -67,11 +75,13 @@ def test_the_shim_notes_the_signals_sent_and_the_children_reaped(tmp_path):
         assert codes == [-signal.SIGTERM, -signal.SIGKILL, -signal.SIGTERM, -signal.SIGUSR1]
         assert lines[2] == "[]", "the app's own environment shows llft"
         h, i = map(int, lines[3].split())
+        j, status = map(int, lines[4].split())
         assert sorted(shm.signals_sent()) == sorted(
             [(a, signal.SIGKILL), (-b, signal.SIGTERM), (c, signal.SIGTERM),
              (d, signal.SIGTERM), (e, signal.SIGKILL), (f, signal.SIGTERM),
              (-g, signal.SIGUSR1), (h, signal.SIGTERM), (i, signal.SIGUSR2),
-             (h, signal.SIGKILL)])
+             (h, signal.SIGKILL), (j, signal.SIGTERM)])
+        assert status == 143 and shm.signals_received() == [(j, signal.SIGTERM)]
         assert all(t != me for t, _ in shm.signals_sent())
         reaped = shm.children_reaped()
         assert {k: v & 0x7F for k, v in reaped.items() if k in (a, b, c)} == {

@@ -8,7 +8,9 @@ leak), so that a test can have the kernel's OOM killer take one replica's engine
 memory cgroup around it alone). `RESTART` makes the app kill its engine itself (SIGKILL)
 and start another, as a program does a child that hangs: its own doing, at every replica.
 `RESTART helper` has a shell the app runs kill it (`sh -c "kill -9 PID"`), `RESTART self`
-has the engine kill itself: the app's doing too.
+has the engine kill itself, `RESTART term` has the app send it SIGTERM: the app's doing
+too. The engine handles SIGTERM as a JVM does: a shutdown of half a second in which it
+answers every request with an error, then exit status 143.
 
     python tests/programs/engine_app.py PORT
 """
@@ -25,7 +27,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import kv_counter  # noqa: E402  (its connection loop)
 
 ENGINE = r"""
-import os, socket, sys
+import os, signal, socket, sys, threading
+stopping = []
+def shutdown(*_):
+    # a JVM's on SIGTERM: its shutdown hooks run (a SparkContext stops, and every call
+    # fails meanwhile), then it exits with status 143
+    stopping.append(1)
+    threading.Timer(0.5, os._exit, (143,)).start()
+signal.signal(signal.SIGTERM, shutdown)
 srv = socket.socket()
 srv.bind(("127.0.0.1", 0))
 srv.listen(1)
@@ -35,7 +44,9 @@ f = conn.makefile("rwb")
 counts, total, kept = {}, 0, []
 for line in f:
     cmd, _, arg = line.decode().strip().partition(" ")
-    if cmd == "INCR":
+    if stopping:
+        f.write(b"ERR shutting down\n")
+    elif cmd == "INCR":
         counts[arg] = counts.get(arg, 0) + 1
         total += 1
         f.write(f"{counts[arg]} {total}\n".encode())
@@ -73,12 +84,15 @@ def main() -> int:
     def restart(how: str) -> str:
         """The app kills its own engine (as `subprocess.run(timeout=...)` does a child
         that hangs) and starts another: the counts start again. `how`: "" (the app's
-        kill), "helper" (a shell's), "self" (the engine's own)."""
+        kill), "helper" (a shell's), "self" (the engine's own), "term" (the app's
+        SIGTERM, which the engine handles)."""
         if how == "helper":
             subprocess.run(["sh", "-c", f"kill -9 {state['engine'].pid}"], check=True)
         elif how == "self":
             state["f"].write(b"DIE\n")
             state["f"].flush()
+        elif how == "term":
+            state["engine"].terminate()
         else:
             state["engine"].kill()
         status = state["engine"].wait()
@@ -92,14 +106,17 @@ def main() -> int:
         cmd, _, arg = line.partition(" ")
         with lock:
             if cmd == "INCR" and arg:
-                n, g = ask(f"INCR {arg}").split()
+                answer = ask(f"INCR {arg}")
+                if answer.startswith("ERR"):
+                    return f"ERR the engine said {answer!r}"
+                n, g = answer.split()
                 return f"OK {arg} {n} {g} {time.time()!r} {random.getrandbits(32):08x}"
             if cmd == "LEAK" and arg.isdigit():
                 return "OK " + ask(f"LEAK {arg}")
-            if cmd == "RESTART" and arg in ("", "helper", "self"):
+            if cmd == "RESTART" and arg in ("", "helper", "self", "term"):
                 return "OK " + restart(arg)
         return (f"ERR unknown request {line[:80]!r} "
-                "(INCR key | LEAK MB | RESTART [helper|self])")
+                "(INCR key | LEAK MB | RESTART [helper|self|term])")
 
     kv_counter.serve_forever(int(sys.argv[1]), handle, name="engine_app")
     return 0

@@ -106,10 +106,17 @@ def _parent_of(child_argv: list[str], reap: bool = False) -> tuple[subprocess.Po
 
 
 class _Notes:
-    """What the shim would have noted (determinizer/shm.py Shm's two readers)."""
+    """What the shim and the notes library would have noted (determinizer/shm.py Shm's
+    readers)."""
 
-    def __init__(self, sent: list[tuple[int, int]]):
-        self.sent, self.reaped = sent, {}
+    def __init__(self, sent: list[tuple[int, int]], received=()):
+        self.sent, self.reaped, self.received = sent, {}, list(received)
+
+    def signals_received(self) -> list[tuple[int, int]]:
+        return self.received
+
+    def received_since(self, seen: int) -> tuple[int, list[tuple[int, int]]]:
+        return len(self.received), self.received[seen:]
 
     def signals_sent(self) -> list[tuple[int, int]]:
         return self.sent
@@ -121,13 +128,14 @@ class _Notes:
         return len(self.reaped), list(self.reaped.items())[seen:]
 
 
-def _judge(child_argv, act, sent=(), reap: bool = False) -> str | None:
+def _judge(child_argv, act, sent=(), reap: bool = False, received=()) -> str | None:
     """Watch the parent's children, `act(child)`, wait for the exit: the verdict, the
-    app having sent the signals `sent` ((target, signal); None: unknown), and (`reap`)
-    after the parent reaped the child, its status told as the shim tells it."""
+    app having sent the signals `sent` ((target, signal); None: unknown), the child's
+    handler having received `received` (signals), and (`reap`) after the parent reaped
+    the child, its status told as the shim tells it."""
     parent, child = _parent_of(child_argv)
     notes = None if sent is None else _Notes(
-        [(child if t == "child" else t, s) for t, s in sent])
+        [(child if t == "child" else t, s) for t, s in sent], [(child, s) for s in received])
     w = proctree.ChildWatch(parent.pid, notes)
     try:
         assert [c for c, _ in w.scan()] == [child] and w.scan() == []
@@ -141,10 +149,11 @@ def _judge(child_argv, act, sent=(), reap: bool = False) -> str | None:
             parent.stdin.write(b"reap\n")
             parent.stdin.flush()
             status = int(parent.stdout.readline())
-            assert proctree._killed_by(child) is None       # (it is gone from /proc)
+            assert proctree._exit_status(child) is None     # (it is gone from /proc)
             if notes is not None:
                 notes.reaped[child] = status
-                assert w.may_fail(child) == (status & 0x7F in proctree.SENT_SIGNALS)
+                assert w.may_fail(child) == (w._ended_by(child, status)
+                                             in proctree.SENT_SIGNALS)
         return w.failure(child)
     finally:
         w.close()
@@ -165,6 +174,58 @@ def test_a_child_killed_from_outside_the_app_is_a_failure():
     assert _judge(SLEEPER, kill9, reap=True) == "SIGKILL from outside the application"
     assert _judge(SLEEPER, lambda child: os.kill(child, signal.SIGTERM),
                   sent=[("child", signal.SIGKILL)]) == "SIGTERM from outside the application"
+
+
+# a program that handles SIGTERM as a JVM does: its shutdown, then exit status 143
+TERM_HANDLER = [sys.executable, "-c", "import os, signal, sys\n"
+                "signal.signal(signal.SIGTERM, lambda *a: os._exit(143))\n"
+                "sys.stdin.readline(); sys.stdin.readline()"]
+
+
+def _term_when_handled(child: int) -> None:
+    """SIGTERM to `child` once its handler is installed (SigCgt)."""
+    def handles() -> bool:
+        with open(f"/proc/{child}/status") as f:
+            cgt = next(ln for ln in f if ln.startswith("SigCgt:")).split()[1]
+        return bool(int(cgt, 16) & (1 << (signal.SIGTERM - 1)))
+    wait_for(handles, "the child's SIGTERM handler", 30, 0.01)
+    os.kill(child, signal.SIGTERM)
+
+
+def test_a_child_that_handles_a_sigterm_from_outside_and_exits_is_a_failure():
+    """A JVM given SIGTERM by an operator runs its shutdown hooks and exits with status
+    143: its notes library saw the handler receive the signal, and the app did not send
+    it. Without that note an exit with 143 is an exit; sent by the app, its own doing."""
+    assert _judge(TERM_HANDLER, _term_when_handled,
+                  received=[signal.SIGTERM]) == "SIGTERM from outside the application"
+    assert _judge(TERM_HANDLER, _term_when_handled, received=[signal.SIGTERM],
+                  reap=True) == "SIGTERM from outside the application"
+    assert _judge(TERM_HANDLER, _term_when_handled) is None
+    assert _judge(TERM_HANDLER, _term_when_handled, received=[signal.SIGTERM],
+                  sent=[("child", signal.SIGTERM)]) is None
+
+
+def test_children_told_to_stop_from_outside_are_judged_as_told():
+    """The primary acts on SIGTERM or SIGINT from outside as the child's handler gets it
+    (a JVM stops its SparkContext before it exits, and the app would see that first):
+    a watched child's, once; not one the app sent, not SIGHUP (a reload, as often)."""
+    parent, child = _parent_of(SLEEPER)
+    notes = _Notes([(-4242, signal.SIGINT)])
+    w = proctree.ChildWatch(parent.pid, notes)
+    try:
+        w.scan()
+        notes.received += [(child, signal.SIGHUP), (31337, signal.SIGTERM)]
+        assert w.stopped_from_outside() == []
+        notes.received.append((child, signal.SIGTERM))
+        assert w.stopped_from_outside() == [(child, "SIGTERM from outside the application")]
+        assert w.stopped_from_outside() == []
+        notes.sent.append((child, signal.SIGINT))
+        notes.received.append((child, signal.SIGINT))
+        assert w.stopped_from_outside() == []
+    finally:
+        w.close()
+        parent.kill()
+        parent.wait()
 
 
 def test_a_child_the_app_killed_is_no_failure():
@@ -225,3 +286,22 @@ def test_a_child_the_oom_killer_took_is_a_failure():
     for reap in (False, True):
         with memcgroup.MemoryCgroup(64 << 20) as cg:
             assert _judge(hog, cg.add, reap=reap) == "the kernel's OOM killer"
+
+
+def test_a_child_judged_and_not_reaped_is_not_watched_again():
+    """A child the app has not reaped is a zombie its parent's children file still
+    lists: judged once, not watched (and judged) again at every scan."""
+    parent, child = _parent_of(SLEEPER)
+    w = proctree.ChildWatch(parent.pid, _Notes([]))
+    try:
+        assert [c for c, _ in w.scan()] == [child]
+        parent.stdin.write(b"go\n")
+        parent.stdin.flush()
+        w.wait_exit(child, 30)
+        assert w.exited() == [child] and w.failure(child) is None
+        assert child in (proctree.child_pids(parent.pid) or [])     # a zombie
+        assert w.scan() == [] and w.fds == {}
+    finally:
+        w.close()
+        parent.kill()
+        parent.wait()
