@@ -1105,7 +1105,9 @@ class Agent:
     def _watch_children(self) -> None:
         """Watch the app's children (a PySpark driver's JVM, a helper it runs) for a
         death this machine caused: the kernel's OOM killer, a kill from outside the app
-        (proctree.ChildWatch); once a second, from the status loop."""
+        (proctree.ChildWatch); once a second, from the status loop, and at the
+        primary before a drain when the shim has news of a child. A child told to stop
+        from outside (a JVM given SIGTERM runs its shutdown first) is judged now."""
         app = self.app
         if app.closed or app.main_pid <= 0:
             return
@@ -1119,6 +1121,8 @@ class Agent:
         for pid, fd in w.scan():
             self.loop.add_reader(fd, self._child_exited, app, w, pid)
         self.counters["children_watched"] = len(w.fds)
+        for pid, by in w.stopped_from_outside():
+            self._child_lost(app, pid, w.names.get(pid, "?"), by, "stopped")
 
     def _child_exited(self, app: Application, w: proctree.ChildWatch, pid: int) -> None:
         if pid not in w.fds:
@@ -1297,7 +1301,8 @@ class Agent:
         scanned = news != self._child_news
         if scanned:
             # the app met the end of a private connection or pipe, or reaped a child: a
-            # child younger than the last scan may have died (a JVM just started)
+            # child younger than the last scan may have died (a JVM just started); or a
+            # program of it received a signal that may stop it
             self._child_news = news
             self._count("children_scans_early")
             self._watch_children()
@@ -1309,8 +1314,6 @@ class Agent:
             # exits may take long (a big heap's release) and are no failure
             for pid, by in w.reaped_unwatched() if scanned else ():
                 self._child_lost(self.app, pid, "?", by)
-            for pid, by in w.stopped_from_outside() if scanned else ():
-                self._child_lost(self.app, pid, w.names.get(pid, "?"), by, "stopped")
             for pid in w.dying() if w.fds and not self.app.closed else ():
                 if w.may_fail(pid):
                     w.wait_exit(pid, CHILD_EXIT_WAIT_S)
