@@ -99,8 +99,9 @@ KINDS = ("kill_primary", "kill_backup", "kill_both", "pause_primary", "pause_bac
          "cpu_hog", "jvm_start", "restart")
 # asked for by name only (not in the default mix, so the schedules of existing seeds stay):
 # `kill_app` kills an application alone, `oom_child` has the OOM killer take its child,
-# `kill_child` kills that child (`term_child`: SIGTERM); `partition` runs every replica in a network namespace of
-# its own (llft/tools/netns.py) and cuts one member's link for the hold time
+# `kill_child` kills that child (`term_child`: with SIGTERM); `partition` runs every
+# replica in a network namespace of its own (llft/tools/netns.py) and cuts one member's
+# link for the hold time
 EXTRA_KINDS = ("kill_app", "oom_child", "kill_child", "term_child", "partition")
 APP_DEATH_EXIT_S = 30.0         # kill_app: the agent stops within this once its app died
 OOM_CHILD_LIMIT_BYTES = 16 << 20    # oom_child: what the child may allocate after the move
