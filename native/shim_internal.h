@@ -155,6 +155,8 @@ static inline void shim_futex_wake_bit(uint32_t *w, uint32_t key) {
     X(int, pipe, (int[2])) \
     X(int, pipe2, (int[2], int)) \
     X(int, prctl, (int, ...)) \
+    X(int, sigqueue, (pid_t, int, const union sigval)) \
+    X(long, syscall, (long, ...)) \
     X(int, execve, (const char *, char *const[], char *const[])) \
     X(int, execvpe, (const char *, char *const[], char *const[])) \
     X(int, fexecve, (int, char *const[], char *const[])) \

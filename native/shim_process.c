@@ -87,99 +87,23 @@ EXPORT int prctl(int option, ...) {
 
 /* The app also kills through the programs it runs (a shell's `kill`, a JVM's
  * Process.destroy, a child that kills itself). Every program it starts gets
- * libllft_notes.so (native/notes/llft_notes.c: kill, killpg, sigqueue, raise and a
- * parent-death signal noted in ctl.sent, as here) and LLFT_NOTES, the block's path,
- * added to the environment the exec is given, not to the app's own: its os.environ
- * stays what it is at every replica (a PySpark driver hands the JVM a copy of it).
- * The hooks run in the child between fork -- or vfork, sharing our memory -- and exec:
- * they build the new environment on the stack and touch no state. */
-#define NOTES_ENV_MAX 4096                  /* entries; a larger environment is passed as is */
-#define NOTES_PRELOAD_CAP 8192
-static char g_notes_lib[PATH_MAX];          /* "" until activation found the library */
-static char g_notes_var[PATH_MAX + 16];     /* "LLFT_NOTES=<the block's path>" */
+ * libllft_notes.so (native/notes/llft_notes.c: its signals noted in ctl.sent, as here)
+ * and LLFT_NOTES, the block's path, added to the environment its exec is given, not to
+ * the app's own: its os.environ stays what it is at every replica (a PySpark driver
+ * hands the JVM a copy of it). The exec hooks, and those of the other ways to signal
+ * (sigqueue, tgkill, pidfd_send_signal, syscall()), are the notes library's own:
+ * native/notes/notes_hooks.h. */
+static pid_t waitpid_noted(pid_t pid, int *status, int options);
+#define NOTES_REAL(name) R(name)
+#define notes_sent note_sent
+#define notes_kill kill
+#define notes_waitpid waitpid_noted
+#include "notes/notes_hooks.h"
 
 void notes_activate(const char *shm_path) {
     Dl_info info;
-    if (!dladdr((void *)notes_activate, &info) || !info.dli_fname) return;
-    const char *slash = strrchr(info.dli_fname, '/');
-    size_t dir = slash ? (size_t)(slash - info.dli_fname) + 1 : 0;
-    if (dir + sizeof "libllft_notes.so" > sizeof g_notes_lib ||
-        strlen(shm_path) + sizeof "LLFT_NOTES=" > sizeof g_notes_var)
-        return;
-    char lib[PATH_MAX];
-    memcpy(lib, info.dli_fname, dir);
-    strcpy(lib + dir, "libllft_notes.so");
-    if (access(lib, R_OK) != 0) return;     /* not built: descendants go unnoted */
-    snprintf(g_notes_var, sizeof g_notes_var, "LLFT_NOTES=%s", shm_path);
-    strcpy(g_notes_lib, lib);
-}
-
-/* `envp` with LLFT_NOTES and libllft_notes.so first in LD_PRELOAD (the shim's and an
- * older notes library taken out) into `out` (count(envp) + 3 slots); 0: unchanged. */
-static int notes_env(char *const envp[], char **out, char *preload) {
-    size_t n = 0, k = 0;
-    const char *user = "";
-    for (; envp && envp[n]; n++) {
-        if (!strncmp(envp[n], "LD_PRELOAD=", 11)) user = envp[n] + 11;
-        else if (strncmp(envp[n], "LLFT_NOTES=", 11)) out[k++] = envp[n];
-    }
-    size_t len = (size_t)snprintf(preload, NOTES_PRELOAD_CAP, "LD_PRELOAD=%s", g_notes_lib);
-    for (const char *p = user; *p;) {
-        const char *e = p + strcspn(p, ": ");
-        size_t w = (size_t)(e - p);
-        if (w && !memmem(p, w, "libllft_", 8)) {
-            if (len + w + 2 > NOTES_PRELOAD_CAP) return 0;
-            preload[len++] = ':';
-            memcpy(preload + len, p, w);
-            len += w;
-        }
-        p = *e ? e + 1 : e;
-    }
-    preload[len] = 0;
-    out[k++] = preload;
-    out[k++] = g_notes_var;
-    out[k] = NULL;
-    return 1;
-}
-
-static size_t env_len(char *const envp[]) {
-    size_t n = 0;
-    while (envp && envp[n] && n <= NOTES_ENV_MAX) n++;
-    return n;
-}
-
-/* Each hook: `env` is envp with the notes, or envp itself. */
-#define WITH_NOTES(envp, call) do { \
-        size_t n_ = g_notes_lib[0] ? env_len(envp) : NOTES_ENV_MAX + 1; \
-        char *env_[n_ <= NOTES_ENV_MAX ? n_ + 3 : 1]; \
-        char preload_[n_ <= NOTES_ENV_MAX ? NOTES_PRELOAD_CAP : 1]; \
-        char *const *env = envp; \
-        if (n_ <= NOTES_ENV_MAX && notes_env(envp, env_, preload_)) env = env_; \
-        return call; \
-    } while (0)
-
-EXPORT int execve(const char *path, char *const argv[], char *const envp[]) {
-    WITH_NOTES(envp, R(execve)(path, argv, env));
-}
-EXPORT int execv(const char *path, char *const argv[]) {
-    WITH_NOTES(environ, R(execve)(path, argv, env));
-}
-EXPORT int execvpe(const char *file, char *const argv[], char *const envp[]) {
-    WITH_NOTES(envp, R(execvpe)(file, argv, env));
-}
-EXPORT int execvp(const char *file, char *const argv[]) {
-    WITH_NOTES(environ, R(execvpe)(file, argv, env));
-}
-EXPORT int fexecve(int fd, char *const argv[], char *const envp[]) {
-    WITH_NOTES(envp, R(fexecve)(fd, argv, env));
-}
-EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
-                       const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
-    WITH_NOTES(envp, R(posix_spawn)(pid, path, fa, attr, argv, env));
-}
-EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
-                        const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
-    WITH_NOTES(envp, R(posix_spawnp)(pid, file, fa, attr, argv, env));
+    if (dladdr((void *)notes_activate, &info) && info.dli_fname)
+        notes_exec_setup(info.dli_fname, shm_path);
 }
 
 /* File timestamps are clock readings the kernel took: a file the run wrote has the

@@ -23,7 +23,11 @@
  * like an exit. sigaction and signal put a trampoline in front of the program's handler
  * (it notes, then calls the handler as the program asked) and give the program back its
  * own handler when it asks what is installed.
- * Not covered: static binaries, raw syscalls (pidfd_send_signal, tgkill, rt_sigaction).
+ * The exec hooks, and those of the other ways to signal (sigqueue, tgkill,
+ * pidfd_send_signal, syscall()), are the shim's too: notes_hooks.h. A program that
+ * starts its own with a clean environment passes the library on anyway.
+ * Not covered: static binaries, raw system calls (a Go program's), a handler installed
+ * by rt_sigaction's system call itself.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -33,6 +37,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -45,13 +50,13 @@
 
 static struct llft_ctl *g_ctl;          /* mapped at the first note; NULL: not yet */
 static int g_unmappable;                /* no block (no LLFT_NOTES, gone, another version) */
+static char g_path[PATH_MAX];           /* LLFT_NOTES as the program started: "" none */
 
 static struct llft_ctl *ctl(void) {
     struct llft_ctl *c = __atomic_load_n(&g_ctl, __ATOMIC_ACQUIRE);
     if (c || __atomic_load_n(&g_unmappable, __ATOMIC_RELAXED))
         return c;
-    const char *path = getenv("LLFT_NOTES");
-    int fd = path ? open(path, O_RDWR | O_CLOEXEC) : -1;
+    int fd = g_path[0] ? open(g_path, O_RDWR | O_CLOEXEC) : -1;
     void *m = MAP_FAILED;
     if (fd >= 0) {
         m = mmap(NULL, sizeof(struct llft_ctl), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -100,11 +105,24 @@ EXPORT int killpg(pid_t pgrp, int sig) {
     return k(pgrp, sig);
 }
 
-EXPORT int sigqueue(pid_t pid, int sig, const union sigval value) {
-    static int (*q)(pid_t, int, const union sigval);
-    if (!q) q = (int (*)(pid_t, int, const union sigval))real("sigqueue");
-    note_sent(pid == 0 ? -getpgrp() : pid, sig);
-    return q(pid, sig, value);
+/* the exec hooks and the other ways to signal (notes_hooks.h) */
+#define NOTES_REAL(name) ({ \
+        static __typeof__(&name) f_; \
+        if (!f_) f_ = (__typeof__(&name))real(#name); \
+        f_; })
+#define notes_sent note_sent
+#define notes_kill kill
+#define notes_waitpid(pid, st, opt) NOTES_REAL(waitpid)(pid, st, opt)
+#include "notes_hooks.h"
+
+__attribute__((constructor))
+static void notes_init(void) {
+    const char *path = getenv("LLFT_NOTES");
+    Dl_info info;
+    if (!path || strlen(path) >= sizeof g_path) return;
+    strcpy(g_path, path);
+    if (dladdr((void *)notes_init, &info) && info.dli_fname)
+        notes_exec_setup(info.dli_fname, path);
 }
 
 EXPORT int raise(int sig) {

@@ -88,3 +88,73 @@ def test_the_shim_notes_the_signals_sent_and_the_children_reaped(tmp_path):
             a: signal.SIGKILL, b: signal.SIGTERM, c: signal.SIGTERM}
     finally:
         shm.close()
+
+
+# The other ways to start a program and to signal one: system(), the execl family (glibc
+# calls its execve internally, past the hooks), a program that starts its own with a clean
+# environment (`env -i`), pidfd_send_signal (CPython makes the system call through
+# syscall()), tgkill and a raw tkill of a thread other than the process's first.
+OTHER_WAYS = r"""
+import ctypes, os, signal, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+def sh_kill(pid):
+    return f"kill -TERM {pid}".encode()
+k = subprocess.Popen(sleeper)
+assert os.system(sh_kill(k.pid).decode()) == 0; k.wait()
+l = subprocess.Popen(sleeper)
+subprocess.run(["env", "-i", "/bin/sh", "-c", sh_kill(l.pid).decode()], check=True); l.wait()
+# a fork of the app that execs with execle and an empty environment (a preexec_fn that
+# never returns: Popen takes the exec as its own)
+m = subprocess.Popen(sleeper)
+empty = (ctypes.c_char_p * 1)(None)
+subprocess.Popen(["true"], preexec_fn=lambda: libc.execle(
+    b"/bin/sh", b"sh", b"-c", sh_kill(m.pid), None, empty)).wait()
+m.wait()
+# a program that does the same with execl and execlp
+n = subprocess.Popen(sleeper)
+o = subprocess.Popen(sleeper)
+subprocess.run([sys.executable, "-c", "import ctypes; l = ctypes.CDLL(None)\n"
+                f"if l.fork() == 0: l.execlp(b'sh', b'sh', b'-c', {sh_kill(o.pid)!r}, None)\n"
+                f"l.execl(b'/bin/sh', b'sh', b'-c', {sh_kill(n.pid)!r}, None)"], check=True)
+n.wait(); o.wait()
+# the app's own pidfd_send_signal, a program's tgkill and a raw tkill of a second thread
+p = subprocess.Popen(sleeper)
+signal.pidfd_send_signal(os.pidfd_open(p.pid), signal.SIGTERM); p.wait()
+q = subprocess.Popen(sleeper)
+subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL(None).tgkill({q.pid}, {q.pid}, 15)"],
+               check=True); q.wait()
+r = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
+                      "t = threading.Thread(target=time.sleep, args=(60,), daemon=True); t.start()\n"
+                      "print(t.native_id, flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+tid = int(r.stdout.readline())
+subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL(None).syscall(200, {tid}, 15)"],
+               check=True); r.wait()
+print(k.pid, l.pid, m.pid, n.pid, o.pid, p.pid, q.pid, r.pid, tid, flush=True)
+print(k.returncode, l.returncode, m.returncode, n.returncode, o.returncode, p.returncode,
+      q.returncode, r.returncode, flush=True)
+print(sorted(k for k in os.environ if k.startswith("LLFT_") or "llft" in os.environ[k]))
+"""
+
+
+def test_the_other_ways_to_start_a_program_or_signal_one_are_noted(tmp_path):
+    shm = Shm.create(Shm.PRIMARY)
+    try:
+        env = shim_env({k: v for k, v in os.environ.items() if not k.startswith("LLFT_")},
+                       shm.env())
+        proc = spawn([sys.executable, "-c", OTHER_WAYS], env, cwd=str(tmp_path),
+                     stdout=subprocess.PIPE)
+        while proc.poll() is None:
+            shm.drain(timeout_ms=50)
+        lines = proc.stdout.read().decode().splitlines()
+        assert proc.returncode == 0, lines
+        pids = list(map(int, lines[0].split()))
+        *targets, tid = pids
+        assert tid != targets[-1], "the thread signalled is the process's first"
+        assert list(map(int, lines[1].split())) == [-signal.SIGTERM] * len(targets)
+        assert lines[2] == "[]", "the app's own environment shows llft"
+        sent = shm.signals_sent()
+        assert [t for t in targets if (t, signal.SIGTERM) not in sent] == [], sent
+        assert all(t != tid for t, _ in sent), "a thread's id noted, not its process's"
+    finally:
+        shm.close()
