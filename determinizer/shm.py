@@ -58,6 +58,7 @@ Stat = c_enum("Stat", "enum llft_stat", "LLFT_ST_")
 
 class Shm:
     OFF, PRIMARY, BACKUP = Mode.OFF, Mode.PRIMARY, Mode.BACKUP
+    NOTE_SLOTS = lib.LLFT_NOTE_SLOTS    # each note ring keeps the latest this many
 
     def __init__(self, path: str, mm: mmap.mmap, owner: bool):
         self.path = path
@@ -222,6 +223,12 @@ class Shm:
         they were sent): (target, signal) pairs, the target as kill() takes it (< 0: a
         process group, 0: the app's own). At most LLFT_NOTE_SLOTS, oldest first."""
         return self._notes(0)[1]
+
+    @property
+    def signals_sent_count(self) -> int:
+        """How many signals the app ever sent (`signals_sent` keeps the latest
+        NOTE_SLOTS)."""
+        return self._notes(0)[0]
 
     def children_reaped(self) -> dict[int, int]:
         """The latest children the app reaped (waitpid): pid -> real wait status."""

@@ -41,7 +41,7 @@
 #include <sys/syscall.h>
 
 #define LLFT_SHM_MAGIC        0x314654464c4c0000ULL
-#define LLFT_SHM_VERSION      9u   /* 2: group connections (ctl.group_*, ctl.div_*); 3: GIL records; 4: ctl.hold;
+#define LLFT_SHM_VERSION      10u   /* 2: group connections (ctl.group_*, ctl.div_*); 3: GIL records; 4: ctl.hold;
                                       5: thread ids reused (THREAD_EXIT records);
                                       6: output commit of external sends (ctl.commit_*);
                                       7: group connections over AF_UNIX (ctl.group_id,
@@ -49,7 +49,8 @@
                                       8: the app's signals and reaped children
                                          (ctl.sent, ctl.reaped);
                                       9: signals its programs' handlers received
-                                         (ctl.received) */
+                                         (ctl.received);
+                                      10: note rings of 512, not 64 */
 
 /* ==== cdef begin ====================================================================
  * Everything up to cdef end is also read by cffi (native/shm_build.py): the Python
@@ -65,7 +66,7 @@ enum llft_bound {
     LLFT_MAX_DATA_BYTES  = 32 << 10,    /* payload of one record (reads are clamped) */
     LLFT_REPORT_BYTES    = 2048,
     LLFT_RESET_SLOTS     = 64,          /* group connection resets in flight (ctl.resets) */
-    LLFT_NOTE_SLOTS      = 64           /* the app's latest signals sent and children reaped */
+    LLFT_NOTE_SLOTS      = 512          /* the app's latest signals sent and children reaped */
 };
 
 /* ctl.resets: who reset a group connection (OR-ed with its index + 1, below 2^30). */

@@ -1121,6 +1121,7 @@ class Agent:
         for pid, fd in w.scan():
             self.loop.add_reader(fd, self._child_exited, app, w, pid)
         self.counters["children_watched"] = len(w.fds)
+        self.counters["children_kills_unsure"] = w.unsure   # (this app's watch: proctree)
         for pid, by in w.stopped_from_outside():
             self._child_lost(app, pid, w.names.get(pid, "?"), by, "stopped")
 

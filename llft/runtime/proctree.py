@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import select
 import signal
@@ -59,6 +60,8 @@ import threading
 import time
 
 import psutil
+
+log = logging.getLogger("llft.run")
 
 PR_SET_CHILD_SUBREAPER = 36
 KILL_GRACE_S = 1.0            # SIGTERM -> SIGKILL
@@ -363,6 +366,9 @@ class ChildWatch:
         self._judged: dict[int, None] = {}      # the latest children judged (`failure`)
         self._reaped_seen = 0                   # the app's reaps looked at (`reaped_unwatched`)
         self._received_seen = 0                 # ... signals received (`stopped_from_outside`)
+        self._sent_at: dict[int, int] = {}      # child pid -> the app's signals sent by its watch
+        self._sent_at_scan = 0                  # ... by the last `scan` (a child never watched)
+        self.unsure = 0                         # kills taken as the app's with their note lost
         try:
             self.own_group = os.getpgid(pid)
         except OSError:
@@ -371,6 +377,8 @@ class ChildWatch:
     def scan(self) -> list[tuple[int, int]]:
         """The children not watched yet, now watched: (pid, pidfd) of each."""
         new = []
+        if self.notes is not None:
+            self._sent_at_scan = self.notes.signals_sent_count
         for c in child_pids(self.pid) or []:
             if c in self.fds or (c in self._judged and _zombie(c)):
                 continue                        # (judged, not reaped by the app yet)
@@ -382,6 +390,7 @@ class ChildWatch:
             self.fds[c] = fd
             self._poll.register(fd, select.POLLIN)
             self.names[c] = comm(c) or "?"
+            self._sent_at[c] = self._sent_at_scan
             new.append((c, fd))
         if not self.fds:
             self._oom = oom_kills()             # (no child: no death to explain by it)
@@ -452,7 +461,10 @@ class ChildWatch:
         x = self._exit.pop(child, None)
         if x is not None:
             x.close()
-        return self._judge(child, self._signal(child), group)
+        try:
+            return self._judge(child, self._signal(child), group)
+        finally:
+            self._sent_at.pop(child, None)
 
     def reaped_unwatched(self) -> list[tuple[int, str]]:
         """The children the app reaped since the last look that were never watched
@@ -507,7 +519,21 @@ class ChildWatch:
             if group is None:
                 return t <= 0
             return t == -group or (t == 0 and group == self.own_group)
-        return any(s == sig and reaches(t) for t, s in self.notes.signals_sent())
+        if any(s == sig and reaches(t) for t, s in self.notes.signals_sent()):
+            return True
+        # More signals sent since the child was first seen than the ring keeps: the
+        # app's may be among those written over. Taken as the app's (an app sending
+        # hundreds of signals most likely sent this one too; judging it a failure
+        # would stop every replica), and counted.
+        if self.notes.signals_sent_count - self._sent_at.get(
+                child, self._sent_at_scan) > self.notes.NOTE_SLOTS:
+            self.unsure += 1
+            log.warning(f"{signal.Signals(sig).name} ended or stopped process {child} of "
+                        f"the application; its note may be lost (more than "
+                        f"{self.notes.NOTE_SLOTS} signals sent since): taken as the "
+                        f"application's own")
+            return True
+        return False
 
     def close(self) -> None:
         for fd in self.fds.values():

@@ -107,10 +107,16 @@ def _parent_of(child_argv: list[str], reap: bool = False) -> tuple[subprocess.Po
 
 class _Notes:
     """What the shim and the notes library would have noted (determinizer/shm.py Shm's
-    readers)."""
+    readers), in rings of NOTE_SLOTS: `lost` signals sent were written over."""
+    NOTE_SLOTS = 4
 
     def __init__(self, sent: list[tuple[int, int]], received=()):
         self.sent, self.reaped, self.received = sent, {}, list(received)
+        self.lost = 0
+
+    @property
+    def signals_sent_count(self) -> int:
+        return self.lost + len(self.sent)
 
     def signals_received(self) -> list[tuple[int, int]]:
         return self.received
@@ -250,6 +256,26 @@ def test_children_reaped_before_they_were_watched_are_judged_from_the_notes():
     notes.reaped[106] = signal.SIGKILL
     assert w.reaped_unwatched() == [(106, "SIGKILL from outside the application")]
     w.close()
+
+
+def test_a_kill_whose_note_may_be_written_over_is_taken_as_the_apps():
+    """The shim keeps the app's latest NOTE_SLOTS signals sent: a kill not among them,
+    with more sent since the child was first seen, may be the app's own (written
+    over), and is taken as such and counted; with fewer, it is a failure."""
+    notes = _Notes([])
+    w = proctree.ChildWatch(os.getpid(), notes)
+    try:
+        notes.sent += [(999999, signal.SIGTERM)] * 4
+        notes.reaped[101] = signal.SIGKILL                  # 4 sent since the scan: all kept
+        assert w.reaped_unwatched() == [(101, "SIGKILL from outside the application")]
+        notes.lost += 1                                     # 5 since the scan
+        notes.reaped[102] = signal.SIGKILL
+        assert w.reaped_unwatched() == [] and w.unsure == 1
+        w.scan()                                            # counted from here again
+        notes.reaped[103] = signal.SIGKILL
+        assert w.reaped_unwatched() == [(103, "SIGKILL from outside the application")]
+    finally:
+        w.close()
 
 
 def test_a_child_reaped_before_its_note_is_judged_again_from_the_note():
