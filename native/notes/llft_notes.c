@@ -23,6 +23,9 @@
  * like an exit. sigaction and signal put a trampoline in front of the program's handler
  * (it notes, then calls the handler as the program asked) and give the program back its
  * own handler when it asks what is installed.
+ * And it notes, in ctl.reaped, the processes a program reaps (waitpid, wait, wait3,
+ * wait4, waitid) with their wait status: the app's grandchildren are watched too, and
+ * the one a shell reaped the moment it died can no longer be read from /proc.
  * The exec hooks, and those of the other ways to signal (sigqueue, tgkill,
  * pidfd_send_signal, syscall()), are the shim's too: notes_hooks.h. A program that
  * starts its own with a clean environment passes the library on anyway.
@@ -42,6 +45,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../llft_shm.h"
@@ -112,13 +117,78 @@ EXPORT int killpg(pid_t pgrp, int sig) {
         f_; })
 #define notes_sent note_sent
 #define notes_kill kill
-#define notes_waitpid(pid, st, opt) NOTES_REAL(waitpid)(pid, st, opt)
+#define notes_waitpid waitpid        /* (system(): the hook below, which notes) */
+EXPORT pid_t waitpid(pid_t pid, int *status, int options);
 #include "notes_hooks.h"
+
+/* ---- processes reaped (ctl.reaped) -------------------------------------------------- */
+
+/* Resolved when the library is loaded: a shell reaps in its SIGCHLD handler, where
+ * dlsym is not safe. */
+static pid_t (*real_waitpid)(pid_t, int *, int);
+static pid_t (*real_wait)(int *);
+static pid_t (*real_wait3)(int *, int, struct rusage *);
+static pid_t (*real_wait4)(pid_t, int *, int, struct rusage *);
+static int (*real_waitid)(idtype_t, id_t, siginfo_t *, int);
+
+static void resolve_waits(void) {       /* (also if a call comes before the constructor) */
+    real_waitpid = (pid_t (*)(pid_t, int *, int))real("waitpid");
+    real_wait = (pid_t (*)(int *))real("wait");
+    real_wait3 = (pid_t (*)(int *, int, struct rusage *))real("wait3");
+    real_wait4 = (pid_t (*)(pid_t, int *, int, struct rusage *))real("wait4");
+    real_waitid = (int (*)(idtype_t, id_t, siginfo_t *, int))real("waitid");
+}
+
+static void note_reaped(pid_t r, int st) {
+    if (r > 0 && (WIFEXITED(st) || WIFSIGNALED(st))) {
+        struct llft_ctl *c = ctl();
+        if (c)
+            llft_note(&c->reaped_count, c->reaped, (int32_t)r, st);
+    }
+}
+
+/* each keeps errno, and fills *status as the call did */
+#define REAPED(call) ({ \
+        int st_ = 0; \
+        if (!real_waitid) resolve_waits(); \
+        pid_t r_ = (call); \
+        int e_ = errno; \
+        note_reaped(r_, st_); \
+        if (status && r_ > 0) *status = st_; \
+        errno = e_; \
+        r_; })
+
+EXPORT pid_t waitpid(pid_t pid, int *status, int options) {
+    return REAPED(real_waitpid(pid, &st_, options));
+}
+EXPORT pid_t wait(int *status) {
+    return REAPED(real_wait(&st_));
+}
+EXPORT pid_t wait3(int *status, int options, struct rusage *ru) {
+    return REAPED(real_wait3(&st_, options, ru));
+}
+EXPORT pid_t wait4(pid_t pid, int *status, int options, struct rusage *ru) {
+    return REAPED(real_wait4(pid, &st_, options, ru));
+}
+EXPORT int waitid(idtype_t idtype, id_t id, siginfo_t *info, int options) {
+    if (!real_waitid) resolve_waits();
+    int r = real_waitid(idtype, id, info, options), e = errno;
+    if (r == 0 && info && info->si_pid > 0 && !(options & WNOWAIT)) {
+        int st = -1;                    /* the siginfo as a wait status */
+        if (info->si_code == CLD_EXITED) st = (info->si_status & 0xff) << 8;
+        else if (info->si_code == CLD_KILLED) st = info->si_status & 0x7f;
+        else if (info->si_code == CLD_DUMPED) st = (info->si_status & 0x7f) | 0x80;
+        if (st >= 0) note_reaped(info->si_pid, st);
+    }
+    errno = e;
+    return r;
+}
 
 __attribute__((constructor))
 static void notes_init(void) {
     const char *path = getenv("LLFT_NOTES");
     Dl_info info;
+    resolve_waits();
     if (!path || strlen(path) >= sizeof g_path) return;
     strcpy(g_path, path);
     if (dladdr((void *)notes_init, &info) && info.dli_fname)

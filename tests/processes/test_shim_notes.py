@@ -159,3 +159,50 @@ def test_the_other_ways_to_start_a_program_or_signal_one_are_noted(tmp_path):
         assert all(t != tid for t, _ in sent), "a thread's id noted, not its process's"
     finally:
         shm.close()
+
+
+# The processes the app's programs reap, each way a program reaps: a shell's `wait` of a
+# job killed the moment it started, os.wait, os.waitid and os.wait4 in a Python program.
+PROGRAMS_REAP = r"""
+import os, subprocess, sys
+a = int(subprocess.run(["sh", "-c", "sleep 60 & echo $!; kill -KILL $!; wait $!; true"],
+                       check=True, capture_output=True).stdout)
+REAPER = '''
+import os, signal, sys
+b = os.fork()
+if b == 0: os._exit(3)
+assert os.wait() == (b, 3 << 8)
+c = os.fork()
+if c == 0: signal.pause()
+os.kill(c, signal.SIGTERM)
+assert os.waitid(os.P_PID, c, os.WEXITED).si_status == signal.SIGTERM
+d = os.fork()
+if d == 0: os._exit(5)
+assert os.wait4(d, 0)[:2] == (d, 5 << 8)
+print(b, c, d)
+'''
+b, c, d = map(int, subprocess.run([sys.executable, "-c", REAPER], check=True,
+                                  capture_output=True).stdout.split())
+print(a, b, c, d, flush=True)
+"""
+
+
+def test_the_processes_the_apps_programs_reap_are_noted(tmp_path):
+    """The agent watches the app's grandchildren too (a program behind a shell or a
+    launcher); the one its parent reaped the moment it died is known from the note."""
+    shm = Shm.create(Shm.PRIMARY)
+    try:
+        env = shim_env({k: v for k, v in os.environ.items() if not k.startswith("LLFT_")},
+                       shm.env())
+        proc = spawn([sys.executable, "-c", PROGRAMS_REAP], env, cwd=str(tmp_path),
+                     stdout=subprocess.PIPE)
+        while proc.poll() is None:
+            shm.drain(timeout_ms=50)
+        lines = proc.stdout.read().decode().splitlines()
+        assert proc.returncode == 0, lines
+        a, b, c, d = map(int, lines[0].split())
+        reaped = shm.children_reaped()
+        assert {k: reaped.get(k) for k in (a, b, c, d)} == {
+            a: signal.SIGKILL, b: 3 << 8, c: signal.SIGTERM, d: 5 << 8}, reaped
+    finally:
+        shm.close()
