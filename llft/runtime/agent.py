@@ -1103,7 +1103,7 @@ class Agent:
         self.stop_event.set()
 
     def _watch_children(self) -> None:
-        """Watch the app's children (a PySpark driver's JVM, a helper it runs) for a
+        """Watch the app's descendants (a PySpark driver's JVM, a helper it runs) for a
         death this machine caused: the kernel's OOM killer, a kill from outside the app
         (proctree.ChildWatch); once a second, from the status loop, and at the
         primary before a drain when the shim has news of a child. A child told to stop
@@ -1123,7 +1123,12 @@ class Agent:
         self.counters["children_watched"] = len(w.fds)
         self.counters["children_kills_unsure"] = w.unsure   # (this app's watch: proctree)
         for pid, by in w.stopped_from_outside():
-            self._child_lost(app, pid, w.names.get(pid, "?"), by, "stopped")
+            self._child_lost(app, pid, proctree.comm(pid) or w.names.get(pid, "?"), by,
+                             "stopped")                 # (it may have exec'd)
+        # those reaped (by the app, or by a program of it: a launcher its grandchild)
+        # before they were watched, or before their end could be read
+        for pid, by in w.reaped_unwatched():
+            self._child_lost(app, pid, "?", by)
 
     def _child_exited(self, app: Application, w: proctree.ChildWatch, pid: int) -> None:
         if pid not in w.fds:
@@ -1309,12 +1314,10 @@ class Agent:
             self._watch_children()
         w = self._children
         if w is not None and w.pid == self.app.main_pid:     # (not a reset app's)
-            # the children it reaped that were never watched (after a scan), then one
-            # that may be this machine's doing (the OOM killer, a kill from outside),
-            # waited for (its sockets closed before it ends) and judged; a child's other
-            # exits may take long (a big heap's release) and are no failure
-            for pid, by in w.reaped_unwatched() if scanned else ():
-                self._child_lost(self.app, pid, "?", by)
+            # (the children reaped unwatched: judged by the scan) then one that may be
+            # this machine's doing (the OOM killer, a kill from outside), waited for
+            # (its sockets closed before it ends) and judged; a child's other exits may
+            # take long (a big heap's release) and are no failure
             for pid in w.dying() if w.fds and not self.app.closed else ():
                 if w.may_fail(pid):
                     w.wait_exit(pid, CHILD_EXIT_WAIT_S)

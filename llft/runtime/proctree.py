@@ -47,6 +47,7 @@ watchdog, an OOM kill of both).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import logging
@@ -326,6 +327,7 @@ def _exit_status(pid: int) -> int | None:
 
 COMPANIONS = 2             # ChildWatch.dying: the children whose exit is seen as it begins
 JUDGED_KEPT = 256          # ChildWatch: the latest children judged, not judged again
+WATCHED_MAX = 256          # ChildWatch: descendants watched at most (the first found)
 # Signals only a process sends (kill), never the kernel for a process's own doing (a
 # fault, a broken pipe, its own alarm): a child ended by one that the app did not send
 # was killed from outside. (SIGKILL is the OOM killer's too, and a hard CPU limit's.)
@@ -341,16 +343,19 @@ STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 
 
 class ChildWatch:
-    """The children of one process (an application's: a PySpark driver's JVM, a helper
-    it runs), each by a pidfd, which is readable once the child has exited. Tells a
+    """The descendants of one process (an application's: a PySpark driver's JVM, a
+    helper it runs, a program it runs through a shell or a launcher; the first
+    WATCHED_MAX found, children first), each by a pidfd, which is readable once the
+    process has exited. ("Child" below: any of them.) Tells a
     child taken by this machine (a failure, which a takeover masks) from one that ended
     or that the application killed itself (its own doing, which every replica repeats):
     `failure`. Taken by the machine: the kernel's OOM killer's SIGKILL (its kill count
     rose meanwhile), or a signal only a process sends that the application did not send
     it (an operator's `kill -9`, a container's or a supervisor's kill).
 
-    `notes`: what the app's shim noted (determinizer/shm.py `Shm`: `signals_sent()`,
-    (target, signal) pairs; `children_reaped()`, pid -> wait status); None without a
+    `notes`: what the app's shim and its programs' notes library noted
+    (determinizer/shm.py `Shm`: `signals_sent()`, (target, signal) pairs;
+    `children_reaped()`, pid -> wait status, by the app or a program); None without a
     shim: then the app's own kills cannot be told from others, and only the OOM killer
     counts."""
 
@@ -375,13 +380,18 @@ class ChildWatch:
             self.own_group = pid
 
     def scan(self) -> list[tuple[int, int]]:
-        """The children not watched yet, now watched: (pid, pidfd) of each."""
+        """The descendants not watched yet, now watched: (pid, pidfd) of each."""
         new = []
         if self.notes is not None:
             self._sent_at_scan = self.notes.signals_sent_count
-        for c in child_pids(self.pid) or []:
-            if c in self.fds or (c in self._judged and _zombie(c)):
-                continue                        # (judged, not reaped by the app yet)
+        todo = collections.deque(child_pids(self.pid) or [])
+        while todo:                             # breadth first: children, then theirs
+            c = todo.popleft()
+            if c in self._judged and _zombie(c):
+                continue                        # (judged, not reaped by its parent yet)
+            todo.extend(child_pids(c) or [])
+            if c in self.fds or len(self.fds) >= WATCHED_MAX:
+                continue
             try:
                 fd = os.pidfd_open(c)
                 self.groups[c] = os.getpgid(c)

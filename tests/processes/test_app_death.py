@@ -238,6 +238,31 @@ def test_a_process_of_the_application_told_to_stop_from_outside_is_a_failover(tm
         assert len(st["members"]) == 2
 
 
+def test_a_grandchild_of_the_application_killed_from_outside_is_a_failover(tmp_path):
+    """A program the app runs behind a launcher (a wrapper that waits for it) is the app's
+    grandchild; its `kill -9` from outside is this replica's failure as a child's is:
+    the agent watches the app's descendants, and the launcher's reap of it is noted
+    (native/notes/). (Watching children only, the agent saw the launcher's exit, which
+    is no failure; with the reap's note alone it judged the kill a moment later, from
+    the note, and could not name the process.)"""
+    with LocalCluster(str(tmp_path)) as lc:
+        addr = lc.start_service(("r1", "r2", "r3"), ENGINE_APP + ["--launcher"])
+        lc.wait_status(lambda st: len(st["members"]) == 3 and all(
+            m["sync"] in ("primary", "ready") and m["counters"].get("children_watched") == 2
+            for m in st["members"]), 120, "backups ready, every launcher and engine watched")
+        old = lc.primary()
+        procs = [psutil.Process(old["agent_pid"])] + tree(old["agent_pid"])
+        launcher, = psutil.Process(old["app_pid"]).children()
+        engine = launcher.children()[0].pid
+        os.kill(engine, signal.SIGKILL)
+        stop, results = threading.Event(), {}
+        loads = [_load(addr[0], addr[1], "counter", stop, results)]
+        st = _check_child_failover(lc, old, procs, f"SIGKILL from outside the application "
+                                   f"killed process {engine} (python) of the application",
+                                   loads, stop, results)
+        assert len(st["members"]) == 2
+
+
 def _handles(pid: int, sig: int) -> bool:
     with open(f"/proc/{pid}/status") as f:
         cgt = next(ln for ln in f if ln.startswith("SigCgt:")).split()[1]

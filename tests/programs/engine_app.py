@@ -10,9 +10,11 @@ and start another, as a program does a child that hangs: its own doing, at every
 `RESTART helper` has a shell the app runs kill it (`sh -c "kill -9 PID"`), `RESTART self`
 has the engine kill itself, `RESTART term` has the app send it SIGTERM: the app's doing
 too. The engine handles SIGTERM as a JVM does: a shutdown of half a second in which it
-answers every request with an error, then exit status 143.
+answers every request with an error, then exit status 143. With `--launcher` the engine
+runs behind a launcher process that waits for it (a wrapper script that does not exec):
+it is the app's grandchild.
 
-    python tests/programs/engine_app.py PORT
+    python tests/programs/engine_app.py PORT [--launcher]
 """
 import os
 import random
@@ -62,8 +64,14 @@ for line in f:
 lock = threading.Lock()
 
 
+LAUNCHER = "import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', sys.argv[1]]))"
+
+
 def start_engine():
-    engine = subprocess.Popen([sys.executable, "-c", ENGINE], stdout=subprocess.PIPE)
+    argv = [sys.executable, "-c", ENGINE]
+    if "--launcher" in sys.argv:
+        argv = [sys.executable, "-c", LAUNCHER, ENGINE]
+    engine = subprocess.Popen(argv, stdout=subprocess.PIPE)
     port = int(engine.stdout.readline())
     conn = socket.create_connection(("127.0.0.1", port))
     return {"engine": engine, "conn": conn, "f": conn.makefile("rwb")}

@@ -331,3 +331,41 @@ def test_a_child_judged_and_not_reaped_is_not_watched_again():
         w.close()
         parent.kill()
         parent.wait()
+
+
+def test_grandchildren_are_watched_and_judged_as_children_are():
+    """A program the app runs behind a launcher (a shell, a wrapper script that does not
+    exec) is the app's grandchild: watched too, after the children, and its kill from
+    outside is a failure whether the launcher reaped it or not yet (from the note of
+    its reap: the notes library, native/notes/)."""
+    launcher = [sys.executable, "-c", "import subprocess, sys\n"
+                f"g = subprocess.Popen({SLEEPER!r})\n"
+                "print(g.pid, flush=True)\n"
+                "sys.stdin.readline()\n"
+                "print(g.wait(), flush=True)\n"]
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys\n"
+                               f"c = subprocess.Popen({launcher!r}, stdin=subprocess.PIPE)\n"
+                               "print(c.pid, flush=True)\n"
+                               "sys.stdin.readline()\n"
+                               "c.stdin.write(b'reap\\n'); c.stdin.flush()\n"
+                               "sys.stdin.readline()\n"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    child = int(parent.stdout.readline())
+    grandchild = int(parent.stdout.readline())      # (the launcher's stdout is the parent's)
+    notes = _Notes([(child, signal.SIGTERM)])
+    w = proctree.ChildWatch(parent.pid, notes)
+    try:
+        assert [c for c, _ in w.scan()] == [child, grandchild] and w.scan() == []
+        os.kill(grandchild, signal.SIGKILL)
+        w.wait_exit(grandchild, 30)
+        assert w.exited() == [grandchild]
+        parent.stdin.write(b"reap\n")               # the launcher reaps it
+        parent.stdin.flush()
+        assert int(parent.stdout.readline()) == -signal.SIGKILL
+        assert w.failure(grandchild) is None        # (its end not known yet)
+        notes.reaped[grandchild] = signal.SIGKILL   # the launcher's reap, noted
+        assert w.reaped_unwatched() == [(grandchild, "SIGKILL from outside the application")]
+    finally:
+        w.close()
+        parent.kill()
+        parent.wait()
