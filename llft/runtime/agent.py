@@ -1102,12 +1102,13 @@ class Agent:
         self._event("app_exit", status=rc)
         self.stop_event.set()
 
-    def _watch_children(self) -> None:
+    def _watch_children(self, deep: bool = True) -> None:
         """Watch the app's descendants (a PySpark driver's JVM, a helper it runs) for a
         death this machine caused: the kernel's OOM killer, a kill from outside the app
         (proctree.ChildWatch); once a second, from the status loop, and at the
-        primary before a drain when the shim has news of a child. A child told to stop
-        from outside (a JVM given SIGTERM runs its shutdown first) is judged now."""
+        primary before a drain when the shim has news of a child (not `deep`: new
+        children only, descendants already watched stay so). A child told to stop from
+        outside (a JVM given SIGTERM runs its shutdown first) is judged now."""
         app = self.app
         if app.closed or app.main_pid <= 0:
             return
@@ -1118,7 +1119,7 @@ class Agent:
                     self.loop.remove_reader(fd)
                 w.close()
             w = self._children = proctree.ChildWatch(app.main_pid, notes=app.shm)
-        for pid, fd in w.scan():
+        for pid, fd in w.scan(deep):
             self.loop.add_reader(fd, self._child_exited, app, w, pid)
         self.counters["children_watched"] = len(w.fds)
         self.counters["children_kills_unsure"] = w.unsure   # (this app's watch: proctree)
@@ -1311,7 +1312,7 @@ class Agent:
             # program of it received a signal that may stop it
             self._child_news = news
             self._count("children_scans_early")
-            self._watch_children()
+            self._watch_children(deep=False)
         w = self._children
         if w is not None and w.pid == self.app.main_pid:     # (not a reset app's)
             # (the children reaped unwatched: judged by the scan) then one that may be

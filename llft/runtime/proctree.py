@@ -379,8 +379,10 @@ class ChildWatch:
         except OSError:
             self.own_group = pid
 
-    def scan(self) -> list[tuple[int, int]]:
-        """The descendants not watched yet, now watched: (pid, pidfd) of each."""
+    def scan(self, deep: bool = True) -> list[tuple[int, int]]:
+        """The descendants (not `deep`: the children) not watched yet, now watched:
+        (pid, pidfd) of each. (Each process's children are read from a file per thread
+        of it: ~1 ms for a JVM's hundred, so only the children at a drain.)"""
         new = []
         if self.notes is not None:
             self._sent_at_scan = self.notes.signals_sent_count
@@ -389,7 +391,8 @@ class ChildWatch:
             c = todo.popleft()
             if c in self._judged and _zombie(c):
                 continue                        # (judged, not reaped by its parent yet)
-            todo.extend(child_pids(c) or [])
+            if deep:
+                todo.extend(child_pids(c) or [])
             if c in self.fds or len(self.fds) >= WATCHED_MAX:
                 continue
             try:
