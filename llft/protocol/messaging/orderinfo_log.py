@@ -156,6 +156,8 @@ class OrderInfoLog:
         if not self.backups or not self.log:
             return 0
         lim = self.protected()
+        if self.log[0][0] > lim:
+            return self.bytes           # (positions ascend: all of it; as after every gc)
         return sum(len(ch) for pos, ch in self.log if pos > lim)
 
     def section(self, pvn: int, after: int) -> Section | None:
