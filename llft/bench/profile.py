@@ -16,7 +16,8 @@ connection or (`--mode conn`) a connection per request. Per request, for every p
   cProfile switched on for the middle half of the run (`LLFT_PROFILE_DIR`, SIGUSR1 and
   SIGUSR2: llft/runtime/profiling.py); the top `--top` by own time, µs and calls per
   request (cProfile's own cost makes every µs about twice what it is without it: read
-  the shares and the call counts);
+  the shares and the call counts); and the same own time summed by layer (the code's
+  folders: messaging core, replica node, agent, asyncio, builtins and system calls...);
 - with `--hops` (one client), each hop of a request's path from `perf trace`, and with
   `--marks` (one client) the same path untraced, from the moments the primary's agent
   and the gateway record (`LLFT_MARKS_DIR`, SIGUSR2: llft/runtime/marks.py), each
@@ -266,6 +267,43 @@ def _top(path: str, n_req: float, top: int) -> list[dict]:
     return out
 
 
+# `_layers`: a function's layer, by the first of these its file's path contains
+LAYERS = (("/llft/protocol/messaging/", "messaging core"),
+          ("/llft/protocol/", "wire and messages"),
+          ("/llft/replica/", "replica node"),
+          ("/membership/", "membership"),
+          ("/determinizer/", "determinizer (shm, order info)"),
+          ("/native/", "native adapters"),
+          ("/llft/runtime/", "agent, driver, transport"),
+          ("/asyncio/", "asyncio"),
+          ("/selectors.py", "asyncio"))
+
+
+def _layer_of(fn: str) -> str:
+    if fn == "~":
+        return "builtins and system calls"
+    return next((name for part, name in LAYERS if part in fn), "other Python")
+
+
+def _layers(path: str, n_req: float) -> list[dict]:
+    """The loop thread's own time by layer (the code's folders), per request: where a
+    process's Python goes, a level above its functions."""
+    st = pstats.Stats(path).stats
+    busy: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    for (fn, _line, func), (_cc, nc, tt, _ct, _callers) in st.items():
+        if func in IDLE:
+            continue
+        layer = _layer_of(fn)
+        busy[layer] = busy.get(layer, 0.0) + tt
+        calls[layer] = calls.get(layer, 0) + nc
+    total = sum(busy.values())
+    return [{"layer": k, "own_us_per_req": 1e6 * v / n_req,
+             "calls_per_req": calls[k] / n_req,
+             "own_share_of_busy": v / total if total else float("nan")}
+            for k, v in sorted(busy.items(), key=lambda kv: -kv[1])]
+
+
 def run(args) -> int:
     command = report.command_of(args, add_arguments, "profile")
     if args.quick:
@@ -411,6 +449,14 @@ def run(args) -> int:
                                       ["function", "own_us_per_req", "cum_us_per_req",
                                        "calls_per_req", "own_share_of_busy"])
                     for r in tops:
+                        tb.add(**r)
+                    tb.print()
+                    sections.append(tb.markdown())
+                    tb = report.Table("profile_layers", f"{f}: the loop thread's own time "
+                                      "by layer, per request (cProfile-inflated)",
+                                      ["layer", "own_us_per_req", "calls_per_req",
+                                       "own_share_of_busy"])
+                    for r in _layers(os.path.join(prof_dir, f), n_win):
                         tb.add(**r)
                     tb.print()
                     sections.append(tb.markdown())

@@ -133,6 +133,9 @@ def test_profile_quick(tmp_path):
     assert "sent_REPLY" in md and "loop_waits" in md
     assert md.count("top 5 functions of the loop thread") == 2     # the agent, the gateway
     assert "agent-" in md and "gateway-" in md
+    # and their own time by layer: each process's layers add up to its whole loop
+    assert md.count("the loop thread's own time by layer") == 2
+    assert "messaging core" in md and "builtins and system calls" in md
 
 
 @pytest.mark.slow
