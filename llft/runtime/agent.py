@@ -90,8 +90,11 @@ Roles over time (the application's `AppMode` in brackets):
 The agent and the app live and die together: the app gets SIGKILL when the agent dies
 (PR_SET_PDEATHSIG), and the agent exits with the app's status when the app ends.
 SIGTERM: a backup says LEAVE and stops at once (its primary removes it without waiting
-out its timeout); a primary first waits (bounded) until its backups hold all its order
-info, so the backup that takes over is exactly where it was, then says LEAVE. An app
+out its timeout); a primary whose successor (its senior backup) has not caught up since
+it joined serves on until it has, at most HANDOFF_WAIT_S (a second SIGTERM: at once),
+so that a rolling restart does not make the clients wait for a joiner's replay
+(`_hand_off`); then it waits (bounded) until its backups hold all its order info, so
+the backup that takes over is exactly where it was, and says LEAVE. An app
 that ends by itself (the OOM killer's SIGKILL, a crash, an exit) stops its replica the
 same way: the group need not wait for its detector. Its sockets end before its exit
 status can be read, and those ends are its death's, not closes it made
@@ -201,6 +204,12 @@ APP_WRITE_LOW_BYTES = 64 << 10
 # batch to the app in one send of at most this much, once per loop turn (`_feed_later`)
 APP_WRITE_JOIN_BYTES = 64 << 10
 TERM_FLUSH_S = 1.0               # SIGTERM at a primary: wait this long for backups' acks
+# SIGTERM at a primary whose successor is still catching up (a replica restarted a moment
+# before, replaying the group's history): it serves on until the successor has caught up,
+# this long at most (within the 30 s a supervisor commonly allows a stop -- Kubernetes'
+# default grace period, `llft chaos` -- before its SIGKILL, which a takeover masks too)
+HANDOFF_WAIT_S = 20.0
+HANDOFF_CHECK_S = 0.05           # ... how often it looks at the successor's lag report
 PROMOTE_CHECK_S = 0.002          # how often a promoting agent checks the app's progress
 TAG_SHIM, TAG_CONN, TAG_FRAME = b"S", b"C", b"F"
 # said at a takeover (`_heard_since`): did the silent primary's heartbeats reach us?
@@ -445,6 +454,7 @@ class Agent:
         self._restored_mono = 0.0
         self._own_lag = {"entries": 0, "ms": 0.0}
         self._lag_held = False                # primary: backpressure on (see docstring)
+        self._handoff: asyncio.Task | None = None   # SIGTERM at a primary (`_stop_asked`)
         self._lag_work = asyncio.Event()      # entries moved: the lag task checks again
         self._promote_from = 0                # entries executed when promotion began
         self._held_since = 0.0
@@ -481,7 +491,7 @@ class Agent:
         profiling.start_from_env(loop, log, "agent")
         marks.start_from_env(loop, log, "agent")
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop_event.set)
+            loop.add_signal_handler(sig, self._stop_asked, signal.Signals(sig).name)
         proctree.become_subreaper()
         self.watchdog = proctree.Watchdog()
         try:
@@ -522,6 +532,52 @@ class Agent:
         # a diverged one stays behind, and one that failed here (`llft status`: departed)
         await asyncio.to_thread(self.status_file.close)
         return self.exit_code
+
+    def _stop_asked(self, sig: str) -> None:
+        """SIGTERM or SIGINT: stop, after a hand-off if this primary's successor is
+        still catching up; a second signal stops at once."""
+        if self._handoff is not None or self.stop_event.is_set():
+            self.stop_event.set()
+            return
+        behind = self._successor_behind()
+        if behind is None:
+            self.stop_event.set()
+            return
+        b, lag = behind
+        _log(f"{sig}: the application serves on until backup {mb.short_id(b)}, which takes "
+             f"over, has caught up ({lag['entries']} positions, {lag['ms']:.0f} ms behind; "
+             f"at most {HANDOFF_WAIT_S:.0f} s; {sig} again stops at once)")
+        self._handoff = self.tasks.spawn(self._hand_off(b), "hand-off")
+
+    def _successor_behind(self) -> tuple[int, dict] | None:
+        """This primary's successor (its senior backup) and its lag, while it has not
+        caught up since it joined (a replica started a moment ago, replaying the group's
+        history: a takeover by it would wait for that replay) and has positions left to
+        execute (an idle group makes none that would make it `ready`); else None."""
+        members = self.node.membership.members if self.node.live else ()
+        if self.mode is not AppMode.PRIMARY or len(members) < 2:
+            return None
+        b = members[1].birth
+        lag = self.node.backup_lag(self.driver.clock_us()).get(b)
+        return None if lag is None or lag["ready"] or not lag["entries"] else (b, lag)
+
+    async def _hand_off(self, b: int) -> None:
+        """Serve on until backup `b` (the successor) has caught up, the successor is
+        another (a view change), HANDOFF_WAIT_S have passed, or a stop is asked again."""
+        t0 = time.monotonic()
+        while True:
+            behind = self._successor_behind()
+            if (behind is None or behind[0] != b or self.stop_event.is_set()
+                    or time.monotonic() - t0 >= HANDOFF_WAIT_S):
+                break
+            await asyncio.sleep(HANDOFF_CHECK_S)
+        ms = (time.monotonic() - t0) * 1000
+        ready = behind is None
+        self._count("handoff_ms", round(ms))
+        _log(f"hand-off: {'the successor caught up' if ready else 'stopping without it'} "
+             f"after {ms:.0f} ms; leaving")
+        self._event("hand_off", ms=round(ms, 1), caught_up=ready)
+        self.stop_event.set()
 
     def _leave_no_process(self, stopped) -> None:
         """Leaving (a helper thread): the app's tree is killed, then every other

@@ -162,6 +162,45 @@ def test_a_joiner_still_replaying_is_not_removed_for_a_pause_longer_than_the_flo
         assert "reset (" not in lc.log_tail(lc.name_of(joiner["agent_pid"]), 20000)
 
 
+def test_a_primary_asked_to_stop_serves_on_until_its_successor_has_caught_up(tmp_path):
+    """A rolling restart: a backup restarted a moment ago still replays the group's
+    history when its primary gets SIGTERM. Leaving at once made the clients wait for
+    that replay (22-45 s with a PySpark driver's cold JVM, `llft chaos --kinds
+    restart`); the primary serves on until its successor has caught up, then leaves
+    (status 0) and the successor takes over. Here the joiner's application is stopped
+    mid-replay, so the primary must still be serving when it is let go."""
+    ticker = [*TICKER, "30000"]
+    with LocalCluster(str(tmp_path), group="ticker") as lc:
+        lc.start_replica("r1", ticker)
+        lc.wait_members(1)
+        lc.wait_status(lambda s: by_rank(s, 1)["counters"].get("oi_chunks_out", 0) >= 300,
+                       60, "a history to replay")
+        lc.start_replica("r2", ticker)
+        st = lc.wait_status(lambda s: (b := by_rank(s, 2)) is not None and b["app_pid"]
+                            and b["sync"] != "none", 60, "the joiner's application")
+        joiner = by_rank(st, 2)
+        assert joiner["sync"] == "catching-up", joiner
+        os.kill(joiner["app_pid"], signal.SIGSTOP)      # it replays nothing meanwhile
+        try:
+            st = lc.wait_status(lambda s: (b := by_rank(s, 2)) is not None and b["replaying"]
+                                and (b["lag_ms"] or 0) >= 1000, 60,
+                                "the primary hearing the joiner replay")
+            old = by_rank(st, 1)
+            lc.procs["r1"].send_signal(signal.SIGTERM)
+            _until(lambda: "serves on until backup" in lc.log_tail("r1"),
+                   "the primary saying it serves on")
+            made = by_rank(lc.status(), 1)["counters"]["oi_chunks_out"]
+            st = lc.wait_status(lambda s: by_rank(s, 1)["counters"]["oi_chunks_out"]
+                                >= made + 100, 60, "the primary serving on")
+            assert lc.alive("r1") and by_rank(st, 1)["birth"] == old["birth"]
+        finally:
+            os.kill(joiner["app_pid"], signal.SIGCONT)
+        assert lc.procs["r1"].wait(timeout=60) == 0, lc.log_tail("r1")
+        assert "hand-off: the successor caught up after" in lc.log_tail("r1", 20000)
+        new = lc.wait_primary(other_than=old["birth"])
+        assert new["birth"] == joiner["birth"]
+
+
 def _until(predicate, what: str):
     deadline = time.monotonic() + DEADLINE_S
     while not predicate():
