@@ -91,9 +91,9 @@ The agent and the app live and die together: the app gets SIGKILL when the agent
 (PR_SET_PDEATHSIG), and the agent exits with the app's status when the app ends.
 SIGTERM: a backup says LEAVE and stops at once (its primary removes it without waiting
 out its timeout); a primary whose successor (its senior backup) has not caught up since
-it joined serves on until it has, at most HANDOFF_WAIT_S (a second SIGTERM: at once),
+it joined serves on until it has, at most `handoff_wait_s` (a second SIGTERM: at once),
 so that a rolling restart does not make the clients wait for a joiner's replay
-(`_hand_off`); then it waits (bounded) until its backups hold all its order info, so
+(`_hand_off`; it gives up once the successor's lag stops shrinking); then it waits (bounded) until its backups hold all its order info, so
 the backup that takes over is exactly where it was, and says LEAVE. An app
 that ends by itself (the OOM killer's SIGKILL, a crash, an exit) stops its replica the
 same way: the group need not wait for its detector. Its sockets end before its exit
@@ -204,12 +204,15 @@ APP_WRITE_LOW_BYTES = 64 << 10
 # batch to the app in one send of at most this much, once per loop turn (`_feed_later`)
 APP_WRITE_JOIN_BYTES = 64 << 10
 TERM_FLUSH_S = 1.0               # SIGTERM at a primary: wait this long for backups' acks
-# SIGTERM at a primary whose successor is still catching up (a replica restarted a moment
-# before, replaying the group's history): it serves on until the successor has caught up,
-# this long at most (within the 30 s a supervisor commonly allows a stop -- Kubernetes'
-# default grace period, `llft chaos` -- before its SIGKILL, which a takeover masks too)
-HANDOFF_WAIT_S = 20.0
-HANDOFF_CHECK_S = 0.05           # ... how often it looks at the successor's lag report
+# SIGTERM at a primary whose successor is still catching up: how often it looks at the
+# successor's lag report (`_hand_off`; how long at most: [cluster] handoff_wait_s)
+HANDOFF_CHECK_S = 0.05
+# ... and it gives up once the successor's lag has not shrunk for this long: a successor
+# that replays no faster than the primary makes entries (a PySpark driver's jobs re-run on
+# a busy machine) never catches up, and every second waited is another its takeover
+# replays (`llft chaos --workload spark --kinds restart`: 60 s waited in vain, then a
+# 50 s pause instead of 10 s)
+HANDOFF_STALL_S = 5.0
 PROMOTE_CHECK_S = 0.002          # how often a promoting agent checks the app's progress
 TAG_SHIM, TAG_CONN, TAG_FRAME = b"S", b"C", b"F"
 # said at a takeover (`_heard_since`): did the silent primary's heartbeats reach us?
@@ -546,7 +549,7 @@ class Agent:
         b, lag = behind
         _log(f"{sig}: the application serves on until backup {mb.short_id(b)}, which takes "
              f"over, has caught up ({lag['entries']} positions, {lag['ms']:.0f} ms behind; "
-             f"at most {HANDOFF_WAIT_S:.0f} s; {sig} again stops at once)")
+             f"at most {self.cfg.handoff_wait_s:g} s; {sig} again stops at once)")
         self._handoff = self.tasks.spawn(self._hand_off(b), "hand-off")
 
     def _successor_behind(self) -> tuple[int, dict] | None:
@@ -563,20 +566,35 @@ class Agent:
 
     async def _hand_off(self, b: int) -> None:
         """Serve on until backup `b` (the successor) has caught up, the successor is
-        another (a view change), HANDOFF_WAIT_S have passed, or a stop is asked again."""
-        t0 = time.monotonic()
+        another (a view change), `handoff_wait_s` have passed, or a stop is asked again."""
+        t0 = best_t = time.monotonic()
+        best = None                             # the successor's least lag seen (entries)
         while True:
+            now = time.monotonic()
+            members = self.node.membership.members if self.node.live else ()
             behind = self._successor_behind()
-            if (behind is None or behind[0] != b or self.stop_event.is_set()
-                    or time.monotonic() - t0 >= HANDOFF_WAIT_S):
-                break
-            await asyncio.sleep(HANDOFF_CHECK_S)
+            if len(members) < 2 or members[1].birth != b or self.mode is not AppMode.PRIMARY:
+                why = "the successor is gone"
+            elif behind is None:
+                why = "the successor caught up"
+            elif self.stop_event.is_set():
+                why = "asked again"
+            elif now - t0 >= self.cfg.handoff_wait_s:
+                why = f"gave up after handoff_wait_s ({self.cfg.handoff_wait_s:g} s)"
+            elif best is not None and behind[1]["entries"] >= best \
+                    and now - best_t >= HANDOFF_STALL_S:
+                why = (f"the successor is not catching up ({behind[1]['entries']} positions "
+                       f"behind, no closer in {HANDOFF_STALL_S:g} s)")
+            else:
+                if best is None or behind[1]["entries"] < best:
+                    best, best_t = behind[1]["entries"], now
+                await asyncio.sleep(HANDOFF_CHECK_S)
+                continue
+            break
         ms = (time.monotonic() - t0) * 1000
-        ready = behind is None
         self._count("handoff_ms", round(ms))
-        _log(f"hand-off: {'the successor caught up' if ready else 'stopping without it'} "
-             f"after {ms:.0f} ms; leaving")
-        self._event("hand_off", ms=round(ms, 1), caught_up=ready)
+        _log(f"hand-off: {why} after {ms:.0f} ms; leaving")
+        self._event("hand_off", ms=round(ms, 1), why=why)
         self.stop_event.set()
 
     def _leave_no_process(self, stopped) -> None:

@@ -73,6 +73,10 @@ from llft.replica.node import LOG_CAP_BYTES, LOG_CAP_ENTRIES
 HEARTBEATS_PER_TIMEOUT = 5       # default heartbeat_ms = fault_timeout_ms / this
 DEFAULT_FAULT_TIMEOUT_MS = 100.0
 DEFAULT_REMOTE_TIMEOUT_MS = MessagingConfig().remote_timeout_us / 1000
+# SIGTERM at a primary whose successor still replays the group's history: serve on this
+# long at most for it to catch up (llft/runtime/agent.py `_hand_off`; docs/DESIGN.md,
+# "A graceful stop"); as long as membership lets a replay hold a takeover
+DEFAULT_HANDOFF_WAIT_S = 60.0
 
 
 def default_heartbeat_ms(fault_timeout_ms: float) -> float:
@@ -137,6 +141,7 @@ class ClusterConfig:
     remote_timeout_ms: float = DEFAULT_REMOTE_TIMEOUT_MS
     log_cap_bytes: int = LOG_CAP_BYTES
     log_cap_entries: int = LOG_CAP_ENTRIES
+    handoff_wait_s: float = DEFAULT_HANDOFF_WAIT_S
     groups: dict[str, GroupConfig] = field(default_factory=dict)
 
     def group(self, name: str) -> GroupConfig:
@@ -213,7 +218,8 @@ def _known_settings(path: str, where: str, table: dict, known: set[str]) -> None
 
 
 CLUSTER_KEYS = {"key_file", "interface", "ttl", "runtime_dir", "heartbeat_ms",
-                "fault_timeout_ms", "remote_timeout_ms", "log_cap_mib", "log_cap_entries"}
+                "fault_timeout_ms", "remote_timeout_ms", "log_cap_mib", "log_cap_entries",
+                "handoff_wait_s"}
 GROUP_KEYS = {"address", "service_port", "gateway_address", "grpc_relay_port"}
 
 
@@ -317,6 +323,9 @@ def parse(raw: dict, path: str = "<config>") -> ClusterConfig:
         log_cap_entries=int(_number(path, "[cluster] log_cap_entries",
                                     cl.get("log_cap_entries", LOG_CAP_ENTRIES), 1, 1 << 32,
                                     True)),
+        handoff_wait_s=float(_number(path, "[cluster] handoff_wait_s",
+                                     cl.get("handoff_wait_s", DEFAULT_HANDOFF_WAIT_S), 0,
+                                     3600)),
         groups=groups)
 
 

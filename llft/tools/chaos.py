@@ -90,6 +90,7 @@ import psutil
 
 from llft import EXAMPLES_DIR
 from llft.runtime import proctree
+from llft.runtime.config import DEFAULT_HANDOFF_WAIT_S
 from llft.tools import memcgroup, netns
 from llft.tools.cluster import ClusterError, LocalCluster
 from llft.tools.loadclient import LoadResult, run_load
@@ -103,6 +104,7 @@ KINDS = ("kill_primary", "kill_backup", "kill_both", "pause_primary", "pause_bac
 # replica in a network namespace of its own (llft/tools/netns.py) and cuts one member's
 # link for the hold time
 EXTRA_KINDS = ("kill_app", "oom_child", "kill_child", "term_child", "partition")
+TERM_STOP_S = 30.0              # restart: a replica stops this soon after SIGTERM (+ a hand-off)
 APP_DEATH_EXIT_S = 30.0         # kill_app: the agent stops within this once its app died
 OOM_CHILD_LIMIT_BYTES = 16 << 20    # oom_child: what the child may allocate after the move
 OOM_CHILD_EXIT_S = 120.0        # ... and how soon it must have done so and its agent stopped
@@ -443,13 +445,16 @@ class Campaign:
                 return "no member"
             m = ms[f.pick % len(ms)]
             how = "stopped (SIGTERM)"
+            # (a primary whose successor is still catching up serves on at most
+            # handoff_wait_s first: docs/DESIGN.md, "A graceful stop")
+            limit_s = DEFAULT_HANDOFF_WAIT_S + TERM_STOP_S
             try:
-                self.lc.kill(m["name"], signal.SIGTERM)
+                self.lc.kill(m["name"], signal.SIGTERM, timeout_s=limit_s)
             except subprocess.TimeoutExpired:
                 # a replica must leave on SIGTERM: a failure of this fault, not the end of
                 # the campaign
                 self.lc.kill(m["name"], signal.SIGKILL)
-                how = "did NOT stop on SIGTERM in 30 s (SIGKILLed)"
+                how = f"did NOT stop on SIGTERM in {limit_s:g} s (SIGKILLed)"
                 self.term_failures += 1
             self.replicas.remove(m["name"])
             return f"{m['name']} ({m['role']}) {how}; started {self._new_replica()}"

@@ -130,11 +130,11 @@ class LocalCluster:
         p = self.procs.get(name)
         return p is not None and p.poll() is None
 
-    def kill(self, name: str, sig=signal.SIGKILL) -> None:
+    def kill(self, name: str, sig=signal.SIGKILL, timeout_s: float = 30) -> None:
         p = self.procs[name]
         if p.poll() is None:
             p.send_signal(sig)
-        p.wait(timeout=30)
+        p.wait(timeout=timeout_s)
 
     def name_of(self, agent_pid: int) -> str | None:
         return next((n for n, p in self.procs.items() if p.pid == agent_pid), None)

@@ -54,6 +54,11 @@ def test_minimal_file_has_sound_defaults(tmp_path):
     assert 20000 <= g.grpc_relay_port < 30000
     named = config.load(write(tmp_path, MINIMAL + "grpc_relay_port = 12345\n", "b.toml"))
     assert named.group("counter").grpc_relay_port == 12345
+    # a primary stopped while its successor replays serves on at most this long
+    assert cfg.handoff_wait_s == 60
+    quick = config.load(write(tmp_path, MINIMAL.replace(
+        "[cluster]", "[cluster]\nhandoff_wait_s = 0"), "q.toml"))
+    assert quick.handoff_wait_s == 0
 
 
 @pytest.mark.parametrize("text, words", [
@@ -80,6 +85,8 @@ def test_minimal_file_has_sound_defaults(tmp_path):
      "service_port=1\n", "remote_timeout_ms = 400 is outside"),
     ("[cluster]\nkey_file='k'\n[group.a]\naddress='239.1.1.1:5'\nservice_port=1\n"
      "grpc_relay_port=0\n", "grpc_relay_port"),
+    ("[cluster]\nkey_file='k'\nhandoff_wait_s=-1\n[group.a]\naddress='239.1.1.1:5'\n"
+     "service_port=1\n", "handoff_wait_s = -1 is outside"),
 ])
 def test_faults_are_one_line(tmp_path, text, words):
     with pytest.raises(config.ConfigError) as e:
