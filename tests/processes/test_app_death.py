@@ -138,6 +138,16 @@ def _check_child_failover(lc: LocalCluster, old: dict, procs: list[psutil.Proces
     return st
 
 
+def _failover_after(lc: LocalCluster, addr, old: dict, procs: list[psutil.Process],
+                    engine: int, sig: int, why: str) -> dict:
+    """`sig` to the primary's `engine` from outside, 4 counter clients started right
+    after: `_check_child_failover`'s checks, `why` said."""
+    os.kill(engine, sig)
+    stop, results = threading.Event(), {}
+    loads = [_load(addr[0], addr[1], "counter", stop, results)]
+    return _check_child_failover(lc, old, procs, why, loads, stop, results)
+
+
 @pytest.mark.skipif(memcgroup.why_not() is not None, reason=str(memcgroup.why_not()))
 def test_a_process_of_the_application_taken_by_the_oom_killer_is_a_failover(tmp_path):
     """A PySpark driver's JVM is the replica's biggest process: the OOM killer's pick.
@@ -203,12 +213,9 @@ def test_a_process_of_the_application_killed_from_outside_is_a_failover(tmp_path
         procs = [psutil.Process(old["agent_pid"])] + tree(old["agent_pid"])
         assert _ask(addr, "RESTART") == "OK restarted (the old engine's status -9)"
         engine = psutil.Process(old["app_pid"]).children()[0].pid
-        os.kill(engine, signal.SIGKILL)
-        stop, results = threading.Event(), {}
-        loads = [_load(addr[0], addr[1], "counter", stop, results)]
-        st = _check_child_failover(lc, old, procs, f"SIGKILL from outside the application "
-                                   f"killed process {engine} (python) of the application",
-                                   loads, stop, results)
+        st = _failover_after(lc, addr, old, procs, engine, signal.SIGKILL,
+                             f"SIGKILL from outside the application killed process {engine} "
+                             "(python) of the application")
         assert st["view"] == view + 1 and len(st["members"]) == 2
 
 
@@ -229,12 +236,9 @@ def test_a_process_of_the_application_told_to_stop_from_outside_is_a_failover(tm
         procs = [psutil.Process(old["agent_pid"])] + tree(old["agent_pid"])
         engine = psutil.Process(old["app_pid"]).children()[0].pid
         wait_for(lambda: _handles(engine, signal.SIGTERM), "the engine's SIGTERM handler", 60)
-        os.kill(engine, signal.SIGTERM)
-        stop, results = threading.Event(), {}
-        loads = [_load(addr[0], addr[1], "counter", stop, results)]
-        st = _check_child_failover(
-            lc, old, procs, f"SIGTERM from outside the application stopped process {engine} "
-                            "(python) of the application", loads, stop, results)
+        st = _failover_after(lc, addr, old, procs, engine, signal.SIGTERM,
+                             f"SIGTERM from outside the application stopped process {engine} "
+                             "(python) of the application")
         assert len(st["members"]) == 2
 
 
@@ -254,12 +258,9 @@ def test_a_grandchild_of_the_application_killed_from_outside_is_a_failover(tmp_p
         procs = [psutil.Process(old["agent_pid"])] + tree(old["agent_pid"])
         launcher, = psutil.Process(old["app_pid"]).children()
         engine = launcher.children()[0].pid
-        os.kill(engine, signal.SIGKILL)
-        stop, results = threading.Event(), {}
-        loads = [_load(addr[0], addr[1], "counter", stop, results)]
-        st = _check_child_failover(lc, old, procs, f"SIGKILL from outside the application "
-                                   f"killed process {engine} (python) of the application",
-                                   loads, stop, results)
+        st = _failover_after(lc, addr, old, procs, engine, signal.SIGKILL,
+                             f"SIGKILL from outside the application killed process {engine} "
+                             "(python) of the application")
         assert len(st["members"]) == 2
 
 

@@ -123,39 +123,48 @@ def test_a_backup_beyond_the_bound_too_long_is_released_and_ready_again_later(tm
         assert "reset (" not in lc.log_tail(lc.name_of(backup["agent_pid"]), 20000)
 
 
+@contextlib.contextmanager
+def a_joiner_stopped_replaying(lc: LocalCluster):
+    """r1 with a history, then r2 joining it, whose application is SIGSTOPped while it
+    replays that history (SIGCONT at the block's end), once its primary has heard it
+    replay for a second. Each tick does work a replaying backup redoes, so the replay
+    lasts seconds: long enough to be seen "catching-up" and stopped there. Yields the
+    status then and the joiner's line."""
+    ticker = [*TICKER, "30000"]
+    lc.start_replica("r1", ticker)
+    lc.wait_members(1)
+    lc.wait_status(lambda s: by_rank(s, 1)["counters"].get("oi_chunks_out", 0) >= 300,
+                   60, "a history to replay")
+    lc.start_replica("r2", ticker)
+    st = lc.wait_status(lambda s: (b := by_rank(s, 2)) is not None and b["app_pid"]
+                        and b["sync"] != "none", 60, "the joiner's application")
+    joiner = by_rank(st, 2)
+    assert joiner["sync"] == "catching-up", joiner
+    os.kill(joiner["app_pid"], signal.SIGSTOP)      # it replays nothing meanwhile
+    try:
+        # the primary heard it say so, and its state transfer's settling is long over
+        st = lc.wait_status(lambda s: (b := by_rank(s, 2)) is not None and b["replaying"]
+                            and (b["lag_ms"] or 0) >= 1000, 60,
+                            "the primary hearing the joiner replay")
+        assert by_rank(st, 2)["birth"] == joiner["birth"]
+        yield st, joiner
+    finally:
+        os.kill(joiner["app_pid"], signal.SIGCONT)
+
+
 def test_a_joiner_still_replaying_is_not_removed_for_a_pause_longer_than_the_floor(tmp_path):
     # A restarted Spark replica replaying 36,000 entries with a cold JVM had its loop
     # wake 208 ms late; its primary removed it as silent, and it started over with a
     # longer log. Here the joiner's application is stopped during its replay (it stays
     # "catching-up"), then its agent is stopped for 300 ms: past the primary's floor on a
     # backup (2 x fault_timeout_ms), within floor + cap (5 x).
-    # Each tick does work a replaying backup redoes, so the joiner's replay lasts
-    # seconds: long enough to be seen "catching-up" and stopped there.
-    ticker = [*TICKER, "30000"]
     with LocalCluster(str(tmp_path), group="ticker") as lc:
-        lc.start_replica("r1", ticker)
-        lc.wait_members(1)
-        lc.wait_status(lambda s: by_rank(s, 1)["counters"].get("oi_chunks_out", 0) >= 300,
-                       60, "a history to replay")
-        lc.start_replica("r2", ticker)
-        st = lc.wait_status(lambda s: (b := by_rank(s, 2)) is not None and b["app_pid"]
-                            and b["sync"] != "none", 60, "the joiner's application")
-        joiner = by_rank(st, 2)
-        assert joiner["sync"] == "catching-up", joiner
-        os.kill(joiner["app_pid"], signal.SIGSTOP)      # it replays nothing meanwhile
-        try:
-            # the primary heard it say so, and its state transfer's settling is long over
-            st = lc.wait_status(lambda s: (b := by_rank(s, 2)) is not None and b["replaying"]
-                                and (b["lag_ms"] or 0) >= 1000, 60,
-                                "the primary hearing the joiner replay")
-            assert by_rank(st, 2)["birth"] == joiner["birth"]
+        with a_joiner_stopped_replaying(lc) as (st, joiner):
             os.kill(joiner["agent_pid"], signal.SIGSTOP)
             try:
                 time.sleep(0.3)             # the pause itself (a starved loop), not a wait
             finally:
                 os.kill(joiner["agent_pid"], signal.SIGCONT)
-        finally:
-            os.kill(joiner["app_pid"], signal.SIGCONT)
         st = lc.wait_status(ready_backup, 120, "the joiner caught up")
         assert by_rank(st, 2)["birth"] == joiner["birth"]
         assert not by_rank(st, 2)["replaying"]
@@ -173,22 +182,8 @@ def test_a_primary_asked_to_stop_serves_on_until_its_successor_has_caught_up(tmp
     the joiner's application is stopped mid-replay, so the primary must still be
     serving when it is let go (`resumed`); left stopped, its lag does not shrink, and the
     primary gives up on it after HANDOFF_STALL_S and leaves all the same."""
-    ticker = [*TICKER, "30000"]
     with LocalCluster(str(tmp_path), group="ticker") as lc:
-        lc.start_replica("r1", ticker)
-        lc.wait_members(1)
-        lc.wait_status(lambda s: by_rank(s, 1)["counters"].get("oi_chunks_out", 0) >= 300,
-                       60, "a history to replay")
-        lc.start_replica("r2", ticker)
-        st = lc.wait_status(lambda s: (b := by_rank(s, 2)) is not None and b["app_pid"]
-                            and b["sync"] != "none", 60, "the joiner's application")
-        joiner = by_rank(st, 2)
-        assert joiner["sync"] == "catching-up", joiner
-        os.kill(joiner["app_pid"], signal.SIGSTOP)      # it replays nothing meanwhile
-        try:
-            st = lc.wait_status(lambda s: (b := by_rank(s, 2)) is not None and b["replaying"]
-                                and (b["lag_ms"] or 0) >= 1000, 60,
-                                "the primary hearing the joiner replay")
+        with a_joiner_stopped_replaying(lc) as (st, joiner):
             old = by_rank(st, 1)
             lc.procs["r1"].send_signal(signal.SIGTERM)
             _until(lambda: "serves on until backup" in lc.log_tail("r1"),
@@ -202,8 +197,6 @@ def test_a_primary_asked_to_stop_serves_on_until_its_successor_has_caught_up(tmp
             if not resumed:
                 assert lc.procs["r1"].wait(timeout=60) == 0, lc.log_tail("r1")
                 assert "hand-off: the successor is not catching up" in lc.log_tail("r1", 20000)
-        finally:
-            os.kill(joiner["app_pid"], signal.SIGCONT)
         assert lc.procs["r1"].wait(timeout=60) == 0, lc.log_tail("r1")
         if resumed:
             assert "hand-off: the successor caught up after" in lc.log_tail("r1", 20000)

@@ -8,6 +8,7 @@ outside is this machine's failure. A signal a program's handler received is note
 (a JVM exits with status 143 after its shutdown on SIGTERM)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,6 +16,26 @@ import sys
 
 from determinizer.runner import shim_env, spawn
 from determinizer.shm import Shm
+
+
+@contextlib.contextmanager
+def _run_noted(code: str, tmp_path):
+    """`code` run to its end as an app under the shim, with a shared block drained as
+    an agent does (the ring must not fill): the block, and the app's output lines."""
+    shm = Shm.create(Shm.PRIMARY)
+    try:
+        env = shim_env({k: v for k, v in os.environ.items() if not k.startswith("LLFT_")},
+                       shm.env())
+        proc = spawn([sys.executable, "-c", code], env, cwd=str(tmp_path),
+                     stdout=subprocess.PIPE)
+        while proc.poll() is None:
+            shm.drain(timeout_ms=50)
+        lines = proc.stdout.read().decode().splitlines()
+        assert proc.returncode == 0, lines
+        yield shm, lines
+    finally:
+        shm.close()
+
 
 APP = r"""
 import os, signal, subprocess, sys
@@ -59,16 +80,7 @@ print(j.pid, j.wait(), flush=True)
 
 
 def test_the_shim_notes_the_signals_sent_and_the_children_reaped(tmp_path):
-    shm = Shm.create(Shm.PRIMARY)
-    try:
-        env = shim_env({k: v for k, v in os.environ.items() if not k.startswith("LLFT_")},
-                       shm.env())
-        proc = spawn([sys.executable, "-c", APP], env, cwd=str(tmp_path),
-                     stdout=subprocess.PIPE)
-        while proc.poll() is None:          # the agent's drain (the ring must not fill)
-            shm.drain(timeout_ms=50)
-        lines = proc.stdout.read().decode().splitlines()
-        assert proc.returncode == 0, lines
+    with _run_noted(APP, tmp_path) as (shm, lines):
         assert shm.active_pid, "the shim did not activate"
         a, b, c, me = map(int, lines[0].split())
         d, e, f, g, *codes = map(int, lines[1].split())
@@ -87,8 +99,7 @@ def test_the_shim_notes_the_signals_sent_and_the_children_reaped(tmp_path):
         reaped = shm.children_reaped()
         assert {k: v & 0x7F for k, v in reaped.items() if k in (a, b, c)} == {
             a: signal.SIGKILL, b: signal.SIGTERM, c: signal.SIGTERM}
-    finally:
-        shm.close()
+
 
 
 # The other ways to start a program and to signal one: system(), the execl family (glibc
@@ -139,16 +150,7 @@ print(sorted(k for k in os.environ if k.startswith("LLFT_") or "llft" in os.envi
 
 
 def test_the_other_ways_to_start_a_program_or_signal_one_are_noted(tmp_path):
-    shm = Shm.create(Shm.PRIMARY)
-    try:
-        env = shim_env({k: v for k, v in os.environ.items() if not k.startswith("LLFT_")},
-                       shm.env())
-        proc = spawn([sys.executable, "-c", OTHER_WAYS], env, cwd=str(tmp_path),
-                     stdout=subprocess.PIPE)
-        while proc.poll() is None:
-            shm.drain(timeout_ms=50)
-        lines = proc.stdout.read().decode().splitlines()
-        assert proc.returncode == 0, lines
+    with _run_noted(OTHER_WAYS, tmp_path) as (shm, lines):
         pids = list(map(int, lines[0].split()))
         *targets, tid = pids
         assert tid != targets[-1], "the thread signalled is the process's first"
@@ -157,8 +159,7 @@ def test_the_other_ways_to_start_a_program_or_signal_one_are_noted(tmp_path):
         sent = shm.signals_sent()
         assert [t for t in targets if (t, signal.SIGTERM) not in sent] == [], sent
         assert all(t != tid for t, _ in sent), "a thread's id noted, not its process's"
-    finally:
-        shm.close()
+
 
 
 # The processes the app's programs reap, each way a program reaps: a shell's `wait` of a
@@ -190,19 +191,9 @@ print(a, b, c, d, flush=True)
 def test_the_processes_the_apps_programs_reap_are_noted(tmp_path):
     """The agent watches the app's grandchildren too (a program behind a shell or a
     launcher); the one its parent reaped the moment it died is known from the note."""
-    shm = Shm.create(Shm.PRIMARY)
-    try:
-        env = shim_env({k: v for k, v in os.environ.items() if not k.startswith("LLFT_")},
-                       shm.env())
-        proc = spawn([sys.executable, "-c", PROGRAMS_REAP], env, cwd=str(tmp_path),
-                     stdout=subprocess.PIPE)
-        while proc.poll() is None:
-            shm.drain(timeout_ms=50)
-        lines = proc.stdout.read().decode().splitlines()
-        assert proc.returncode == 0, lines
+    with _run_noted(PROGRAMS_REAP, tmp_path) as (shm, lines):
         a, b, c, d = map(int, lines[0].split())
         reaped = shm.children_reaped()
         assert {k: reaped.get(k) for k in (a, b, c, d)} == {
             a: signal.SIGKILL, b: 3 << 8, c: signal.SIGTERM, d: 5 << 8}, reaped
-    finally:
-        shm.close()
+
