@@ -458,6 +458,7 @@ class Agent:
         self._own_lag = {"entries": 0, "ms": 0.0}
         self._lag_held = False                # primary: backpressure on (see docstring)
         self._handoff: asyncio.Task | None = None   # SIGTERM at a primary (`_stop_asked`)
+        self._handing_off: int | None = None    # ... the successor it serves on for
         self._lag_work = asyncio.Event()      # entries moved: the lag task checks again
         self._promote_from = 0                # entries executed when promotion began
         self._held_since = 0.0
@@ -550,6 +551,8 @@ class Agent:
         _log(f"{sig}: the application serves on until backup {mb.short_id(b)}, which takes "
              f"over, has caught up ({lag['entries']} positions, {lag['ms']:.0f} ms behind; "
              f"at most {self.cfg.handoff_wait_s:g} s; {sig} again stops at once)")
+        self._handing_off = b
+        self._event("hand_off_begun", successor=f"{b:x}")    # (`llft status` shows it)
         self._handoff = self.tasks.spawn(self._hand_off(b), "hand-off")
 
     def _successor_behind(self) -> tuple[int, dict] | None:
@@ -1880,6 +1883,7 @@ class Agent:
             },
             "sync": self._sync, "own_lag": self._own_lag if self._sync != "none" else None,
             "lag_held": self._lag_held,
+            "handing_off": None if self._handing_off is None else f"{self._handing_off:x}",
             "connections": self.registered,
             "connections_open": len(self.conns),
             # streams (client connections) in the group connections, and those

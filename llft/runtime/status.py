@@ -15,8 +15,8 @@ the view with host "?" and no pids.
 JSON (`--json`):
     {"group": G, "view": pvn, "primary": birth,
      "members": [{"birth", "role", "rank", "precedence", "host", "agent_pid", "app_pid",
-                  "lag", "lag_ms", "lag_entries", "sync", "lag_held", "log", "diverged",
-                  "takeover", "counters", ...}, ...],
+                  "lag", "lag_ms", "lag_entries", "sync", "lag_held", "handing_off",
+                  "log", "diverged", "takeover", "counters", ...}, ...],
 `lag` counts order-info positions the replica has not received; `lag_ms` is how old the
 oldest entry is that its application has not executed (the primary's measure, which the
 lag bound holds, docs/LOG.md); `sync` is "catching-up" for a joiner still replaying the
@@ -25,7 +25,9 @@ say so: the primary then waits longest on it, floor + cap); `catch_up_ms` is a b
 estimate of how long its application needs for what it was given (no takeover by it
 before that, docs/LOG.md);
 `takeover.held` is true while a backup's detector has
-fired and no remote group has yet said that the primary is silent there too.
+fired and no remote group has yet said that the primary is silent there too;
+`handing_off` is the successor a primary asked to stop serves on for (until it has
+caught up: docs/DESIGN.md, "A graceful stop"), else null.
      "gateways": [...], "departed": [...]}
 Exit status: 0 if the group has a primary, 1 if none was found, 2 on a configuration error.
 """
@@ -212,7 +214,8 @@ def group_status(cfg: config_mod.ClusterConfig, group: str) -> dict:
                 # the primary heard it say it replays its history: it waits longest on it
                 "replaying": f"{m['birth']:x}" in (prim.get("backups_replaying") or ()),
                 "sync": "primary" if m["rank"] == 1 else a.get("sync", "?"),
-                "lag_held": a.get("lag_held"), "log": a.get("log"),
+                "lag_held": a.get("lag_held"), "handing_off": a.get("handing_off"),
+                "log": a.get("log"),
                 "connections": a.get("connections"), "diverged": a.get("diverged"),
                 "connections_open": a.get("connections_open"), "streams": a.get("streams"),
                 "group_connections": a.get("group_connections"),
@@ -260,6 +263,9 @@ def render(st: dict) -> str:
         if m["lag_held"]:
             lines.append("     backpressure: the application is held (a backup is beyond "
                          "the lag bound)")
+        if m.get("handing_off"):
+            lines.append(f"     stopping: serves on until backup {m['handing_off']}, which "
+                         "takes over, has caught up (docs/DESIGN.md, \"A graceful stop\")")
         log = m["log"] or {}
         if log.get("full"):
             lines.append(f"     log full, joins refused: {log['full']}")

@@ -188,6 +188,9 @@ def test_a_primary_asked_to_stop_serves_on_until_its_successor_has_caught_up(tmp
             lc.procs["r1"].send_signal(signal.SIGTERM)
             _until(lambda: "serves on until backup" in lc.log_tail("r1"),
                    "the primary saying it serves on")
+            # `llft status` says so too
+            lc.wait_status(lambda s: by_rank(s, 1)["handing_off"] == f"{joiner['birth']:x}",
+                           60, "the primary's status saying it hands off")
             # (promptly: a successor whose lag does not shrink for HANDOFF_STALL_S is
             # given up on, as this one would be, stopped)
             made = by_rank(lc.status(), 1)["counters"]["oi_chunks_out"]
