@@ -50,6 +50,7 @@ DRAIN_CHUNK_BYTES = 1 << 20
 # The agent's reset marks still out (ctl.resets) before it lets the oldest go: half the
 # table, so the app's own marks (a close after SO_LINGER 0) always find room.
 AGENT_RESET_MARKS = lib.LLFT_RESET_SLOTS // 2
+NOTES_NONE = 0xFFFFFFFF     # `_notes(which, NOTES_NONE)`: a ring's count, no note copied
 
 Mode = c_enum("Mode", "enum llft_mode", "LLFT_MODE_")
 CtlWord = c_enum("CtlWord", "enum llft_ctl_word", "LLFT_CTL_")
@@ -228,7 +229,7 @@ class Shm:
     def signals_sent_count(self) -> int:
         """How many signals the app ever sent (`signals_sent` keeps the latest
         NOTE_SLOTS)."""
-        return self._notes(0)[0]
+        return self._notes(0, NOTES_NONE)[0]
 
     def children_reaped(self) -> dict[int, int]:
         """The latest children the app reaped (waitpid): pid -> real wait status."""
@@ -237,7 +238,7 @@ class Shm:
     def reaped_since(self, seen: int) -> tuple[int, list[tuple[int, int]]]:
         """The children reaped after the first `seen` reaps, (pid, wait status) oldest
         first (the latest LLFT_NOTE_SLOTS at most), and the count of reaps so far."""
-        return self._since(1, seen)
+        return self._notes(1, seen)
 
     def signals_received(self) -> list[tuple[int, int]]:
         """The latest SIGTERM, SIGINT and SIGHUP that a process sent a program the app
@@ -246,7 +247,7 @@ class Shm:
 
     def received_since(self, seen: int) -> tuple[int, list[tuple[int, int]]]:
         """`signals_received` after the first `seen`, and the count so far."""
-        return self._since(2, seen)
+        return self._notes(2, seen)
 
     @property
     def child_news(self) -> int:
@@ -255,16 +256,14 @@ class Shm:
         it started received a signal that may end it (`signals_received`)."""
         return self._get(CtlWord.CHILD_NEWS)
 
-    def _since(self, which: int, seen: int) -> tuple[int, list[tuple[int, int]]]:
-        count, notes = self._notes(which)
-        return count, notes[max(0, len(notes) - (count - seen)):]
-
-    def _notes(self, which: int) -> tuple[int, list[tuple[int, int]]]:
+    def _notes(self, which: int, since: int = 0) -> tuple[int, list[tuple[int, int]]]:
+        """(how many notes ring `which` ever took, those numbered `since` and after that
+        it still keeps): only those are copied (NOTES_NONE: the count alone)."""
         if self._base is None:
             return 0, []
         out = ffi.new("int32_t[]", 2 * lib.LLFT_NOTE_SLOTS)
         count = ffi.new("uint32_t *")
-        n = lib.llft_proc_notes(self._base, which, out, count)
+        n = lib.llft_proc_notes(self._base, which, min(since, NOTES_NONE), out, count)
         return count[0], [(out[2 * i], out[2 * i + 1]) for i in range(n)]
 
     @property

@@ -48,7 +48,7 @@ FUNCTIONS = """
     int64_t llft_oi_walk(const uint8_t *buf, size_t len, size_t start, uint64_t max_entries,
                          uint64_t max_bytes, uint64_t *end);
     uint32_t llft_get(void *base, int what);
-    int llft_proc_notes(void *base, int which, int32_t *out, uint32_t *count);
+    int llft_proc_notes(void *base, int which, uint32_t since, int32_t *out, uint32_t *count);
     int llft_group_name(void *base, char *buf, size_t n);
     int llft_conn_reset_mark(void *base, uint32_t by, uint32_t conn);
     int llft_conn_reset_take(void *base, uint32_t by, uint32_t conn);
@@ -299,19 +299,23 @@ uint32_t llft_get(void *base, int what) {
     }
     return 0;
 }
-/* The latest notes of ring `which` (0: ctl.sent, 1: ctl.reaped, 2: ctl.received), oldest
- * first, as (pid, value) pairs into out[2 * LLFT_NOTE_SLOTS]; returns how many (at most
- * LLFT_NOTE_SLOTS), and in *count how many were ever written (the last one's number + 1). */
-int llft_proc_notes(void *base, int which, int32_t *out, uint32_t *count) {
+/* The notes of ring `which` (0: ctl.sent, 1: ctl.reaped, 2: ctl.received) numbered
+ * `since` and after that the ring still keeps (the latest LLFT_NOTE_SLOTS), oldest first,
+ * as (pid, value) pairs into out[2 * LLFT_NOTE_SLOTS]; returns how many, and in *count
+ * how many were ever written (the last one's number + 1). (since >= *count: none, the
+ * count alone.) */
+int llft_proc_notes(void *base, int which, uint32_t since, int32_t *out, uint32_t *count) {
     struct llft_ctl *c = &((struct llft_shm *)base)->ctl;
     uint32_t *counts[] = {&c->sent_count, &c->reaped_count, &c->received_count};
     struct llft_proc_note *rings[] = {c->sent, c->reaped, c->received};
     if (which < 0 || which > 2) return 0;
     uint32_t n = __atomic_load_n(counts[which], __ATOMIC_ACQUIRE);
     struct llft_proc_note *ring = rings[which];
-    int k = n < LLFT_NOTE_SLOTS ? (int)n : LLFT_NOTE_SLOTS;
+    uint32_t first = n > LLFT_NOTE_SLOTS ? n - LLFT_NOTE_SLOTS : 0;
+    if (since > first) first = since < n ? since : n;
+    int k = (int)(n - first);
     for (int i = 0; i < k; i++) {
-        struct llft_proc_note *slot = &ring[(n - (uint32_t)k + (uint32_t)i) % LLFT_NOTE_SLOTS];
+        struct llft_proc_note *slot = &ring[(first + (uint32_t)i) % LLFT_NOTE_SLOTS];
         out[2 * i + 1] = __atomic_load_n(&slot->value, __ATOMIC_ACQUIRE);
         out[2 * i] = __atomic_load_n(&slot->pid, __ATOMIC_RELAXED);
     }

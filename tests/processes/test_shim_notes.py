@@ -96,6 +96,9 @@ def test_the_shim_notes_the_signals_sent_and_the_children_reaped(tmp_path):
         assert status == 143 and shm.signals_received() == [(j, signal.SIGTERM)]
         assert all(t != me for t, _ in shm.signals_sent())
         assert shm.signals_sent_count == len(shm.signals_sent()) < Shm.NOTE_SLOTS
+        # the reaps after the first `seen` only: the latest one, then none
+        n, all_reaped = shm.reaped_since(0)
+        assert shm.reaped_since(n - 1) == (n, all_reaped[-1:]) and shm.reaped_since(n) == (n, [])
         reaped = shm.children_reaped()
         assert {k: v & 0x7F for k, v in reaped.items() if k in (a, b, c)} == {
             a: signal.SIGKILL, b: signal.SIGTERM, c: signal.SIGTERM}
