@@ -93,9 +93,9 @@ SIGTERM: a backup says LEAVE and stops at once (its primary removes it without w
 out its timeout); a primary whose successor (its senior backup) has not caught up since
 it joined serves on until it has, at most `handoff_wait_s` (a second SIGTERM: at once),
 so that a rolling restart does not make the clients wait for a joiner's replay
-(`_hand_off`; it gives up once the successor's lag stops shrinking); then it waits (bounded) until its backups hold all its order info, so
-the backup that takes over is exactly where it was, and says LEAVE. An app
-that ends by itself (the OOM killer's SIGKILL, a crash, an exit) stops its replica the
+(`_hand_off`; it gives up once the successor's lag stops shrinking); then it waits
+(bounded) until its backups hold all its order info, so the backup that takes over is
+exactly where it was, and says LEAVE. An app that ends by itself (the OOM killer's SIGKILL, a crash, an exit) stops its replica the
 same way: the group need not wait for its detector. Its sockets end before its exit
 status can be read, and those ends are its death's, not closes it made
 (`_app_closed`, `Application.dying`): framed, they reached every client. A child of the
@@ -457,8 +457,8 @@ class Agent:
         self._restored_mono = 0.0
         self._own_lag = {"entries": 0, "ms": 0.0}
         self._lag_held = False                # primary: backpressure on (see docstring)
-        self._handoff: asyncio.Task | None = None   # SIGTERM at a primary (`_stop_asked`)
-        self._handing_off: int | None = None    # ... the successor it serves on for
+        self._handing_off: int | None = None    # SIGTERM at a primary: the successor it
+                                                # serves on for (`_stop_asked`)
         self._lag_work = asyncio.Event()      # entries moved: the lag task checks again
         self._promote_from = 0                # entries executed when promotion began
         self._held_since = 0.0
@@ -540,7 +540,7 @@ class Agent:
     def _stop_asked(self, sig: str) -> None:
         """SIGTERM or SIGINT: stop, after a hand-off if this primary's successor is
         still catching up; a second signal stops at once."""
-        if self._handoff is not None or self.stop_event.is_set():
+        if self._handing_off is not None or self.stop_event.is_set():
             self.stop_event.set()
             return
         behind = self._successor_behind()
@@ -553,7 +553,7 @@ class Agent:
              f"at most {self.cfg.handoff_wait_s:g} s; {sig} again stops at once)")
         self._handing_off = b
         self._event("hand_off_begun", successor=f"{b:x}")    # (`llft status` shows it)
-        self._handoff = self.tasks.spawn(self._hand_off(b), "hand-off")
+        self.tasks.spawn(self._hand_off(b), "hand-off")
 
     def _successor_behind(self) -> tuple[int, dict] | None:
         """This primary's successor (its senior backup) and its lag, while it has not
