@@ -682,6 +682,11 @@ class Membership:
         """At the primary: the backups whose last HEARTBEAT said `replay`."""
         return set(self._replaying) if self.status in PRIMARY_STATUSES else set()
 
+    def restoring(self, birth: int) -> bool:
+        """At the primary: `birth` has not yet replayed the state it joined with (it waits
+        for it, gets it, settles after it, or its HEARTBEAT says `replay`)."""
+        return self._receiving_state(birth)
+
     def replay_flag(self) -> int:
         """What our HEARTBEAT's `replay` says: 1 while we are a backup catching up (our
         primary then gives us its longest timeouts: `_receiving_state`)."""

@@ -358,11 +358,15 @@ class ReplicaNode:
 
     def backup_lag(self, now_us: int) -> dict[int, dict]:
         """The primary: each backup's lag (entries = order-info positions its application
-        has not executed, ms = age of the oldest of them, ready = caught up once)."""
+        has not executed, ms = age of the oldest of them, ready = caught up once,
+        executed = positions of this view its application executed)."""
         if not self.live:
             return {}
-        return {b: {"entries": n, "ms": round(age / 1000, 1), "ready": b in self._ready}
-                for b, (n, age, _) in self.messaging.backup_lag(now_us).items()}
+        lags = self.messaging.backup_lag(now_us)
+        made = self.messaging.order_info_produced() if lags else 0
+        return {b: {"entries": n, "ms": round(age / 1000, 1), "ready": b in self._ready,
+                    "executed": made - n}
+                for b, (n, age, _) in lags.items()}
 
     def lag_hold(self, now_us: int) -> bool:
         """The primary: True while a ready backup is more than lag_bound_us behind (the

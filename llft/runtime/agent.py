@@ -548,24 +548,44 @@ class Agent:
             self.stop_event.set()
             return
         b, lag = behind
+        how = (f"{lag['entries']} positions, {lag['ms']:.0f} ms behind"
+               + ("; it replays older views' history first" if self._progress_unseen(lag)
+                  else ""))
         _log(f"{sig}: the application serves on until backup {mb.short_id(b)}, which takes "
-             f"over, has caught up ({lag['entries']} positions, {lag['ms']:.0f} ms behind; "
-             f"at most {self.cfg.handoff_wait_s:g} s; {sig} again stops at once)")
+             f"over, has caught up ({how}; at most {self.cfg.handoff_wait_s:g} s; {sig} "
+             f"again stops at once)")
         self._handing_off = b
         self._event("hand_off_begun", successor=f"{b:x}")    # (`llft status` shows it)
         self.tasks.spawn(self._hand_off(b), "hand-off")
 
     def _successor_behind(self) -> tuple[int, dict] | None:
-        """This primary's successor (its senior backup) and its lag, while it has not
-        caught up since it joined (a replica started a moment ago, replaying the group's
-        history: a takeover by it would wait for that replay) and has positions left to
-        execute (an idle group makes none that would make it `ready`); else None."""
+        """This primary's successor (its senior backup) and its lag, while a takeover by
+        it would wait for a replay: it has not replayed the state it joined with (a
+        replica started a moment ago; membership knows: it waits for the state, gets
+        it, or its heartbeats say it replays), or it has positions of this view left to
+        execute and has not caught up since it joined (an idle group makes none that
+        would make it `ready`; a joiner's lag counts its view's first position, which it
+        replays as history, until another comes: not while it shows no progress);
+        else None."""
         members = self.node.membership.members if self.node.live else ()
         if self.mode is not AppMode.PRIMARY or len(members) < 2:
             return None
         b = members[1].birth
         lag = self.node.backup_lag(self.driver.clock_us()).get(b)
-        return None if lag is None or lag["ready"] or not lag["entries"] else (b, lag)
+        if lag is None:
+            return None
+        if self.node.membership.restoring(b):
+            return b, lag
+        return (None if lag["ready"] or not lag["entries"] or self._progress_unseen(lag)
+                else (b, lag))
+
+    def _progress_unseen(self, lag: dict) -> bool:
+        """The successor replays older views' history (it has executed no position of
+        this view, and the log holds older ones): its progress does not show in its lag,
+        which counts this view's positions only."""
+        pvn = self.node.pvn
+        return not lag["executed"] and any(p < pvn and q for p, q in
+                                           self.node.views_ended().items())
 
     async def _hand_off(self, b: int) -> None:
         """Serve on until backup `b` (the successor) has caught up, the successor is
@@ -576,6 +596,9 @@ class Agent:
             now = time.monotonic()
             members = self.node.membership.members if self.node.live else ()
             behind = self._successor_behind()
+            # (its progress in positions, 0 where none shows)
+            e = (behind[1]["entries"] if behind is not None
+                 and not self._progress_unseen(behind[1]) else 0)
             if len(members) < 2 or members[1].birth != b or self.mode is not AppMode.PRIMARY:
                 why = "the successor is gone"
             elif behind is None:
@@ -584,13 +607,16 @@ class Agent:
                 why = "asked again"
             elif now - t0 >= self.cfg.handoff_wait_s:
                 why = f"gave up after handoff_wait_s ({self.cfg.handoff_wait_s:g} s)"
-            elif best is not None and behind[1]["entries"] >= best \
+            elif e and best is not None and e >= best \
                     and now - best_t >= HANDOFF_STALL_S:
-                why = (f"the successor is not catching up ({behind[1]['entries']} positions "
-                       f"behind, no closer in {HANDOFF_STALL_S:g} s)")
+                why = (f"the successor is not catching up ({e} positions behind, no closer "
+                       f"in {HANDOFF_STALL_S:g} s)")
             else:
-                if best is None or behind[1]["entries"] < best:
-                    best, best_t = behind[1]["entries"], now
+                # (while it replays older views' history, or is behind in none of this
+                # view's positions, its progress does not show: only handoff_wait_s
+                # bounds that wait)
+                if e and (best is None or e < best):
+                    best, best_t = e, now
                 await asyncio.sleep(HANDOFF_CHECK_S)
                 continue
             break

@@ -29,6 +29,7 @@ import pytest
 
 from llft import EXAMPLES_DIR
 from llft.replica.node import LAG_BOUND_US
+from llft.runtime.agent import HANDOFF_STALL_S
 from llft.tools.cluster import LocalCluster
 
 DEADLINE_S = 60.0
@@ -205,6 +206,55 @@ def test_a_primary_asked_to_stop_serves_on_until_its_successor_has_caught_up(tmp
             assert "hand-off: the successor caught up after" in lc.log_tail("r1", 20000)
         new = lc.wait_primary(other_than=old["birth"])
         assert new["birth"] == joiner["birth"]
+
+
+def test_a_primary_promoted_a_moment_ago_serves_on_until_a_joiner_replaying_older_views_caught_up(tmp_path):
+    """The rolling restart right after a failover, the group idle: the new primary's
+    view holds only its promotion's position, so its successor's lag (this view's
+    positions) stands still while that joiner replays the older view's history. Giving up
+    on it as "not catching up" after HANDOFF_STALL_S made the clients wait for the rest
+    of that replay; the primary serves on until it has caught up (handoff_wait_s at most)."""
+    ticker = [*TICKER, "30000", "600"]          # 600 ticks of work, then idle
+    with LocalCluster(str(tmp_path), group="ticker") as lc:
+        lc.start_replica("r1", ticker)
+        lc.wait_members(1)
+        lc.start_replica("r2", ticker)
+        lc.wait_members(2)
+        for name in ("r1", "r2"):               # r2's app replayed every tick r1 made
+            _until(lambda: "ticker: 600 ticks done" in lc.log_tail(name, 20000),
+                   f"{name}'s ticks")
+        old = lc.wait_status(ready_backup, 60, "a ready backup")
+        lc.kill_primary()
+        new = lc.wait_primary(other_than=by_rank(old, 1)["birth"])
+        lc.start_replica("r3", ticker)          # the old view's history to replay
+        st = lc.wait_status(lambda s: (b := by_rank(s, 2)) is not None and b["app_pid"]
+                            and b["sync"] != "none", 60, "the joiner's application")
+        joiner = by_rank(st, 2)
+        assert joiner["sync"] == "catching-up", joiner
+        os.kill(joiner["app_pid"], signal.SIGSTOP)
+        try:
+            lc.wait_status(lambda s: by_rank(s, 2)["replaying"], 60,
+                           "the primary hearing the joiner replay")
+            made = by_rank(lc.status(), 1)["counters"].get("oi_chunks_out", 0)
+            lc.procs["r2"].send_signal(signal.SIGTERM)
+            _until(lambda: "serves on until backup" in lc.log_tail("r2"),
+                   "the new primary saying it serves on")
+            assert "replays older views' history first" in lc.log_tail("r2")
+            def past_the_stall_time(s):     # its lag (this view's positions) unchanged
+                assert lc.alive("r2"), "left before its successor caught up: " \
+                    + lc.log_tail("r2")
+                b = by_rank(s, 2)
+                return b is not None and (b["lag_ms"] or 0) >= (HANDOFF_STALL_S + 1) * 1000
+            st = lc.wait_status(past_the_stall_time, 60, "the joiner's lag growing past "
+                                "the stall time")
+            assert by_rank(st, 1)["birth"] == new["birth"]
+            assert by_rank(st, 1)["handing_off"] == f"{joiner['birth']:x}"
+            assert by_rank(st, 1)["counters"].get("oi_chunks_out", 0) == made
+        finally:
+            os.kill(joiner["app_pid"], signal.SIGCONT)
+        assert lc.procs["r2"].wait(timeout=60) == 0, lc.log_tail("r2")
+        assert "hand-off: the successor caught up after" in lc.log_tail("r2", 20000)
+        assert lc.wait_primary(other_than=new["birth"])["birth"] == joiner["birth"]
 
 
 def _until(predicate, what: str):
