@@ -1334,6 +1334,14 @@ class Agent:
             self._group_closed(actions.Closed(cid, 0, _abort))
         self._history.extend((self._handle_entry, (chunk, pvn, pos))
                              for pvn, pos, chunk in a.order_info)
+        # the state's last position of this view may be no entry of the app's (a view
+        # begins with its primary's marker, which a joiner admitted after it gets only
+        # as part of the state): executed once the app has replayed all before it, or
+        # the primary would see this joiner one position behind until the next comes
+        pvn = self.node.pvn
+        upto = dict(a.log_upto).get(pvn, 0)
+        if upto > max((p for v, p, _ in a.order_info if v == pvn), default=0):
+            self._history.append((self._mark, (pvn, upto)))
         self._history_entries = sys.maxsize   # not "ready" before the whole log is fed
         self._set_sync("catching-up")
         self._restored_mono = time.monotonic()

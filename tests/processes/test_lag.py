@@ -255,6 +255,12 @@ def test_a_primary_promoted_a_moment_ago_serves_on_until_a_joiner_replaying_olde
         assert lc.procs["r2"].wait(timeout=60) == 0, lc.log_tail("r2")
         assert "hand-off: the successor caught up after" in lc.log_tail("r2", 20000)
         assert lc.wait_primary(other_than=new["birth"])["birth"] == joiner["birth"]
+        # r2 again, joining the view the joiner began: once it has replayed its state,
+        # its primary sees it behind in nothing (the view's only position is a marker
+        # it got as part of the state)
+        lc.start_replica("r2", ticker)
+        lc.wait_status(lambda s: (b := by_rank(s, 2)) is not None and b["sync"] == "ready"
+                       and b["lag_entries"] == 0, 60, "the rejoined replica caught up")
 
 
 def _until(predicate, what: str):
