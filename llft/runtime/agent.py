@@ -219,7 +219,6 @@ TAG_SHIM, TAG_CONN, TAG_FRAME = b"S", b"C", b"F"
 HEARD_COUNTERS = ("pulse_received", "pulse_absorbed", "pulse_forwarded", "pulse_queue_full",
                   "accepted_HEARTBEAT", "received_datagrams")
 FRAMING_WAIT_LOG_S = 5.0         # a promotion waiting this long for the app's output: logged
-PIGGYBACK_BYTES = 16 << 10       # order info a message may carry (output commit, above)
 APP_STATE_VERSION = 1
 EXIT_TASK_FAILED = 70            # a background task of the agent failed (EX_SOFTWARE)
 EXIT_JOIN_REFUSED = 69           # the group admits no new replica (EX_UNAVAILABLE)
@@ -366,8 +365,7 @@ class Agent:
         self.endpoint = Endpoint(self.key, [group], lambda m: None,
                                  groups=cfg.group_map(), interface=cfg.interface,
                                  ttl=cfg.ttl, pulse=True)
-        self.messaging_config = cfg.messaging_config(self.endpoint.encoder.mtu_bytes,
-                                                     max_piggyback_bytes=PIGGYBACK_BYTES)
+        self.messaging_config = cfg.messaging_config(self.endpoint.encoder.mtu_bytes)
         self.rng = random.Random(os.getpid() ^ time.monotonic_ns())
         self.lane_kind, self.lane_wrapper = backup_lane_wrapper(
             self.key, self.endpoint.encoder.mtu_bytes)

@@ -46,6 +46,10 @@ def test_minimal_file_has_sound_defaults(tmp_path):
     assert cfg.messaging_config(1400).remote_timeout_us == 3_000_000
     # ... for gateways only: a replicated group's backup takes over, however long
     assert cfg.messaging_config(1400).lone_groups == ("counter.gateway.",)
+    # a message's order info fills its datagram beside a full payload, 16 KB at least
+    loop, eth = cfg.messaging_config(65507), cfg.messaging_config(1500)
+    assert loop.max_payload_bytes == 8192 and loop.max_piggyback_bytes == 65507 - 8192 - 1024
+    assert eth.max_piggyback_bytes == 16 << 10
     slow = config.load(write(tmp_path, MINIMAL.replace(
         "[cluster]", "[cluster]\nremote_timeout_ms = 10000"), "r.toml"))
     assert slow.messaging_config(1400).remote_timeout_us == 10_000_000
