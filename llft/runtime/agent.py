@@ -590,13 +590,21 @@ class Agent:
         another (a view change), `handoff_wait_s` have passed, or a stop is asked again."""
         t0 = best_t = time.monotonic()
         best = None                             # the successor's least lag seen (entries)
+        made0 = None                            # this view's positions when it began
         while True:
             now = time.monotonic()
             members = self.node.membership.members if self.node.live else ()
             behind = self._successor_behind()
-            # (its progress in positions, 0 where none shows)
-            e = (behind[1]["entries"] if behind is not None
-                 and not self._progress_unseen(behind[1]) else 0)
+            # its lag in positions, where that can show progress: not while it replays
+            # older views' history, unless this view makes positions meanwhile (each
+            # one more its takeover replays: the stall rule as for any lag)
+            e = 0
+            if behind is not None:
+                lag = behind[1]
+                made = lag["executed"] + lag["entries"]
+                made0 = made if made0 is None else made0
+                if made > made0 or not self._progress_unseen(lag):
+                    e = lag["entries"]
             if len(members) < 2 or members[1].birth != b or self.mode is not AppMode.PRIMARY:
                 why = "the successor is gone"
             elif behind is None:
@@ -610,9 +618,8 @@ class Agent:
                 why = (f"the successor is not catching up ({e} positions behind, no closer "
                        f"in {HANDOFF_STALL_S:g} s)")
             else:
-                # (while it replays older views' history, or is behind in none of this
-                # view's positions, its progress does not show: only handoff_wait_s
-                # bounds that wait)
+                # (waiting; with no lag that can show progress only handoff_wait_s
+                # bounds it)
                 if e and (best is None or e < best):
                     best, best_t = e, now
                 await asyncio.sleep(HANDOFF_CHECK_S)
