@@ -562,9 +562,7 @@ class Agent:
         replica started a moment ago; membership knows: it waits for the state, gets
         it, or its heartbeats say it replays), or it has positions of this view left to
         execute and has not caught up since it joined (an idle group makes none that
-        would make it `ready`; a joiner's lag counts its view's first position, which it
-        replays as history, until another comes: not while it shows no progress);
-        else None."""
+        would make it `ready`); else None."""
         members = self.node.membership.members if self.node.live else ()
         if self.mode is not AppMode.PRIMARY or len(members) < 2:
             return None
@@ -574,8 +572,7 @@ class Agent:
             return None
         if self.node.membership.restoring(b):
             return b, lag
-        return (None if lag["ready"] or not lag["entries"] or self._progress_unseen(lag)
-                else (b, lag))
+        return None if lag["ready"] or not lag["entries"] else (b, lag)
 
     def _progress_unseen(self, lag: dict) -> bool:
         """The successor replays older views' history (it has executed no position of
