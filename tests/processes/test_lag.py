@@ -233,8 +233,8 @@ def test_a_primary_promoted_a_moment_ago_serves_on_until_a_joiner_replaying_olde
         assert joiner["sync"] == "catching-up", joiner
         os.kill(joiner["app_pid"], signal.SIGSTOP)
         try:
-            lc.wait_status(lambda s: by_rank(s, 2)["replaying"], 60,
-                           "the primary hearing the joiner replay")
+            lc.wait_status(lambda s: (b := by_rank(s, 2)) is not None and b["replaying"],
+                           60, "the primary hearing the joiner replay")
             made = by_rank(lc.status(), 1)["counters"].get("oi_chunks_out", 0)
             lc.procs["r2"].send_signal(signal.SIGTERM)
             _until(lambda: "serves on until backup" in lc.log_tail("r2"),

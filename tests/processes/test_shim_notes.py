@@ -62,7 +62,7 @@ subprocess.run([sys.executable, "-c", f"import os; os.killpg({g.pid}, 10)"], che
 g.wait()
 print(d.pid, e.pid, f.pid, g.pid, d.returncode, e.returncode, f.returncode, g.returncode,
       flush=True)
-print(sorted(k for k in os.environ if k.startswith("LLFT_") or "llft" in os.environ[k]))
+print(sorted(k for k in os.environ if k.startswith("LLFT_") or "libllft" in os.environ[k]))
 # parent-death signals asked for: by a fork of the app before its exec, by a program
 import ctypes
 h = subprocess.Popen(sleeper, preexec_fn=lambda: ctypes.CDLL(None).prctl(1, 15))
@@ -148,7 +148,7 @@ subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL(None).syscall
 print(k.pid, l.pid, m.pid, n.pid, o.pid, p.pid, q.pid, r.pid, tid, flush=True)
 print(k.returncode, l.returncode, m.returncode, n.returncode, o.returncode, p.returncode,
       q.returncode, r.returncode, flush=True)
-print(sorted(k for k in os.environ if k.startswith("LLFT_") or "llft" in os.environ[k]))
+print(sorted(k for k in os.environ if k.startswith("LLFT_") or "libllft" in os.environ[k]))
 """
 
 
