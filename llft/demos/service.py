@@ -168,9 +168,17 @@ def _timeline(r, load_t0: float, kills, t0: float, bucket_s: float = 0.5) -> Non
                        for kt, v, nw in kills if t <= kt < t + bucket_s)
         print(f"{t - t0:7.2f}s  {n / bucket_s:9.0f}  {ev}")
         t += bucket_s
-    for kt, v, nw in kills:
-        before = max((x for x in times if x <= kt), default=kt)
-        after = min((x for x in times if x > kt), default=kt)
+    for k, (kt, v, nw) in enumerate(kills):
+        until = kills[k + 1][0] if k + 1 < len(kills) else end
         print(f"client-visible pause at the kill of {v['name']} (t={kt - t0:.2f}s): "
-              f"{(after - before) * 1000:.0f} ms between the last reply before it and "
-              f"the first after it (any client)")
+              f"{pause_at(times, kt, until) * 1000:.0f} ms without a reply (any client)")
+
+
+def pause_at(times: list[float], kill_t: float, until: float) -> float:
+    """The longest wait for a reply (any client's; `times` sorted) from the last reply
+    before `kill_t` until `until` (the next kill, or the end): replies the primary sent
+    just before it died still arrive after the kill, and the first of them is not the
+    end of the outage."""
+    start = max((x for x in times if x <= kill_t), default=kill_t)
+    window = [start] + [x for x in times if start < x <= until]
+    return max((b - a for a, b in zip(window, window[1:])), default=0.0)
