@@ -126,17 +126,24 @@ def test_a_backup_beyond_the_bound_too_long_is_released_and_ready_again_later(tm
 
 @contextlib.contextmanager
 def a_joiner_stopped_replaying(lc: LocalCluster):
-    """r1 with a history, then r2 joining it, whose application is SIGSTOPped while it
-    replays that history (SIGCONT at the block's end), once its primary has heard it
-    replay for a second. Each tick does work a replaying backup redoes, so the replay
-    lasts seconds: long enough to be seen "catching-up" and stopped there. Yields the
-    status then and the joiner's line."""
+    """r1 with a history, then r2 joining it, stopped while it replays that history
+    (`a_joiner_stopped`). Each tick does work a replaying backup redoes, so the replay
+    lasts seconds: long enough to be seen "catching-up" and stopped there."""
     ticker = [*TICKER, "30000"]
     lc.start_replica("r1", ticker)
     lc.wait_members(1)
     lc.wait_status(lambda s: by_rank(s, 1)["counters"].get("oi_chunks_out", 0) >= 300,
                    60, "a history to replay")
-    lc.start_replica("r2", ticker)
+    with a_joiner_stopped(lc, "r2", ticker) as (st, joiner):
+        yield st, joiner
+
+
+@contextlib.contextmanager
+def a_joiner_stopped(lc: LocalCluster, name: str, cmd: list[str]):
+    """Replica `name` joining the group (rank 2), its application SIGSTOPped while it
+    replays the history it joined with (SIGCONT at the block's end), once its primary
+    has heard it replay for a second. Yields the status then and the joiner's line."""
+    lc.start_replica(name, cmd)
     st = lc.wait_status(lambda s: (b := by_rank(s, 2)) is not None and b["app_pid"]
                         and b["sync"] != "none", 60, "the joiner's application")
     joiner = by_rank(st, 2)
@@ -226,16 +233,9 @@ def test_a_primary_promoted_a_moment_ago_serves_on_until_a_joiner_replaying_olde
         old = lc.wait_status(ready_backup, 60, "a ready backup")
         lc.kill_primary()
         new = lc.wait_primary(other_than=by_rank(old, 1)["birth"])
-        lc.start_replica("r3", ticker)          # the old view's history to replay
-        st = lc.wait_status(lambda s: (b := by_rank(s, 2)) is not None and b["app_pid"]
-                            and b["sync"] != "none", 60, "the joiner's application")
-        joiner = by_rank(st, 2)
-        assert joiner["sync"] == "catching-up", joiner
-        os.kill(joiner["app_pid"], signal.SIGSTOP)
-        try:
-            lc.wait_status(lambda s: (b := by_rank(s, 2)) is not None and b["replaying"],
-                           60, "the primary hearing the joiner replay")
-            made = by_rank(lc.status(), 1)["counters"].get("oi_chunks_out", 0)
+        # r3 replays the old view's history
+        with a_joiner_stopped(lc, "r3", ticker) as (st, joiner):
+            made = by_rank(st, 1)["counters"].get("oi_chunks_out", 0)
             lc.procs["r2"].send_signal(signal.SIGTERM)
             _until(lambda: "serves on until backup" in lc.log_tail("r2"),
                    "the new primary saying it serves on")
@@ -250,8 +250,6 @@ def test_a_primary_promoted_a_moment_ago_serves_on_until_a_joiner_replaying_olde
             assert by_rank(st, 1)["birth"] == new["birth"]
             assert by_rank(st, 1)["handing_off"] == f"{joiner['birth']:x}"
             assert by_rank(st, 1)["counters"].get("oi_chunks_out", 0) == made
-        finally:
-            os.kill(joiner["app_pid"], signal.SIGCONT)
         assert lc.procs["r2"].wait(timeout=60) == 0, lc.log_tail("r2")
         assert "hand-off: the successor caught up after" in lc.log_tail("r2", 20000)
         assert lc.wait_primary(other_than=new["birth"])["birth"] == joiner["birth"]
